@@ -1,0 +1,69 @@
+//! `mqd`: the mq broker daemon. Parses flags, sets up logging, binds, and runs the broker until
+//! SIGTERM or Ctrl-C.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use mq_broker::BrokerConfig;
+
+/// The mq message-queue broker.
+///
+/// Prints `listening on <addr>` as its first line on stdout once it accepts connections; logs go
+/// to stderr (set the level with RUST_LOG, e.g. RUST_LOG=mq_broker=debug). SIGTERM or Ctrl-C stops
+/// accepting, finishes what is in flight, and exits 0.
+#[derive(Debug, Parser)]
+#[command(name = "mqd", version)]
+struct Args {
+    /// Address to listen on; port 0 picks a free port (printed on the first line).
+    #[arg(long, default_value = "127.0.0.1:1801", env = "MQD_LISTEN")]
+    listen: SocketAddr,
+    /// Directory for durable state (created if missing; one mqd per directory).
+    #[arg(long, default_value = "./mq-data", env = "MQD_DATA_DIR")]
+    data_dir: PathBuf,
+    /// This broker's name: format names with this host are local. Default: the host name.
+    #[arg(long, env = "MQD_NAME")]
+    name: Option<String>,
+    /// Largest message body accepted, in bytes.
+    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_BODY_BYTES)]
+    max_body_bytes: usize,
+    /// Broker-wide quota for express messages held in memory, in bytes.
+    #[arg(long, default_value_t = mq_broker::DEFAULT_EXPRESS_QUOTA_BYTES)]
+    express_quota_bytes: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let mut config = BrokerConfig::new(args.data_dir);
+    if let Some(name) = args.name {
+        config.name = name;
+    }
+    config.max_body_bytes = args.max_body_bytes;
+    config.express_quota_bytes = args.express_quota_bytes;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    // The handshake with scripts and tests: first line on stdout once we accept connections.
+    println!("listening on {addr}");
+    mq_broker::run(listener, config, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("install SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C received"),
+    }
+}

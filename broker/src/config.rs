@@ -1,0 +1,52 @@
+//! Broker configuration: what `mqd`'s flags set, with the documented defaults.
+
+use std::path::PathBuf;
+
+/// Default largest message body: 4 MiB, as MSMQ.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+/// Default broker-wide memory quota for express messages: 1 GiB.
+pub const DEFAULT_EXPRESS_QUOTA_BYTES: u64 = 1024 * 1024 * 1024;
+/// Largest label, in characters.
+pub const MAX_LABEL_CHARS: usize = 250;
+/// Largest correlation id, in characters.
+pub const MAX_CORRELATION_ID_CHARS: usize = 255;
+/// Bytes charged against quotas for each message besides its body and label.
+pub const MESSAGE_OVERHEAD_BYTES: u64 = 128;
+
+/// What a broker needs to know to run.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// The broker's own name; format names with this host are local. Defaults to the host name.
+    pub name: String,
+    /// Directory for durable state. Created if missing; one broker per directory (locked).
+    pub data_dir: PathBuf,
+    /// Largest accepted message body, in bytes.
+    pub max_body_bytes: usize,
+    /// Broker-wide quota of express message bytes held in memory.
+    pub express_quota_bytes: u64,
+    /// How long a graceful shutdown waits for open streams before closing them.
+    pub shutdown_grace: std::time::Duration,
+}
+
+impl BrokerConfig {
+    /// A configuration with defaults for everything but the data directory.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        BrokerConfig {
+            name: default_name(),
+            data_dir: data_dir.into(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            express_quota_bytes: DEFAULT_EXPRESS_QUOTA_BYTES,
+            shutdown_grace: std::time::Duration::from_secs(5),
+        }
+    }
+}
+
+/// The machine's host name (from `/proc/sys/kernel/hostname` or `$HOSTNAME`), else "localhost".
+pub fn default_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_string())
+}

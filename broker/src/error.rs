@@ -1,0 +1,67 @@
+//! The broker's error type and its one mapping to gRPC `Status`.
+
+use mq_proto::v1::ErrorCode;
+use tonic::{Code, Status};
+
+/// Everything a broker operation can refuse or fail with. Messages say what happened, quote the
+/// value, and name the rule.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BrokerError {
+    /// The input broke a rule (bad name, label too long, priority 8, body too large, ...).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// No such queue.
+    #[error("queue \"{0}\" does not exist; create it with `mq queue create {0}`")]
+    QueueNotFound(String),
+    /// The queue exists already.
+    #[error("queue \"{0}\" already exists")]
+    QueueExists(String),
+    /// A quota would be exceeded; nothing was stored.
+    #[error("{0}")]
+    QuotaExceeded(String),
+    /// The operation does not apply to this queue (read-only queue, remote queue, ...).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The broker is shutting down.
+    #[error("the broker is shutting down; retry against a running broker")]
+    ShuttingDown,
+    /// Something went wrong inside the broker.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl BrokerError {
+    /// The wire error code of this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            BrokerError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            BrokerError::QueueNotFound(_) => ErrorCode::NotFound,
+            BrokerError::QueueExists(_) => ErrorCode::AlreadyExists,
+            BrokerError::QuotaExceeded(_) => ErrorCode::ResourceExhausted,
+            BrokerError::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
+            BrokerError::ShuttingDown => ErrorCode::Unavailable,
+            BrokerError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+impl From<mq_proto::format_name::FormatNameError> for BrokerError {
+    fn from(e: mq_proto::format_name::FormatNameError) -> Self {
+        BrokerError::InvalidArgument(e.to_string())
+    }
+}
+
+impl From<BrokerError> for Status {
+    fn from(e: BrokerError) -> Status {
+        let code = match e.code() {
+            ErrorCode::InvalidArgument => Code::InvalidArgument,
+            ErrorCode::NotFound => Code::NotFound,
+            ErrorCode::AlreadyExists => Code::AlreadyExists,
+            ErrorCode::ResourceExhausted => Code::ResourceExhausted,
+            ErrorCode::FailedPrecondition => Code::FailedPrecondition,
+            ErrorCode::Unavailable => Code::Unavailable,
+            ErrorCode::Internal | ErrorCode::ErrorUnspecified => Code::Internal,
+        };
+        Status::new(code, e.to_string())
+    }
+}

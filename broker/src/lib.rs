@@ -1,0 +1,41 @@
+//! `mq-broker`: the mq message-queue broker as a library, and the `mqd` daemon around it.
+//!
+//! A broker holds queues addressed by MSMQ path and format names, stores messages by priority
+//! (express: in memory), and serves the `mq.v1` gRPC protocol with streamed, batched sends and
+//! credit-paced streaming receives. It is not a client: see `mq-client`.
+//!
+//! # Layout
+//! - `config`: [`BrokerConfig`] and the documented limits.
+//! - `error`: [`BrokerError`] and its one mapping to gRPC status.
+//! - `message`: [`StoredMessage`], validation of what senders send.
+//! - `queue`: [`Queue`]: priority levels, delivery, acknowledgement, give-back.
+//! - `broker`: [`Broker`]: the registry of queues, name resolution, quotas.
+//! - `service`: the gRPC service.
+//! - `server`: [`run`]: bind, serve, graceful shutdown.
+//!
+//! # Example
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let config = mq_broker::BrokerConfig::new("/tmp/mq-data");
+//! mq_broker::run(listener, config, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
+//! ```
+
+mod broker;
+mod config;
+mod error;
+mod message;
+mod queue;
+mod server;
+mod service;
+
+pub use broker::Broker;
+pub use config::{
+    default_name, BrokerConfig, DEFAULT_EXPRESS_QUOTA_BYTES, DEFAULT_MAX_BODY_BYTES,
+    MAX_CORRELATION_ID_CHARS, MAX_LABEL_CHARS,
+};
+pub use error::BrokerError;
+pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};
+pub use queue::{Queue, QueueStats};
+pub use server::{run, RunError};

@@ -1,0 +1,98 @@
+//! Running a broker: bind, serve the gRPC service, shut down gracefully.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use mq_proto::v1::message_queue_server::MessageQueueServer;
+use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
+
+use crate::broker::Broker;
+use crate::config::BrokerConfig;
+use crate::service::Service;
+
+/// Why a broker could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot use data directory {path}: {source}")]
+    DataDir {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("data directory {0} is in use by another running mqd; stop it or pass a different --data-dir")]
+    Locked(String),
+    #[error("cannot read the listener's address: {0}")]
+    Listener(std::io::Error),
+    #[error("the gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves a broker on `listener` until `shutdown` resolves, then stops accepting, lets open
+/// requests finish (up to `config.shutdown_grace`), and returns.
+///
+/// The caller binds the listener, so tests can pass `127.0.0.1:0`.
+pub async fn run(
+    listener: TcpListener,
+    config: BrokerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    let local = listener.local_addr().map_err(RunError::Listener)?;
+    let _lock = lock_data_dir(&config)?;
+    let grace = config.shutdown_grace;
+    let broker = Arc::new(Broker::new(config, vec![local]));
+    let svc = MessageQueueServer::new(Service::new(broker.clone()))
+        .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
+        .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
+        if let Ok(s) = &s {
+            let _ = s.set_nodelay(true);
+        }
+        s
+    });
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(8 * 1024 * 1024))
+        .initial_connection_window_size(Some(16 * 1024 * 1024))
+        .add_service(svc)
+        .serve_with_incoming_shutdown(incoming, async {
+            let _ = stop_rx.await;
+        });
+    tokio::pin!(server);
+    tracing::info!(%local, name = %broker.config().name, "broker started");
+    tokio::select! {
+        r = &mut server => return r.map_err(RunError::from),
+        _ = shutdown => {}
+    }
+    tracing::info!("shutting down: no new connections; finishing what is in flight");
+    broker.begin_shutdown();
+    let _ = stop_tx.send(());
+    match tokio::time::timeout(grace, server).await {
+        Ok(r) => r?,
+        Err(_) => tracing::warn!(
+            ?grace,
+            "streams still open after the grace period; closing them"
+        ),
+    }
+    tracing::info!("broker stopped");
+    Ok(())
+}
+
+fn lock_data_dir(config: &BrokerConfig) -> Result<std::fs::File, RunError> {
+    let dir = &config.data_dir;
+    let err = |source| RunError::DataDir {
+        path: dir.display().to_string(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("LOCK"))
+        .map_err(err)?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(RunError::Locked(dir.display().to_string())),
+        Err(std::fs::TryLockError::Error(e)) => Err(err(e)),
+    }
+}

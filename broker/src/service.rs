@@ -1,0 +1,325 @@
+//! The `mq.v1.MessageQueue` gRPC service: converts wire requests, calls the [`Broker`], streams.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use futures::Stream;
+use mq_proto::v1::{self, message_queue_server::MessageQueue};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::broker::Broker;
+use crate::error::BrokerError;
+use crate::queue::{Entry, Queue};
+
+/// Most messages pushed to a receiver in one stream item.
+const MAX_DELIVERY_BATCH: usize = 256;
+/// Send batches whose acknowledgements may be pending at once on one stream.
+const SEND_ACK_WINDOW: usize = 64;
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// The service, one per broker.
+#[derive(Debug, Clone)]
+pub struct Service {
+    broker: Arc<Broker>,
+}
+
+impl Service {
+    pub fn new(broker: Arc<Broker>) -> Self {
+        Service { broker }
+    }
+}
+
+#[tonic::async_trait]
+impl MessageQueue for Service {
+    async fn create_queue(
+        &self,
+        req: Request<v1::CreateQueueRequest>,
+    ) -> Result<Response<v1::QueueInfo>, Status> {
+        let q = self.broker.create_queue(req.into_inner())?;
+        Ok(Response::new(q.info()))
+    }
+
+    async fn delete_queue(
+        &self,
+        req: Request<v1::QueueRequest>,
+    ) -> Result<Response<v1::Empty>, Status> {
+        self.broker.delete_queue(&req.into_inner().name)?;
+        Ok(Response::new(v1::Empty {}))
+    }
+
+    async fn get_queue_info(
+        &self,
+        req: Request<v1::QueueRequest>,
+    ) -> Result<Response<v1::QueueInfo>, Status> {
+        let q = self.broker.queue(&req.into_inner().name)?;
+        Ok(Response::new(q.info()))
+    }
+
+    async fn list_queues(
+        &self,
+        _req: Request<v1::ListQueuesRequest>,
+    ) -> Result<Response<v1::ListQueuesResponse>, Status> {
+        let queues = self.broker.list().iter().map(|q| q.info()).collect();
+        Ok(Response::new(v1::ListQueuesResponse { queues }))
+    }
+
+    async fn purge(
+        &self,
+        req: Request<v1::QueueRequest>,
+    ) -> Result<Response<v1::PurgeResponse>, Status> {
+        let purged = self.broker.purge(&req.into_inner().name)?;
+        Ok(Response::new(v1::PurgeResponse { purged }))
+    }
+
+    type SendStream = BoxStream<v1::SendAck>;
+
+    async fn send(
+        &self,
+        req: Request<Streaming<v1::SendBatch>>,
+    ) -> Result<Response<Self::SendStream>, Status> {
+        let inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel(SEND_ACK_WINDOW);
+        tokio::spawn(send_stream(self.broker.clone(), inbound, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type ReceiveStream = BoxStream<v1::ReceiveBatch>;
+
+    async fn receive(
+        &self,
+        req: Request<Streaming<v1::ReceiveRequest>>,
+    ) -> Result<Response<Self::ReceiveStream>, Status> {
+        let mut inbound = req.into_inner();
+        let first = inbound.message().await?.ok_or_else(|| {
+            Status::invalid_argument("a receive stream must start with a request naming the queue")
+        })?;
+        let queue = self.broker.queue(&first.queue)?;
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(consume(
+            self.broker.clone(),
+            queue,
+            inbound,
+            first.credit as u64,
+            tx,
+        ));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn receive_one(
+        &self,
+        req: Request<v1::ReceiveOneRequest>,
+    ) -> Result<Response<v1::ReceiveOneResponse>, Status> {
+        let req = req.into_inner();
+        let queue = self.broker.queue(&req.queue)?;
+        let peek = req.peek;
+        let found = wait_for(&self.broker, &queue, req.timeout_ms, |q| {
+            if peek {
+                q.peek(1)
+            } else {
+                let (taken, charged) = q.remove(1)?;
+                self.broker.release_express(charged);
+                Ok(taken)
+            }
+        })
+        .await?;
+        let dest = queue.info().format_name;
+        Ok(Response::new(v1::ReceiveOneResponse {
+            message: found.first().map(|e| e.msg.to_wire(&dest)),
+        }))
+    }
+
+    async fn peek(
+        &self,
+        req: Request<v1::PeekRequest>,
+    ) -> Result<Response<v1::PeekResponse>, Status> {
+        let req = req.into_inner();
+        let queue = self.broker.queue(&req.queue)?;
+        let max = req.max.max(1) as usize;
+        let found = wait_for(&self.broker, &queue, req.timeout_ms, |q| q.peek(max)).await?;
+        let dest = queue.info().format_name;
+        Ok(Response::new(v1::PeekResponse {
+            messages: found.iter().map(|e| e.msg.to_wire(&dest)).collect(),
+        }))
+    }
+}
+
+/// Runs `attempt` until it finds something, the timeout passes, or the broker shuts down.
+async fn wait_for(
+    broker: &Broker,
+    queue: &Queue,
+    timeout_ms: u64,
+    mut attempt: impl FnMut(&Queue) -> Result<Vec<Entry>, BrokerError>,
+) -> Result<Vec<Entry>, BrokerError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(timeout_ms);
+    loop {
+        let notified = queue.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let found = attempt(queue)?;
+        if !found.is_empty() {
+            return Ok(found);
+        }
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep_until(deadline) => return Ok(Vec::new()),
+            _ = broker.shutting_down() => return Err(BrokerError::ShuttingDown),
+        }
+    }
+}
+
+/// One send stream: stores each batch as it comes and answers it, in order.
+async fn send_stream(
+    broker: Arc<Broker>,
+    mut inbound: Streaming<v1::SendBatch>,
+    tx: mpsc::Sender<Result<v1::SendAck, Status>>,
+) {
+    // The last destination's resolution, so a stream of batches to one queue parses it once.
+    let mut cached: Option<(String, Vec<Arc<Queue>>)> = None;
+    loop {
+        let batch = tokio::select! {
+            b = inbound.message() => b,
+            _ = broker.shutting_down() => {
+                let _ = tx.send(Err(BrokerError::ShuttingDown.into())).await;
+                return;
+            }
+        };
+        let batch = match batch {
+            Ok(Some(b)) => b,
+            Ok(None) => return,
+            Err(status) => {
+                tracing::debug!(%status, "send stream ended by the client");
+                return;
+            }
+        };
+        let n = batch.messages.len();
+        let first_seq = batch.first_seq;
+        let dests = match &cached {
+            Some((name, d)) if *name == batch.destination && d.iter().all(|q| !q.is_deleted()) => {
+                Ok(d.clone())
+            }
+            _ => broker.destinations(&batch.destination).inspect(|d| {
+                cached = Some((batch.destination.clone(), d.clone()));
+            }),
+        };
+        let ack = match dests {
+            Ok(dests) => {
+                let outcome = broker.send_batch(&dests, batch.messages);
+                let mut ids = BytesMut::with_capacity(16 * n);
+                for id in &outcome.ids {
+                    ids.put_slice(id.as_ref().map(|u| u.as_bytes()).unwrap_or(&[0u8; 16]));
+                }
+                v1::SendAck {
+                    first_seq,
+                    count: n as u32,
+                    ids: ids.freeze(),
+                    failures: outcome
+                        .failures
+                        .into_iter()
+                        .map(|(i, e)| failure(first_seq + i as u64, &e))
+                        .collect(),
+                }
+            }
+            Err(e) => v1::SendAck {
+                first_seq,
+                count: n as u32,
+                ids: vec![0u8; 16 * n].into(),
+                failures: (0..n).map(|i| failure(first_seq + i as u64, &e)).collect(),
+            },
+        };
+        if tx.send(Ok(ack)).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn failure(seq: u64, e: &BrokerError) -> v1::SendFailure {
+    v1::SendFailure {
+        seq,
+        code: e.code() as i32,
+        message: e.to_string(),
+    }
+}
+
+/// One streaming receiver: pushes up to `credit` messages, removes them when acknowledged, and
+/// gives back whatever is unacknowledged when the stream ends.
+async fn consume(
+    broker: Arc<Broker>,
+    queue: Arc<Queue>,
+    mut inbound: Streaming<v1::ReceiveRequest>,
+    mut credit: u64,
+    tx: mpsc::Sender<Result<v1::ReceiveBatch, Status>>,
+) {
+    let dest = queue.info().format_name;
+    let mut in_flight: VecDeque<(u64, Entry)> = VecDeque::new();
+    let mut next_tag = 1u64;
+    let end: Option<Status> = loop {
+        if credit > 0 {
+            let notified = queue.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let taken = match queue.take(credit.min(MAX_DELIVERY_BATCH as u64) as usize) {
+                Ok(t) => t,
+                Err(e) => break Some(e.into()),
+            };
+            if !taken.is_empty() {
+                credit -= taken.len() as u64;
+                let mut messages = Vec::with_capacity(taken.len());
+                for e in taken {
+                    messages.push(v1::Delivered {
+                        tag: next_tag,
+                        message: Some(e.msg.to_wire(&dest)),
+                    });
+                    in_flight.push_back((next_tag, e));
+                    next_tag += 1;
+                }
+                if tx.send(Ok(v1::ReceiveBatch { messages })).await.is_err() {
+                    break None;
+                }
+                continue;
+            }
+            tokio::select! {
+                _ = notified => continue,
+                r = inbound.message() => match r {
+                    Ok(Some(r)) => { credit += apply(&broker, &queue, &mut in_flight, &r); }
+                    _ => break None,
+                },
+                _ = broker.shutting_down() => break Some(BrokerError::ShuttingDown.into()),
+            }
+        } else {
+            tokio::select! {
+                r = inbound.message() => match r {
+                    Ok(Some(r)) => { credit += apply(&broker, &queue, &mut in_flight, &r); }
+                    _ => break None,
+                },
+                _ = broker.shutting_down() => break Some(BrokerError::ShuttingDown.into()),
+            }
+        }
+    };
+    // Whatever was delivered and not acknowledged goes back, in order.
+    queue.restore(in_flight.into_iter().map(|(_, e)| e).collect());
+    if let Some(status) = end {
+        let _ = tx.send(Err(status)).await;
+    }
+}
+
+/// Applies an acknowledgement and returns the credit granted.
+fn apply(
+    broker: &Broker,
+    queue: &Queue,
+    in_flight: &mut VecDeque<(u64, Entry)>,
+    r: &v1::ReceiveRequest,
+) -> u64 {
+    if r.ack_through > 0 {
+        let n = in_flight.partition_point(|(tag, _)| *tag <= r.ack_through);
+        let done: Vec<Entry> = in_flight.drain(..n).map(|(_, e)| e).collect();
+        let charged = queue.complete(&done);
+        broker.release_express(charged);
+    }
+    r.credit as u64
+}

@@ -1,0 +1,194 @@
+//! [`Consumer`]: a streaming receiver with a prefetch window.
+//!
+//! The broker pushes up to `prefetch` messages ahead; they stay reserved for this consumer until
+//! acknowledged. A message returned by [`Consumer::next`] is acknowledged when `next` is called
+//! again, or by [`Consumer::ack`] / [`Consumer::close`]; acknowledgements are batched. If the
+//! consumer is dropped or its connection breaks, every unacknowledged message goes back to the
+//! head of the queue, in order: a crash can cause a redelivery, never a loss.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use mq_proto::v1;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::message::ReceivedMessage;
+
+/// How a [`Consumer`] fetches.
+#[derive(Debug, Clone)]
+pub struct ConsumerOptions {
+    /// Messages the broker may push ahead of what has been consumed.
+    pub prefetch: u32,
+    /// Stop asking for more after this many messages (so a bounded receive does not reserve
+    /// messages it will not consume). `None`: no limit.
+    pub limit: Option<u64>,
+}
+
+impl Default for ConsumerOptions {
+    fn default() -> Self {
+        ConsumerOptions {
+            prefetch: 1024,
+            limit: None,
+        }
+    }
+}
+
+/// A streaming receiver, from [`crate::Queue::consumer`].
+///
+/// ```no_run
+/// # async fn demo() -> mq_client::Result<()> {
+/// use std::time::Duration;
+/// use mq_client::{Client, ConsumerOptions};
+/// let client = Client::connect("http://127.0.0.1:1801").await?;
+/// let mut consumer = client.queue(r".\private$\orders")?.consumer(ConsumerOptions::default()).await?;
+/// while let Some(m) = consumer.next(Duration::from_secs(1)).await? {
+///     println!("{}", String::from_utf8_lossy(&m.body));
+/// }
+/// consumer.close().await?; // acknowledges what was consumed
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Consumer {
+    out: Option<mpsc::Sender<v1::ReceiveRequest>>,
+    inbound: Streaming<v1::ReceiveBatch>,
+    buffer: VecDeque<(u64, v1::Message)>,
+    /// Tag of the last message handed out.
+    handed: u64,
+    /// Highest tag acknowledged to the broker.
+    acked: u64,
+    /// Messages requested so far (credit granted in total).
+    requested: u64,
+    prefetch: u32,
+    limit: Option<u64>,
+    ended: Option<Error>,
+}
+
+impl Consumer {
+    pub(crate) async fn open(
+        client: Client,
+        queue: String,
+        options: ConsumerOptions,
+    ) -> Result<Consumer> {
+        let prefetch = options.prefetch.max(1);
+        let first_credit = options
+            .limit
+            .map_or(prefetch as u64, |l| l.min(prefetch as u64)) as u32;
+        let (out, rx) = mpsc::channel(64);
+        out.send(v1::ReceiveRequest {
+            queue,
+            credit: first_credit,
+            ack_through: 0,
+        })
+        .await
+        .map_err(|_| Error::Internal("request channel closed".into()))?;
+        let inbound = client
+            .rpc
+            .clone()
+            .receive(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        Ok(Consumer {
+            out: Some(out),
+            inbound,
+            buffer: VecDeque::new(),
+            handed: 0,
+            acked: 0,
+            requested: first_credit as u64,
+            prefetch,
+            limit: options.limit,
+            ended: None,
+        })
+    }
+
+    /// The next message, waiting up to `timeout`; `None` if none arrived. Calling `next` again
+    /// acknowledges the message it returned before.
+    pub async fn next(&mut self, timeout: Duration) -> Result<Option<ReceivedMessage>> {
+        // What was handed out before is consumed now; acknowledge in batches, or at once when
+        // the buffer is empty and we are about to wait.
+        let unacked = self.handed - self.acked;
+        if unacked > 0 && (unacked >= (self.prefetch as u64 / 2).max(1) || self.buffer.is_empty()) {
+            self.send_ack().await?;
+        }
+        if self.buffer.is_empty() {
+            if let Some(e) = &self.ended {
+                return Err(e.clone());
+            }
+            let got = tokio::time::timeout(timeout, self.inbound.message()).await;
+            match got {
+                Err(_) => return Ok(None),
+                Ok(Ok(Some(batch))) => {
+                    for d in batch.messages {
+                        if let Some(m) = d.message {
+                            self.buffer.push_back((d.tag, m));
+                        }
+                    }
+                }
+                Ok(Ok(None)) => {
+                    let e = Error::Unavailable("the broker ended the receive stream".into());
+                    self.ended = Some(e.clone());
+                    return Err(e);
+                }
+                Ok(Err(status)) => {
+                    let e = Error::from(status);
+                    self.ended = Some(e.clone());
+                    return Err(e);
+                }
+            }
+        }
+        match self.buffer.pop_front() {
+            Some((tag, m)) => {
+                self.handed = tag;
+                Ok(Some(ReceivedMessage::from_wire(m)?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Acknowledges every message returned so far: the broker removes them for good.
+    pub async fn ack(&mut self) -> Result<()> {
+        if self.handed > self.acked {
+            self.send_ack().await?;
+        }
+        Ok(())
+    }
+
+    async fn send_ack(&mut self) -> Result<()> {
+        let newly = self.handed - self.acked;
+        let mut credit = newly;
+        if let Some(limit) = self.limit {
+            credit = credit.min(limit.saturating_sub(self.requested));
+        }
+        self.requested += credit;
+        self.acked = self.handed;
+        let out = self
+            .out
+            .as_ref()
+            .ok_or_else(|| Error::Internal("consumer is closed".into()))?;
+        out.send(v1::ReceiveRequest {
+            queue: String::new(),
+            credit: credit as u32,
+            ack_through: self.acked,
+        })
+        .await
+        .map_err(|_| Error::Unavailable("the receive stream is closed".into()))
+    }
+
+    /// Acknowledges what was consumed and closes the stream; messages prefetched but not returned
+    /// go back to the queue.
+    pub async fn close(mut self) -> Result<()> {
+        let r = self.ack().await;
+        // Half-close: the broker applies the acknowledgement, then sees the end of the stream.
+        self.out = None;
+        // Wait (bounded) for the broker to finish the stream, so the acknowledgement is applied
+        // before we return.
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Ok(Some(_)) = self.inbound.message().await {}
+        })
+        .await;
+        r
+    }
+}

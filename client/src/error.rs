@@ -1,0 +1,79 @@
+//! The client's error type.
+
+use tonic::{Code, Status};
+
+/// Everything a client call can fail with. Each message says what happened and, where it helps,
+/// what to do.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// No broker answered at the URL.
+    #[error("cannot reach the broker at {url}: {reason}; is mqd running there? (set --broker or MQ_BROKER)")]
+    Connect { url: String, reason: String },
+    /// A queue or format name is malformed (checked before anything is sent).
+    #[error(transparent)]
+    InvalidName(#[from] mq_proto::format_name::FormatNameError),
+    /// The broker refused the input (label too long, priority 8, body too large, ...).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// No such queue.
+    #[error("{0}")]
+    NotFound(String),
+    /// The queue exists already.
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// A quota is full; nothing was stored.
+    #[error("{0}")]
+    QuotaExceeded(String),
+    /// The operation does not apply (read-only queue, transactional mismatch, remote queue, ...).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The broker is shutting down or the connection was lost.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The broker failed internally, or answered something this client does not understand.
+    #[error("{0}")]
+    Internal(String),
+    /// A body could not be encoded or decoded.
+    #[error(transparent)]
+    Format(#[from] crate::formatter::FormatError),
+}
+
+impl From<Status> for Error {
+    fn from(s: Status) -> Self {
+        let msg = s.message().to_string();
+        match s.code() {
+            Code::InvalidArgument | Code::OutOfRange => Error::InvalidArgument(msg),
+            Code::NotFound => Error::NotFound(msg),
+            Code::AlreadyExists => Error::AlreadyExists(msg),
+            Code::ResourceExhausted => Error::QuotaExceeded(msg),
+            Code::FailedPrecondition => Error::FailedPrecondition(msg),
+            Code::Unavailable | Code::Cancelled | Code::Aborted => {
+                Error::Unavailable(if msg.is_empty() {
+                    "the connection to the broker was lost".to_string()
+                } else {
+                    format!("the connection to the broker was lost: {msg}")
+                })
+            }
+            _ => Error::Internal(format!("{}: {msg}", s.code())),
+        }
+    }
+}
+
+impl Error {
+    /// Builds an error from a wire error code (per-message send failures).
+    pub(crate) fn from_code(code: i32, msg: String) -> Self {
+        use mq_proto::v1::ErrorCode as C;
+        match C::try_from(code).unwrap_or(C::ErrorUnspecified) {
+            C::InvalidArgument => Error::InvalidArgument(msg),
+            C::NotFound => Error::NotFound(msg),
+            C::AlreadyExists => Error::AlreadyExists(msg),
+            C::ResourceExhausted => Error::QuotaExceeded(msg),
+            C::FailedPrecondition => Error::FailedPrecondition(msg),
+            C::Unavailable => Error::Unavailable(msg),
+            C::Internal | C::ErrorUnspecified => Error::Internal(msg),
+        }
+    }
+}
+
+/// Results of client calls.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

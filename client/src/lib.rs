@@ -1,0 +1,45 @@
+//! `mq-client`: the async client of the mq message-queue broker, its body formatters, and the
+//! `mq` command line.
+//!
+//! It talks to one broker (`mqd`) over gRPC. Sends are pipelined and batched ([`Sender`]);
+//! receives stream with a prefetch window ([`Consumer`]). It is not a broker: see `mq-broker`.
+//!
+//! # Layout
+//! - `client`: [`Client`]: connect, queue administration.
+//! - `queue`: [`Queue`]: send, receive, peek, purge one queue.
+//! - `sender`: [`Sender`]: pipelined sends with acknowledgements.
+//! - `consumer`: [`Consumer`]: streaming receives with prefetch and acknowledgement.
+//! - `message`: [`Message`] (builder) and [`ReceivedMessage`].
+//! - [`formatter`]: typed bodies: binary (postcard), XML, JSON, raw, manual.
+//! - `error`: [`Error`].
+//!
+//! # Example
+//! ```no_run
+//! # async fn demo() -> mq_client::Result<()> {
+//! use std::time::Duration;
+//! use mq_client::{Client, Message, QueueOptions};
+//!
+//! let client = Client::connect("http://127.0.0.1:1801").await?;
+//! client.create_queue(r".\private$\orders", QueueOptions::default()).await?;
+//! let orders = client.queue(r".\private$\orders")?;
+//! let id = orders.send(Message::new("order 1").label("new order").priority(5)).await?;
+//! let got = orders.receive(Duration::from_secs(1)).await?.expect("a message");
+//! assert_eq!(got.id, id);
+//! # Ok(()) }
+//! ```
+
+mod client;
+mod consumer;
+mod error;
+pub mod formatter;
+mod message;
+mod queue;
+mod sender;
+
+pub use client::{Client, QueueInfo, QueueOptions, DEFAULT_BROKER_URL};
+pub use consumer::{Consumer, ConsumerOptions};
+pub use error::{Error, Result};
+pub use message::{Delivery, Message, MessageId, ReceivedMessage};
+pub use mq_proto::format_name;
+pub use queue::Queue;
+pub use sender::{Receipt, SendSummary, Sender, SenderOptions};

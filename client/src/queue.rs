@@ -1,0 +1,126 @@
+//! [`Queue`]: a handle to one queue (or a multiple-element format name, for sending).
+
+use std::time::Duration;
+
+use mq_proto::format_name::FormatName;
+use mq_proto::v1;
+
+use crate::client::{Client, QueueInfo};
+use crate::consumer::{Consumer, ConsumerOptions};
+use crate::error::{Error, Result};
+use crate::message::{Message, MessageId, ReceivedMessage};
+use crate::sender::{Sender, SenderOptions};
+
+/// A handle to a queue, from [`Client::queue`].
+#[derive(Debug, Clone)]
+pub struct Queue {
+    client: Client,
+    name: String,
+    parsed: FormatName,
+}
+
+impl Queue {
+    pub(crate) fn new(client: Client, name: String, parsed: FormatName) -> Self {
+        Queue {
+            client,
+            name,
+            parsed,
+        }
+    }
+
+    /// The name as given.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn receivable(&self) -> Result<()> {
+        if self.parsed.single().is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "\"{}\" is a multiple-element format name; those can only be sent to",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends one message and waits for the broker's acknowledgement. For many messages use
+    /// [`Queue::sender`], which pipelines.
+    pub async fn send(&self, message: Message) -> Result<MessageId> {
+        let sender = self.sender(SenderOptions::default()).await?;
+        let receipt = sender.send_with_receipt(message).await?;
+        let id = receipt.await?;
+        sender.close().await?;
+        Ok(id)
+    }
+
+    /// A pipelining sender to this queue.
+    pub async fn sender(&self, options: SenderOptions) -> Result<Sender> {
+        Sender::open(self.client.clone(), self.name.clone(), options).await
+    }
+
+    /// Receives (removes) one message, waiting up to `timeout`. `None` if none arrived.
+    pub async fn receive(&self, timeout: Duration) -> Result<Option<ReceivedMessage>> {
+        self.one(timeout, false).await
+    }
+
+    /// Looks at the message a receive would get, without removing it, waiting up to `timeout`.
+    pub async fn peek(&self, timeout: Duration) -> Result<Option<ReceivedMessage>> {
+        self.one(timeout, true).await
+    }
+
+    /// Up to `max` messages from the head of the queue, in receive order, not removed.
+    pub async fn peek_many(&self, max: u32, timeout: Duration) -> Result<Vec<ReceivedMessage>> {
+        self.receivable()?;
+        let r = self
+            .client
+            .rpc
+            .clone()
+            .peek(v1::PeekRequest {
+                queue: self.name.clone(),
+                timeout_ms: timeout.as_millis() as u64,
+                max,
+            })
+            .await?;
+        r.into_inner()
+            .messages
+            .into_iter()
+            .map(ReceivedMessage::from_wire)
+            .collect()
+    }
+
+    async fn one(&self, timeout: Duration, peek: bool) -> Result<Option<ReceivedMessage>> {
+        self.receivable()?;
+        let r = self
+            .client
+            .rpc
+            .clone()
+            .receive_one(v1::ReceiveOneRequest {
+                queue: self.name.clone(),
+                timeout_ms: timeout.as_millis() as u64,
+                peek,
+            })
+            .await?;
+        r.into_inner()
+            .message
+            .map(ReceivedMessage::from_wire)
+            .transpose()
+    }
+
+    /// A streaming receiver with a prefetch window (the fast way to receive many messages).
+    pub async fn consumer(&self, options: ConsumerOptions) -> Result<Consumer> {
+        self.receivable()?;
+        Consumer::open(self.client.clone(), self.name.clone(), options).await
+    }
+
+    /// Removes every waiting message; returns how many.
+    pub async fn purge(&self) -> Result<u64> {
+        self.receivable()?;
+        self.client.purge(&self.name).await
+    }
+
+    /// The queue's description and counters.
+    pub async fn info(&self) -> Result<QueueInfo> {
+        self.receivable()?;
+        self.client.queue_info(&self.name).await
+    }
+}

@@ -1,0 +1,416 @@
+//! [`Sender`]: pipelined, batched sends on one stream. Messages are gathered into batches while
+//! earlier batches are in flight; the broker acknowledges each batch once it is stored. A window
+//! bounds what is unacknowledged, so a fast producer waits instead of buffering without limit.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use mq_proto::v1;
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+use crate::message::{Message, MessageId};
+
+/// One window unit per message plus one per this many body bytes.
+const BYTES_PER_UNIT: usize = 4096;
+
+/// How a [`Sender`] pipelines.
+#[derive(Debug, Clone)]
+pub struct SenderOptions {
+    /// Most unacknowledged messages.
+    pub window_messages: usize,
+    /// Most unacknowledged body bytes (approximately).
+    pub window_bytes: usize,
+    /// Most messages in one batch.
+    pub max_batch_messages: usize,
+    /// A batch is cut once it holds this many body bytes.
+    pub max_batch_bytes: usize,
+}
+
+impl Default for SenderOptions {
+    fn default() -> Self {
+        SenderOptions {
+            window_messages: 8192,
+            window_bytes: 32 * 1024 * 1024,
+            max_batch_messages: 512,
+            max_batch_bytes: 1024 * 1024,
+        }
+    }
+}
+
+type Reply = oneshot::Sender<Result<MessageId>>;
+
+struct Item {
+    msg: v1::OutMessage,
+    units: u32,
+    reply: Option<Reply>,
+}
+
+struct PendingBatch {
+    first_seq: u64,
+    units: Vec<u32>,
+    replies: Vec<Option<Reply>>,
+}
+
+#[derive(Default)]
+struct Shared {
+    pending: Mutex<VecDeque<PendingBatch>>,
+    /// The first failure: a refused message, or the stream's end.
+    first_error: Mutex<Option<Error>>,
+    /// Set when the stream is gone; nothing more will be acknowledged.
+    dead: Mutex<Option<Error>>,
+    submitted: AtomicU64,
+    acknowledged: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Shared {
+    fn record(&self, e: &Error) {
+        let mut g = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            *g = Some(e.clone());
+        }
+    }
+    fn dead(&self) -> Option<Error> {
+        self.dead.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// A pipelining sender, from [`Client::sender`] or [`crate::Queue::sender`].
+///
+/// ```no_run
+/// # async fn demo() -> mq_client::Result<()> {
+/// use mq_client::{Client, Message, SenderOptions};
+/// let client = Client::connect("http://127.0.0.1:1801").await?;
+/// let sender = client.sender(r".\private$\orders", SenderOptions::default()).await?;
+/// for i in 0..10_000 {
+///     sender.send(Message::new(format!("order {i}"))).await?;
+/// }
+/// let summary = sender.close().await?; // waits for every acknowledgement
+/// assert_eq!(summary.acknowledged, 10_000);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Sender {
+    tx: Option<mpsc::UnboundedSender<Item>>,
+    shared: Arc<Shared>,
+    window: Arc<Semaphore>,
+    window_units: u32,
+    progress: watch::Receiver<u64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("submitted", &self.submitted)
+            .field("acknowledged", &self.acknowledged)
+            .finish()
+    }
+}
+
+/// What a closed sender achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendSummary {
+    /// Messages the broker acknowledged (stored).
+    pub acknowledged: u64,
+    /// Messages handed to [`Sender::send`].
+    pub submitted: u64,
+}
+
+/// The outcome of one pipelined send: resolves to the message id once acknowledged.
+#[derive(Debug)]
+pub struct Receipt(oneshot::Receiver<Result<MessageId>>);
+
+impl Future for Receipt {
+    type Output = Result<MessageId>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx).map(|r| {
+            r.unwrap_or_else(|_| {
+                Err(Error::Unavailable(
+                    "the send stream ended before this message was acknowledged".into(),
+                ))
+            })
+        })
+    }
+}
+
+impl Sender {
+    pub(crate) async fn open(
+        client: Client,
+        destination: String,
+        options: SenderOptions,
+    ) -> Result<Sender> {
+        let window_units =
+            (options.window_messages + options.window_bytes / BYTES_PER_UNIT).max(1) as u32;
+        let (out_tx, out_rx) = mpsc::channel::<v1::SendBatch>(16);
+        let mut inbound = client
+            .rpc
+            .clone()
+            .send(ReceiverStream::new(out_rx))
+            .await?
+            .into_inner();
+        let (tx, rx) = mpsc::unbounded_channel::<Item>();
+        let shared = Arc::new(Shared::default());
+        let window = Arc::new(Semaphore::new(window_units as usize));
+        let (progress_tx, progress) = watch::channel(0u64);
+
+        let batcher = tokio::spawn(batch_loop(rx, out_tx, shared.clone(), destination, options));
+        let acker = {
+            let shared = shared.clone();
+            let window = window.clone();
+            tokio::spawn(async move {
+                let end = loop {
+                    match inbound.message().await {
+                        Ok(Some(ack)) => {
+                            if let Err(e) = apply_ack(&shared, &window, ack) {
+                                break e;
+                            }
+                            progress_tx.send_replace(
+                                shared.acknowledged.load(Ordering::Acquire)
+                                    + shared.failed.load(Ordering::Acquire),
+                            );
+                        }
+                        Ok(None) => {
+                            break Error::Unavailable("the broker closed the send stream".into())
+                        }
+                        Err(status) => break Error::from(status),
+                    }
+                };
+                let acked = shared.acknowledged.load(Ordering::Acquire);
+                let end = annotate(end, acked);
+                // Fail everything still waiting.
+                let pending: Vec<_> = shared
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .drain(..)
+                    .collect();
+                if !pending.is_empty() {
+                    shared.record(&end);
+                }
+                for b in pending {
+                    for r in b.replies.into_iter().flatten() {
+                        let _ = r.send(Err(end.clone()));
+                    }
+                }
+                *shared.dead.lock().unwrap_or_else(|p| p.into_inner()) = Some(end);
+                window.close();
+                progress_tx.send_replace(u64::MAX);
+            })
+        };
+        Ok(Sender {
+            tx: Some(tx),
+            shared,
+            window,
+            window_units,
+            progress,
+            tasks: vec![batcher, acker],
+        })
+    }
+
+    /// Queues a message for sending. Returns once it fits in the window (not when acknowledged);
+    /// fails only if the stream to the broker is gone. Refusals of single messages (quota, a label
+    /// too long, ...) are reported by [`Sender::flush`] and [`Sender::close`].
+    pub async fn send(&self, message: Message) -> Result<()> {
+        self.enqueue(message, None).await
+    }
+
+    /// Like [`Sender::send`], and returns a [`Receipt`] that resolves to the message's id.
+    pub async fn send_with_receipt(&self, message: Message) -> Result<Receipt> {
+        let (tx, rx) = oneshot::channel();
+        self.enqueue(message, Some(tx)).await?;
+        Ok(Receipt(rx))
+    }
+
+    async fn enqueue(&self, message: Message, reply: Option<Reply>) -> Result<()> {
+        if let Some(e) = self.shared.dead() {
+            return Err(e);
+        }
+        let msg = message.into_wire();
+        let units = (1 + msg.body.len() / BYTES_PER_UNIT).min(self.window_units as usize) as u32;
+        match self.window.acquire_many(units).await {
+            Ok(p) => p.forget(),
+            Err(_) => {
+                return Err(self
+                    .shared
+                    .dead()
+                    .unwrap_or_else(|| Error::Unavailable("the send stream is closed".into())))
+            }
+        }
+        self.shared.submitted.fetch_add(1, Ordering::AcqRel);
+        let tx = self.tx.as_ref().expect("sender is open until close");
+        if tx.send(Item { msg, units, reply }).is_err() {
+            return Err(self
+                .shared
+                .dead()
+                .unwrap_or_else(|| Error::Unavailable("the send stream is closed".into())));
+        }
+        Ok(())
+    }
+
+    /// Messages acknowledged so far.
+    pub fn acknowledged(&self) -> u64 {
+        self.shared.acknowledged.load(Ordering::Acquire)
+    }
+
+    /// Waits until every message sent so far is acknowledged or refused. Returns the first
+    /// refusal, or the error that ended the stream, if any.
+    pub async fn flush(&mut self) -> Result<SendSummary> {
+        let submitted = self.shared.submitted.load(Ordering::Acquire);
+        let _ = self.progress.wait_for(|done| *done >= submitted).await;
+        self.summary()
+    }
+
+    fn summary(&self) -> Result<SendSummary> {
+        let s = SendSummary {
+            acknowledged: self.shared.acknowledged.load(Ordering::Acquire),
+            submitted: self.shared.submitted.load(Ordering::Acquire),
+        };
+        if let Some(e) = self
+            .shared
+            .first_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Err(e);
+        }
+        if s.acknowledged < s.submitted {
+            if let Some(e) = self.shared.dead() {
+                return Err(e);
+            }
+        }
+        Ok(s)
+    }
+
+    /// Flushes and closes the stream.
+    pub async fn close(mut self) -> Result<SendSummary> {
+        let r = self.flush().await;
+        self.tx = None;
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+        r
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        // Dropping the item channel ends the batch loop, which ends the request stream.
+        self.tx = None;
+    }
+}
+
+fn annotate(e: Error, acked: u64) -> Error {
+    match e {
+        Error::Unavailable(m) => Error::Unavailable(format!("{m} (acknowledged {acked} so far)")),
+        other => other,
+    }
+}
+
+fn apply_ack(shared: &Shared, window: &Semaphore, ack: v1::SendAck) -> Result<()> {
+    let batch = shared
+        .pending
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .pop_front()
+        .ok_or_else(|| {
+            Error::Internal(format!(
+                "the broker acknowledged batch {} that was never sent",
+                ack.first_seq
+            ))
+        })?;
+    if batch.first_seq != ack.first_seq || ack.count as usize != batch.replies.len() {
+        return Err(Error::Internal(format!(
+            "the broker acknowledged batch {} ({} messages) where batch {} ({} messages) was expected",
+            ack.first_seq,
+            ack.count,
+            batch.first_seq,
+            batch.replies.len()
+        )));
+    }
+    let mut failures = ack.failures.into_iter().peekable();
+    let mut ok = 0u64;
+    let mut failed = 0u64;
+    for (i, reply) in batch.replies.into_iter().enumerate() {
+        let seq = batch.first_seq + i as u64;
+        let result = match failures.peek() {
+            Some(f) if f.seq == seq => {
+                let f = failures.next().expect("peeked");
+                let e = Error::from_code(f.code, f.message);
+                shared.record(&e);
+                failed += 1;
+                Err(e)
+            }
+            _ => {
+                let raw = ack.ids.get(16 * i..16 * i + 16).unwrap_or(&[0u8; 16]);
+                ok += 1;
+                Ok(uuid::Uuid::from_slice(raw).unwrap_or_default())
+            }
+        };
+        if let Some(r) = reply {
+            let _ = r.send(result);
+        }
+    }
+    shared.acknowledged.fetch_add(ok, Ordering::AcqRel);
+    shared.failed.fetch_add(failed, Ordering::AcqRel);
+    window.add_permits(batch.units.iter().map(|u| *u as usize).sum());
+    Ok(())
+}
+
+async fn batch_loop(
+    mut rx: mpsc::UnboundedReceiver<Item>,
+    out: mpsc::Sender<v1::SendBatch>,
+    shared: Arc<Shared>,
+    destination: String,
+    options: SenderOptions,
+) {
+    let mut next_seq = 1u64;
+    while let Some(first) = rx.recv().await {
+        let mut bytes = first.msg.body.len();
+        let mut items = vec![first];
+        while items.len() < options.max_batch_messages && bytes < options.max_batch_bytes {
+            match rx.try_recv() {
+                Ok(i) => {
+                    bytes += i.msg.body.len();
+                    items.push(i);
+                }
+                Err(_) => break,
+            }
+        }
+        let first_seq = next_seq;
+        next_seq += items.len() as u64;
+        let mut messages = Vec::with_capacity(items.len());
+        let mut units = Vec::with_capacity(items.len());
+        let mut replies = Vec::with_capacity(items.len());
+        for i in items {
+            messages.push(i.msg);
+            units.push(i.units);
+            replies.push(i.reply);
+        }
+        shared
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(PendingBatch {
+                first_seq,
+                units,
+                replies,
+            });
+        let batch = v1::SendBatch {
+            first_seq,
+            destination: destination.clone(),
+            messages,
+        };
+        if out.send(batch).await.is_err() {
+            return;
+        }
+    }
+}
