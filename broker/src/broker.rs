@@ -2,17 +2,22 @@
 //! ("is this format name one of my queues?").
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+
+use bytes::Bytes;
 
 use mq_proto::format_name::{FormatName, QueueAddress, QueueKind};
 use mq_proto::v1;
 
 use crate::config::BrokerConfig;
 use crate::error::BrokerError;
-use crate::message::StoredMessage;
-use crate::queue::{Queue, QueueDef};
+use crate::journal::{Journal, JournalOptions, Op};
+use crate::message::{Delivery, StoredMessage};
+use crate::queue::{Entry, Queue, QueueDef};
 
 /// The broker's state, shared by every connection.
 #[derive(Debug)]
@@ -20,8 +25,47 @@ pub struct Broker {
     config: BrokerConfig,
     local_addrs: Vec<SocketAddr>,
     queues: RwLock<HashMap<String, Arc<Queue>>>,
+    journal: Journal,
+    next_queue_id: AtomicU64,
     express_used: AtomicU64,
+    stored_used: AtomicU64,
     shutdown: tokio::sync::watch::Sender<bool>,
+}
+
+/// A queue definition as stored in the journal (postcard). Field order is the format.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct QueueDefRecord {
+    name: String,
+    key: String,
+    transactional: bool,
+    quota_bytes: Option<u64>,
+    label: String,
+    created_ms: u64,
+}
+
+impl QueueDefRecord {
+    fn encode(def: &QueueDef) -> Bytes {
+        let r = QueueDefRecord {
+            name: def.name.clone(),
+            key: def.key.clone(),
+            transactional: def.transactional,
+            quota_bytes: def.quota_bytes,
+            label: def.label.clone(),
+            created_ms: def.created_ms,
+        };
+        Bytes::from(postcard::to_allocvec(&r).expect("encoding into a Vec cannot fail"))
+    }
+}
+
+/// What recovery found, for the start-up log.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecoveryReport {
+    pub queues: usize,
+    pub messages: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub segments: usize,
+    pub truncated: bool,
 }
 
 /// The outcome of one send batch: per message, its id or why it was refused.
@@ -32,15 +76,84 @@ pub struct BatchOutcome {
 }
 
 impl Broker {
-    /// A broker with no queues, answering to `config.name` and `local_addrs`.
-    pub fn new(config: BrokerConfig, local_addrs: Vec<SocketAddr>) -> Self {
-        Broker {
+    /// Opens the broker's journal in `config.data_dir`, rebuilds every queue and its
+    /// recoverable messages, and answers to `config.name` and `local_addrs`.
+    pub fn open(
+        config: BrokerConfig,
+        local_addrs: Vec<SocketAddr>,
+    ) -> Result<(Self, RecoveryReport), BrokerError> {
+        let opts = JournalOptions {
+            segment_size: config.journal_segment_bytes,
+            ..JournalOptions::default()
+        };
+        let (journal, mut rec) = Journal::open(&config.data_dir.join("journal"), opts)
+            .map_err(|e| BrokerError::Internal(format!("cannot open the journal: {e}")))?;
+        let mut report = RecoveryReport {
+            segments: rec.segments,
+            truncated: rec.truncated.is_some(),
+            seconds: rec.elapsed.as_secs_f64(),
+            ..RecoveryReport::default()
+        };
+        let mut queues = HashMap::new();
+        let mut stored = 0u64;
+        for (id, def) in &rec.queues {
+            let r: QueueDefRecord = postcard::from_bytes(def).map_err(|e| {
+                BrokerError::Internal(format!(
+                    "queue definition {id} in the journal is unreadable: {e}"
+                ))
+            })?;
+            let def = QueueDef {
+                id: *id,
+                name: r.name,
+                key: r.key.clone(),
+                transactional: r.transactional,
+                quota_bytes: r.quota_bytes,
+                label: r.label,
+                created_ms: r.created_ms,
+            };
+            let q = Arc::new(Queue::new(def));
+            let mut entries = Vec::new();
+            for m in rec.messages.remove(id).unwrap_or_default() {
+                let msg = StoredMessage::decode_header(&m.header, m.body_len).map_err(|e| {
+                    BrokerError::Internal(format!(
+                        "message {} of queue {id} in the journal is unreadable: {e}",
+                        m.seq
+                    ))
+                })?;
+                stored += msg.charged_bytes();
+                report.bytes += m.body_len as u64;
+                entries.push(Entry {
+                    seq: m.seq,
+                    msg: Arc::new(msg),
+                });
+            }
+            report.messages += entries.len() as u64;
+            let next_seq = rec.max_seq.get(id).copied().unwrap_or(0) + 1;
+            q.load(entries, next_seq);
+            queues.insert(r.key, q);
+        }
+        report.queues = queues.len();
+        let broker = Broker {
             config,
             local_addrs,
-            queues: RwLock::new(HashMap::new()),
+            queues: RwLock::new(queues),
+            journal,
+            next_queue_id: AtomicU64::new(rec.max_queue_id + 1),
             express_used: AtomicU64::new(0),
+            stored_used: AtomicU64::new(stored),
             shutdown: tokio::sync::watch::channel(false).0,
-        }
+        };
+        Ok((broker, report))
+    }
+
+    /// Stops the journal after writing what is pending.
+    pub fn close(&self) {
+        self.journal.shutdown();
+    }
+
+    /// The journal (for statistics).
+    pub fn journal(&self) -> &Journal {
+        &self.journal
     }
 
     pub fn config(&self) -> &BrokerConfig {
@@ -98,7 +211,10 @@ impl Broker {
     }
 
     /// Creates a queue.
-    pub fn create_queue(&self, req: v1::CreateQueueRequest) -> Result<Arc<Queue>, BrokerError> {
+    pub async fn create_queue(
+        &self,
+        req: v1::CreateQueueRequest,
+    ) -> Result<Arc<Queue>, BrokerError> {
         let addr = self.resolve(&req.name)?;
         let key = self.normal_queue_key(&req.name, &addr)?;
         let label_chars = req.label.chars().count();
@@ -108,25 +224,44 @@ impl Broker {
                 crate::config::MAX_LABEL_CHARS
             )));
         }
-        let mut queues = self.queues.write().unwrap_or_else(|p| p.into_inner());
-        if queues.contains_key(&key) {
-            return Err(BrokerError::QueueExists(local_path_name(&addr)));
+        let (q, commit) = {
+            let mut queues = self.queues.write().unwrap_or_else(|p| p.into_inner());
+            if queues.contains_key(&key) {
+                return Err(BrokerError::QueueExists(local_path_name(&addr)));
+            }
+            let id = self.next_queue_id.fetch_add(1, Ordering::AcqRel);
+            let def = QueueDef::new(
+                id,
+                local_path_name(&addr),
+                key.clone(),
+                req.transactional,
+                req.quota_bytes,
+                req.label,
+            );
+            let commit = self.journal.submit(vec![Op::DefineQueue {
+                queue_id: id,
+                def: QueueDefRecord::encode(&def),
+            }]);
+            let q = Arc::new(Queue::new(def));
+            queues.insert(key.clone(), q.clone());
+            (q, commit)
+        };
+        if let Err(e) = commit.await {
+            self.queues
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key);
+            q.mark_deleted();
+            return Err(BrokerError::Unavailable(format!(
+                "cannot store the queue definition: {e}"
+            )));
         }
-        let def = QueueDef::new(
-            local_path_name(&addr),
-            key.clone(),
-            req.transactional,
-            req.quota_bytes,
-            req.label,
-        );
-        let q = Arc::new(Queue::new(def));
-        queues.insert(key, q.clone());
         tracing::info!(queue = %q.def().name, transactional = req.transactional, "queue created");
         Ok(q)
     }
 
     /// Deletes a queue and every message in it.
-    pub fn delete_queue(&self, name: &str) -> Result<(), BrokerError> {
+    pub async fn delete_queue(&self, name: &str) -> Result<(), BrokerError> {
         let addr = self.resolve(name)?;
         let key = self.normal_queue_key(name, &addr)?;
         let q = self
@@ -135,8 +270,16 @@ impl Broker {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&key)
             .ok_or_else(|| BrokerError::QueueNotFound(local_path_name(&addr)))?;
-        let charged = q.mark_deleted();
-        self.release_express(charged);
+        let (express, stored) = q.charged_by_delivery();
+        q.mark_deleted();
+        self.release(Delivery::Express, express);
+        self.release(Delivery::Recoverable, stored);
+        self.journal
+            .submit(vec![Op::DeleteQueue {
+                queue_id: q.def().id,
+            }])
+            .await
+            .map_err(|e| BrokerError::Unavailable(format!("cannot store the deletion: {e}")))?;
         tracing::info!(queue = %q.def().name, "queue deleted");
         Ok(())
     }
@@ -173,9 +316,9 @@ impl Broker {
     /// Removes every ready message of a queue.
     pub fn purge(&self, name: &str) -> Result<u64, BrokerError> {
         let q = self.queue(name)?;
-        let (n, charged) = q.purge();
-        self.release_express(charged);
-        Ok(n)
+        let purged = q.purge();
+        self.forget(&q, &purged);
+        Ok(purged.len() as u64)
     }
 
     /// The queues a send destination names: one, or several for a multiple-element name.
@@ -209,12 +352,19 @@ impl Broker {
     }
 
     /// Stores one batch of messages in every destination queue: each message gets one id, shared
-    /// by its copies. Express messages are acknowledged once in the queue.
-    pub fn send_batch(&self, dests: &[Arc<Queue>], msgs: Vec<v1::OutMessage>) -> BatchOutcome {
-        let mut ids = vec![None; msgs.len()];
-        let mut failures = Vec::new();
-        let mut accepted = Vec::with_capacity(msgs.len());
-        let mut index = Vec::with_capacity(msgs.len());
+    /// by its copies. Checks, quota charges and queue positions happen now, in call order;
+    /// the returned future resolves once everything is stored: express messages at once,
+    /// recoverable ones when their journal record is on disk (group commit).
+    pub fn send_batch(
+        self: &Arc<Self>,
+        dests: &[Arc<Queue>],
+        msgs: Vec<v1::OutMessage>,
+    ) -> Pin<Box<dyn Future<Output = BatchOutcome> + Send + 'static>> {
+        let n = msgs.len();
+        let mut ids = vec![None; n];
+        let mut failures: Vec<(usize, BrokerError)> = Vec::new();
+        let mut accepted: Vec<Arc<StoredMessage>> = Vec::with_capacity(n);
+        let mut index: Vec<usize> = Vec::with_capacity(n);
         for (i, m) in msgs.into_iter().enumerate() {
             if self.is_shutting_down() {
                 failures.push((i, BrokerError::ShuttingDown));
@@ -223,7 +373,7 @@ impl Broker {
             match StoredMessage::accept(m, uuid::Uuid::now_v7(), &self.config) {
                 Ok(sm) => {
                     let charge = sm.charged_bytes() * dests.len() as u64;
-                    if let Err(e) = self.reserve_express(charge) {
+                    if let Err(e) = self.reserve(sm.delivery, charge) {
                         failures.push((i, e));
                         continue;
                     }
@@ -234,49 +384,116 @@ impl Broker {
             }
         }
         let mut refused = vec![false; accepted.len()];
+        // Recoverable messages: their journal header and a body-less copy for the queue.
+        let mut headers: Vec<Option<(Bytes, Arc<StoredMessage>)>> = vec![None; accepted.len()];
+        let mut ops = Vec::new();
+        let mut durable: Vec<(Arc<Queue>, usize, Entry)> = Vec::new();
         for q in dests {
-            match q.push(&accepted) {
-                Ok(results) => {
-                    for (j, r) in results.into_iter().enumerate() {
-                        if let Err(e) = r {
-                            self.release_express(accepted[j].charged_bytes());
+            let admitted = match q.admit(&accepted) {
+                Ok(r) => r,
+                Err(e) => accepted.iter().map(|_| Err(e.clone())).collect(),
+            };
+            let mut express = Vec::new();
+            for (j, r) in admitted.into_iter().enumerate() {
+                let m = &accepted[j];
+                match r {
+                    Ok(seq) if m.delivery == Delivery::Express => express.push(Entry {
+                        seq,
+                        msg: m.clone(),
+                    }),
+                    Ok(seq) => {
+                        let (header, bodyless) = headers[j]
+                            .get_or_insert_with(|| (m.encode_header(), Arc::new(m.without_body())))
+                            .clone();
+                        ops.push(Op::Put {
+                            queue_id: q.def().id,
+                            seq,
+                            header,
+                            body: m.body.clone().unwrap_or_default(),
+                        });
+                        durable.push((q.clone(), j, Entry { seq, msg: bodyless }));
+                    }
+                    Err(e) => {
+                        self.release(m.delivery, m.charged_bytes());
+                        if !refused[j] {
+                            refused[j] = true;
+                            failures.push((index[j], e));
+                        }
+                    }
+                }
+            }
+            q.insert(express);
+        }
+        let commit = (!ops.is_empty()).then(|| self.journal.submit(ops));
+        let broker = self.clone();
+        Box::pin(async move {
+            if let Some(commit) = commit {
+                match commit.await {
+                    Ok(()) => {
+                        let mut by_queue: Vec<(Arc<Queue>, Vec<Entry>)> = Vec::new();
+                        for (q, _, e) in durable {
+                            match by_queue.last_mut() {
+                                Some((lq, v)) if Arc::ptr_eq(lq, &q) => v.push(e),
+                                _ => by_queue.push((q, vec![e])),
+                            }
+                        }
+                        for (q, entries) in by_queue {
+                            q.insert(entries);
+                        }
+                    }
+                    Err(e) => {
+                        let err = if e.is_poisoned() {
+                            BrokerError::Unavailable(format!(
+                                "the journal refuses writes: {e}; restart mqd after fixing the disk"
+                            ))
+                        } else {
+                            BrokerError::Unavailable(format!(
+                                "the journal could not store the message: {e}"
+                            ))
+                        };
+                        for (q, j, entry) in durable {
+                            let charge = entry.msg.charged_bytes();
+                            q.unadmit(charge);
+                            broker.release(Delivery::Recoverable, charge);
                             if !refused[j] {
                                 refused[j] = true;
-                                failures.push((index[j], e));
+                                failures.push((index[j], err.clone()));
                             }
                         }
                     }
                 }
-                Err(e) => {
-                    for (j, m) in accepted.iter().enumerate() {
-                        self.release_express(m.charged_bytes());
-                        if !refused[j] {
-                            refused[j] = true;
-                            failures.push((index[j], e.clone()));
-                        }
-                    }
+            }
+            for (j, m) in accepted.iter().enumerate() {
+                if !refused[j] {
+                    ids[index[j]] = Some(m.id);
                 }
             }
-        }
-        for (j, m) in accepted.iter().enumerate() {
-            if !refused[j] {
-                ids[index[j]] = Some(m.id);
-            }
-        }
-        failures.sort_by_key(|(i, _)| *i);
-        BatchOutcome { ids, failures }
+            failures.sort_by_key(|(i, _)| *i);
+            BatchOutcome { ids, failures }
+        })
     }
 
-    fn reserve_express(&self, bytes: u64) -> Result<(), BrokerError> {
-        let quota = self.config.express_quota_bytes;
-        let mut cur = self.express_used.load(Ordering::Relaxed);
+    fn reserve(&self, delivery: Delivery, bytes: u64) -> Result<(), BrokerError> {
+        let (counter, quota, what) = match delivery {
+            Delivery::Express => (
+                &self.express_used,
+                self.config.express_quota_bytes,
+                "express memory quota (mqd --express-quota-bytes)",
+            ),
+            Delivery::Recoverable => (
+                &self.stored_used,
+                self.config.storage_quota_bytes,
+                "storage quota for recoverable messages (mqd --storage-quota-bytes)",
+            ),
+        };
+        let mut cur = counter.load(Ordering::Relaxed);
         loop {
             if cur + bytes > quota {
                 return Err(BrokerError::QuotaExceeded(format!(
-                    "the broker's express memory quota is full: {cur} of {quota} bytes used, this message needs {bytes}; receive or purge messages, or raise mqd --express-quota-bytes"
+                    "the broker's {what} is full: {cur} of {quota} bytes used, this message needs {bytes}; receive or purge messages, or raise the quota"
                 )));
             }
-            match self.express_used.compare_exchange_weak(
+            match counter.compare_exchange_weak(
                 cur,
                 cur + bytes,
                 Ordering::AcqRel,
@@ -288,16 +505,71 @@ impl Broker {
         }
     }
 
-    /// Returns quota bytes of removed messages.
-    pub fn release_express(&self, bytes: u64) {
-        if bytes > 0 {
-            self.express_used.fetch_sub(bytes, Ordering::AcqRel);
+    fn release(&self, delivery: Delivery, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let counter = match delivery {
+            Delivery::Express => &self.express_used,
+            Delivery::Recoverable => &self.stored_used,
+        };
+        counter.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Removes delivered or purged entries for good: gives back their quota and journals the
+    /// removal of recoverable ones. The removal is group-committed with everything else and not
+    /// waited for: a crash before it reaches the disk redelivers the message (at least once);
+    /// it never loses one.
+    pub fn forget(&self, queue: &Queue, entries: &[Entry]) {
+        let mut express = 0;
+        let mut stored = 0;
+        let mut seqs = Vec::new();
+        for e in entries {
+            match e.msg.delivery {
+                Delivery::Express => express += e.msg.charged_bytes(),
+                Delivery::Recoverable => {
+                    stored += e.msg.charged_bytes();
+                    seqs.push(e.seq);
+                }
+            }
+        }
+        self.release(Delivery::Express, express);
+        self.release(Delivery::Recoverable, stored);
+        if !seqs.is_empty() {
+            // Not awaited on purpose (see above); a failure poisons the journal, and later
+            // sends report it.
+            let _ = self.journal.submit(vec![Op::Remove {
+                queue_id: queue.def().id,
+                seqs,
+            }]);
+        }
+    }
+
+    /// The body of a queued message: in memory, or read from the journal.
+    pub fn body(&self, queue: &Queue, entry: &Entry) -> Result<Bytes, BrokerError> {
+        match &entry.msg.body {
+            Some(b) => Ok(b.clone()),
+            None => self
+                .journal
+                .read_body(queue.def().id, entry.seq)
+                .map_err(|e| {
+                    BrokerError::Internal(format!(
+                        "cannot read message {} of {} from the journal: {e}",
+                        entry.msg.id,
+                        queue.def().name
+                    ))
+                }),
         }
     }
 
     /// Express bytes currently held.
     pub fn express_used(&self) -> u64 {
         self.express_used.load(Ordering::Relaxed)
+    }
+
+    /// Recoverable bytes currently stored.
+    pub fn stored_used(&self) -> u64 {
+        self.stored_used.load(Ordering::Relaxed)
     }
 }
 

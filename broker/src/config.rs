@@ -6,6 +6,10 @@ use std::path::PathBuf;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// Default broker-wide memory quota for express messages: 1 GiB.
 pub const DEFAULT_EXPRESS_QUOTA_BYTES: u64 = 1024 * 1024 * 1024;
+/// Default broker-wide quota for recoverable message bytes on disk: 64 GiB.
+pub const DEFAULT_STORAGE_QUOTA_BYTES: u64 = 64 * 1024 * 1024 * 1024;
+/// Default journal segment size: 64 MiB.
+pub const DEFAULT_JOURNAL_SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 /// Largest label, in characters.
 pub const MAX_LABEL_CHARS: usize = 250;
 /// Largest correlation id, in characters.
@@ -24,6 +28,10 @@ pub struct BrokerConfig {
     pub max_body_bytes: usize,
     /// Broker-wide quota of express message bytes held in memory.
     pub express_quota_bytes: u64,
+    /// Broker-wide quota of recoverable message bytes stored in the journal.
+    pub storage_quota_bytes: u64,
+    /// Size of each preallocated journal segment file.
+    pub journal_segment_bytes: u64,
     /// How long a graceful shutdown waits for open streams before closing them.
     pub shutdown_grace: std::time::Duration,
 }
@@ -36,6 +44,8 @@ impl BrokerConfig {
             data_dir: data_dir.into(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             express_quota_bytes: DEFAULT_EXPRESS_QUOTA_BYTES,
+            storage_quota_bytes: DEFAULT_STORAGE_QUOTA_BYTES,
+            journal_segment_bytes: DEFAULT_JOURNAL_SEGMENT_BYTES,
             shutdown_grace: std::time::Duration::from_secs(5),
         }
     }

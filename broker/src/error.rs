@@ -22,6 +22,10 @@ pub enum BrokerError {
     /// The operation does not apply to this queue (read-only queue, remote queue, ...).
     #[error("{0}")]
     FailedPrecondition(String),
+    /// The broker cannot store anything right now (the journal failed, or refuses writes after
+    /// a failed sync).
+    #[error("{0}")]
+    Unavailable(String),
     /// The broker is shutting down.
     #[error("the broker is shutting down; retry against a running broker")]
     ShuttingDown,
@@ -39,7 +43,7 @@ impl BrokerError {
             BrokerError::QueueExists(_) => ErrorCode::AlreadyExists,
             BrokerError::QuotaExceeded(_) => ErrorCode::ResourceExhausted,
             BrokerError::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
-            BrokerError::ShuttingDown => ErrorCode::Unavailable,
+            BrokerError::ShuttingDown | BrokerError::Unavailable(_) => ErrorCode::Unavailable,
             BrokerError::Internal(_) => ErrorCode::Internal,
         }
     }

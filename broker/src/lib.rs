@@ -9,7 +9,8 @@
 //! - `error`: [`BrokerError`] and its one mapping to gRPC status.
 //! - `message`: [`StoredMessage`], validation of what senders send.
 //! - `queue`: [`Queue`]: priority levels, delivery, acknowledgement, give-back.
-//! - `broker`: [`Broker`]: the registry of queues, name resolution, quotas.
+//! - `broker`: [`Broker`]: the registry of queues, name resolution, quotas, recovery.
+//! - [`journal`]: the durable journal: segments, group commit, recovery, compaction.
 //! - `service`: the gRPC service.
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
 //!
@@ -25,15 +26,16 @@
 mod broker;
 mod config;
 mod error;
+pub mod journal;
 mod message;
 mod queue;
 mod server;
 mod service;
 
-pub use broker::Broker;
+pub use broker::{Broker, RecoveryReport};
 pub use config::{
-    default_name, BrokerConfig, DEFAULT_EXPRESS_QUOTA_BYTES, DEFAULT_MAX_BODY_BYTES,
-    MAX_CORRELATION_ID_CHARS, MAX_LABEL_CHARS,
+    default_name, BrokerConfig, DEFAULT_EXPRESS_QUOTA_BYTES, DEFAULT_JOURNAL_SEGMENT_BYTES,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_STORAGE_QUOTA_BYTES, MAX_CORRELATION_ID_CHARS, MAX_LABEL_CHARS,
 };
 pub use error::BrokerError;
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};

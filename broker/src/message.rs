@@ -29,7 +29,10 @@ pub enum Delivery {
 pub struct StoredMessage {
     /// Broker-assigned UUID v7.
     pub id: uuid::Uuid,
-    pub body: Bytes,
+    /// The body while it is in memory: always for express messages; for recoverable messages
+    /// only until stored, after which it is read from the journal when delivered.
+    pub body: Option<Bytes>,
+    pub body_len: u32,
     pub label: String,
     pub priority: u8,
     pub correlation_id: String,
@@ -88,7 +91,8 @@ impl StoredMessage {
         };
         Ok(StoredMessage {
             id,
-            body: m.body,
+            body_len: m.body.len() as u32,
+            body: Some(m.body),
             label: m.label,
             priority,
             correlation_id: m.correlation_id,
@@ -103,14 +107,57 @@ impl StoredMessage {
 
     /// Bytes charged against quotas for this message.
     pub fn charged_bytes(&self) -> u64 {
-        self.body.len() as u64 + self.label.len() as u64 + MESSAGE_OVERHEAD_BYTES
+        self.body_len as u64 + self.label.len() as u64 + MESSAGE_OVERHEAD_BYTES
     }
 
-    /// The wire form, as a receiver sees it in `destination`.
-    pub fn to_wire(&self, destination: &str) -> v1::Message {
+    /// The same message without its body in memory (kept in the journal).
+    pub fn without_body(&self) -> StoredMessage {
+        StoredMessage {
+            body: None,
+            ..self.clone()
+        }
+    }
+
+    /// The header as stored in the journal (everything but the body).
+    pub fn encode_header(&self) -> Bytes {
+        let h = HeaderRecord {
+            id: *self.id.as_bytes(),
+            label: &self.label,
+            priority: self.priority,
+            correlation_id: &self.correlation_id,
+            app_specific: self.app_specific,
+            body_type: self.body_type,
+            sent_time_ms: self.sent_time_ms,
+            arrived_time_ms: self.arrived_time_ms,
+            response_queue: &self.response_queue,
+        };
+        Bytes::from(postcard::to_allocvec(&h).expect("encoding a header into a Vec cannot fail"))
+    }
+
+    /// A recoverable message from its journal header; the body stays on disk.
+    pub fn decode_header(bytes: &[u8], body_len: u32) -> Result<StoredMessage, postcard::Error> {
+        let h: HeaderRecord<'_> = postcard::from_bytes(bytes)?;
+        Ok(StoredMessage {
+            id: uuid::Uuid::from_bytes(h.id),
+            body: None,
+            body_len,
+            label: h.label.to_string(),
+            priority: h.priority.min(MAX_PRIORITY),
+            correlation_id: h.correlation_id.to_string(),
+            app_specific: h.app_specific,
+            body_type: h.body_type,
+            delivery: Delivery::Recoverable,
+            sent_time_ms: h.sent_time_ms,
+            arrived_time_ms: h.arrived_time_ms,
+            response_queue: h.response_queue.to_string(),
+        })
+    }
+
+    /// The wire form, as a receiver sees it in `destination`, with `body`.
+    pub fn to_wire(&self, destination: &str, body: Bytes) -> v1::Message {
         v1::Message {
             id: Bytes::copy_from_slice(self.id.as_bytes()),
-            body: self.body.clone(),
+            body,
             label: self.label.clone(),
             priority: self.priority as u32,
             correlation_id: self.correlation_id.clone(),
@@ -134,4 +181,18 @@ pub fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// A message header in the journal (postcard). Field order is the format: append only.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct HeaderRecord<'a> {
+    id: [u8; 16],
+    label: &'a str,
+    priority: u8,
+    correlation_id: &'a str,
+    app_specific: i64,
+    body_type: u32,
+    sent_time_ms: u64,
+    arrived_time_ms: u64,
+    response_queue: &'a str,
 }

@@ -26,6 +26,8 @@ pub struct Entry {
 /// A queue's fixed properties.
 #[derive(Debug, Clone)]
 pub struct QueueDef {
+    /// The queue's id in the journal (never reused).
+    pub id: u64,
     /// Path name as created, e.g. `.\private$\orders`.
     pub name: String,
     /// Canonical lowercase identity, e.g. `private$\orders`.
@@ -89,18 +91,43 @@ impl Queue {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Appends messages in order. Each either goes in or fails alone (over the queue quota);
-    /// the result has one entry per message. Wakes receivers.
+    /// Appends messages in order (admit, then insert). Each either goes in or fails alone (over
+    /// the queue quota); the result has one entry per message. Wakes receivers.
     pub fn push(
         &self,
         msgs: &[Arc<StoredMessage>],
     ) -> Result<Vec<Result<(), BrokerError>>, BrokerError> {
+        let admitted = self.admit(msgs)?;
+        let mut entries = Vec::with_capacity(msgs.len());
+        let out = admitted
+            .into_iter()
+            .zip(msgs)
+            .map(|(r, m)| {
+                r.map(|seq| {
+                    entries.push(Entry {
+                        seq,
+                        msg: m.clone(),
+                    });
+                })
+            })
+            .collect();
+        self.insert(entries);
+        Ok(out)
+    }
+
+    /// First half of a send: checks the queue quota, charges it, and assigns each message its
+    /// place (`seq`) in the queue's order. The messages become receivable with
+    /// [`Queue::insert`]; if they never do (their journal write failed), give the charge back
+    /// with [`Queue::unadmit`].
+    pub fn admit(
+        &self,
+        msgs: &[Arc<StoredMessage>],
+    ) -> Result<Vec<Result<u64, BrokerError>>, BrokerError> {
         let mut st = self.lock();
         if st.deleted {
             return Err(BrokerError::QueueNotFound(self.def.name.clone()));
         }
         let mut out = Vec::with_capacity(msgs.len());
-        let mut added = 0;
         for m in msgs {
             let charge = m.charged_bytes();
             if let Some(q) = self.def.quota_bytes {
@@ -115,21 +142,51 @@ impl Queue {
             let seq = st.next_seq;
             st.next_seq += 1;
             st.charged += charge;
-            st.stats.messages += 1;
-            st.stats.bytes += m.body.len() as u64;
-            st.ready += 1;
-            st.levels[m.priority as usize].push_back(Entry {
-                seq,
-                msg: m.clone(),
-            });
-            added += 1;
-            out.push(Ok(()));
-        }
-        drop(st);
-        if added > 0 {
-            self.notify.notify_waiters();
+            out.push(Ok(seq));
         }
         Ok(out)
+    }
+
+    /// Gives back the quota charge of admitted messages that were never inserted.
+    pub fn unadmit(&self, charged: u64) {
+        let mut st = self.lock();
+        st.charged = st.charged.saturating_sub(charged);
+    }
+
+    /// Second half of a send: makes admitted messages receivable, each in its `seq` position.
+    pub fn insert(&self, entries: Vec<Entry>) {
+        if entries.is_empty() {
+            return;
+        }
+        let mut st = self.lock();
+        if st.deleted {
+            return;
+        }
+        for e in entries {
+            st.stats.messages += 1;
+            st.stats.bytes += e.msg.body_len as u64;
+            st.ready += 1;
+            let level = &mut st.levels[e.msg.priority as usize];
+            match level.back() {
+                Some(b) if b.seq > e.seq => {
+                    let pos = level.partition_point(|x| x.seq < e.seq);
+                    level.insert(pos, e);
+                }
+                _ => level.push_back(e),
+            }
+        }
+        drop(st);
+        self.notify.notify_waiters();
+    }
+
+    /// Loads messages found by recovery (sorted by seq) and sets the next seq.
+    pub fn load(&self, entries: Vec<Entry>, next_seq: u64) {
+        {
+            let mut st = self.lock();
+            st.next_seq = st.next_seq.max(next_seq);
+            st.charged += entries.iter().map(|e| e.msg.charged_bytes()).sum::<u64>();
+        }
+        self.insert(entries);
     }
 
     /// Takes up to `max` ready messages, highest priority first, for delivery. They stay counted
@@ -157,25 +214,28 @@ impl Queue {
     /// charged (for the broker-wide quota).
     pub fn complete(&self, entries: &[Entry]) -> u64 {
         let mut st = self.lock();
-        let mut charged = 0;
-        for e in entries {
-            charged += e.msg.charged_bytes();
-            st.stats.bytes -= e.msg.body.len() as u64;
-        }
-        st.stats.messages -= entries.len() as u64;
-        st.stats.in_flight -= entries.len() as u64;
-        st.charged -= charged;
+        let charged: u64 = entries.iter().map(|e| e.msg.charged_bytes()).sum();
+        let body: u64 = entries.iter().map(|e| e.msg.body_len as u64).sum();
+        let n = entries.len() as u64;
+        // After a delete the counters were reset; saturate rather than underflow.
+        st.stats.bytes = st.stats.bytes.saturating_sub(body);
+        st.stats.messages = st.stats.messages.saturating_sub(n);
+        st.stats.in_flight = st.stats.in_flight.saturating_sub(n);
+        st.charged = st.charged.saturating_sub(charged);
         charged
     }
 
     /// Gives delivered, unacknowledged messages back: each returns to its place in the order.
-    pub fn restore(&self, entries: Vec<Entry>) {
+    /// If the queue was deleted meanwhile, returns them (their quota is the caller's to give
+    /// back).
+    #[must_use = "entries of a deleted queue come back and must be forgotten"]
+    pub fn restore(&self, entries: Vec<Entry>) -> Vec<Entry> {
         if entries.is_empty() {
-            return;
+            return entries;
         }
         let mut st = self.lock();
         if st.deleted {
-            return;
+            return entries;
         }
         st.stats.in_flight -= entries.len() as u64;
         st.ready += entries.len();
@@ -193,6 +253,7 @@ impl Queue {
         }
         drop(st);
         self.notify.notify_waiters();
+        Vec::new()
     }
 
     /// Takes and removes up to `max` messages at once (a receive without a delivery window).
@@ -217,39 +278,49 @@ impl Queue {
             .collect())
     }
 
-    /// Removes every ready message. Returns how many and the bytes they were charged.
-    pub fn purge(&self) -> (u64, u64) {
+    /// Removes every ready message and returns them.
+    pub fn purge(&self) -> Vec<Entry> {
         let mut st = self.lock();
-        let mut n = 0;
-        let mut charged = 0;
-        let mut body = 0;
+        let mut out = Vec::with_capacity(st.ready);
         for level in st.levels.iter_mut() {
-            for e in level.drain(..) {
-                n += 1;
-                charged += e.msg.charged_bytes();
-                body += e.msg.body.len() as u64;
-            }
+            out.extend(level.drain(..));
         }
+        let charged: u64 = out.iter().map(|e| e.msg.charged_bytes()).sum();
+        let body: u64 = out.iter().map(|e| e.msg.body_len as u64).sum();
         st.ready = 0;
-        st.stats.messages -= n;
+        st.stats.messages -= out.len() as u64;
         st.stats.bytes -= body;
         st.charged -= charged;
-        (n, charged)
+        out
     }
 
-    /// Marks the queue deleted: pushes and takes fail, waiters wake. Returns the bytes charged by
-    /// its messages.
-    pub fn mark_deleted(&self) -> u64 {
+    /// Marks the queue deleted: pushes and takes fail, waiters wake.
+    pub fn mark_deleted(&self) {
         let mut st = self.lock();
         st.deleted = true;
-        let charged = st.charged;
         for level in st.levels.iter_mut() {
             level.clear();
         }
         st.charged = 0;
+        st.ready = 0;
+        st.stats = QueueStats::default();
         drop(st);
         self.notify.notify_waiters();
-        charged
+    }
+
+    /// Quota bytes held by the ready messages, by delivery: `(express, recoverable)`. For giving
+    /// quota back when the queue is deleted (messages in flight are given back by their
+    /// receivers, see [`Queue::restore`]).
+    pub fn charged_by_delivery(&self) -> (u64, u64) {
+        let st = self.lock();
+        let mut out = (0, 0);
+        for e in st.levels.iter().flat_map(|l| l.iter()) {
+            match e.msg.delivery {
+                crate::message::Delivery::Express => out.0 += e.msg.charged_bytes(),
+                crate::message::Delivery::Recoverable => out.1 += e.msg.charged_bytes(),
+            }
+        }
+        out
     }
 
     pub fn is_deleted(&self) -> bool {
@@ -286,6 +357,7 @@ impl Queue {
 impl QueueDef {
     /// A definition created now.
     pub fn new(
+        id: u64,
         name: String,
         key: String,
         transactional: bool,
@@ -293,6 +365,7 @@ impl QueueDef {
         label: String,
     ) -> Self {
         QueueDef {
+            id,
             name,
             key,
             transactional,
@@ -312,7 +385,8 @@ mod tests {
     fn msg(priority: u8, body: &str) -> Arc<StoredMessage> {
         Arc::new(StoredMessage {
             id: uuid::Uuid::now_v7(),
-            body: Bytes::copy_from_slice(body.as_bytes()),
+            body: Some(Bytes::copy_from_slice(body.as_bytes())),
+            body_len: body.len() as u32,
             label: String::new(),
             priority,
             correlation_id: String::new(),
@@ -327,6 +401,7 @@ mod tests {
 
     fn queue(quota: Option<u64>) -> Queue {
         Queue::new(QueueDef::new(
+            1,
             ".\\q".into(),
             "q".into(),
             false,
@@ -337,7 +412,7 @@ mod tests {
 
     fn bodies(es: &[Entry]) -> Vec<String> {
         es.iter()
-            .map(|e| String::from_utf8(e.msg.body.to_vec()).unwrap())
+            .map(|e| String::from_utf8(e.msg.body.clone().unwrap().to_vec()).unwrap())
             .collect()
     }
 
@@ -364,8 +439,8 @@ mod tests {
             .unwrap();
         let first = q.take(2).unwrap();
         let second = q.take(1).unwrap();
-        q.restore(second);
-        q.restore(first);
+        assert!(q.restore(second).is_empty());
+        assert!(q.restore(first).is_empty());
         assert_eq!(q.stats().in_flight, 0);
         assert_eq!(bodies(&q.peek(10).unwrap()), ["1", "2", "3", "4"]);
     }
@@ -384,7 +459,7 @@ mod tests {
         let q = queue(None);
         q.push(&[msg(3, "a"), msg(3, "b")]).unwrap();
         let inflight = q.take(1).unwrap();
-        assert_eq!(q.purge().0, 1);
+        assert_eq!(q.purge().len(), 1);
         assert_eq!(q.stats().messages, 1);
         q.complete(&inflight);
         assert_eq!(q.stats(), QueueStats::default());

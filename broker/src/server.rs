@@ -21,6 +21,8 @@ pub enum RunError {
     },
     #[error("data directory {0} is in use by another running mqd; stop it or pass a different --data-dir")]
     Locked(String),
+    #[error("{0}")]
+    Journal(crate::error::BrokerError),
     #[error("cannot read the listener's address: {0}")]
     Listener(std::io::Error),
     #[error("the gRPC server failed: {0}")]
@@ -39,7 +41,17 @@ pub async fn run(
     let local = listener.local_addr().map_err(RunError::Listener)?;
     let _lock = lock_data_dir(&config)?;
     let grace = config.shutdown_grace;
-    let broker = Arc::new(Broker::new(config, vec![local]));
+    let (broker, rec) = Broker::open(config, vec![local]).map_err(RunError::Journal)?;
+    tracing::info!(
+        queues = rec.queues,
+        messages = rec.messages,
+        bytes = rec.bytes,
+        segments = rec.segments,
+        seconds = format!("{:.3}", rec.seconds),
+        torn_tail_truncated = rec.truncated,
+        "recovered the journal"
+    );
+    let broker = Arc::new(broker);
     let svc = MessageQueueServer::new(Service::new(broker.clone()))
         .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
         .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
@@ -60,7 +72,10 @@ pub async fn run(
     tokio::pin!(server);
     tracing::info!(%local, name = %broker.config().name, "broker started");
     tokio::select! {
-        r = &mut server => return r.map_err(RunError::from),
+        r = &mut server => {
+            broker.close();
+            return r.map_err(RunError::from);
+        }
         _ = shutdown => {}
     }
     tracing::info!("shutting down: no new connections; finishing what is in flight");

@@ -41,7 +41,7 @@ impl MessageQueue for Service {
         &self,
         req: Request<v1::CreateQueueRequest>,
     ) -> Result<Response<v1::QueueInfo>, Status> {
-        let q = self.broker.create_queue(req.into_inner())?;
+        let q = self.broker.create_queue(req.into_inner()).await?;
         Ok(Response::new(q.info()))
     }
 
@@ -49,7 +49,7 @@ impl MessageQueue for Service {
         &self,
         req: Request<v1::QueueRequest>,
     ) -> Result<Response<v1::Empty>, Status> {
-        self.broker.delete_queue(&req.into_inner().name)?;
+        self.broker.delete_queue(&req.into_inner().name).await?;
         Ok(Response::new(v1::Empty {}))
     }
 
@@ -122,16 +122,23 @@ impl MessageQueue for Service {
             if peek {
                 q.peek(1)
             } else {
-                let (taken, charged) = q.remove(1)?;
-                self.broker.release_express(charged);
+                let (taken, _) = q.remove(1)?;
                 Ok(taken)
             }
         })
         .await?;
         let dest = queue.info().format_name;
-        Ok(Response::new(v1::ReceiveOneResponse {
-            message: found.first().map(|e| e.msg.to_wire(&dest)),
-        }))
+        let message = match found.first() {
+            Some(e) => {
+                let body = self.broker.body(&queue, e);
+                if !peek {
+                    self.broker.forget(&queue, &found);
+                }
+                Some(e.msg.to_wire(&dest, body?))
+            }
+            None => None,
+        };
+        Ok(Response::new(v1::ReceiveOneResponse { message }))
     }
 
     async fn peek(
@@ -143,9 +150,11 @@ impl MessageQueue for Service {
         let max = req.max.max(1) as usize;
         let found = wait_for(&self.broker, &queue, req.timeout_ms, |q| q.peek(max)).await?;
         let dest = queue.info().format_name;
-        Ok(Response::new(v1::PeekResponse {
-            messages: found.iter().map(|e| e.msg.to_wire(&dest)).collect(),
-        }))
+        let mut messages = Vec::with_capacity(found.len());
+        for e in &found {
+            messages.push(e.msg.to_wire(&dest, self.broker.body(&queue, e)?));
+        }
+        Ok(Response::new(v1::PeekResponse { messages }))
     }
 }
 
@@ -173,28 +182,36 @@ async fn wait_for(
     }
 }
 
-/// One send stream: stores each batch as it comes and answers it, in order.
+/// One send stream: checks and queues each batch as it comes (in order), and answers each batch,
+/// in order, once it is stored. Batches pipeline: while earlier ones wait for their journal sync,
+/// later ones are already being written.
 async fn send_stream(
     broker: Arc<Broker>,
     mut inbound: Streaming<v1::SendBatch>,
     tx: mpsc::Sender<Result<v1::SendAck, Status>>,
 ) {
+    type Pending = Pin<Box<dyn std::future::Future<Output = v1::SendAck> + Send>>;
+    let (pending_tx, mut pending_rx) = mpsc::channel::<Pending>(SEND_ACK_WINDOW);
+    let acker = tokio::spawn(async move {
+        while let Some(ack) = pending_rx.recv().await {
+            if tx.send(Ok(ack.await)).await.is_err() {
+                return;
+            }
+        }
+    });
     // The last destination's resolution, so a stream of batches to one queue parses it once.
     let mut cached: Option<(String, Vec<Arc<Queue>>)> = None;
     loop {
         let batch = tokio::select! {
             b = inbound.message() => b,
-            _ = broker.shutting_down() => {
-                let _ = tx.send(Err(BrokerError::ShuttingDown.into())).await;
-                return;
-            }
+            _ = broker.shutting_down() => break,
         };
         let batch = match batch {
             Ok(Some(b)) => b,
-            Ok(None) => return,
+            Ok(None) => break,
             Err(status) => {
                 tracing::debug!(%status, "send stream ended by the client");
-                return;
+                break;
             }
         };
         let n = batch.messages.len();
@@ -207,35 +224,44 @@ async fn send_stream(
                 cached = Some((batch.destination.clone(), d.clone()));
             }),
         };
-        let ack = match dests {
+        let ack: Pending = match dests {
             Ok(dests) => {
-                let outcome = broker.send_batch(&dests, batch.messages);
-                let mut ids = BytesMut::with_capacity(16 * n);
-                for id in &outcome.ids {
-                    ids.put_slice(id.as_ref().map(|u| u.as_bytes()).unwrap_or(&[0u8; 16]));
-                }
-                v1::SendAck {
+                let stored = broker.send_batch(&dests, batch.messages);
+                Box::pin(async move {
+                    let outcome = stored.await;
+                    let mut ids = BytesMut::with_capacity(16 * n);
+                    for id in &outcome.ids {
+                        ids.put_slice(id.as_ref().map(|u| u.as_bytes()).unwrap_or(&[0u8; 16]));
+                    }
+                    v1::SendAck {
+                        first_seq,
+                        count: n as u32,
+                        ids: ids.freeze(),
+                        failures: outcome
+                            .failures
+                            .into_iter()
+                            .map(|(i, e)| failure(first_seq + i as u64, &e))
+                            .collect(),
+                    }
+                })
+            }
+            Err(e) => {
+                let ack = v1::SendAck {
                     first_seq,
                     count: n as u32,
-                    ids: ids.freeze(),
-                    failures: outcome
-                        .failures
-                        .into_iter()
-                        .map(|(i, e)| failure(first_seq + i as u64, &e))
-                        .collect(),
-                }
+                    ids: vec![0u8; 16 * n].into(),
+                    failures: (0..n).map(|i| failure(first_seq + i as u64, &e)).collect(),
+                };
+                Box::pin(async move { ack })
             }
-            Err(e) => v1::SendAck {
-                first_seq,
-                count: n as u32,
-                ids: vec![0u8; 16 * n].into(),
-                failures: (0..n).map(|i| failure(first_seq + i as u64, &e)).collect(),
-            },
         };
-        if tx.send(Ok(ack)).await.is_err() {
-            return;
+        if pending_tx.send(ack).await.is_err() {
+            break;
         }
     }
+    // Answer everything already accepted, then end the stream.
+    drop(pending_tx);
+    let _ = acker.await;
 }
 
 fn failure(seq: u64, e: &BrokerError) -> v1::SendFailure {
@@ -270,13 +296,20 @@ async fn consume(
             if !taken.is_empty() {
                 credit -= taken.len() as u64;
                 let mut messages = Vec::with_capacity(taken.len());
+                let mut failed = None;
                 for e in taken {
-                    messages.push(v1::Delivered {
-                        tag: next_tag,
-                        message: Some(e.msg.to_wire(&dest)),
-                    });
+                    match broker.body(&queue, &e) {
+                        Ok(body) => messages.push(v1::Delivered {
+                            tag: next_tag,
+                            message: Some(e.msg.to_wire(&dest, body)),
+                        }),
+                        Err(err) => failed = Some(err),
+                    }
                     in_flight.push_back((next_tag, e));
                     next_tag += 1;
+                }
+                if let Some(err) = failed {
+                    break Some(err.into());
                 }
                 if tx.send(Ok(v1::ReceiveBatch { messages })).await.is_err() {
                     break None;
@@ -292,7 +325,15 @@ async fn consume(
                 _ = broker.shutting_down() => break Some(BrokerError::ShuttingDown.into()),
             }
         } else {
+            let notified = queue.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if queue.is_deleted() {
+                break Some(BrokerError::QueueNotFound(queue.def().name.clone()).into());
+            }
             tokio::select! {
+                // Wakes on deletion too, so a consumer without credit still notices it.
+                _ = notified => continue,
                 r = inbound.message() => match r {
                     Ok(Some(r)) => { credit += apply(&broker, &queue, &mut in_flight, &r); }
                     _ => break None,
@@ -302,7 +343,8 @@ async fn consume(
         }
     };
     // Whatever was delivered and not acknowledged goes back, in order.
-    queue.restore(in_flight.into_iter().map(|(_, e)| e).collect());
+    let gone = queue.restore(in_flight.into_iter().map(|(_, e)| e).collect());
+    broker.forget(&queue, &gone);
     if let Some(status) = end {
         let _ = tx.send(Err(status)).await;
     }
@@ -318,8 +360,8 @@ fn apply(
     if r.ack_through > 0 {
         let n = in_flight.partition_point(|(tag, _)| *tag <= r.ack_through);
         let done: Vec<Entry> = in_flight.drain(..n).map(|(_, e)| e).collect();
-        let charged = queue.complete(&done);
-        broker.release_express(charged);
+        queue.complete(&done);
+        broker.forget(queue, &done);
     }
     r.credit as u64
 }

@@ -54,7 +54,8 @@ impl Default for ConsumerOptions {
 #[derive(Debug)]
 pub struct Consumer {
     out: Option<mpsc::Sender<v1::ReceiveRequest>>,
-    inbound: Streaming<v1::ReceiveBatch>,
+    /// `None` only after close or drop.
+    inbound: Option<Streaming<v1::ReceiveBatch>>,
     buffer: VecDeque<(u64, v1::Message)>,
     /// Tag of the last message handed out.
     handed: u64,
@@ -93,7 +94,7 @@ impl Consumer {
             .into_inner();
         Ok(Consumer {
             out: Some(out),
-            inbound,
+            inbound: Some(inbound),
             buffer: VecDeque::new(),
             handed: 0,
             acked: 0,
@@ -117,7 +118,11 @@ impl Consumer {
             if let Some(e) = &self.ended {
                 return Err(e.clone());
             }
-            let got = tokio::time::timeout(timeout, self.inbound.message()).await;
+            let inbound = self
+                .inbound
+                .as_mut()
+                .ok_or_else(|| Error::Internal("consumer is closed".into()))?;
+            let got = tokio::time::timeout(timeout, inbound.message()).await;
             match got {
                 Err(_) => return Ok(None),
                 Ok(Ok(Some(batch))) => {
@@ -185,10 +190,31 @@ impl Consumer {
         self.out = None;
         // Wait (bounded) for the broker to finish the stream, so the acknowledgement is applied
         // before we return.
-        let _ = tokio::time::timeout(Duration::from_secs(5), async {
-            while let Ok(Some(_)) = self.inbound.message().await {}
-        })
-        .await;
+        if let Some(mut inbound) = self.inbound.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                while let Ok(Some(_)) = inbound.message().await {}
+            })
+            .await;
+        }
         r
+    }
+}
+
+impl Drop for Consumer {
+    /// Half-closes the request stream and keeps the response stream open (in the background,
+    /// bounded) until the broker ends it, so acknowledgements already sent with
+    /// [`Consumer::ack`] are applied rather than cut off by a stream reset.
+    fn drop(&mut self) {
+        self.out = None;
+        if let Some(mut inbound) = self.inbound.take() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                        while let Ok(Some(_)) = inbound.message().await {}
+                    })
+                    .await;
+                });
+            }
+        }
     }
 }

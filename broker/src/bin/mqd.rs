@@ -31,6 +31,12 @@ struct Args {
     /// Broker-wide quota for express messages held in memory, in bytes.
     #[arg(long, default_value_t = mq_broker::DEFAULT_EXPRESS_QUOTA_BYTES)]
     express_quota_bytes: u64,
+    /// Broker-wide quota for recoverable message bytes stored on disk, in bytes.
+    #[arg(long, default_value_t = mq_broker::DEFAULT_STORAGE_QUOTA_BYTES)]
+    storage_quota_bytes: u64,
+    /// Size of each preallocated journal segment file, in bytes.
+    #[arg(long, default_value_t = mq_broker::DEFAULT_JOURNAL_SEGMENT_BYTES)]
+    journal_segment_bytes: u64,
 }
 
 #[tokio::main]
@@ -49,21 +55,29 @@ async fn main() -> anyhow::Result<()> {
     }
     config.max_body_bytes = args.max_body_bytes;
     config.express_quota_bytes = args.express_quota_bytes;
+    config.storage_quota_bytes = args.storage_quota_bytes;
+    config.journal_segment_bytes = args.journal_segment_bytes;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
+    // Install the signal handlers before announcing the address, so a SIGTERM sent right after
+    // the announcement is a graceful stop, not the default kill.
+    let shutdown = shutdown_signal()?;
     // The handshake with scripts and tests: first line on stdout once we accept connections.
     println!("listening on {addr}");
-    mq_broker::run(listener, config, shutdown_signal()).await?;
+    mq_broker::run(listener, config, shutdown).await?;
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("install SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C received"),
-    }
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("Ctrl-C received"),
+        }
+    })
 }

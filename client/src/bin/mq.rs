@@ -117,8 +117,8 @@ struct SendArgs {
 struct ReceiveArgs {
     /// The queue.
     queue: String,
-    /// How many messages.
-    #[arg(long, default_value_t = 1)]
+    /// How many messages (at least 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     count: u64,
     /// How long to wait for them, in all (e.g. 500ms, 5s, 2m).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]

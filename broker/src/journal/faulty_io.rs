@@ -1,0 +1,344 @@
+//! [`FaultyIo`]: an in-memory [`Io`] that fails on request and simulates crashes.
+//!
+//! Each file keeps two images: what a reader sees now, and what is durable. A write lands in
+//! the first and is queued as pending; a successful `sync` of that file applies its pending
+//! writes to the durable image. A *crash* (at the Nth sync, or [`FaultyIo::restart`] at any
+//! moment) keeps, per file, the durable image plus a random prefix of the pending writes,
+//! the last one possibly cut mid-way: a torn write.
+//!
+//! Simplifications, on purpose: directory operations (create, remove) and length changes
+//! (preallocate, truncate) are durable at once; the directory path is ignored (one directory).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::Path;
+use std::sync::{Arc, Mutex, Weak};
+
+use super::io::{Io, SegmentFile};
+
+/// Fault-injecting, crash-simulating in-memory storage for tests. Clones share the same disk.
+#[derive(Clone)]
+pub struct FaultyIo {
+    fs: Arc<Fs>,
+}
+
+impl std::fmt::Debug for FaultyIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FaultyIo")
+    }
+}
+
+struct Fs {
+    ctl: Mutex<Ctl>,
+}
+
+#[derive(Default)]
+struct Ctl {
+    files: BTreeMap<u64, Arc<MemFile>>,
+    syncs: u64,
+    fail_sync_at: Option<u64>,
+    crash_at_sync: Option<u64>,
+    enospc_writes: bool,
+    enospc_preallocate: bool,
+    /// Set once crashed: the disk as it will be found after the reboot.
+    crashed: Option<BTreeMap<u64, Vec<u8>>>,
+    rng: u64,
+}
+
+struct MemFile {
+    fs: Weak<Fs>,
+    data: Mutex<FileData>,
+}
+
+#[derive(Default, Clone)]
+struct FileData {
+    current: Vec<u8>,
+    durable: Vec<u8>,
+    pending: Vec<(u64, Vec<u8>)>,
+}
+
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn crashed_err() -> io::Error {
+    io::Error::other("simulated crash: this process is dead")
+}
+
+fn write_into(buf: &mut Vec<u8>, off: u64, data: &[u8]) {
+    let end = off as usize + data.len();
+    if buf.len() < end {
+        buf.resize(end, 0);
+    }
+    buf[off as usize..end].copy_from_slice(data);
+}
+
+impl Ctl {
+    /// The disk after a power loss now: durable images plus a random prefix of pending writes.
+    fn surviving_state(&mut self) -> BTreeMap<u64, Vec<u8>> {
+        let mut out = BTreeMap::new();
+        let files: Vec<(u64, Arc<MemFile>)> =
+            self.files.iter().map(|(k, v)| (*k, v.clone())).collect();
+        for (n, f) in files {
+            let d = f.data.lock().unwrap();
+            let mut img = d.durable.clone();
+            let keep = (splitmix(&mut self.rng) % (d.pending.len() as u64 + 1)) as usize;
+            for (i, (off, bytes)) in d.pending.iter().enumerate().take(keep) {
+                if i + 1 == keep && splitmix(&mut self.rng).is_multiple_of(2) {
+                    // Torn: only a prefix of the last surviving write reached the disk.
+                    let cut = (splitmix(&mut self.rng) % (bytes.len() as u64 + 1)) as usize;
+                    write_into(&mut img, *off, &bytes[..cut]);
+                } else {
+                    write_into(&mut img, *off, bytes);
+                }
+            }
+            out.insert(n, img);
+        }
+        out
+    }
+}
+
+impl FaultyIo {
+    /// An empty disk; `seed` drives every random choice (which writes survive a crash).
+    pub fn new(seed: u64) -> Self {
+        FaultyIo {
+            fs: Arc::new(Fs {
+                ctl: Mutex::new(Ctl {
+                    rng: seed,
+                    ..Ctl::default()
+                }),
+            }),
+        }
+    }
+
+    fn from_image(image: BTreeMap<u64, Vec<u8>>, seed: u64) -> Self {
+        let io = FaultyIo::new(seed);
+        {
+            let mut ctl = io.fs.ctl.lock().unwrap();
+            for (n, bytes) in image {
+                let f = Arc::new(MemFile {
+                    fs: Arc::downgrade(&io.fs),
+                    data: Mutex::new(FileData {
+                        current: bytes.clone(),
+                        durable: bytes,
+                        pending: Vec::new(),
+                    }),
+                });
+                ctl.files.insert(n, f);
+            }
+        }
+        io
+    }
+
+    /// The `n`th file sync from now (1 = the next one) fails with EIO; data stays pending.
+    pub fn fail_sync_at(&self, n: u64) {
+        let mut c = self.fs.ctl.lock().unwrap();
+        c.fail_sync_at = Some(c.syncs + n);
+    }
+
+    /// The `n`th file sync from now (1 = the next one) crashes the machine: it fails, every
+    /// later call fails, and [`FaultyIo::restart`] returns the disk as found after reboot.
+    pub fn crash_at_sync(&self, n: u64) {
+        let mut c = self.fs.ctl.lock().unwrap();
+        c.crash_at_sync = Some(c.syncs + n);
+    }
+
+    /// While on, every write fails with ENOSPC.
+    pub fn fail_writes_with_enospc(&self, on: bool) {
+        self.fs.ctl.lock().unwrap().enospc_writes = on;
+    }
+
+    /// While on, every preallocation fails with ENOSPC.
+    pub fn fail_preallocate_with_enospc(&self, on: bool) {
+        self.fs.ctl.lock().unwrap().enospc_preallocate = on;
+    }
+
+    /// File syncs attempted so far.
+    pub fn syncs(&self) -> u64 {
+        self.fs.ctl.lock().unwrap().syncs
+    }
+
+    /// True once a simulated crash happened.
+    pub fn crashed(&self) -> bool {
+        self.fs.ctl.lock().unwrap().crashed.is_some()
+    }
+
+    /// A new disk holding what survives a power loss: the state at the crash if one happened,
+    /// otherwise a power loss right now. Faults are not carried over.
+    pub fn restart(&self) -> FaultyIo {
+        let mut c = self.fs.ctl.lock().unwrap();
+        let image = match &c.crashed {
+            Some(img) => img.clone(),
+            None => c.surviving_state(),
+        };
+        let seed = splitmix(&mut c.rng);
+        FaultyIo::from_image(image, seed)
+    }
+
+    /// Segment numbers and their current lengths.
+    pub fn segments(&self) -> Vec<(u64, u64)> {
+        let c = self.fs.ctl.lock().unwrap();
+        c.files
+            .iter()
+            .map(|(n, f)| (*n, f.data.lock().unwrap().current.len() as u64))
+            .collect()
+    }
+
+    /// Overwrites bytes of a segment, durably (for corruption tests).
+    pub fn corrupt(&self, segment: u64, offset: u64, bytes: &[u8]) {
+        let c = self.fs.ctl.lock().unwrap();
+        let f = c.files.get(&segment).expect("no such segment");
+        let mut d = f.data.lock().unwrap();
+        write_into(&mut d.current, offset, bytes);
+        write_into(&mut d.durable, offset, bytes);
+    }
+
+    fn check_alive(&self) -> io::Result<()> {
+        if self.fs.ctl.lock().unwrap().crashed.is_some() {
+            return Err(crashed_err());
+        }
+        Ok(())
+    }
+}
+
+impl Io for FaultyIo {
+    fn init(&self, _dir: &Path) -> io::Result<()> {
+        self.check_alive()
+    }
+
+    fn list(&self, _dir: &Path) -> io::Result<Vec<u64>> {
+        self.check_alive()?;
+        Ok(self.fs.ctl.lock().unwrap().files.keys().copied().collect())
+    }
+
+    fn open(&self, _dir: &Path, segment: u64) -> io::Result<Arc<dyn SegmentFile>> {
+        self.check_alive()?;
+        let c = self.fs.ctl.lock().unwrap();
+        match c.files.get(&segment) {
+            Some(f) => Ok(f.clone()),
+            None => Err(io::Error::from(io::ErrorKind::NotFound)),
+        }
+    }
+
+    fn create(&self, _dir: &Path, segment: u64) -> io::Result<Arc<dyn SegmentFile>> {
+        self.check_alive()?;
+        let mut c = self.fs.ctl.lock().unwrap();
+        if c.files.contains_key(&segment) {
+            return Err(io::Error::from(io::ErrorKind::AlreadyExists));
+        }
+        let f = Arc::new(MemFile {
+            fs: Arc::downgrade(&self.fs),
+            data: Mutex::new(FileData::default()),
+        });
+        c.files.insert(segment, f.clone());
+        Ok(f)
+    }
+
+    fn sync_dir(&self, _dir: &Path) -> io::Result<()> {
+        self.check_alive()
+    }
+
+    fn remove(&self, _dir: &Path, segment: u64) -> io::Result<()> {
+        self.check_alive()?;
+        let mut c = self.fs.ctl.lock().unwrap();
+        c.files
+            .remove(&segment)
+            .map(|_| ())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+    }
+}
+
+impl MemFile {
+    fn fs(&self) -> io::Result<Arc<Fs>> {
+        self.fs.upgrade().ok_or_else(crashed_err)
+    }
+}
+
+impl SegmentFile for MemFile {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.data.lock().unwrap().current.len() as u64)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let d = self.data.lock().unwrap();
+        let end = offset as usize + buf.len();
+        if end > d.current.len() {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        buf.copy_from_slice(&d.current[offset as usize..end]);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        {
+            let fs = self.fs()?;
+            let c = fs.ctl.lock().unwrap();
+            if c.crashed.is_some() {
+                return Err(crashed_err());
+            }
+            if c.enospc_writes {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+        }
+        let mut d = self.data.lock().unwrap();
+        write_into(&mut d.current, offset, buf);
+        d.pending.push((offset, buf.to_vec()));
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let fs = self.fs()?;
+        let mut c = fs.ctl.lock().unwrap();
+        if c.crashed.is_some() {
+            return Err(crashed_err());
+        }
+        c.syncs += 1;
+        if c.crash_at_sync == Some(c.syncs) {
+            let img = c.surviving_state();
+            c.crashed = Some(img);
+            return Err(io::Error::other("simulated crash during fdatasync"));
+        }
+        if c.fail_sync_at == Some(c.syncs) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        let mut d = self.data.lock().unwrap();
+        let pending = std::mem::take(&mut d.pending);
+        for (off, bytes) in pending {
+            write_into(&mut d.durable, off, &bytes);
+        }
+        Ok(())
+    }
+
+    fn preallocate(&self, len: u64) -> io::Result<()> {
+        {
+            let fs = self.fs()?;
+            let c = fs.ctl.lock().unwrap();
+            if c.crashed.is_some() {
+                return Err(crashed_err());
+            }
+            if c.enospc_preallocate {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+        }
+        let mut d = self.data.lock().unwrap();
+        if (d.current.len() as u64) < len {
+            d.current.resize(len as usize, 0);
+        }
+        if (d.durable.len() as u64) < len {
+            d.durable.resize(len as usize, 0);
+        }
+        Ok(())
+    }
+
+    fn truncate(&self, len: u64) -> io::Result<()> {
+        self.fs()?;
+        let mut d = self.data.lock().unwrap();
+        d.current.resize(len as usize, 0);
+        d.durable.resize(len as usize, 0);
+        Ok(())
+    }
+}

@@ -1,0 +1,524 @@
+//! The broker's durable journal: an append-only log of opaque records in preallocated
+//! segment files, with group commit, crash recovery and compaction.
+//!
+//! It owns the bytes on disk and an index of where every live queue def and message is.
+//! It does not know what a def, header or body means (the broker encodes those), nor about
+//! transactions: a transaction commits as one [`Journal::submit`] of many ops, which is atomic.
+//!
+//! An acknowledgement ([`Commit`] resolving to `Ok`) means the record is on disk: its
+//! `fdatasync` returned. After a failed write or sync the journal is poisoned and refuses
+//! every later write until it is reopened.
+//!
+//! Layout:
+//! - `op.rs`: [`Op`] and the payload encoding.
+//! - `record.rs`: record framing (length, CRC32C) and the incomplete/corrupt decoder.
+//! - `segment.rs`: segment file names and header.
+//! - `io.rs`: the [`Io`] / [`SegmentFile`] storage traits and [`FileIo`].
+//! - `faulty_io.rs`: [`FaultyIo`], in-memory storage that fails and crashes on request.
+//! - `index.rs`: the live index and per-segment live bytes.
+//! - `recovery.rs`: scanning, replay, torn-tail truncation.
+//! - `writer.rs`: the writer thread (group commit, rolling, compaction).
+//! - `error.rs`: [`JournalError`].
+//!
+//! The byte layout is in `broker/docs/journal-format.md`.
+//!
+//! ```ignore
+//! // `ignore`: the crate path changes when this module moves into the broker.
+//! use crate::journal::{Journal, JournalOptions, Op};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let (journal, recovery) = Journal::open("data/journal".as_ref(), JournalOptions::default())?;
+//! println!("recovered {} queues", recovery.queues.len());
+//! journal
+//!     .submit(vec![Op::Put { queue_id: 1, seq: 1, header: "h".into(), body: "b".into() }])
+//!     .wait()?; // durable now
+//! assert_eq!(&journal.read_body(1, 1)?[..], b"b");
+//! # Ok(()) }
+//! ```
+
+mod error;
+mod faulty_io;
+mod index;
+mod io;
+mod op;
+mod record;
+mod recovery;
+mod segment;
+mod writer;
+
+pub use error::JournalError;
+pub use faulty_io::FaultyIo;
+pub use io::{FileIo, Io, SegmentFile};
+pub use op::Op;
+pub use segment::{parse_segment_file_name, segment_file_name};
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use crossbeam_channel::Sender;
+use tokio::sync::oneshot;
+
+use index::Index;
+use record::{FRAME_HEADER, MAX_PAYLOAD};
+use segment::{segment_path, HEADER_LEN};
+use writer::{Active, Msg, Writer};
+
+/// Tuning. The defaults suit a broker; tests use small segments.
+#[derive(Debug, Clone)]
+pub struct JournalOptions {
+    /// Size each segment file is preallocated to. A record larger than this gets a segment
+    /// of its own size. Default 64 MiB; at least 4 KiB.
+    pub segment_size: u64,
+    /// A sealed oldest segment whose live bytes are below this fraction of its written bytes
+    /// is compacted (live records copied forward, file deleted). Default 0.5; in `[0, 0.9]`.
+    pub compact_live_ratio: f64,
+    /// The writer stops draining queued submissions into one batch (one write, one sync)
+    /// once it holds this many bytes; also bounds one compaction step. Default 8 MiB.
+    pub max_batch_bytes: usize,
+}
+
+impl Default for JournalOptions {
+    fn default() -> Self {
+        JournalOptions {
+            segment_size: 64 << 20,
+            compact_live_ratio: 0.5,
+            max_batch_bytes: 8 << 20,
+        }
+    }
+}
+
+/// What recovery found. Bodies are not loaded: read them with [`Journal::read_body`].
+#[derive(Debug, Clone)]
+pub struct Recovery {
+    /// Live queue definitions, by queue id.
+    pub queues: Vec<(u64, Bytes)>,
+    /// Live messages per queue, sorted by seq. Queues without live messages are absent.
+    pub messages: BTreeMap<u64, Vec<RecoveredMessage>>,
+    /// Highest queue id in any record ever written (kept across compaction by watermarks).
+    pub max_queue_id: u64,
+    /// Highest seq per queue in any Put, Remove or Purge (including `through_seq`), for
+    /// queues that were not deleted. The broker must not reuse these.
+    pub max_seq: BTreeMap<u64, u64>,
+    /// Segment files scanned.
+    pub segments: usize,
+    /// Records replayed.
+    pub records: u64,
+    /// Bytes scanned up to the end of data (segment headers included).
+    pub bytes: u64,
+    /// `(segment, offset)` where a torn tail was cut, if one was.
+    pub truncated: Option<(u64, u64)>,
+    /// How long the scan took.
+    pub elapsed: Duration,
+}
+
+/// A live message found by recovery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveredMessage {
+    /// Its seq in its queue.
+    pub seq: u64,
+    /// The header bytes as put.
+    pub header: Bytes,
+    /// Length of the body, which stays on disk.
+    pub body_len: u32,
+}
+
+/// Counters for monitoring. `syncs` counts every `fdatasync` (commits, compaction, new
+/// segments); `records_written / batches` is the group-commit factor.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JournalStats {
+    /// Segment files in use.
+    pub segments: usize,
+    /// Bytes allocated on disk by those files.
+    pub disk_bytes: u64,
+    /// Bytes of live ops (defs and messages) in them.
+    pub live_bytes: u64,
+    /// `fdatasync` calls issued since open.
+    pub syncs: u64,
+    /// Records written for submissions since open.
+    pub records_written: u64,
+    /// Group commits (one write + one sync each, two if crossing a segment).
+    pub batches: u64,
+    /// Bytes written for submissions since open.
+    pub bytes_written: u64,
+    /// Segments created since open.
+    pub segments_created: u64,
+    /// Segments deleted by compaction since open.
+    pub segments_deleted: u64,
+    /// Bytes of live ops copied forward by compaction since open.
+    pub compacted_bytes: u64,
+    /// True once a write or sync failed.
+    pub poisoned: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub syncs: AtomicU64,
+    pub records: AtomicU64,
+    pub batches: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub segments_created: AtomicU64,
+    pub segments_deleted: AtomicU64,
+    pub compacted_bytes: AtomicU64,
+}
+
+/// State shared by handles and the writer thread.
+pub(crate) struct Shared {
+    pub dir: PathBuf,
+    pub io: Arc<dyn Io>,
+    pub index: RwLock<Index>,
+    poisoned: AtomicBool,
+    poison_cause: Mutex<Option<Arc<str>>>,
+    pub counters: Counters,
+}
+
+impl Shared {
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    pub fn poisoned_error(&self) -> Option<JournalError> {
+        if !self.is_poisoned() {
+            return None;
+        }
+        let cause = self.poison_cause.lock().unwrap().clone();
+        Some(JournalError::Poisoned {
+            cause: cause.unwrap_or_else(|| Arc::from("unknown")),
+        })
+    }
+
+    pub fn poison(&self, e: &JournalError) {
+        let mut c = self.poison_cause.lock().unwrap();
+        if c.is_none() {
+            *c = Some(Arc::from(e.to_string()));
+        }
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    /// The error for a waiter whose completion was dropped without an answer.
+    fn dropped_error(&self) -> JournalError {
+        self.poisoned_error().unwrap_or(JournalError::Closed)
+    }
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    tx: Sender<Msg>,
+    closed: AtomicBool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Inner {
+    fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
+        let handle = self.thread.lock().unwrap().take();
+        if let Some(h) = handle {
+            let _ = self.tx.send(Msg::Shutdown);
+            if h.join().is_err() {
+                tracing::error!("journal writer thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A handle to an open journal. Cheap to clone, `Send + Sync`; the writer thread stops on
+/// [`Journal::shutdown`] or when the last handle is dropped.
+#[derive(Clone)]
+pub struct Journal {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("dir", &self.inner.shared.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Journal {
+    /// Opens (or creates) the journal in `dir` on real files.
+    pub fn open(dir: &Path, opts: JournalOptions) -> Result<(Journal, Recovery), JournalError> {
+        Self::open_with_io(dir, opts, Arc::new(FileIo))
+    }
+
+    /// Opens (or creates) the journal in `dir` on the given storage: recovers (cutting a torn
+    /// tail of the last segment), then starts the writer thread.
+    pub fn open_with_io(
+        dir: &Path,
+        opts: JournalOptions,
+        io: Arc<dyn Io>,
+    ) -> Result<(Journal, Recovery), JournalError> {
+        if opts.segment_size < 4096 {
+            return Err(JournalError::InvalidOptions(format!(
+                "segment_size {} is below the minimum of 4096 bytes",
+                opts.segment_size
+            )));
+        }
+        // Near 1.0 every sealed segment qualifies (frame headers and marks are never live),
+        // so compaction would rewrite live data forever.
+        if !(0.0..=0.9).contains(&opts.compact_live_ratio) {
+            return Err(JournalError::InvalidOptions(format!(
+                "compact_live_ratio {} is not within 0..=0.9",
+                opts.compact_live_ratio
+            )));
+        }
+        if opts.max_batch_bytes == 0 {
+            return Err(JournalError::InvalidOptions(
+                "max_batch_bytes must be positive".into(),
+            ));
+        }
+        let start = Instant::now();
+        io.init(dir)
+            .map_err(|e| JournalError::io("create directory", dir, e))?;
+        let mut scan = recovery::scan(dir, &*io)?;
+        let recovery = recovery::take_recovery(&mut scan, Duration::ZERO);
+        let mut index = scan.index;
+
+        let active = match index.segs.iter_mut().next_back() {
+            Some((&seg, meta)) => {
+                if meta.cap < opts.segment_size {
+                    // A segment whose preallocation did not survive a crash: top it up.
+                    let path = segment_path(dir, seg);
+                    meta.file.preallocate(opts.segment_size).map_err(|e| {
+                        JournalError::write("preallocate", &path, opts.segment_size, e)
+                    })?;
+                    meta.cap = opts.segment_size;
+                }
+                Active {
+                    seg,
+                    file: meta.file.clone(),
+                    cap: meta.cap,
+                    pos: meta.end,
+                }
+            }
+            None => {
+                let seg = scan.highest_listed + 1;
+                let file = writer::create_segment(dir, &*io, seg, opts.segment_size, None)?;
+                index.segs.insert(
+                    seg,
+                    index::SegMeta {
+                        file: file.clone(),
+                        cap: opts.segment_size,
+                        end: HEADER_LEN,
+                        live: 0,
+                        live_ops: BTreeMap::new(),
+                    },
+                );
+                Active {
+                    seg,
+                    file,
+                    cap: opts.segment_size,
+                    pos: HEADER_LEN,
+                }
+            }
+        };
+
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            io,
+            index: RwLock::new(index),
+            poisoned: AtomicBool::new(false),
+            poison_cause: Mutex::new(None),
+            counters: Counters::default(),
+        });
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let w = Writer {
+            shared: shared.clone(),
+            rx,
+            opts: opts.clone(),
+            active,
+            buf: Vec::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("mq-journal-writer".into())
+            .spawn(move || w.run())
+            .map_err(|e| JournalError::io("spawn writer thread for", dir, e))?;
+        let recovery = Recovery {
+            elapsed: start.elapsed(),
+            ..recovery
+        };
+        tracing::info!(
+            dir = %dir.display(),
+            segments = recovery.segments,
+            records = recovery.records,
+            queues = recovery.queues.len(),
+            elapsed_ms = recovery.elapsed.as_millis() as u64,
+            truncated = ?recovery.truncated,
+            "journal opened"
+        );
+        let journal = Journal {
+            inner: Arc::new(Inner {
+                shared,
+                tx,
+                closed: AtomicBool::new(false),
+                thread: Mutex::new(Some(thread)),
+            }),
+        };
+        Ok((journal, recovery))
+    }
+
+    /// Queues `ops` to be written as ONE record: after a crash either all of them are there
+    /// or none is. The returned [`Commit`] completes once the record is durable (its
+    /// `fdatasync` returned) or failed. Submissions are written in the order they are made
+    /// from one thread; an empty `ops` completes after everything submitted before it.
+    pub fn submit(&self, ops: Vec<Op>) -> Commit {
+        let shared = &self.inner.shared;
+        if let Some(e) = shared.poisoned_error() {
+            return Commit::ready(Err(e));
+        }
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Commit::ready(Err(JournalError::Closed));
+        }
+        let payload: usize = ops.iter().map(Op::encoded_len).sum();
+        if payload > MAX_PAYLOAD || ops.iter().any(Op::has_oversized_field) {
+            return Commit::ready(Err(JournalError::TooLarge {
+                size: (payload + FRAME_HEADER) as u64,
+                max: (MAX_PAYLOAD + FRAME_HEADER) as u64,
+            }));
+        }
+        let (tx, rx) = oneshot::channel();
+        let msg = Msg::Submit {
+            ops,
+            size: payload + FRAME_HEADER,
+            done: tx,
+        };
+        if self.inner.tx.send(msg).is_err() {
+            return Commit::ready(Err(shared.dropped_error()));
+        }
+        Commit {
+            state: CommitState::Pending {
+                rx,
+                shared: shared.clone(),
+            },
+        }
+    }
+
+    /// Reads the body of a live message from its segment. Safe to call while compaction
+    /// moves the message or deletes its old segment: the open file stays readable.
+    pub fn read_body(&self, queue_id: u64, seq: u64) -> Result<Bytes, JournalError> {
+        let (file, seg, off, len) = {
+            let idx = self.inner.shared.index.read().unwrap();
+            let m = idx
+                .queues
+                .get(&queue_id)
+                .and_then(|q| q.msgs.get(&seq))
+                .ok_or(JournalError::NotFound { queue_id, seq })?;
+            let seg = &idx.segs[&m.loc.seg];
+            (seg.file.clone(), m.loc.seg, m.body_off(), m.body_len)
+        };
+        let mut buf = vec![0u8; len as usize];
+        file.read_at(&mut buf, off)
+            .map_err(|e| JournalError::io("read", segment_path(&self.inner.shared.dir, seg), e))?;
+        Ok(Bytes::from(buf))
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> JournalStats {
+        let s = &self.inner.shared;
+        let (segments, disk_bytes, live_bytes) = {
+            let idx = s.index.read().unwrap();
+            (
+                idx.segs.len(),
+                idx.segs.values().map(|m| m.cap).sum(),
+                idx.live_bytes(),
+            )
+        };
+        let c = &s.counters;
+        JournalStats {
+            segments,
+            disk_bytes,
+            live_bytes,
+            syncs: c.syncs.load(Ordering::Relaxed),
+            records_written: c.records.load(Ordering::Relaxed),
+            batches: c.batches.load(Ordering::Relaxed),
+            bytes_written: c.bytes_written.load(Ordering::Relaxed),
+            segments_created: c.segments_created.load(Ordering::Relaxed),
+            segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
+            compacted_bytes: c.compacted_bytes.load(Ordering::Relaxed),
+            poisoned: s.is_poisoned(),
+        }
+    }
+
+    /// Writes and syncs everything submitted before this call, then stops the writer thread.
+    /// Later submits fail with [`JournalError::Closed`]. Also happens when the last handle
+    /// is dropped. Idempotent.
+    pub fn shutdown(&self) {
+        self.inner.shutdown();
+    }
+
+    /// The journal's directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.shared.dir
+    }
+}
+
+/// Completion of one [`Journal::submit`]: `Ok(())` once the record is durable.
+/// Await it from async code, or call [`Commit::wait`] from a plain thread.
+#[must_use = "a submission is only durable once its Commit resolves to Ok"]
+pub struct Commit {
+    state: CommitState,
+}
+
+impl std::fmt::Debug for Commit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Commit")
+    }
+}
+
+enum CommitState {
+    Ready(Option<Result<(), JournalError>>),
+    Pending {
+        rx: oneshot::Receiver<Result<(), JournalError>>,
+        shared: Arc<Shared>,
+    },
+}
+
+impl Commit {
+    fn ready(r: Result<(), JournalError>) -> Self {
+        Commit {
+            state: CommitState::Ready(Some(r)),
+        }
+    }
+
+    /// Blocks the current thread until the record is durable or failed.
+    ///
+    /// # Panics
+    /// When called inside an async runtime (tokio forbids blocking there); `.await` instead.
+    pub fn wait(self) -> Result<(), JournalError> {
+        match self.state {
+            CommitState::Ready(r) => r.expect("Commit already completed"),
+            CommitState::Pending { rx, shared } => rx
+                .blocking_recv()
+                .unwrap_or_else(|_| Err(shared.dropped_error())),
+        }
+    }
+}
+
+impl Future for Commit {
+    type Output = Result<(), JournalError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match &mut this.state {
+            CommitState::Ready(r) => Poll::Ready(r.take().expect("Commit polled after completion")),
+            CommitState::Pending { rx, shared } => match Pin::new(rx).poll(cx) {
+                Poll::Ready(Ok(r)) => Poll::Ready(r),
+                Poll::Ready(Err(_)) => Poll::Ready(Err(shared.dropped_error())),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}

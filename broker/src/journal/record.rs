@@ -1,0 +1,165 @@
+//! Record framing: `len u32 | crc32c u32 | payload`, little-endian (see FORMAT.md).
+//!
+//! The decoder tells three outcomes apart: a good record, the end of data (a zero length
+//! followed only by zeros), and a bad tail. A bad tail is either `Incomplete` (the bytes
+//! stop before the record does: a torn write) or `Corrupt` (the bytes are there but wrong).
+
+use std::ops::Range;
+
+/// Bytes before the payload: length and CRC.
+pub(crate) const FRAME_HEADER: usize = 8;
+
+/// Largest payload the journal accepts (1 GiB). Larger submissions fail with `TooLarge`.
+pub(crate) const MAX_PAYLOAD: usize = 1 << 30;
+
+/// What [`decode_frame`] found at an offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Frame {
+    /// A record whose CRC matches; `payload` indexes the buffer, `next` is the next frame.
+    Record { payload: Range<usize>, next: usize },
+    /// End of data: a zero length word (or fewer than 8 bytes left), with only zeros after it.
+    End,
+    /// The record runs past the end of the buffer.
+    Incomplete,
+    /// The bytes are present but wrong.
+    Corrupt(&'static str),
+}
+
+/// Appends a framed record whose payload is written by `fill`. Returns the payload's range
+/// in `out`. The caller checks the payload is non-empty and at most [`MAX_PAYLOAD`].
+pub(crate) fn encode_frame(out: &mut Vec<u8>, fill: impl FnOnce(&mut Vec<u8>)) -> Range<usize> {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; FRAME_HEADER]);
+    fill(out);
+    let payload = start + FRAME_HEADER..out.len();
+    let len = payload.len() as u32;
+    debug_assert!(len > 0, "an empty payload would read as end of data");
+    let crc = crc32c::crc32c(&out[payload.clone()]);
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    payload
+}
+
+/// Decodes the frame at `at` in `buf`, which holds everything up to the end of the segment.
+pub(crate) fn decode_frame(buf: &[u8], at: usize) -> Frame {
+    let rest = &buf[at.min(buf.len())..];
+    if rest.len() < FRAME_HEADER {
+        // The writer never starts a record it cannot finish in the segment, so a short tail
+        // must be preallocated zeros.
+        return if rest.iter().all(|&b| b == 0) {
+            Frame::End
+        } else {
+            Frame::Incomplete
+        };
+    }
+    let len = u32::from_le_bytes(rest[0..4].try_into().unwrap()) as usize;
+    let crc = u32::from_le_bytes(rest[4..8].try_into().unwrap());
+    if len == 0 {
+        // Data is written sequentially, so after the end there must be nothing but zeros.
+        // A non-zero byte here is a torn write that reached the disk out of order (or a
+        // flipped length word): either way the tail is bad, not the end.
+        return if rest.iter().all(|&b| b == 0) {
+            Frame::End
+        } else {
+            Frame::Corrupt("zero length word followed by non-zero bytes")
+        };
+    }
+    if len > MAX_PAYLOAD {
+        return Frame::Corrupt("length word larger than the largest record");
+    }
+    if rest.len() - FRAME_HEADER < len {
+        return Frame::Incomplete;
+    }
+    let payload = at + FRAME_HEADER..at + FRAME_HEADER + len;
+    if crc32c::crc32c(&buf[payload.clone()]) != crc {
+        return Frame::Corrupt("CRC mismatch");
+    }
+    Frame::Record {
+        next: payload.end,
+        payload,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn encode_all(payloads: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for p in payloads {
+            encode_frame(&mut out, |o| o.extend_from_slice(p));
+        }
+        out
+    }
+
+    /// Decodes frames until something other than a record; returns the payloads and the stop.
+    fn decode_all(buf: &[u8]) -> (Vec<Vec<u8>>, Frame) {
+        let mut at = 0;
+        let mut got = Vec::new();
+        loop {
+            match decode_frame(buf, at) {
+                Frame::Record { payload, next } => {
+                    got.push(buf[payload].to_vec());
+                    at = next;
+                }
+                other => return (got, other),
+            }
+        }
+    }
+
+    fn payloads() -> impl Strategy<Value = Vec<Vec<u8>>> {
+        prop::collection::vec(prop::collection::vec(any::<u8>(), 1..200), 0..8)
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(ps in payloads(), zeros in 0usize..64) {
+            let mut buf = encode_all(&ps);
+            buf.extend(std::iter::repeat_n(0u8, zeros));
+            let (got, stop) = decode_all(&buf);
+            prop_assert_eq!(got, ps);
+            prop_assert_eq!(stop, Frame::End);
+        }
+
+        #[test]
+        fn truncation_never_yields_a_wrong_record(ps in payloads(), cut in any::<prop::sample::Index>()) {
+            let buf = encode_all(&ps);
+            let cut = cut.index(buf.len() + 1);
+            let (got, stop) = decode_all(&buf[..cut]);
+            // Every record decoded is one that was written, in order.
+            prop_assert!(got.len() <= ps.len());
+            prop_assert_eq!(&got[..], &ps[..got.len()]);
+            // A cut inside a record is reported as incomplete, never as a clean end.
+            let whole: usize = got.iter().map(|p| p.len() + FRAME_HEADER).sum();
+            if whole < cut {
+                prop_assert_eq!(stop, Frame::Incomplete);
+            }
+        }
+
+        #[test]
+        fn bit_flips_never_yield_a_wrong_record(ps in payloads(), flips in prop::collection::vec(any::<prop::sample::Index>(), 1..4), bit in 0u8..8) {
+            let mut buf = encode_all(&ps);
+            buf.extend_from_slice(&[0u8; 16]);
+            if buf.is_empty() { return Ok(()); }
+            for f in &flips {
+                let i = f.index(buf.len());
+                buf[i] ^= 1 << bit;
+            }
+            let (got, _stop) = decode_all(&buf);
+            // Every decoded record is one that was written: a prefix of the originals.
+            prop_assert!(got.len() <= ps.len());
+            prop_assert_eq!(&got[..], &ps[..got.len()]);
+        }
+    }
+
+    #[test]
+    fn garbage_after_end_is_not_end() {
+        let mut buf = encode_all(&[b"hello".to_vec()]);
+        buf.extend_from_slice(&[0u8; 12]);
+        buf.push(7);
+        let (got, stop) = decode_all(&buf);
+        assert_eq!(got.len(), 1);
+        assert!(matches!(stop, Frame::Corrupt(_)));
+    }
+}

@@ -1,0 +1,161 @@
+//! Disk use follows live data.
+
+use super::common::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+const SEG: u64 = 64 << 10;
+
+fn len_of(q: u64, s: u64) -> usize {
+    if q == 2 {
+        700
+    } else {
+        300 + (s % 400) as usize
+    }
+}
+
+#[test]
+fn churn_keeps_disk_bounded_and_live_messages_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = small_opts(SEG);
+    let (j, _) = Journal::open(dir.path(), opts.clone()).unwrap();
+    j.submit(vec![
+        Op::DefineQueue {
+            queue_id: 1,
+            def: "one".into(),
+        },
+        Op::DefineQueue {
+            queue_id: 2,
+            def: "two".into(),
+        },
+    ])
+    .wait()
+    .unwrap();
+    // Queue 2: ten long-lived messages in the oldest segment, never removed. They pin the
+    // oldest segment, so compaction has to move them forward for dead segments to go.
+    j.submit((1..=10).map(|s| put(2, s, len_of(2, s))).collect())
+        .wait()
+        .unwrap();
+
+    // A reader checks the long-lived bodies all along, while compaction moves them.
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let j = j.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut reads = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for s in 1..=10 {
+                    assert_eq!(j.read_body(2, s).unwrap(), body(2, s, len_of(2, s)));
+                    reads += 1;
+                }
+            }
+            reads
+        })
+    };
+
+    // Queue 1: 4000 messages (~2 MB, ~30 segments' worth), keeping a backlog of 20.
+    let mut max_segments = 0;
+    let mut max_disk = 0;
+    let mut inflight = std::collections::VecDeque::new();
+    for s in 1..=4000u64 {
+        let mut ops = vec![put(1, s, len_of(1, s))];
+        if s > 20 {
+            ops.push(Op::Remove {
+                queue_id: 1,
+                seqs: vec![s - 20],
+            });
+        }
+        inflight.push_back(j.submit(ops));
+        if inflight.len() > 8 {
+            inflight.pop_front().unwrap().wait().unwrap();
+        }
+        if s % 50 == 0 {
+            let st = j.stats();
+            max_segments = max_segments.max(st.segments);
+            max_disk = max_disk.max(st.disk_bytes);
+        }
+    }
+    for c in inflight {
+        c.wait().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let reads = reader.join().unwrap();
+    assert!(reads > 0);
+
+    let st = j.stats();
+    eprintln!("{st:?} max_segments={max_segments}");
+    assert!(
+        st.bytes_written > 30 * SEG,
+        "enough was written to need compaction: {st:?}"
+    );
+    assert!(st.segments_deleted >= 20, "{st:?}");
+    assert!(
+        st.compacted_bytes > 0,
+        "the pinned messages were copied forward: {st:?}"
+    );
+    assert!(
+        max_segments <= 5,
+        "segments stay bounded: max {max_segments}, {st:?}"
+    );
+    assert!(max_disk <= 5 * SEG);
+    drop(j);
+
+    let (j, r) = Journal::open(dir.path(), opts).unwrap();
+    assert_eq!(
+        r.queues,
+        vec![(1, Bytes::from("one")), (2, Bytes::from("two"))]
+    );
+    assert_eq!(seqs(&r, 1), (3981..=4000).collect::<Vec<_>>());
+    assert_eq!(seqs(&r, 2), (1..=10).collect::<Vec<_>>());
+    check_bodies(&j, &r, 1, |s| len_of(1, s));
+    check_bodies(&j, &r, 2, |s| len_of(2, s));
+    assert!(r.segments <= 5);
+    // Segments holding the early records are gone, but the watermark is not.
+    assert_eq!(r.max_seq.get(&1), Some(&4000));
+    assert_eq!(r.max_queue_id, 2);
+}
+
+#[test]
+fn deleted_queue_segments_go_and_ids_are_not_forgotten() {
+    let io = FaultyIo::new(7);
+    let opts = small_opts(SEG);
+    let (j, _) =
+        Journal::open_with_io("/fake".as_ref(), opts.clone(), Arc::new(io.clone())).unwrap();
+    j.submit(vec![Op::DefineQueue {
+        queue_id: 77,
+        def: "x".into(),
+    }])
+    .wait()
+    .unwrap();
+    for chunk in (1..=600u64).collect::<Vec<_>>().chunks(20) {
+        j.submit(chunk.iter().map(|&s| put(77, s, 1000)).collect())
+            .wait()
+            .unwrap();
+    }
+    j.submit(vec![Op::DeleteQueue { queue_id: 77 }])
+        .wait()
+        .unwrap();
+    j.submit(vec![Op::DefineQueue {
+        queue_id: 5,
+        def: "y".into(),
+    }])
+    .wait()
+    .unwrap();
+    j.submit(vec![put(5, 1, 10)]).wait().unwrap();
+    // Compaction runs when the writer is idle; wait for it to settle (bounded).
+    for _ in 0..200 {
+        if j.stats().segments <= 2 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let st = j.stats();
+    assert!(st.segments <= 2, "{st:?}");
+    assert_eq!(io.segments().len(), st.segments);
+    drop(j);
+    let (_, r) = Journal::open_with_io("/fake".as_ref(), opts, Arc::new(io.restart())).unwrap();
+    assert_eq!(r.queues, vec![(5, Bytes::from("y"))]);
+    assert_eq!(seqs(&r, 5), vec![1]);
+    assert!(!r.messages.contains_key(&77));
+    assert_eq!(r.max_queue_id, 77, "queue id 77 must never be reused");
+}

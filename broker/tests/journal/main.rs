@@ -1,0 +1,24 @@
+//! Behaviour tests of the journal, one module per behaviour.
+//!
+//! Index:
+//! - `reopen`: clean shutdown and reopen recovers defs, messages in order, bodies; removes,
+//!   purges, queue deletes and redefinitions are respected; `Commit` works as a future.
+//! - `torn_tail`: a cut or garbage tail of the last segment is truncated and zeroed, later
+//!   appends survive another reopen; a bad record in an earlier segment refuses to open.
+//! - `crash`: crash at the Nth sync for many N and seeds: acknowledged == recovered prefix,
+//!   multi-op submits all or nothing, bodies intact, journal writable again.
+//! - `poison`: failed fdatasync / ENOSPC fail the batch and poison the journal.
+//! - `compaction`: disk use stays bounded under put/remove churn, live messages stay
+//!   readable while compaction moves them, watermarks survive dropped segments.
+//! - `concurrency`: many threads submitting share syncs (group commit).
+//! - `format_fixture`: a journal written by format version 1 still reads.
+
+mod common;
+
+mod compaction;
+mod concurrency;
+mod crash;
+mod format_fixture;
+mod poison;
+mod reopen;
+mod torn_tail;
