@@ -538,10 +538,10 @@ impl Broker {
         if !seqs.is_empty() {
             // Not awaited on purpose (see above); a failure poisons the journal, and later
             // sends report it.
-            let _ = self.journal.submit(vec![Op::Remove {
+            drop(self.journal.submit(vec![Op::Remove {
                 queue_id: queue.def().id,
                 seqs,
-            }]);
+            }]));
         }
     }
 

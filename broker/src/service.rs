@@ -18,6 +18,8 @@ use crate::queue::{Entry, Queue};
 
 /// Most messages pushed to a receiver in one stream item.
 const MAX_DELIVERY_BATCH: usize = 256;
+/// A stream item is cut once its bodies reach this size.
+const MAX_DELIVERY_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// Send batches whose acknowledgements may be pending at once on one stream.
 const SEND_ACK_WINDOW: usize = 64;
 
@@ -311,7 +313,26 @@ async fn consume(
                 if let Some(err) = failed {
                     break Some(err.into());
                 }
-                if tx.send(Ok(v1::ReceiveBatch { messages })).await.is_err() {
+                // Cut stream items by size too, so big bodies stay under the gRPC message limit.
+                let mut closed = false;
+                let mut batch = Vec::with_capacity(messages.len());
+                let mut bytes = 0;
+                let last = messages.len();
+                for (i, m) in messages.into_iter().enumerate() {
+                    bytes += m.message.as_ref().map_or(0, |m| m.body.len());
+                    batch.push(m);
+                    if bytes >= MAX_DELIVERY_BATCH_BYTES || i + 1 == last {
+                        let item = v1::ReceiveBatch {
+                            messages: std::mem::take(&mut batch),
+                        };
+                        if tx.send(Ok(item)).await.is_err() {
+                            closed = true;
+                            break;
+                        }
+                        bytes = 0;
+                    }
+                }
+                if closed {
                     break None;
                 }
                 continue;

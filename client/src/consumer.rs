@@ -153,7 +153,9 @@ impl Consumer {
         }
     }
 
-    /// Acknowledges every message returned so far: the broker removes them for good.
+    /// Acknowledges every message returned so far: the broker removes them for good. If the
+    /// broker has already ended the stream, this has no effect and the next [`Consumer::next`]
+    /// reports why.
     pub async fn ack(&mut self) -> Result<()> {
         if self.handed > self.acked {
             self.send_ack().await?;
@@ -173,13 +175,17 @@ impl Consumer {
             .out
             .as_ref()
             .ok_or_else(|| Error::Internal("consumer is closed".into()))?;
-        out.send(v1::ReceiveRequest {
-            queue: String::new(),
-            credit: credit as u32,
-            ack_through: self.acked,
-        })
-        .await
-        .map_err(|_| Error::Unavailable("the receive stream is closed".into()))
+        // If the broker has already ended the stream (queue deleted, shutdown), the send fails:
+        // the broker has given the unacknowledged messages back (or dropped them with their
+        // queue), and the next `next()` reports why the stream ended.
+        let _ = out
+            .send(v1::ReceiveRequest {
+                queue: String::new(),
+                credit: credit as u32,
+                ack_through: self.acked,
+            })
+            .await;
+        Ok(())
     }
 
     /// Acknowledges what was consumed and closes the stream; messages prefetched but not returned

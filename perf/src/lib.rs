@@ -1,1 +1,54 @@
+//! `mq-perf`: `mqperf`, the benchmark tool of mq, modelled on the MsmqPerfTest tool of the
+//! "System.Messaging performance" white paper: the same command line
+//! (`mqperf <NOTX|TX> <SENDANDPURGE|SENDANDRECEIVE|SERVER|CLIENT> <QUEUE> [<RESPONSE-QUEUE>]`),
+//! the same payloads and formatters, and a report of send, receive-only and end-to-end rates
+//! (messages/s, MB/s; median and spread over runs) with latency percentiles.
+//!
+//! It is a tool, not a test suite: nothing here asserts speed. The library exists so the
+//! integration tests can run scenarios in-process against an embedded broker.
+//!
+//! # Layout
+//! - `cli`: [`Cli`], the command line (clap derive) and its usage checks.
+//! - `config`: [`Config`], [`Mode`], [`Scenario`], [`DeliveryKind`].
+//! - [`payload`]: the white paper's payloads, and encode/decode per formatter.
+//! - `scenario`: the plan (what runs, what is skipped and why) and one file per scenario.
+//! - `measurement`: [`ComboResult`], [`OpResult`], [`Op`]: what was measured.
+//! - `stats`: [`Spread`] (median, min, max) and [`Latency`] (HdrHistogram).
+//! - `report`: banner, table, JSON lines ([`Row`]).
+//! - `embedded`: [`EmbeddedBroker`], the in-process broker used when `--broker` is absent.
+//! - `machine`: [`Machine`] (cores, CPU model) for the banner.
+//! - `progress`: [`Progress`], the progress bar on a terminal.
+//! - `benchmark`: [`run`], one invocation end to end.
+//!
+//! # Example
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use mq_perf::{Config, Mode, Scenario};
+//! let mut config = Config::new(Mode::Notx, Scenario::SendAndReceive, r".\private$\perf");
+//! config.count = 1000;
+//! let results = mq_perf::run(&config, &mut std::io::stdout(), &mut std::io::stderr()).await?;
+//! # Ok(()) }
+//! ```
+
+mod benchmark;
+mod cli;
+mod config;
+mod embedded;
+mod machine;
+mod measurement;
 pub mod payload;
+mod progress;
+mod report;
+mod scenario;
+mod stats;
+
+pub use benchmark::{run, TX_NOT_IMPLEMENTED};
+pub use cli::{Cli, FormatterList, PayloadList};
+pub use config::{Config, DeliveryKind, Mode, Scenario};
+pub use embedded::EmbeddedBroker;
+pub use machine::Machine;
+pub use measurement::{ComboResult, Op, OpResult, Outcome, RunSample};
+pub use progress::Progress;
+pub use report::{ReportContext, Row};
+pub use scenario::{prefetch_for, sample_every};
+pub use stats::{Latency, Spread};

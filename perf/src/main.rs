@@ -1,1 +1,41 @@
-fn main() {}
+//! `mqperf`: see the `mq-perf` library. Exit codes: 0 success, 1 failure, 2 usage error.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Parser;
+use mq_perf::Cli;
+
+fn main() -> ExitCode {
+    // Usage errors print clap's message and exit with 2; --help and --version with 0.
+    let cli = Cli::parse();
+    let progress = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let config = match cli.into_config(progress, command) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("mqperf: error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let mut out = std::io::stdout();
+        let mut err = std::io::stderr();
+        mq_perf::run(&config, &mut out, &mut err).await
+    });
+    match result {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the context chain, outermost first.
+            eprintln!("mqperf: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,547 @@
+//! `mq-tests`: the harness of mq's integration tests, which run real brokers.
+//!
+//! It is not a test itself: the tests live in `tests/tests/`, one binary (`integration`) with one
+//! module per behaviour (see the index at the top of `tests/tests/integration/main.rs`).
+//!
+//! # Layout
+//! - [`InProcessBroker`]: `mq_broker::run` on the current tokio runtime, on `127.0.0.1:0`, with a
+//!   temporary data directory; stopped by its handle.
+//! - [`MqdProcess`]: the real `mqd` binary as a child process, stopped by its PID (SIGTERM or
+//!   SIGKILL; `Drop` kills it if it still runs).
+//! - [`mq`]: runs the `mq` command line against a broker and returns its output.
+//! - [`wait_until`] / [`eventually`]: bounded polling for a condition, never fixed sleeps.
+//!
+//! The `mqd` and `mq` binaries are not built by `cargo test -p mq-tests` (Cargo builds the
+//! binaries of a package only for that package's own integration tests), so the first use of
+//! either runs `cargo build -p mq-broker --bin mqd -p mq-client --bin mq` once per test process,
+//! with the same profile and target directory as the running test. That also keeps them from
+//! being stale.
+//!
+//! # Example
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! let broker = mq_tests::InProcessBroker::start().await;
+//! let client = broker.client().await;
+//! client.create_queue(r".\private$\q", Default::default()).await?;
+//! broker.stop().await?;
+//! # Ok(()) }
+//! ```
 
+use std::future::Future;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use mq_broker::{BrokerConfig, RunError};
+use mq_client::Client;
+
+/// How long [`InProcessBroker::stop`] and [`MqdProcess::terminate`] wait by default.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long [`MqdProcess::start`] waits for the `listening on <addr>` line.
+pub const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long [`mq`] lets one CLI invocation run before killing it.
+pub const CLI_TIMEOUT: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------------------------------------
+// In-process broker
+
+/// A broker running `mq_broker::run` on the current tokio runtime, listening on
+/// `127.0.0.1:<free port>` with a temporary data directory.
+///
+/// Stop it with [`InProcessBroker::stop`]; dropping it signals shutdown and aborts the task.
+#[derive(Debug)]
+pub struct InProcessBroker {
+    addr: SocketAddr,
+    url: String,
+    config: BrokerConfig,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), RunError>>>,
+    // Last, so the directory outlives the broker task when dropped.
+    _data_dir: tempfile::TempDir,
+}
+
+impl InProcessBroker {
+    /// A broker with the default configuration.
+    pub async fn start() -> InProcessBroker {
+        Self::start_with(|_| {}).await
+    }
+
+    /// A broker whose configuration `tweak` adjusts (limits, quotas, ...). The data directory is
+    /// already set to a fresh temporary directory.
+    pub async fn start_with(tweak: impl FnOnce(&mut BrokerConfig)) -> InProcessBroker {
+        let data_dir = tempfile::Builder::new()
+            .prefix("mq-test-")
+            .tempdir()
+            .expect("create a temporary data directory");
+        let mut config = BrokerConfig::new(data_dir.path());
+        config.shutdown_grace = Duration::from_secs(2);
+        tweak(&mut config);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("listener address");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(mq_broker::run(listener, config.clone(), async move {
+            let _ = rx.await;
+        }));
+        InProcessBroker {
+            addr,
+            url: format!("http://{addr}"),
+            config,
+            shutdown: Some(tx),
+            task: Some(task),
+            _data_dir: data_dir,
+        }
+    }
+
+    /// The address it listens on (`127.0.0.1:<port>`).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:<port>`, for [`Client::connect`] and `MQ_BROKER`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &BrokerConfig {
+        &self.config
+    }
+
+    /// A connected client. Panics if the broker does not answer.
+    pub async fn client(&self) -> Client {
+        Client::connect(self.url.clone())
+            .await
+            .unwrap_or_else(|e| panic!("connect to the in-process broker at {}: {e}", self.url))
+    }
+
+    /// Whether the broker task has ended (it should not before [`InProcessBroker::stop`]).
+    pub fn has_stopped(&self) -> bool {
+        self.task.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Signals shutdown and waits (at most [`STOP_TIMEOUT`]) for `run` to return.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let task = self
+            .task
+            .take()
+            .expect("the broker task is there until stop");
+        match tokio::time::timeout(STOP_TIMEOUT, task).await {
+            Ok(Ok(r)) => r.context("the broker's run() returned an error"),
+            Ok(Err(join)) => Err(anyhow!("the broker task failed: {join}")),
+            Err(_) => bail!("the broker did not stop within {STOP_TIMEOUT:?}"),
+        }
+    }
+}
+
+impl Drop for InProcessBroker {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Binaries
+
+/// The directory holding the binaries of the profile the tests were built with
+/// (`target/debug` for `target/debug/deps/integration-…`).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut dir = exe.parent().expect("test executable has a directory");
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir = dir.parent().expect("deps has a parent");
+    }
+    dir.to_path_buf()
+}
+
+/// Builds `mqd` and `mq` once per test process, and returns the profile directory.
+fn built_binaries() -> &'static Path {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let r = BUILT.get_or_init(|| {
+        let dir = profile_dir();
+        let target_dir = dir
+            .parent()
+            .ok_or("the profile directory has no parent")?
+            .to_path_buf();
+        let profile = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or("the profile directory has no name")?
+            .to_string();
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .ok_or("tests/ has no parent")?
+            .to_path_buf();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.arg("build")
+            .arg("--quiet")
+            .arg("--manifest-path")
+            .arg(workspace.join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .args([
+                "-p",
+                "mq-broker",
+                "--bin",
+                "mqd",
+                "-p",
+                "mq-client",
+                "--bin",
+                "mq",
+            ]);
+        match profile.as_str() {
+            "debug" => {}
+            "release" => {
+                cmd.arg("--release");
+            }
+            other => {
+                cmd.args(["--profile", other]);
+            }
+        }
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run cargo to build mqd and mq: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "building mqd and mq failed ({}):\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(dir)
+    });
+    match r {
+        Ok(dir) => dir,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The path of the `mqd` binary (built on first use).
+pub fn mqd_path() -> PathBuf {
+    built_binaries().join(format!("mqd{}", std::env::consts::EXE_SUFFIX))
+}
+
+/// The path of the `mq` binary (built on first use).
+pub fn mq_path() -> PathBuf {
+    built_binaries().join(format!("mq{}", std::env::consts::EXE_SUFFIX))
+}
+
+/// Collects a pipe into a shared buffer on a thread, so the child never blocks on a full pipe.
+fn drain<R: Read + Send + 'static>(mut r: R) -> (Arc<Mutex<Vec<u8>>>, std::thread::JoinHandle<()>) {
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let b = buf.clone();
+    let h = std::thread::spawn(move || {
+        let mut chunk = [0u8; 8192];
+        loop {
+            match r.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => b
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend_from_slice(&chunk[..n]),
+            }
+        }
+    });
+    (buf, h)
+}
+
+/// Waits for `child` to exit, at most `timeout`; `None` if it is still running.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> std::io::Result<Option<ExitStatus>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(s) = child.try_wait()? {
+            return Ok(Some(s));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// mqd as a process
+
+/// A running `mqd` child process, listening on `127.0.0.1:<free port>`.
+///
+/// Stopped by its PID: [`MqdProcess::terminate`] (SIGTERM), [`MqdProcess::kill9`] (SIGKILL),
+/// or `Drop` (SIGKILL if still running).
+#[derive(Debug)]
+pub struct MqdProcess {
+    child: Child,
+    addr: SocketAddr,
+    url: String,
+    first_line: String,
+    stdout: Arc<Mutex<Vec<u8>>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+}
+
+impl MqdProcess {
+    /// Starts `mqd --listen 127.0.0.1:0 --data-dir <data_dir>` and waits (at most
+    /// [`START_TIMEOUT`]) for its first stdout line, `listening on <addr>`.
+    pub fn start(data_dir: &Path) -> anyhow::Result<MqdProcess> {
+        Self::start_with_args(data_dir, &[])
+    }
+
+    /// Like [`MqdProcess::start`], with more flags (e.g. `--max-body-bytes 1000`).
+    pub fn start_with_args(data_dir: &Path, extra: &[&str]) -> anyhow::Result<MqdProcess> {
+        let mut child = mqd_command(data_dir, extra)
+            .spawn()
+            .with_context(|| format!("cannot start {}", mqd_path().display()))?;
+        let (stderr, _) = drain(child.stderr.take().expect("piped stderr"));
+        let stdout_pipe = child.stdout.take().expect("piped stdout");
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let (line_tx, line_rx) = std::sync::mpsc::channel::<std::io::Result<String>>();
+        {
+            let stdout = stdout.clone();
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(stdout_pipe);
+                let mut first = String::new();
+                let res = r.read_line(&mut first).map(|_| first);
+                let _ = line_tx.send(res);
+                let mut rest = Vec::new();
+                let _ = r.read_to_end(&mut rest);
+                stdout
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend_from_slice(&rest);
+            });
+        }
+        let mut proc = MqdProcess {
+            child,
+            addr: "127.0.0.1:0".parse().expect("address"),
+            url: String::new(),
+            first_line: String::new(),
+            stdout,
+            stderr,
+        };
+        let line = match line_rx.recv_timeout(START_TIMEOUT) {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => bail!("reading mqd's stdout: {e}; stderr: {}", proc.stderr()),
+            Err(_) => bail!(
+                "mqd printed no first line within {START_TIMEOUT:?}; stderr: {}",
+                proc.stderr()
+            ),
+        };
+        proc.first_line = line.trim_end().to_string();
+        let addr = proc
+            .first_line
+            .strip_prefix("listening on ")
+            .ok_or_else(|| {
+                anyhow!(
+                    "mqd's first stdout line is {:?}, expected \"listening on <addr>\"; stderr: {}",
+                    proc.first_line,
+                    proc.stderr()
+                )
+            })?;
+        proc.addr = addr
+            .parse()
+            .with_context(|| format!("mqd printed an unparsable address {addr:?}"))?;
+        proc.url = format!("http://{}", proc.addr);
+        Ok(proc)
+    }
+
+    /// The address from the `listening on` line.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The first stdout line, without its newline.
+    pub fn first_line(&self) -> &str {
+        &self.first_line
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What the process wrote to stderr so far (its logs).
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    }
+
+    /// What it wrote to stdout after the first line (complete once it has exited).
+    pub fn stdout_rest(&self) -> String {
+        String::from_utf8_lossy(&self.stdout.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    }
+
+    /// Whether it still runs.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGKILL by PID, and reap it.
+    pub fn kill9(&mut self) -> anyhow::Result<ExitStatus> {
+        if let Some(s) = self.child.try_wait()? {
+            return Ok(s);
+        }
+        self.child.kill().context("SIGKILL mqd")?;
+        Ok(self.child.wait()?)
+    }
+
+    /// SIGTERM by PID, then waits at most `timeout` for it to exit. An error if it does not
+    /// (it is then left running for `Drop` to kill).
+    pub fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        if let Some(s) = self.child.try_wait()? {
+            return Ok(s);
+        }
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .context("run `kill -TERM`")?;
+        if !status.success() {
+            bail!("`kill -TERM {}` failed: {status}", self.child.id());
+        }
+        match wait_timeout(&mut self.child, timeout)? {
+            Some(s) => Ok(s),
+            None => bail!(
+                "mqd (pid {}) still runs {timeout:?} after SIGTERM; stderr: {}",
+                self.child.id(),
+                self.stderr()
+            ),
+        }
+    }
+
+    /// Waits at most `timeout` for it to exit on its own.
+    pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<Option<ExitStatus>> {
+        Ok(wait_timeout(&mut self.child, timeout)?)
+    }
+}
+
+impl Drop for MqdProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The `mqd` command for `data_dir` on `127.0.0.1:0`, stdout and stderr piped, stdin closed.
+/// For tests that need the raw process (e.g. one that must fail to start).
+pub fn mqd_command(data_dir: &Path, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(mqd_path());
+    cmd.arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(extra)
+        .env_remove("MQD_LISTEN")
+        .env_remove("MQD_DATA_DIR")
+        .env_remove("MQD_NAME")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Runs `cmd` to completion with `stdin` as its input, killing it after `timeout`.
+pub fn run_with_timeout(
+    mut cmd: Command,
+    stdin: Option<&[u8]>,
+    timeout: Duration,
+) -> anyhow::Result<Output> {
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().with_context(|| format!("cannot run {cmd:?}"))?;
+    let (out, out_h) = drain(child.stdout.take().expect("piped stdout"));
+    let (err, err_h) = drain(child.stderr.take().expect("piped stderr"));
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().expect("piped stdin");
+        let input = input.to_vec();
+        // On a thread: a child that does not read its stdin must not block us.
+        std::thread::spawn(move || {
+            let _ = pipe.write_all(&input);
+        });
+    }
+    let status = match wait_timeout(&mut child, timeout)? {
+        Some(s) => s,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "{cmd:?} did not finish within {timeout:?}; stderr so far: {}",
+                String::from_utf8_lossy(&err.lock().unwrap_or_else(|p| p.into_inner()))
+            );
+        }
+    };
+    let _ = out_h.join();
+    let _ = err_h.join();
+    let stdout = std::mem::take(&mut *out.lock().unwrap_or_else(|p| p.into_inner()));
+    let stderr = std::mem::take(&mut *err.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok(Output {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+/// Runs the `mq` command line with `MQ_BROKER=broker_url` and `args`, feeding it `stdin`
+/// (closed when `None`), killing it after [`CLI_TIMEOUT`].
+pub fn mq(broker_url: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut cmd = Command::new(mq_path());
+    cmd.args(args).env("MQ_BROKER", broker_url);
+    run_with_timeout(cmd, stdin, CLI_TIMEOUT).unwrap_or_else(|e| panic!("mq {args:?}: {e:#}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting for conditions
+
+/// Polls `cond` until it holds or `timeout` passes; returns whether it held.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Async [`wait_until`]: polls the future `cond` makes until it yields `true` or `timeout`
+/// passes; returns whether it did.
+pub async fn eventually<F, Fut>(timeout: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

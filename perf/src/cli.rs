@@ -1,0 +1,250 @@
+//! The command line (clap derive) and its checks; [`Cli::into_config`] turns it into a
+//! [`Config`]. Usage errors are `clap::Error`s (exit code 2).
+
+use std::time::Duration;
+
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
+use mq_client::format_name::FormatName;
+
+use crate::config::{Config, DeliveryKind, Mode, Scenario};
+use crate::payload::{FormatterKind, PayloadKind};
+
+const AFTER_HELP: &str = "\
+Scenarios:
+  SENDANDPURGE    time sending N messages (pipelined, until the last acknowledgement); purge
+  SENDANDRECEIVE  time sending N, then receiving N (decoded and checked), then both at once (e2e)
+  SERVER          drain QUEUE (decoded and checked), reply to RESPONSE-QUEUE after each run of N;
+                  exits after --runs runs of every payload x formatter
+  CLIENT          send N per run to QUEUE and wait for the SERVER's reply (e2e)
+  SERVER and CLIENT must get the same --payload, --formatter, --count and --runs.
+  SENDANDPURGE and SENDANDRECEIVE purge QUEUE first; CLIENT purges RESPONSE-QUEUE first.
+
+Latency: send = send() to acknowledgement, sampled (every max(1, min(64, N/1000))th message);
+  receive = next() plus decode; e2e = sender's clock before encoding to decoded.
+
+Exit codes: 0 success, 1 failure (broker unreachable or refusing, a message lost or
+  different), 2 usage error.
+
+Example:
+  mqperf NOTX SENDANDRECEIVE '.\\private$\\perf' --payload empty,string:1000 --formatter raw";
+
+/// mqperf: the System.Messaging white paper's MsmqPerfTest scenarios against an mq broker.
+#[derive(Debug, Parser)]
+#[command(name = "mqperf", version, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// NOTX or TX (case-insensitive)
+    #[arg(value_enum, ignore_case = true, value_name = "NOTX|TX")]
+    pub mode: Mode,
+    /// SENDANDPURGE, SENDANDRECEIVE, SERVER or CLIENT (case-insensitive)
+    #[arg(
+        value_enum,
+        ignore_case = true,
+        value_name = "SENDANDPURGE|SENDANDRECEIVE|SERVER|CLIENT"
+    )]
+    pub scenario: Scenario,
+    /// The queue (path or format name), created if missing, e.g. '.\private$\perf'
+    #[arg(value_name = "QUEUE")]
+    pub queue: String,
+    /// SERVER and CLIENT: where the server replies after each run
+    #[arg(value_name = "RESPONSE-QUEUE")]
+    pub response_queue: Option<String>,
+    /// A running broker, e.g. http://127.0.0.1:1801 (absent: an embedded broker in a
+    /// temporary directory, started and stopped by mqperf)
+    #[arg(long, value_name = "URL")]
+    pub broker: Option<String>,
+    /// Comma list of empty, string:N, strings, xml, order, int, all
+    #[arg(long, value_name = "LIST", default_value = "string:1000", value_parser = parse_payloads)]
+    pub payload: PayloadList,
+    /// Comma list of binary, xml, json, raw, manual, all
+    #[arg(long, value_name = "LIST", default_value = "binary", value_parser = parse_formatters)]
+    pub formatter: FormatterList,
+    /// How the broker keeps messages
+    #[arg(long, value_enum, ignore_case = true, default_value_t = DeliveryKind::Express)]
+    pub delivery: DeliveryKind,
+    /// Messages per run
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: u64,
+    /// Runs per payload x formatter (the report gives the median and min-max)
+    #[arg(long, value_name = "R", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub runs: u32,
+    /// One JSON object per line on stdout (banner on stderr, no progress bar)
+    #[arg(long)]
+    pub json: bool,
+    /// Longest wait, in seconds, for a message or reply that should come
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: u64,
+}
+
+/// A parsed `--payload` list (a newtype, so clap takes it as one value).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PayloadList(pub Vec<PayloadKind>);
+
+/// A parsed `--formatter` list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FormatterList(pub Vec<FormatterKind>);
+
+fn parse_payloads(s: &str) -> Result<PayloadList, String> {
+    PayloadKind::parse_list(s).map(PayloadList)
+}
+
+fn parse_formatters(s: &str) -> Result<FormatterList, String> {
+    FormatterKind::parse_list(s).map(FormatterList)
+}
+
+impl Cli {
+    /// Checks what clap cannot (the response queue) and builds the configuration. `progress`:
+    /// whether a progress bar may be drawn (the caller knows about terminals); never with
+    /// `--json`. `command`: the command line, for the banner.
+    pub fn into_config(self, progress: bool, command: String) -> Result<Config, clap::Error> {
+        let usage = |kind: ErrorKind, msg: String| Cli::command().error(kind, msg);
+        let scenario = self.scenario;
+        for name in std::iter::once(&self.queue).chain(&self.response_queue) {
+            if let Err(e) = FormatName::parse(name) {
+                return Err(usage(ErrorKind::ValueValidation, e.to_string()));
+            }
+        }
+        match (&self.response_queue, scenario.needs_response_queue()) {
+            (None, true) => {
+                return Err(usage(
+                    ErrorKind::MissingRequiredArgument,
+                    format!(
+                        "{} needs a <RESPONSE-QUEUE> after <QUEUE> (SERVER replies there, CLIENT waits there)",
+                        scenario.name()
+                    ),
+                ))
+            }
+            (Some(r), false) => {
+                return Err(usage(
+                    ErrorKind::ArgumentConflict,
+                    format!(
+                        "{} takes no <RESPONSE-QUEUE> (got `{r}`); only SERVER and CLIENT do",
+                        scenario.name()
+                    ),
+                ))
+            }
+            (Some(r), true) if same_queue(r, &self.queue) => {
+                return Err(usage(
+                    ErrorKind::ArgumentConflict,
+                    format!("<RESPONSE-QUEUE> `{r}` must differ from <QUEUE>"),
+                ))
+            }
+            _ => {}
+        }
+        Ok(Config {
+            mode: self.mode,
+            scenario,
+            queue: self.queue,
+            response_queue: self.response_queue,
+            broker: self.broker,
+            payloads: self.payload.0,
+            formatters: self.formatter.0,
+            delivery: self.delivery,
+            count: self.count,
+            runs: self.runs,
+            json: self.json,
+            timeout: Duration::from_secs(self.timeout),
+            progress: progress && !self.json,
+            command,
+        })
+    }
+}
+
+/// Queue names compare case-insensitively, `/` and `\` alike.
+fn same_queue(a: &str, b: &str) -> bool {
+    let norm = |s: &str| s.trim().replace('/', "\\").to_ascii_lowercase();
+    norm(a) == norm(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        Cli::try_parse_from(std::iter::once("mqperf").chain(args.iter().copied()))?
+            .into_config(true, String::new())
+    }
+
+    #[test]
+    fn parses_the_white_papers_command_line() {
+        let c = parse(&["notx", "SendAndReceive", r".\private$\perf"]).unwrap();
+        assert_eq!((c.mode, c.scenario), (Mode::Notx, Scenario::SendAndReceive));
+        assert_eq!((c.count, c.runs), (10_000, 5));
+        assert_eq!(c.payloads, vec![PayloadKind::Str(1000)]);
+        assert_eq!(c.formatters, vec![FormatterKind::Binary]);
+        assert!(c.broker.is_none() && c.progress);
+
+        let c = parse(&[
+            "TX",
+            "client",
+            r".\private$\q",
+            r".\private$\r",
+            "--payload",
+            "order,int",
+            "--formatter",
+            "all",
+            "--delivery",
+            "RECOVERABLE",
+            "--count",
+            "7",
+            "--runs",
+            "1",
+            "--json",
+            "--broker",
+            "http://h:1",
+        ])
+        .unwrap();
+        assert_eq!(c.mode, Mode::Tx);
+        assert_eq!(c.response_queue.as_deref(), Some(r".\private$\r"));
+        assert_eq!(c.formatters.len(), 5);
+        assert_eq!(c.delivery, DeliveryKind::Recoverable);
+        assert!(c.json && !c.progress);
+    }
+
+    #[test]
+    fn usage_errors() {
+        let kind = |args: &[&str]| parse(args).unwrap_err().kind();
+        assert_eq!(
+            kind(&["XA", "SENDANDPURGE", r".\private$\q"]),
+            ErrorKind::InvalidValue
+        );
+        assert_eq!(
+            kind(&["NOTX", "SEND", r".\private$\q"]),
+            ErrorKind::InvalidValue
+        );
+        assert_eq!(
+            kind(&["NOTX", "SERVER", r".\private$\q"]),
+            ErrorKind::MissingRequiredArgument
+        );
+        assert_eq!(
+            kind(&["NOTX", "SENDANDPURGE", r".\private$\q", r".\private$\r"]),
+            ErrorKind::ArgumentConflict
+        );
+        assert_eq!(
+            kind(&["NOTX", "CLIENT", r".\private$\q", r".\PRIVATE$\Q"]),
+            ErrorKind::ArgumentConflict
+        );
+        assert_eq!(
+            kind(&["NOTX", "SENDANDPURGE", "bad name"]),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            kind(&["NOTX", "SENDANDPURGE", r".\private$\q", "--payload", "blob"]),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            kind(&["NOTX", "SENDANDPURGE", r".\private$\q", "--count", "0"]),
+            ErrorKind::ValueValidation
+        );
+        let e = parse(&[
+            "NOTX",
+            "SENDANDPURGE",
+            r".\private$\q",
+            "--formatter",
+            "soap",
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains("manual"), "{e}");
+        assert_eq!(e.exit_code(), 2);
+    }
+}

@@ -1,0 +1,140 @@
+//! [`Config`]: one `mqperf` invocation, as the command line describes it (see `cli` for the
+//! flags), plus the choices it is made of ([`Mode`], [`Scenario`], [`DeliveryKind`]).
+
+use std::time::Duration;
+
+use crate::payload::{FormatterKind, PayloadKind};
+
+/// `NOTX` or `TX`: non-transactional or transactional sends and receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Non-transactional sends and receives.
+    #[value(name = "NOTX")]
+    Notx,
+    /// Transactional queue, one transaction per message (not implemented by the broker yet).
+    #[value(name = "TX")]
+    Tx,
+}
+
+impl Mode {
+    /// `"NOTX"` or `"TX"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Notx => "NOTX",
+            Mode::Tx => "TX",
+        }
+    }
+}
+
+/// What is timed (the white paper's four scenarios).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// Time sending N messages, purge after each run.
+    #[value(name = "SENDANDPURGE")]
+    SendAndPurge,
+    /// Time sending N, then receiving N, then both at once (end to end).
+    #[value(name = "SENDANDRECEIVE")]
+    SendAndReceive,
+    /// Drain QUEUE, decode every message, reply to RESPONSE-QUEUE after each run.
+    #[value(name = "SERVER")]
+    Server,
+    /// Send N per run to QUEUE and wait for the SERVER's reply on RESPONSE-QUEUE.
+    #[value(name = "CLIENT")]
+    Client,
+}
+
+impl Scenario {
+    /// `"SENDANDPURGE"`, `"SENDANDRECEIVE"`, `"SERVER"`, `"CLIENT"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::SendAndPurge => "SENDANDPURGE",
+            Scenario::SendAndReceive => "SENDANDRECEIVE",
+            Scenario::Server => "SERVER",
+            Scenario::Client => "CLIENT",
+        }
+    }
+
+    /// Whether the scenario needs a response queue (and only then accepts one).
+    pub fn needs_response_queue(self) -> bool {
+        matches!(self, Scenario::Server | Scenario::Client)
+    }
+}
+
+/// `--delivery`: how the broker keeps the messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum DeliveryKind {
+    /// In memory; acknowledged once in the queue.
+    #[default]
+    Express,
+    /// On disk; acknowledged once its record is on disk.
+    Recoverable,
+}
+
+impl DeliveryKind {
+    /// `"express"` or `"recoverable"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeliveryKind::Express => "express",
+            DeliveryKind::Recoverable => "recoverable",
+        }
+    }
+
+    /// The client's delivery mode.
+    pub fn to_client(self) -> mq_client::Delivery {
+        match self {
+            DeliveryKind::Express => mq_client::Delivery::Express,
+            DeliveryKind::Recoverable => mq_client::Delivery::Recoverable,
+        }
+    }
+}
+
+/// Everything one run of `mqperf` needs to know.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub mode: Mode,
+    pub scenario: Scenario,
+    /// The queue messages are sent to (created if missing).
+    pub queue: String,
+    /// SERVER and CLIENT only: where the server replies after each run.
+    pub response_queue: Option<String>,
+    /// A running broker's URL; `None`: an embedded broker in a temporary directory.
+    pub broker: Option<String>,
+    pub payloads: Vec<PayloadKind>,
+    pub formatters: Vec<FormatterKind>,
+    pub delivery: DeliveryKind,
+    /// Messages per run.
+    pub count: u64,
+    /// Runs per (payload, formatter); the report gives the median and the spread.
+    pub runs: u32,
+    /// JSON lines on stdout instead of the table (the banner then goes to stderr).
+    pub json: bool,
+    /// Longest wait for a message or a reply that should come.
+    pub timeout: Duration,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+    /// The command line, for the banner.
+    pub command: String,
+}
+
+impl Config {
+    /// A configuration with the command line's defaults (10 000 messages, 5 runs,
+    /// `string:1000` with the binary formatter, express, embedded broker, 60 s timeout).
+    pub fn new(mode: Mode, scenario: Scenario, queue: impl Into<String>) -> Config {
+        Config {
+            mode,
+            scenario,
+            queue: queue.into(),
+            response_queue: None,
+            broker: None,
+            payloads: vec![PayloadKind::Str(1000)],
+            formatters: vec![FormatterKind::Binary],
+            delivery: DeliveryKind::Express,
+            count: 10_000,
+            runs: 5,
+            json: false,
+            timeout: Duration::from_secs(60),
+            progress: false,
+            command: String::new(),
+        }
+    }
+}

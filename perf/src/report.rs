@@ -1,0 +1,387 @@
+//! What `mqperf` prints: the banner (configuration and machine, first), then per
+//! (payload, formatter, op) a table line for people or a JSON line for machines ([`Row`]).
+//!
+//! Units: rates are messages/s and MB/s of body bytes (1 MB = 10^6 bytes); the median and the
+//! min/max are over runs. Latencies are microseconds over every run's samples (HdrHistogram,
+//! 3 significant digits); what they measure depends on the op (`latency` in JSON):
+//! `send_to_ack`, `receive_and_decode`, `send_to_decode`.
+
+use std::io::{self, Write};
+
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::machine::Machine;
+use crate::measurement::{ComboResult, Outcome};
+use crate::payload::PayloadKind;
+use crate::scenario::sample_every;
+
+/// What every line shares: the configuration, the broker and the machine.
+#[derive(Debug, Clone)]
+pub struct ReportContext {
+    pub config: Config,
+    /// `"embedded"` or the broker's URL.
+    pub broker: String,
+    /// Extra words about the broker for the banner (address, data dir, quota).
+    pub broker_detail: String,
+    pub machine: Machine,
+}
+
+/// One (payload, formatter, op): a table line or a JSON line.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub op: &'static str,
+    pub mode: &'static str,
+    pub scenario: &'static str,
+    pub delivery: &'static str,
+    pub payload: String,
+    pub formatter: &'static str,
+    pub body_bytes: Option<usize>,
+    /// Messages per run.
+    pub count: u64,
+    pub runs: u32,
+    pub msgs_per_s: Option<f64>,
+    pub msgs_per_s_min: Option<f64>,
+    pub msgs_per_s_max: Option<f64>,
+    pub mb_per_s: Option<f64>,
+    pub mb_per_s_min: Option<f64>,
+    pub mb_per_s_max: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub p999_us: Option<f64>,
+    /// What the latency measures: `send_to_ack`, `receive_and_decode`, `send_to_decode`.
+    pub latency: &'static str,
+    pub latency_samples: u64,
+    /// Messages over all runs: acknowledged (send) or received and decoded equal (receive, e2e).
+    pub messages: u64,
+    pub skipped: bool,
+    pub reason: Option<String>,
+    pub broker: String,
+    pub cores: usize,
+    pub cpu: String,
+}
+
+fn round(x: f64, places: i32) -> f64 {
+    let k = 10f64.powi(places);
+    (x * k).round() / k
+}
+
+/// The rows of one combination, one per op.
+pub fn rows(ctx: &ReportContext, r: &ComboResult) -> Vec<Row> {
+    let c = &ctx.config;
+    let base = |op: crate::measurement::Op| Row {
+        op: op.name(),
+        mode: c.mode.name(),
+        scenario: c.scenario.name(),
+        delivery: c.delivery.name(),
+        payload: r.payload.clone(),
+        formatter: r.formatter,
+        body_bytes: r.body_bytes,
+        count: c.count,
+        runs: c.runs,
+        msgs_per_s: None,
+        msgs_per_s_min: None,
+        msgs_per_s_max: None,
+        mb_per_s: None,
+        mb_per_s_min: None,
+        mb_per_s_max: None,
+        p50_us: None,
+        p99_us: None,
+        p999_us: None,
+        latency: op.latency_meaning(),
+        latency_samples: 0,
+        messages: 0,
+        skipped: false,
+        reason: None,
+        broker: ctx.broker.clone(),
+        cores: ctx.machine.cores,
+        cpu: ctx.machine.cpu.clone(),
+    };
+    match &r.outcome {
+        Outcome::Skipped { reason, ops } => ops
+            .iter()
+            .map(|&op| Row {
+                skipped: true,
+                reason: Some(reason.clone()),
+                ..base(op)
+            })
+            .collect(),
+        Outcome::Measured(results) => results
+            .iter()
+            .map(|o| {
+                let mut row = base(o.op);
+                if let Some(rate) = o.rate() {
+                    let mb = rate.scaled(r.body_bytes.unwrap_or(0) as f64 / 1e6);
+                    row.msgs_per_s = Some(round(rate.median, 1));
+                    row.msgs_per_s_min = Some(round(rate.min, 1));
+                    row.msgs_per_s_max = Some(round(rate.max, 1));
+                    row.mb_per_s = Some(round(mb.median, 3));
+                    row.mb_per_s_min = Some(round(mb.min, 3));
+                    row.mb_per_s_max = Some(round(mb.max, 3));
+                }
+                row.p50_us = o.latency.quantile_us(0.5);
+                row.p99_us = o.latency.quantile_us(0.99);
+                row.p999_us = o.latency.quantile_us(0.999);
+                row.latency_samples = o.latency.samples();
+                row.messages = o.messages();
+                row
+            })
+            .collect(),
+    }
+}
+
+/// The banner: what runs where, so a pasted result says how it was obtained.
+pub fn write_banner(w: &mut dyn Write, ctx: &ReportContext) -> io::Result<()> {
+    let c = &ctx.config;
+    let names = |v: Vec<String>| v.join(", ");
+    writeln!(
+        w,
+        "mqperf {} -- {} {} {}",
+        env!("CARGO_PKG_VERSION"),
+        c.mode.name(),
+        c.scenario.name(),
+        c.queue
+    )?;
+    let mut line = |k: &str, v: String| writeln!(w, "  {k:<11} {v}");
+    if !c.command.is_empty() {
+        line("command", c.command.clone())?;
+    }
+    line(
+        "broker",
+        format!("{} {}", ctx.broker, ctx.broker_detail)
+            .trim_end()
+            .to_string(),
+    )?;
+    line("mode", c.mode.name().to_string())?;
+    line("scenario", c.scenario.name().to_string())?;
+    line("queue", c.queue.clone())?;
+    if let Some(r) = &c.response_queue {
+        line("response", r.clone())?;
+    }
+    line("delivery", c.delivery.name().to_string())?;
+    line(
+        "payloads",
+        names(c.payloads.iter().map(PayloadKind::name).collect()),
+    )?;
+    line(
+        "formatters",
+        names(c.formatters.iter().map(|f| f.name().to_string()).collect()),
+    )?;
+    line("count", format!("{} messages per run", c.count))?;
+    line(
+        "runs",
+        format!("{} (rate: median, min-max over runs)", c.runs),
+    )?;
+    line(
+        "machine",
+        format!("{} cores, {}", ctx.machine.cores, ctx.machine.cpu),
+    )?;
+    line(
+        "latency",
+        format!(
+            "send: send() to ack, {}; receive: next()+decode; e2e: sender's clock before encode to decoded",
+            match sample_every(c.count) {
+                1 => "every message".to_string(),
+                k => format!("1 in {k} messages"),
+            }
+        ),
+    )?;
+    writeln!(w)
+}
+
+const HEADER: [&str; 10] = [
+    "payload",
+    "formatter",
+    "op",
+    "body B",
+    "msgs/s",
+    "min-max",
+    "MB/s",
+    "p50 us",
+    "p99 us",
+    "p99.9 us",
+];
+
+/// The table's header line.
+pub fn write_table_header(w: &mut dyn Write) -> io::Result<()> {
+    let h = HEADER;
+    writeln!(
+        w,
+        "{:<16} {:<9} {:<7} {:>9} {:>11} {:>23} {:>10} {:>9} {:>9} {:>9}",
+        h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9]
+    )
+}
+
+/// The table lines of one combination (a skipped one gets one line with its reason).
+pub fn write_table_rows(w: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
+    if let Some(first) = rows.first().filter(|r| r.skipped) {
+        let body = first.body_bytes.map_or("-".to_string(), |b| b.to_string());
+        return writeln!(
+            w,
+            "{:<16} {:<9} {:<7} {:>9}  skipped: {}",
+            first.payload,
+            first.formatter,
+            "-",
+            body,
+            first.reason.as_deref().unwrap_or("")
+        );
+    }
+    for r in rows {
+        let opt = |v: Option<f64>, f: fn(f64) -> String| v.map_or("-".to_string(), f);
+        let spread = match (r.msgs_per_s_min, r.msgs_per_s_max) {
+            (Some(a), Some(b)) => format!("{}-{}", group(a), group(b)),
+            _ => "-".into(),
+        };
+        writeln!(
+            w,
+            "{:<16} {:<9} {:<7} {:>9} {:>11} {:>23} {:>10} {:>9} {:>9} {:>9}",
+            r.payload,
+            r.formatter,
+            r.op,
+            r.body_bytes.map_or("-".to_string(), |b| b.to_string()),
+            opt(r.msgs_per_s, group),
+            spread,
+            opt(r.mb_per_s, |x| format!("{x:.2}")),
+            opt(r.p50_us, micros),
+            opt(r.p99_us, micros),
+            opt(r.p999_us, micros),
+        )?;
+    }
+    Ok(())
+}
+
+/// One JSON object per row, one per line.
+pub fn write_json_rows(w: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
+    for r in rows {
+        serde_json::to_writer(&mut *w, r)?;
+        writeln!(w)?;
+    }
+    Ok(())
+}
+
+/// A whole number with thin grouping: 1234567.8 -> "1,234,568".
+fn group(x: f64) -> String {
+    let digits = format!("{:.0}", x.max(0.0));
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+/// Microseconds: one decimal below 100, whole above.
+fn micros(x: f64) -> String {
+    if x < 100.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Mode, Scenario};
+    use crate::measurement::{Op, OpResult};
+    use crate::stats::Latency;
+    use std::time::Duration;
+
+    fn ctx() -> ReportContext {
+        ReportContext {
+            config: Config::new(Mode::Notx, Scenario::SendAndReceive, r".\private$\q"),
+            broker: "embedded".into(),
+            broker_detail: String::new(),
+            machine: Machine {
+                cores: 2,
+                cpu: "Test CPU".into(),
+            },
+        }
+    }
+
+    #[test]
+    fn number_formats() {
+        assert_eq!(group(0.4), "0");
+        assert_eq!(group(999.0), "999");
+        assert_eq!(group(1000.0), "1,000");
+        assert_eq!(group(1234567.8), "1,234,568");
+        assert_eq!(micros(12.34), "12.3");
+        assert_eq!(micros(1234.5), "1234");
+    }
+
+    #[test]
+    fn rows_table_and_json() {
+        let ctx = ctx();
+        let mut send = OpResult::new(Op::Send);
+        let mut l = Latency::new();
+        l.record(Duration::from_micros(10));
+        send.add_run(1000, Duration::from_millis(100), &l);
+        send.add_run(1000, Duration::from_millis(50), &l);
+        send.add_run(1000, Duration::from_millis(200), &l);
+        let measured = ComboResult {
+            payload: "string:1000".into(),
+            formatter: "raw",
+            body_bytes: Some(1000),
+            outcome: Outcome::Measured(vec![send]),
+        };
+        let rows_m = rows(&ctx, &measured);
+        assert_eq!(rows_m.len(), 1);
+        let r = &rows_m[0];
+        assert_eq!(r.msgs_per_s, Some(10_000.0));
+        assert_eq!(r.msgs_per_s_min, Some(5_000.0));
+        assert_eq!(r.msgs_per_s_max, Some(20_000.0));
+        assert_eq!(r.mb_per_s, Some(10.0));
+        assert_eq!(r.messages, 3000);
+        assert_eq!(r.latency_samples, 3);
+
+        let skipped = ComboResult {
+            payload: "order".into(),
+            formatter: "raw",
+            body_bytes: None,
+            outcome: Outcome::Skipped {
+                reason: "no way".into(),
+                ops: vec![Op::Send, Op::Receive, Op::E2e],
+            },
+        };
+        let rows_s = rows(&ctx, &skipped);
+        assert_eq!(rows_s.len(), 3);
+        assert!(rows_s.iter().all(|r| r.skipped && r.msgs_per_s.is_none()));
+
+        let mut table = Vec::new();
+        write_table_header(&mut table).unwrap();
+        write_table_rows(&mut table, &rows_m).unwrap();
+        write_table_rows(&mut table, &rows_s).unwrap();
+        let table = String::from_utf8(table).unwrap();
+        assert!(table.contains("10,000"), "{table}");
+        assert!(table.contains("5,000-20,000"), "{table}");
+        assert!(table.contains("skipped: no way"), "{table}");
+        assert_eq!(table.lines().count(), 3);
+
+        let mut json = Vec::new();
+        write_json_rows(&mut json, &rows_s).unwrap();
+        let lines: Vec<serde_json::Value> = String::from_utf8(json)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[1]["op"], "receive");
+        assert_eq!(lines[1]["reason"], "no way");
+        assert!(lines[1]["msgs_per_s"].is_null());
+
+        let mut banner = Vec::new();
+        write_banner(&mut banner, &ctx).unwrap();
+        let banner = String::from_utf8(banner).unwrap();
+        for word in [
+            "embedded",
+            "express",
+            "NOTX",
+            "SENDANDRECEIVE",
+            "2 cores, Test CPU",
+        ] {
+            assert!(banner.contains(word), "{word}: {banner}");
+        }
+    }
+}

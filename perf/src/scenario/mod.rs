@@ -1,0 +1,273 @@
+//! The four scenarios and what they share: the plan (which (payload, formatter) combinations
+//! run, which are skipped and why), queue set-up, and the dispatch to one file per scenario.
+//!
+//! - `send_and_purge`: SENDANDPURGE.
+//! - `send_and_receive`: SENDANDRECEIVE.
+//! - `server`, `client`: the two halves of SERVER/CLIENT; `protocol` is what they agree on.
+//! - `phase`: the timed building blocks ([`phase::SendJob`], [`phase::ReceiveJob`]).
+
+mod client;
+mod phase;
+mod protocol;
+mod send_and_purge;
+mod send_and_receive;
+mod server;
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use mq_client::{Client, Queue, QueueOptions};
+
+use crate::config::{Config, Mode, Scenario};
+use crate::measurement::{ComboResult, Op, Outcome};
+use crate::payload::{encode, FormatterKind, Payload, PayloadKind};
+use crate::progress::Progress;
+
+pub use phase::{prefetch_for, sample_every};
+
+/// One (payload, formatter) to run: the payload built once, its encoded size known.
+#[derive(Debug)]
+pub struct Combo {
+    pub kind: PayloadKind,
+    pub payload: Payload,
+    pub formatter: FormatterKind,
+    /// Size of one encoded body (every message of a run carries the same bytes).
+    pub body_bytes: usize,
+}
+
+impl Combo {
+    /// `"string:1000/raw"`.
+    pub fn name(&self) -> String {
+        format!("{}/{}", self.kind.name(), self.formatter.name())
+    }
+}
+
+/// A combination to run, or one to report as skipped.
+#[derive(Debug)]
+pub enum Planned {
+    Run(Arc<Combo>),
+    Skip {
+        payload: String,
+        formatter: FormatterKind,
+        body_bytes: Option<usize>,
+        reason: String,
+    },
+}
+
+/// Every (payload, formatter) of the configuration, payload-major. A combination is skipped,
+/// with its reason, when the formatter cannot carry the payload or the body is larger than
+/// `max_body_bytes` (the broker's limit). Any other encoding failure is an error.
+pub fn plan(config: &Config, max_body_bytes: usize) -> Result<Vec<Planned>> {
+    let mut out = Vec::new();
+    for kind in &config.payloads {
+        let payload = Payload::make(kind);
+        for &formatter in &config.formatters {
+            match encode(&payload, formatter) {
+                Ok((body, _)) if body.len() > max_body_bytes => out.push(Planned::Skip {
+                    payload: kind.name(),
+                    formatter,
+                    body_bytes: Some(body.len()),
+                    reason: format!(
+                        "the {} body is {} bytes; the broker accepts at most {} bytes",
+                        formatter.name(),
+                        body.len(),
+                        max_body_bytes
+                    ),
+                }),
+                Ok((body, _)) => out.push(Planned::Run(Arc::new(Combo {
+                    kind: kind.clone(),
+                    payload: payload.clone(),
+                    formatter,
+                    body_bytes: body.len(),
+                }))),
+                Err(e) if e.is_unsupported() => out.push(Planned::Skip {
+                    payload: kind.name(),
+                    formatter,
+                    body_bytes: None,
+                    reason: e.to_string(),
+                }),
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("cannot encode {} with {}", kind.name(), formatter.name())
+                    })
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The largest body of the plan (0 if nothing runs).
+pub fn largest_body(plan: &[Planned]) -> usize {
+    plan.iter()
+        .filter_map(|p| match p {
+            Planned::Run(c) => Some(c.body_bytes),
+            Planned::Skip { .. } => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// The operations a scenario times, in report order.
+pub fn ops(scenario: Scenario) -> Vec<Op> {
+    match scenario {
+        Scenario::SendAndPurge => vec![Op::Send],
+        Scenario::SendAndReceive => vec![Op::Send, Op::Receive, Op::E2e],
+        Scenario::Server => vec![Op::Receive],
+        Scenario::Client => vec![Op::Send, Op::E2e],
+    }
+}
+
+/// Messages the progress bar counts per run of one combination (a message sent and received
+/// counts twice).
+pub fn progress_per_run(config: &Config) -> u64 {
+    let phases = match config.scenario {
+        Scenario::SendAndPurge | Scenario::Server | Scenario::Client => 1,
+        // send, receive, and the e2e phase's send and receive.
+        Scenario::SendAndReceive => 4,
+    };
+    phases * config.count
+}
+
+/// What every scenario needs.
+#[derive(Debug, Clone)]
+pub(crate) struct Ctx {
+    pub config: Config,
+    pub queue: Queue,
+    pub progress: Progress,
+}
+
+/// Runs the plan against a connected broker, calling `on_result` as each combination finishes.
+pub async fn run(
+    config: &Config,
+    client: &Client,
+    plan: Vec<Planned>,
+    progress: &Progress,
+    on_result: &mut (dyn FnMut(&ComboResult) + Send),
+) -> Result<Vec<ComboResult>> {
+    ensure_queue(client, &config.queue, config.mode).await?;
+    let response = match &config.response_queue {
+        Some(name) => {
+            ensure_queue(client, name, config.mode).await?;
+            Some(client.queue(name)?)
+        }
+        None => None,
+    };
+    let queue = client.queue(&config.queue)?;
+    match config.scenario {
+        // These scenarios own the queue: leftovers would be received as this run's messages.
+        Scenario::SendAndPurge | Scenario::SendAndReceive => {
+            queue
+                .purge()
+                .await
+                .with_context(|| format!("cannot purge {}", config.queue))?;
+        }
+        // Stale replies of an earlier client would end runs early.
+        Scenario::Client => {
+            if let Some(r) = &response {
+                r.purge()
+                    .await
+                    .with_context(|| format!("cannot purge {}", r.name()))?;
+            }
+        }
+        // The client may already be sending.
+        Scenario::Server => {}
+    }
+    let ctx = Ctx {
+        config: config.clone(),
+        queue,
+        progress: progress.clone(),
+    };
+    let mut server = server::Session::default();
+    let mut results = Vec::new();
+    for p in plan {
+        let result = match p {
+            Planned::Skip {
+                payload,
+                formatter,
+                body_bytes,
+                reason,
+            } => {
+                progress.inc(progress_per_run(config) * config.runs as u64);
+                ComboResult {
+                    payload,
+                    formatter: formatter.name(),
+                    body_bytes,
+                    outcome: Outcome::Skipped {
+                        reason,
+                        ops: ops(config.scenario),
+                    },
+                }
+            }
+            Planned::Run(combo) => {
+                let measured = match (config.scenario, &response) {
+                    (Scenario::SendAndPurge, _) => send_and_purge::measure(&ctx, &combo).await,
+                    (Scenario::SendAndReceive, _) => send_and_receive::measure(&ctx, &combo).await,
+                    (Scenario::Server, Some(r)) => {
+                        server::measure(&ctx, &combo, r, &mut server).await
+                    }
+                    (Scenario::Client, Some(r)) => client::measure(&ctx, &combo, r).await,
+                    (Scenario::Server | Scenario::Client, None) => {
+                        anyhow::bail!("{} needs a response queue", config.scenario.name())
+                    }
+                }
+                .with_context(|| combo.name())?;
+                ComboResult {
+                    payload: combo.kind.name(),
+                    formatter: combo.formatter.name(),
+                    body_bytes: Some(combo.body_bytes),
+                    outcome: Outcome::Measured(measured),
+                }
+            }
+        };
+        on_result(&result);
+        results.push(result);
+    }
+    Ok(results)
+}
+
+/// Creates the queue unless it exists (transactional for TX).
+async fn ensure_queue(client: &Client, name: &str, mode: Mode) -> Result<()> {
+    let options = QueueOptions {
+        transactional: mode == Mode::Tx,
+        label: "mqperf".to_string(),
+        ..QueueOptions::default()
+    };
+    match client.create_queue(name, options).await {
+        Ok(_) | Err(mq_client::Error::AlreadyExists(_)) => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("cannot create queue {name}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_skips_order_with_raw_and_oversized_bodies() {
+        let mut c = Config::new(Mode::Notx, Scenario::SendAndPurge, "q");
+        c.payloads = vec![PayloadKind::Order, PayloadKind::Str(5000), PayloadKind::Int];
+        c.formatters = vec![FormatterKind::Raw, FormatterKind::Manual];
+        let p = plan(&c, 4096).unwrap();
+        assert_eq!(p.len(), 6);
+        let skipped: Vec<(&str, &str)> = p
+            .iter()
+            .filter_map(|p| match p {
+                Planned::Skip {
+                    formatter, reason, ..
+                } => Some((formatter.name(), reason.as_str())),
+                Planned::Run(_) => None,
+            })
+            .collect();
+        assert_eq!(skipped.len(), 3, "{skipped:?}");
+        assert_eq!(skipped[0].0, "raw");
+        assert!(skipped[0].1.contains("serializing formatter"));
+        assert!(
+            skipped[1].1.contains("at most 4096 bytes"),
+            "{}",
+            skipped[1].1
+        );
+        // order/manual (about 3 KB) is the largest body that runs.
+        assert!((1000..=4096).contains(&largest_body(&p)));
+    }
+}

@@ -1,0 +1,34 @@
+//! SENDANDPURGE: per run, send N messages fire-and-forget through one sender, timed until the
+//! last acknowledgement; then purge the queue (not timed).
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+
+use super::phase::SendJob;
+use super::{Combo, Ctx};
+use crate::measurement::{Op, OpResult};
+
+pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResult>> {
+    let mut send = OpResult::new(Op::Send);
+    for run in 1..=ctx.config.runs {
+        ctx.progress
+            .set_message(format!("{} send, run {run}", combo.name()));
+        let s = SendJob {
+            queue: ctx.queue.clone(),
+            combo: combo.clone(),
+            count: ctx.config.count,
+            delivery: ctx.config.delivery.to_client(),
+            label: None,
+            progress: ctx.progress.clone(),
+        }
+        .run()
+        .await?;
+        send.add_run(s.acknowledged, s.elapsed, &s.latency);
+        ctx.queue
+            .purge()
+            .await
+            .with_context(|| format!("cannot purge {}", ctx.queue.name()))?;
+    }
+    Ok(vec![send])
+}

@@ -1,0 +1,60 @@
+//! SENDANDRECEIVE: per run, three timed phases on the same queue:
+//! 1. send N (as SENDANDPURGE), leaving them in the queue;
+//! 2. receive those N through one consumer with prefetch, decoding and checking each body;
+//! 3. end to end: a sender task and a receiver task at once, timed from before either starts
+//!    until both are done (every message received, decoded and checked, and acknowledged).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use super::phase::{ReceiveJob, SendJob};
+use super::{Combo, Ctx};
+use crate::measurement::{Op, OpResult};
+
+pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResult>> {
+    let mut send = OpResult::new(Op::Send);
+    let mut receive = OpResult::new(Op::Receive);
+    let mut e2e = OpResult::new(Op::E2e);
+    let send_job = || SendJob {
+        queue: ctx.queue.clone(),
+        combo: combo.clone(),
+        count: ctx.config.count,
+        delivery: ctx.config.delivery.to_client(),
+        label: None,
+        progress: ctx.progress.clone(),
+    };
+    let receive_job = || ReceiveJob {
+        queue: ctx.queue.clone(),
+        combo: combo.clone(),
+        count: ctx.config.count,
+        timeout: ctx.config.timeout,
+        clock_from_first: false,
+        wait_forever_for_first: false,
+        expect_label: None,
+        progress: ctx.progress.clone(),
+    };
+    for run in 1..=ctx.config.runs {
+        let name = combo.name();
+        ctx.progress.set_message(format!("{name} send, run {run}"));
+        let s = send_job().run().await?;
+        send.add_run(s.acknowledged, s.elapsed, &s.latency);
+
+        ctx.progress
+            .set_message(format!("{name} receive, run {run}"));
+        let r = receive_job().run().await?;
+        receive.add_run(r.verified, r.elapsed, &r.service);
+
+        ctx.progress.set_message(format!("{name} e2e, run {run}"));
+        let start = Instant::now();
+        let receiver = tokio::spawn(receive_job().run());
+        let sender = tokio::spawn(send_job().run());
+        let (r, s) = tokio::join!(receiver, sender);
+        let elapsed = start.elapsed();
+        let r = r.context("the e2e receiver task panicked")??;
+        s.context("the e2e sender task panicked")??;
+        e2e.add_run(r.verified, elapsed, &r.transit);
+    }
+    Ok(vec![send, receive, e2e])
+}

@@ -1,0 +1,374 @@
+//! mqperf's integration tests: every scenario at small counts against a real (embedded)
+//! broker, with its numbers checked for sanity (never for speed), and the binary's command
+//! line (usage errors, exit codes, JSON lines).
+//!
+//! Index:
+//! - scenarios, in-process: `send_and_purge`, `send_and_receive`, `server_and_client_pair`,
+//!   `skipped_combinations_are_reported`.
+//! - the binary: `usage_errors_exit_2_naming_the_choices`, `tx_is_refused_with_one_line`,
+//!   `unreachable_broker_is_one_line`, `json_lines_carry_the_required_keys`,
+//!   `table_starts_with_the_banner`, `recoverable_runs_or_reports_the_brokers_error`.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use mq_perf::payload::{FormatterKind, PayloadKind};
+use mq_perf::{ComboResult, Config, EmbeddedBroker, Mode, Op, Outcome, Scenario};
+
+const COUNT: u64 = 200;
+const RUNS: u32 = 2;
+
+fn config(scenario: Scenario, payloads: &str, formatters: &str) -> Config {
+    let mut c = Config::new(Mode::Notx, scenario, r".\private$\perf");
+    c.payloads = PayloadKind::parse_list(payloads).unwrap();
+    c.formatters = FormatterKind::parse_list(formatters).unwrap();
+    c.count = COUNT;
+    c.runs = RUNS;
+    c.timeout = Duration::from_secs(10);
+    c
+}
+
+async fn run(c: &Config) -> (Vec<ComboResult>, String) {
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let results = mq_perf::run(c, &mut out, &mut err)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    (results, String::from_utf8(out).unwrap())
+}
+
+/// Every measured op of every combination processed COUNT x RUNS messages (acknowledged, or
+/// received and decoded equal to the payload), at a positive rate, with ordered percentiles.
+fn check_sane(results: &[ComboResult], ops: &[Op]) {
+    for r in results {
+        let name = format!("{}/{}", r.payload, r.formatter);
+        let Outcome::Measured(measured) = &r.outcome else {
+            continue;
+        };
+        let got: Vec<Op> = measured.iter().map(|o| o.op).collect();
+        assert_eq!(got, ops, "{name}");
+        for o in measured {
+            let what = format!("{name} {}", o.op.name());
+            assert_eq!(o.runs.len(), RUNS as usize, "{what}");
+            for run in &o.runs {
+                assert_eq!(run.messages, COUNT, "{what}");
+                assert!(run.rate() > 0.0, "{what}");
+            }
+            assert_eq!(o.messages(), COUNT * RUNS as u64, "{what}");
+            let rate = o.rate().unwrap();
+            assert!(rate.min > 0.0 && rate.min <= rate.median && rate.median <= rate.max);
+            let l = &o.latency;
+            assert!(l.samples() > 0, "{what}");
+            let (p50, p99, p999) = (
+                l.quantile_us(0.5).unwrap(),
+                l.quantile_us(0.99).unwrap(),
+                l.quantile_us(0.999).unwrap(),
+            );
+            assert!(
+                p50 > 0.0 && p50 <= p99 && p99 <= p999,
+                "{what}: {p50} {p99} {p999}"
+            );
+        }
+        if let Some(send) = measured.iter().find(|o| o.op == Op::Send) {
+            // 200 messages: every send carries a receipt.
+            assert_eq!(mq_perf::sample_every(COUNT), 1);
+            assert_eq!(send.latency.samples(), COUNT * RUNS as u64, "{name}");
+        }
+    }
+}
+
+fn measured(results: &[ComboResult]) -> Vec<String> {
+    results
+        .iter()
+        .filter(|r| r.skipped().is_none())
+        .map(|r| format!("{}/{}", r.payload, r.formatter))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_and_purge() {
+    let c = config(
+        Scenario::SendAndPurge,
+        "empty,int,string:1000",
+        "raw,binary",
+    );
+    let (results, table) = run(&c).await;
+    assert_eq!(results.len(), 6);
+    assert_eq!(measured(&results).len(), 6);
+    check_sane(&results, &[Op::Send]);
+    assert!(table.contains("string:1000"), "{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_and_receive() {
+    // Against a broker of our own, to see the queue empty afterwards.
+    let broker = EmbeddedBroker::start(0).await.unwrap();
+    let mut c = config(
+        Scenario::SendAndReceive,
+        "order,string:1000,empty,int",
+        "manual,xml,raw",
+    );
+    c.broker = Some(broker.url().to_string());
+    let (results, _) = run(&c).await;
+    assert_eq!(results.len(), 12);
+    let skipped: Vec<_> = results.iter().filter(|r| r.skipped().is_some()).collect();
+    assert_eq!(skipped.len(), 1);
+    assert_eq!(
+        (skipped[0].payload.as_str(), skipped[0].formatter),
+        ("order", "raw")
+    );
+    for want in [
+        "order/manual",
+        "order/xml",
+        "string:1000/raw",
+        "empty/raw",
+        "int/raw",
+    ] {
+        assert!(measured(&results).contains(&want.to_string()), "{want}");
+    }
+    check_sane(&results, &[Op::Send, Op::Receive, Op::E2e]);
+    let client = mq_client::Client::connect(broker.url()).await.unwrap();
+    let info = client.queue_info(r".\private$\perf").await.unwrap();
+    assert_eq!((info.messages, info.in_flight), (0, 0));
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_and_client_pair() {
+    let broker = EmbeddedBroker::start(0).await.unwrap();
+    let mut c = config(Scenario::Server, "order,string:1000,int", "manual,xml,raw");
+    c.broker = Some(broker.url().to_string());
+    c.response_queue = Some(r".\private$\perf_reply".to_string());
+    let server_config = c.clone();
+    let server = tokio::spawn(async move { run(&server_config).await.0 });
+    c.scenario = Scenario::Client;
+    let client = tokio::spawn(async move { run(&c).await.0 });
+    let (server, client) = (server.await.unwrap(), client.await.unwrap());
+    assert_eq!(server.len(), 9);
+    assert_eq!(measured(&server), measured(&client));
+    assert_eq!(measured(&server).len(), 8, "order/raw is skipped by both");
+    check_sane(&server, &[Op::Receive]);
+    check_sane(&client, &[Op::Send, Op::E2e]);
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skipped_combinations_are_reported() {
+    let mut c = config(Scenario::SendAndPurge, "order", "raw");
+    c.json = true;
+    let (results, out) = run(&c).await;
+    assert_eq!(results.len(), 1);
+    let reason = results[0].skipped().expect("skipped");
+    assert!(reason.contains("raw"), "{reason}");
+    let row: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(row["skipped"], true);
+    assert_eq!(row["reason"], reason);
+    assert_eq!(row["op"], "send");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binary
+
+fn mqperf(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mqperf"))
+        .args(args)
+        .output()
+        .expect("run mqperf")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn usage_errors_exit_2_naming_the_choices() {
+    let q = r".\private$\perf";
+    for (args, needle) in [
+        (vec!["XACT", "SENDANDPURGE", q], "NOTX"),
+        (vec!["NOTX", "SENDANDBURN", q], "SENDANDRECEIVE"),
+        (
+            vec!["NOTX", "SENDANDPURGE", q, "--payload", "blob"],
+            "string:N",
+        ),
+        (
+            vec!["NOTX", "SENDANDPURGE", q, "--formatter", "soap"],
+            "manual",
+        ),
+        (
+            vec!["NOTX", "SENDANDPURGE", q, "--delivery", "fast"],
+            "recoverable",
+        ),
+        (vec!["NOTX", "SERVER", q], "RESPONSE-QUEUE"),
+        (vec!["NOTX", "CLIENT", q], "RESPONSE-QUEUE"),
+        (vec!["NOTX", "SENDANDPURGE", q, "--count", "0"], "count"),
+        (vec!["NOTX", "SENDANDPURGE", "no such name"], "no such name"),
+        (vec!["NOTX"], "Usage"),
+    ] {
+        let o = mqperf(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+        assert!(o.stdout.is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn tx_is_refused_with_one_line() {
+    let o = mqperf(&["tx", "sendandreceive", r".\private$\perf", "--count", "10"]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.contains("not implemented yet"), "{e}");
+    assert!(o.stdout.is_empty());
+}
+
+#[test]
+fn unreachable_broker_is_one_line() {
+    let o = mqperf(&[
+        "NOTX",
+        "SENDANDPURGE",
+        r".\private$\perf",
+        "--broker",
+        "http://127.0.0.1:1",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.contains("http://127.0.0.1:1"), "{e}");
+}
+
+#[test]
+fn json_lines_carry_the_required_keys() {
+    let o = mqperf(&[
+        "NOTX",
+        "SENDANDRECEIVE",
+        r".\private$\perf",
+        "--payload",
+        "order,int",
+        "--formatter",
+        "raw,json",
+        "--count",
+        "50",
+        "--runs",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The banner goes to stderr, so stdout is nothing but JSON lines.
+    assert!(stderr(&o).contains("SENDANDRECEIVE"));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    // 4 combinations x 3 ops.
+    assert_eq!(rows.len(), 12, "{stdout}");
+    let keys = [
+        "op",
+        "mode",
+        "delivery",
+        "payload",
+        "formatter",
+        "body_bytes",
+        "count",
+        "runs",
+        "msgs_per_s",
+        "msgs_per_s_min",
+        "msgs_per_s_max",
+        "mb_per_s",
+        "p50_us",
+        "p99_us",
+        "p999_us",
+        "skipped",
+        "reason",
+    ];
+    for r in &rows {
+        for k in keys {
+            assert!(r.get(k).is_some(), "{k} missing in {r}");
+        }
+        assert_eq!(r["mode"], "NOTX");
+        assert_eq!(r["delivery"], "express");
+        assert_eq!(r["count"], 50);
+        if r["skipped"] == true {
+            assert_eq!(
+                (&r["payload"], &r["formatter"]),
+                (&"order".into(), &"raw".into())
+            );
+            assert!(r["reason"].as_str().unwrap().contains("raw"));
+        } else {
+            assert!(r["msgs_per_s"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["p50_us"].as_f64().unwrap() <= r["p99_us"].as_f64().unwrap());
+            assert_eq!(r["messages"], 50);
+        }
+    }
+    let ops: Vec<&str> = rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(&ops[..3], ["send", "receive", "e2e"]);
+    assert_eq!(rows.iter().filter(|r| r["skipped"] == true).count(), 3);
+}
+
+#[test]
+fn table_starts_with_the_banner() {
+    let o = mqperf(&[
+        "notx",
+        "SendAndPurge",
+        r".\private$\perf",
+        "--payload",
+        "empty",
+        "--formatter",
+        "raw",
+        "--count",
+        "20",
+        "--runs",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout.clone()).unwrap();
+    assert!(out.starts_with("mqperf "), "{out}");
+    for word in [
+        "embedded",
+        "express",
+        "SENDANDPURGE",
+        "cores",
+        "payloads",
+        "msgs/s",
+    ] {
+        assert!(out.contains(word), "{word}: {out}");
+    }
+    assert!(out.lines().last().unwrap().starts_with("empty "), "{out}");
+    // Not a terminal: no progress bar escapes.
+    assert!(!stderr(&o).contains('\u{1b}'));
+}
+
+/// Recoverable delivery is being wired to the journal: until then the broker may refuse it.
+/// Either way mqperf must not hide it: success, or exit 1 with the broker's one-line reason.
+#[test]
+fn recoverable_runs_or_reports_the_brokers_error() {
+    let o = mqperf(&[
+        "NOTX",
+        "SENDANDRECEIVE",
+        r".\private$\perf",
+        "--payload",
+        "int",
+        "--formatter",
+        "raw",
+        "--count",
+        "20",
+        "--runs",
+        "1",
+        "--delivery",
+        "recoverable",
+        "--json",
+    ]);
+    match o.status.code() {
+        Some(0) => {
+            let out = String::from_utf8(o.stdout).unwrap();
+            assert_eq!(out.lines().count(), 3, "{out}");
+            assert!(out.contains("\"delivery\":\"recoverable\""));
+        }
+        Some(1) => {
+            let e = stderr(&o);
+            let last = e.lines().last().unwrap_or_default();
+            assert!(last.starts_with("mqperf: error:"), "{e}");
+        }
+        other => panic!("exit {other:?}: {}", stderr(&o)),
+    }
+}

@@ -1,0 +1,369 @@
+//! Bad input never hurts the broker. Through the `mq` command line against an `mqd` process:
+//! malformed names, unknown queues, limits, priority 8, an existing queue, no broker at all;
+//! each is one line on stderr that quotes the value and names the rule, with a non-zero exit,
+//! and afterwards the broker still serves and has lost nothing. Through the raw gRPC protocol:
+//! out-of-range fields and broken streams are refused per message or per stream.
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use mq_client::{Message, QueueOptions};
+use mq_proto::v1;
+use mq_tests::{mq, InProcessBroker, MqdProcess};
+use serde_json::Value;
+
+use crate::cli::fails;
+
+const KEEP: &str = r".\private$\keep";
+
+fn count(url: &str) -> u64 {
+    let out = mq(url, &["queue", "info", KEEP, "--json"], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["messages"].as_u64().unwrap()
+}
+
+/// A port on 127.0.0.1 that nothing listens on (bound, then released).
+fn closed_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[test]
+fn cli_errors_are_one_line_name_the_value_and_the_rule_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mqd = MqdProcess::start_with_args(dir.path(), &["--max-body-bytes", "100000"]).unwrap();
+    let url = mqd.url();
+    assert!(mq(url, &["queue", "create", KEEP], None).status.success());
+    let out = mq(url, &["send", KEEP, "keep {n}", "--count", "25"], None);
+    assert!(out.status.success());
+    assert_eq!(count(url), 25);
+
+    let big = dir.path().join("big.bin");
+    std::fs::write(&big, vec![7u8; 100_001]).unwrap();
+    let big = big.to_str().unwrap().to_string();
+    let long_label = "l".repeat(251);
+    let long_name = format!(r".\private$\{}", "n".repeat(125));
+    let port = mqd.addr().port();
+    let remote = r"DIRECT=TCP:10.1.2.3\private$\keep".to_string();
+    let other_port = format!(r"DIRECT=TCP:127.0.0.1:{}\private$\keep", closed_port());
+    let dead_broker = format!("http://127.0.0.1:{}", closed_port());
+    let journal = format!(r"{KEEP};JOURNAL");
+
+    // (arguments, exit code, what the line must contain: the value, then words of the rule)
+    let cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
+        // Malformed names, in every command.
+        (
+            vec!["send", r"DIRECT=XYZ:.\private$\q", "x"],
+            1,
+            vec!["DIRECT=XYZ", "DIRECT=OS: or DIRECT=TCP:"],
+        ),
+        (
+            vec!["send", r".\private$\", "x"],
+            1,
+            vec![r".\private$\", "queue name is missing"],
+        ),
+        (
+            vec!["receive", r".\a\b\c"],
+            1,
+            vec![r".\a\b\c", "too many path segments"],
+        ),
+        (
+            vec!["peek", "orders"],
+            1,
+            vec!["\"orders\"", "no '\\' after the host"],
+        ),
+        (
+            vec!["queue", "create", &long_name],
+            1,
+            vec![&long_name[..30], "124"],
+        ),
+        (
+            vec!["queue", "info", r".\private$\q;JOURNALX"],
+            1,
+            vec!["JOURNALX", "expected ;JOURNAL"],
+        ),
+        (
+            vec!["queue", "purge", r"FORMATNAME:.\private$\a,,.\private$\b"],
+            1,
+            vec!["empty element"],
+        ),
+        (vec!["queue", "delete", ""], 1, vec!["\"\"", "empty"]),
+        (
+            vec!["send", r"DIRECT=TCP:host\private$\q", "x"],
+            1,
+            vec!["DIRECT=TCP:host", "IP address"],
+        ),
+        // Unknown queues.
+        (
+            vec!["send", r".\private$\nope", "x"],
+            1,
+            vec![r".\private$\nope", "does not exist"],
+        ),
+        (
+            vec!["receive", r".\private$\nope"],
+            1,
+            vec![r".\private$\nope", "does not exist"],
+        ),
+        (
+            vec!["queue", "delete", r".\private$\nope"],
+            1,
+            vec![r".\private$\nope", "does not exist"],
+        ),
+        (
+            vec!["queue", "purge", r".\private$\nope"],
+            1,
+            vec![r".\private$\nope", "does not exist"],
+        ),
+        // Limits.
+        (
+            vec!["send", KEEP, "x", "--label", &long_label],
+            1,
+            vec!["251", "250", "label"],
+        ),
+        (
+            vec!["send", KEEP, "--file", &big],
+            1,
+            vec!["100001", "100000", "body"],
+        ),
+        (
+            vec!["send", KEEP, "x", "--priority", "8"],
+            1,
+            vec!["priority 8", "0", "7"],
+        ),
+        (
+            vec!["send", KEEP, "x{n}", "--count", "3", "--priority", "8"],
+            1,
+            vec!["priority 8", "acknowledged 0 of 3"],
+        ),
+        // Existing queue, read-only and remote queues, a multiple-element receive.
+        (
+            vec!["queue", "create", r"./PRIVATE$/Keep"],
+            1,
+            vec!["keep", "already exists"],
+        ),
+        (vec!["send", &journal, "x"], 1, vec![";JOURNAL", "journal"]),
+        (
+            vec!["send", &remote, "x"],
+            1,
+            vec![&remote, "another broker"],
+        ),
+        (
+            vec!["send", &other_port, "x"],
+            1,
+            vec![&other_port, "another broker"],
+        ),
+        (
+            vec!["receive", r"FORMATNAME:.\private$\keep,.\private$\b"],
+            1,
+            vec!["multiple-element"],
+        ),
+        // A missing --file.
+        (
+            vec!["send", KEEP, "--file", "/nonexistent/body"],
+            1,
+            vec!["/nonexistent/body"],
+        ),
+        // Usage errors: clap's own message (several lines), exit 2.
+        (vec!["send", KEEP, "x", "--priority", "300"], 2, vec!["300"]),
+        (vec!["send", KEEP, "x", "--colour"], 2, vec!["--colour"]),
+    ];
+    for (args, code, needles) in &cases {
+        let out = mq(url, args, None);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let shown = if *code == 2 {
+            assert_eq!(out.status.code(), Some(2), "mq {args:?}: {err}");
+            err
+        } else {
+            let line = fails(out, *code);
+            assert!(line.starts_with("mq: error: "), "mq {args:?}: {line}");
+            line
+        };
+        for n in needles {
+            assert!(
+                shown.to_lowercase().contains(&n.to_lowercase()),
+                "mq {args:?}: expected {n:?} in: {shown}"
+            );
+        }
+        assert_eq!(count(url), 25, "after mq {args:?}");
+    }
+
+    // No broker: names are checked first, then the connection fails in one line.
+    let line = fails(mq(&dead_broker, &["queue", "list"], None), 1);
+    assert!(
+        line.contains(&dead_broker) && line.contains("is mqd running"),
+        "{line}"
+    );
+    let line = fails(mq(&dead_broker, &["send", KEEP, "x"], None), 1);
+    assert!(line.contains(&dead_broker), "{line}");
+    let line = fails(mq(&dead_broker, &["send", "bad", "x"], None), 1);
+    assert!(line.contains("invalid queue name \"bad\""), "{line}");
+    let line = fails(mq("not a url", &["queue", "list"], None), 1);
+    assert!(line.contains("not a url"), "{line}");
+
+    // Still serving, nothing lost, in order.
+    let out = mq(url, &["receive", KEEP, "--count", "25"], None);
+    assert!(out.status.success());
+    let want: String = (1..=25).map(|n| format!("keep {n}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+    assert_eq!(port, mqd.addr().port());
+}
+
+fn out(body: &str) -> v1::OutMessage {
+    v1::OutMessage {
+        body: body.as_bytes().to_vec().into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_protocol_abuse_is_refused_and_harmless() {
+    let broker = InProcessBroker::start().await;
+    let client = broker.client().await;
+    client
+        .create_queue(KEEP, QueueOptions::default())
+        .await
+        .unwrap();
+    let keep = client.queue(KEEP).unwrap();
+    keep.send(Message::new("precious")).await.unwrap();
+    let mut rpc = v1::message_queue_client::MessageQueueClient::connect(broker.url().to_string())
+        .await
+        .unwrap();
+
+    // Out-of-range fields fail their own message only.
+    let batch = v1::SendBatch {
+        first_seq: 1,
+        destination: KEEP.into(),
+        messages: vec![
+            v1::OutMessage {
+                priority: Some(u32::MAX),
+                ..out("a")
+            },
+            v1::OutMessage {
+                delivery: 99,
+                ..out("b")
+            },
+            out("good"),
+        ],
+    };
+    let mut acks = rpc
+        .send(futures::stream::iter(vec![
+            batch,
+            v1::SendBatch {
+                first_seq: 4,
+                destination: "no such name".into(),
+                messages: vec![out("c")],
+            },
+        ]))
+        .await
+        .unwrap()
+        .into_inner();
+    let ack = acks.message().await.unwrap().expect("an ack");
+    assert_eq!((ack.first_seq, ack.count), (1, 3));
+    let f: Vec<(u64, String)> = ack
+        .failures
+        .iter()
+        .map(|f| (f.seq, f.message.clone()))
+        .collect();
+    assert_eq!(f.len(), 2, "{f:?}");
+    assert!(
+        f[0].0 == 1 && f[0].1.contains(&u32::MAX.to_string()),
+        "{f:?}"
+    );
+    assert!(f[1].0 == 2 && f[1].1.contains("delivery 99"), "{f:?}");
+    assert_eq!(
+        &ack.ids[..32],
+        &[0u8; 32][..],
+        "no ids for refused messages"
+    );
+    assert_ne!(&ack.ids[32..48], &[0u8; 16][..], "an id for the good one");
+    let ack = acks.message().await.unwrap().expect("an ack");
+    assert_eq!(ack.failures.len(), 1);
+    assert!(ack.failures[0].message.contains("no such name"), "{ack:?}");
+    assert_eq!(ack.failures[0].code, v1::ErrorCode::InvalidArgument as i32);
+    assert!(
+        acks.message().await.unwrap().is_none(),
+        "the stream ends cleanly"
+    );
+
+    // A receive stream that names no queue, or ends before its first request.
+    let err = rpc
+        .receive(futures::stream::iter(vec![v1::ReceiveRequest {
+            queue: String::new(),
+            credit: 10,
+            ack_through: 0,
+        }]))
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("empty"), "{err:?}");
+    let err = rpc
+        .receive(futures::stream::iter(Vec::<v1::ReceiveRequest>::new()))
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("must start with"), "{err:?}");
+
+    // Acknowledging tags never delivered, and absurd credit: nothing breaks, nothing is lost.
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tx.send(v1::ReceiveRequest {
+        queue: KEEP.into(),
+        credit: 0,
+        ack_through: 1_000_000,
+    })
+    .await
+    .unwrap();
+    let mut stream = rpc
+        .receive(tokio_stream_from(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    tx.send(v1::ReceiveRequest {
+        queue: String::new(),
+        credit: u32::MAX,
+        ack_through: u64::MAX,
+    })
+    .await
+    .unwrap();
+    let batch = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .expect("a delivery")
+        .unwrap()
+        .expect("a batch");
+    assert_eq!(batch.messages.len(), 2, "{batch:?}");
+    drop(tx);
+    drop(stream);
+    // Both messages come back: the acknowledgement before delivery did not count for them.
+    let settled = mq_tests::eventually(Duration::from_secs(10), || async {
+        keep.info()
+            .await
+            .map(|i| i.in_flight == 0 && i.messages == 2)
+            .unwrap_or(false)
+    })
+    .await;
+    assert!(settled, "{:?}", keep.info().await);
+
+    // Peek and receive with extreme values.
+    let p = rpc
+        .peek(v1::PeekRequest {
+            queue: KEEP.into(),
+            timeout_ms: u64::MAX,
+            max: u32::MAX,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(p.messages.len(), 2);
+    let bodies: Vec<_> = p.messages.iter().map(|m| m.body.clone()).collect();
+    assert_eq!(bodies, [&b"precious"[..], &b"good"[..]]);
+    assert!(!broker.has_stopped());
+    broker.stop().await.unwrap();
+}
+
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}

@@ -1,0 +1,102 @@
+//! `mqd` as an operator runs it: the `listening on <addr>` handshake, a graceful SIGTERM even
+//! with open streams, and one broker per data directory.
+
+use std::time::Duration;
+
+use mq_client::{ConsumerOptions, Message, QueueOptions, SenderOptions};
+use mq_tests::{mqd_command, wait_timeout, MqdProcess};
+
+#[test]
+fn prints_listening_line_first_and_serves_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let mqd = MqdProcess::start(dir.path()).unwrap();
+    assert!(
+        mqd.first_line().starts_with("listening on 127.0.0.1:"),
+        "{}",
+        mqd.first_line()
+    );
+    assert_ne!(
+        mqd.addr().port(),
+        0,
+        "port 0 must be resolved to the real port"
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = mq_client::Client::connect(mqd.url()).await.unwrap();
+        assert!(client.list_queues().await.unwrap().is_empty());
+    });
+}
+
+#[test]
+fn sigterm_exits_zero_with_idle_streams_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut mqd = MqdProcess::start(dir.path()).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (_client, sender, mut consumer) = rt.block_on(async {
+        let client = mq_client::Client::connect(mqd.url()).await.unwrap();
+        client
+            .create_queue(r".\private$\open", QueueOptions::default())
+            .await
+            .unwrap();
+        let q = client.queue(r".\private$\open").unwrap();
+        let sender = q.sender(SenderOptions::default()).await.unwrap();
+        // One acknowledged message proves the send stream is really open.
+        let receipt = sender.send_with_receipt(Message::new("x")).await.unwrap();
+        receipt.await.unwrap();
+        let mut consumer = q.consumer(ConsumerOptions::default()).await.unwrap();
+        let got = consumer.next(Duration::from_secs(5)).await.unwrap();
+        assert!(got.is_some());
+        // Now both streams are idle: the consumer waits for more, the sender has nothing to send.
+        (client, sender, consumer)
+    });
+    let started = std::time::Instant::now();
+    let status = mqd.terminate(Duration::from_secs(8)).unwrap();
+    eprintln!("mqd exited {:?} after SIGTERM", started.elapsed());
+    assert_eq!(status.code(), Some(0), "stderr: {}", mqd.stderr());
+    // The open streams learn that the broker is gone, as errors, not hangs.
+    rt.block_on(async {
+        let r = consumer.next(Duration::from_secs(5)).await;
+        assert!(
+            matches!(r, Err(mq_client::Error::Unavailable(_))),
+            "consumer after shutdown: {r:?}"
+        );
+        let r = match sender.send_with_receipt(Message::new("late")).await {
+            Ok(receipt) => receipt.await.map(drop),
+            Err(e) => Err(e),
+        };
+        assert!(
+            matches!(r, Err(mq_client::Error::Unavailable(_))),
+            "send after shutdown: {r:?}"
+        );
+    });
+}
+
+#[test]
+fn sigterm_exits_zero_when_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut mqd = MqdProcess::start(dir.path()).unwrap();
+    let status = mqd.terminate(Duration::from_secs(8)).unwrap();
+    assert_eq!(status.code(), Some(0), "stderr: {}", mqd.stderr());
+}
+
+#[test]
+fn second_mqd_on_the_same_data_dir_fails_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = MqdProcess::start(dir.path()).unwrap();
+    let mut second = mqd_command(dir.path(), &[]).spawn().unwrap();
+    let mut stderr = second.stderr.take().unwrap();
+    let status = wait_timeout(&mut second, Duration::from_secs(10)).unwrap();
+    let Some(status) = status else {
+        let _ = second.kill();
+        let _ = second.wait();
+        panic!("a second mqd on the same data directory kept running");
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut err).unwrap();
+    assert!(!status.success(), "second mqd exited {status}");
+    assert!(
+        err.contains("in use by another running mqd")
+            && err.contains(&dir.path().display().to_string()),
+        "stderr should say the data directory is in use, and which: {err}"
+    );
+}

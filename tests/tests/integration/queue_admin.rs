@@ -1,0 +1,350 @@
+//! Queue administration through the client: create, delete, list, info, purge; path names and
+//! format names (either separator, `DIRECT=OS:` or `DIRECT=TCP:` with the broker's own address)
+//! naming the same queue; queue names compared ignoring case.
+
+use std::time::Duration;
+
+use mq_client::{Error, Message, QueueOptions};
+use mq_tests::{eventually, InProcessBroker};
+
+const T: Duration = Duration::from_secs(5);
+
+#[tokio::test]
+async fn create_info_list_purge_delete() {
+    let broker = InProcessBroker::start().await;
+    let client = broker.client().await;
+
+    let info = client
+        .create_queue(
+            r".\private$\orders",
+            QueueOptions {
+                label: "incoming orders".into(),
+                ..QueueOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(info.name, r".\private$\orders");
+    assert_eq!(info.format_name, r"DIRECT=OS:.\private$\orders");
+    assert_eq!((info.messages, info.bytes, info.in_flight), (0, 0, 0));
+    assert!(!info.transactional);
+    assert_eq!(info.label, "incoming orders");
+    client
+        .create_queue(r".\public_one", QueueOptions::default())
+        .await
+        .unwrap();
+
+    let q = client.queue(r".\private$\orders").unwrap();
+    for body in ["a", "bb", "cccc"] {
+        q.send(Message::new(body)).await.unwrap();
+    }
+    let info = client.queue_info(r".\private$\orders").await.unwrap();
+    assert_eq!((info.messages, info.bytes), (3, 7), "{info:?}");
+
+    let names: Vec<String> = client
+        .list_queues()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|q| q.name)
+        .collect();
+    assert_eq!(names, [r".\private$\orders", r".\public_one"]);
+    let listed = client.list_queues().await.unwrap();
+    assert_eq!((listed[0].messages, listed[0].bytes), (3, 7));
+
+    assert_eq!(client.purge(r".\private$\orders").await.unwrap(), 3);
+    let info = q.info().await.unwrap();
+    assert_eq!((info.messages, info.bytes), (0, 0));
+    assert_eq!(q.receive(Duration::from_millis(50)).await.unwrap(), None);
+    assert_eq!(client.purge(r".\private$\orders").await.unwrap(), 0);
+
+    client.delete_queue(r".\private$\orders").await.unwrap();
+    let err = client.queue_info(r".\private$\orders").await.unwrap_err();
+    assert!(matches!(err, Error::NotFound(_)), "{err:?}");
+    let err = q.send(Message::new("late")).await.unwrap_err();
+    assert!(matches!(err, Error::NotFound(_)), "{err:?}");
+    let names: Vec<String> = client
+        .list_queues()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|q| q.name)
+        .collect();
+    assert_eq!(names, [r".\public_one"]);
+
+    // A deleted queue's name is free again, and the new queue starts empty.
+    client
+        .create_queue(r".\private$\orders", QueueOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(q.info().await.unwrap().messages, 0);
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn delete_discards_messages_and_frees_the_express_quota() {
+    // Room for a few 1000-byte messages only: if deleting did not give their bytes back, the
+    // sends after it would be refused.
+    let broker = InProcessBroker::start_with(|c| c.express_quota_bytes = 5_000).await;
+    let client = broker.client().await;
+    for round in 0..3 {
+        client
+            .create_queue(r".\private$\scratch", QueueOptions::default())
+            .await
+            .unwrap();
+        let q = client.queue(r".\private$\scratch").unwrap();
+        for _ in 0..3 {
+            q.send(Message::new(vec![b'x'; 1000]))
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+        client.delete_queue(r".\private$\scratch").await.unwrap();
+    }
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn path_and_format_names_with_either_separator_address_one_queue() {
+    let broker = InProcessBroker::start().await;
+    let client = broker.client().await;
+    client
+        .create_queue(r".\private$\Orders", QueueOptions::default())
+        .await
+        .unwrap();
+    let port = broker.addr().port();
+
+    let by_os_slash = client.queue("DIRECT=OS:./private$/orders").unwrap();
+    let id = by_os_slash.send(Message::new("one")).await.unwrap();
+
+    let tcp_name = format!(r"DIRECT=TCP:127.0.0.1:{port}\private$\orders");
+    let by_tcp = client.queue(&tcp_name).unwrap();
+    let got = by_tcp
+        .receive(T)
+        .await
+        .unwrap()
+        .expect("the message sent via DIRECT=OS:");
+    assert_eq!(got.id, id);
+    assert_eq!(got.body.as_ref(), b"one");
+
+    // Every spelling reaches the same queue; messages go in through one and out through another.
+    let names = [
+        r".\private$\Orders".to_string(),
+        "./private$/orders".to_string(),
+        r"DIRECT=OS:.\PRIVATE$\ORDERS".to_string(),
+        r"direct=os:localhost\private$\orders".to_string(),
+        format!("FORMATNAME:DIRECT=TCP:127.0.0.1:{port}/private$/orders"),
+        format!(r"localhost:{port}\private$\orders"),
+    ];
+    for (i, name) in names.iter().enumerate() {
+        let q = client.queue(name).unwrap();
+        q.send(Message::new(format!("via {i}")))
+            .await
+            .unwrap_or_else(|e| panic!("send via {name}: {e}"));
+        let info = client
+            .queue_info(name)
+            .await
+            .unwrap_or_else(|e| panic!("info via {name}: {e}"));
+        assert_eq!(info.name, r".\private$\Orders", "info via {name}");
+        assert_eq!(info.messages, 1, "info via {name}");
+        let got = by_tcp.receive(T).await.unwrap().expect("a message");
+        assert_eq!(got.body, format!("via {i}").as_bytes(), "sent via {name}");
+    }
+    assert_eq!(client.list_queues().await.unwrap().len(), 1);
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn queue_names_ignore_case() {
+    let broker = InProcessBroker::start().await;
+    let client = broker.client().await;
+    client
+        .create_queue(r".\private$\MixedCase", QueueOptions::default())
+        .await
+        .unwrap();
+    let err = client
+        .create_queue(r".\PRIVATE$\mixedcase", QueueOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::AlreadyExists(_)), "{err:?}");
+    assert!(err.to_string().contains("already exists"), "{err}");
+
+    client
+        .queue(r".\private$\MIXEDCASE")
+        .unwrap()
+        .send(Message::new("x"))
+        .await
+        .unwrap();
+    let info = client.queue_info(r".\private$\mixedcase").await.unwrap();
+    assert_eq!(
+        info.name, r".\private$\MixedCase",
+        "the name is kept as created"
+    );
+    assert_eq!(info.messages, 1);
+    assert_eq!(client.purge(r".\Private$\mIxEdCaSe").await.unwrap(), 1);
+    client.delete_queue(r".\private$\mixedcase").await.unwrap();
+    assert!(client.list_queues().await.unwrap().is_empty());
+
+    // A public and a private queue of the same name are two queues.
+    client
+        .create_queue(r".\same", QueueOptions::default())
+        .await
+        .unwrap();
+    client
+        .create_queue(r".\private$\same", QueueOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(client.list_queues().await.unwrap().len(), 2);
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn purge_leaves_messages_in_flight_to_a_consumer() {
+    let broker = InProcessBroker::start().await;
+    let client = broker.client().await;
+    client
+        .create_queue(r".\private$\p", QueueOptions::default())
+        .await
+        .unwrap();
+    let q = client.queue(r".\private$\p").unwrap();
+    for i in 0..4 {
+        q.send(Message::new(format!("{i}"))).await.unwrap();
+    }
+    let mut consumer = q
+        .consumer(mq_client::ConsumerOptions {
+            prefetch: 1,
+            limit: Some(1),
+        })
+        .await
+        .unwrap();
+    let first = consumer.next(T).await.unwrap().expect("a message");
+    assert_eq!(first.body.as_ref(), b"0");
+    assert_eq!(q.info().await.unwrap().in_flight, 1);
+    assert_eq!(q.purge().await.unwrap(), 3, "purge removes what is waiting");
+    let info = q.info().await.unwrap();
+    assert_eq!((info.messages, info.in_flight), (1, 1), "{info:?}");
+    consumer.close().await.unwrap();
+    let info = q.info().await.unwrap();
+    assert_eq!(
+        (info.messages, info.in_flight, info.bytes),
+        (0, 0, 0),
+        "{info:?}"
+    );
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_queue_ends_waiting_receivers_with_not_found() {
+    let broker = InProcessBroker::start().await;
+    let client = broker.client().await;
+    client
+        .create_queue(r".\private$\gone", QueueOptions::default())
+        .await
+        .unwrap();
+    let q = client.queue(r".\private$\gone").unwrap();
+    let waiting = {
+        let q = q.clone();
+        tokio::spawn(async move { q.receive(Duration::from_secs(30)).await })
+    };
+    // A consumer is attached once `consumer()` returns (the broker answers the stream's first
+    // request after resolving the queue), so it is certainly waiting when the delete lands. The
+    // plain receive may reach the broker before or after the delete: NotFound either way.
+    let mut consumer = q
+        .consumer(mq_client::ConsumerOptions::default())
+        .await
+        .unwrap();
+    client.delete_queue(r".\private$\gone").await.unwrap();
+    let r = consumer.next(Duration::from_secs(10)).await;
+    assert!(matches!(r, Err(Error::NotFound(_))), "consumer: {r:?}");
+    let r = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiting receive ends when its queue is deleted")
+        .unwrap();
+    assert!(matches!(r, Err(Error::NotFound(_))), "{r:?}");
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_queue_label_over_250_characters_is_refused() {
+    let broker = InProcessBroker::start().await;
+    let client = broker.client().await;
+    let err = client
+        .create_queue(
+            r".\private$\labelled",
+            QueueOptions {
+                label: "q".repeat(251),
+                ..QueueOptions::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert!(err.to_string().contains("251"), "{err}");
+    assert!(client.list_queues().await.unwrap().is_empty());
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_queue_under_a_consumer_with_unacknowledged_messages() {
+    // The queue is deleted while a consumer holds all its credit; its acknowledgement then
+    // arrives for messages of a queue that no longer exists.
+    let quota = 20 * (100 + 128);
+    let broker = InProcessBroker::start_with(|c| c.express_quota_bytes = quota).await;
+    let client = broker.client().await;
+    client
+        .create_queue(r".\private$\doomed", QueueOptions::default())
+        .await
+        .unwrap();
+    let q = client.queue(r".\private$\doomed").unwrap();
+    let sender = q.sender(Default::default()).await.unwrap();
+    for _ in 0..10 {
+        sender.send(Message::new(vec![b'd'; 100])).await.unwrap();
+    }
+    sender.close().await.unwrap();
+    let mut c = q
+        .consumer(mq_client::ConsumerOptions {
+            prefetch: 4,
+            limit: None,
+        })
+        .await
+        .unwrap();
+    assert!(c.next(Duration::from_secs(5)).await.unwrap().is_some());
+    let settled = eventually(Duration::from_secs(5), || async {
+        q.info().await.unwrap().in_flight == 4
+    })
+    .await;
+    assert!(settled, "the consumer holds its whole prefetch");
+    client.delete_queue(r".\private$\doomed").await.unwrap();
+    c.ack().await.unwrap();
+    // The consumer drains what it had buffered, then learns that the queue is gone.
+    let mut end = None;
+    for _ in 0..10 {
+        match c.next(Duration::from_secs(5)).await {
+            Ok(Some(_)) => continue,
+            Ok(None) => break,
+            Err(e) => {
+                end = Some(e);
+                break;
+            }
+        }
+    }
+    let end = end.expect("the consumer is told that its queue is gone");
+    assert!(matches!(end, Error::NotFound(_)), "{end:?}");
+
+    // The broker serves, and the whole express quota is free again (no bytes leaked or
+    // released twice).
+    client
+        .create_queue(r".\private$\after", QueueOptions::default())
+        .await
+        .unwrap();
+    let after = client.queue(r".\private$\after").unwrap();
+    let mut accepted = 0;
+    for _ in 0..40 {
+        match after.send(Message::new(vec![b'a'; 100])).await {
+            Ok(_) => accepted += 1,
+            Err(Error::QuotaExceeded(_)) => break,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(accepted, 20, "the express quota is intact");
+    broker.stop().await.unwrap();
+}
