@@ -54,6 +54,11 @@ impl From<Status> for Error {
                     format!("the connection to the broker was lost: {msg}")
                 })
             }
+            // tonic reports a broken connection (reset, h2 error) as Unknown; the broker itself
+            // never answers with Unknown.
+            Code::Unknown => {
+                Error::Unavailable(format!("the connection to the broker was lost: {msg}"))
+            }
             _ => Error::Internal(format!("{}: {msg}", s.code())),
         }
     }

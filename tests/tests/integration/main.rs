@@ -15,6 +15,9 @@
 //! - `cli`: the `mq` command line against an `mqd` process: commands, JSON, exit codes.
 //! - `bad_input`: every kind of bad input (CLI and raw gRPC) is refused clearly and hurts
 //!   nothing.
+//! - `recoverable`: recoverable messages across `kill -9` and SIGTERM of `mqd`: acknowledged
+//!   means kept, in order, no duplicates; express gone, queues kept; removals; priorities;
+//!   journal segments stay few.
 
 mod bad_input;
 mod cli;
@@ -24,4 +27,5 @@ mod message_properties;
 mod mqd_process;
 mod multiple_element_names;
 mod queue_admin;
+mod recoverable;
 mod send_pipelining;
