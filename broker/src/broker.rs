@@ -86,8 +86,13 @@ impl Broker {
             segment_size: config.journal_segment_bytes,
             ..JournalOptions::default()
         };
-        let (journal, mut rec) = Journal::open(&config.data_dir.join("journal"), opts)
-            .map_err(|e| BrokerError::Internal(format!("cannot open the journal: {e}")))?;
+        let dir = config.data_dir.join("journal");
+        let opened = match &config.journal_io {
+            Some(io) => Journal::open_with_io(&dir, opts, io.clone()),
+            None => Journal::open(&dir, opts),
+        };
+        let (journal, mut rec) =
+            opened.map_err(|e| BrokerError::Internal(format!("cannot open the journal: {e}")))?;
         let mut report = RecoveryReport {
             segments: rec.segments,
             truncated: rec.truncated.is_some(),

@@ -18,7 +18,7 @@ pub const MAX_CORRELATION_ID_CHARS: usize = 255;
 pub const MESSAGE_OVERHEAD_BYTES: u64 = 128;
 
 /// What a broker needs to know to run.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct BrokerConfig {
     /// The broker's own name; format names with this host are local. Defaults to the host name.
     pub name: String,
@@ -32,6 +32,9 @@ pub struct BrokerConfig {
     pub storage_quota_bytes: u64,
     /// Size of each preallocated journal segment file.
     pub journal_segment_bytes: u64,
+    /// Storage under the journal; `None` = real files. Tests pass a
+    /// [`crate::journal::FaultyIo`] to fail or "crash" at a chosen sync.
+    pub journal_io: Option<std::sync::Arc<dyn crate::journal::Io>>,
     /// How long a graceful shutdown waits for open streams before closing them.
     pub shutdown_grace: std::time::Duration,
 }
@@ -46,6 +49,7 @@ impl BrokerConfig {
             express_quota_bytes: DEFAULT_EXPRESS_QUOTA_BYTES,
             storage_quota_bytes: DEFAULT_STORAGE_QUOTA_BYTES,
             journal_segment_bytes: DEFAULT_JOURNAL_SEGMENT_BYTES,
+            journal_io: None,
             shutdown_grace: std::time::Duration::from_secs(5),
         }
     }
@@ -59,4 +63,19 @@ pub fn default_name() -> String {
         .filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".to_string())
+}
+
+impl std::fmt::Debug for BrokerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerConfig")
+            .field("name", &self.name)
+            .field("data_dir", &self.data_dir)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("express_quota_bytes", &self.express_quota_bytes)
+            .field("storage_quota_bytes", &self.storage_quota_bytes)
+            .field("journal_segment_bytes", &self.journal_segment_bytes)
+            .field("faulty_journal_io", &self.journal_io.is_some())
+            .field("shutdown_grace", &self.shutdown_grace)
+            .finish()
+    }
 }
