@@ -26,6 +26,9 @@ pub struct Broker {
     local_addrs: Vec<SocketAddr>,
     queues: RwLock<HashMap<String, Arc<Queue>>>,
     journal: Journal,
+    /// Held while transactional messages get their queue positions and their journal record is
+    /// submitted, so queue order, journal order and commit order agree.
+    commit_order: std::sync::Mutex<()>,
     next_queue_id: AtomicU64,
     express_used: AtomicU64,
     stored_used: AtomicU64,
@@ -127,10 +130,7 @@ impl Broker {
                 })?;
                 stored += msg.charged_bytes();
                 report.bytes += m.body_len as u64;
-                entries.push(Entry {
-                    seq: m.seq,
-                    msg: Arc::new(msg),
-                });
+                entries.push(Entry::new(m.seq, Arc::new(msg)));
             }
             report.messages += entries.len() as u64;
             let next_seq = rec.max_seq.get(id).copied().unwrap_or(0) + 1;
@@ -143,12 +143,19 @@ impl Broker {
             local_addrs,
             queues: RwLock::new(queues),
             journal,
+            commit_order: std::sync::Mutex::new(()),
             next_queue_id: AtomicU64::new(rec.max_queue_id + 1),
             express_used: AtomicU64::new(0),
             stored_used: AtomicU64::new(stored),
             shutdown: tokio::sync::watch::channel(false).0,
         };
         Ok((broker, report))
+    }
+
+    /// The lock that keeps queue order, journal order and commit order of transactional
+    /// messages the same.
+    pub(crate) fn commit_order_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.commit_order.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Stops the journal after writing what is pending.
@@ -327,7 +334,11 @@ impl Broker {
     }
 
     /// The queues a send destination names: one, or several for a multiple-element name.
-    pub fn destinations(&self, name: &str) -> Result<Vec<Arc<Queue>>, BrokerError> {
+    pub fn destinations(
+        &self,
+        name: &str,
+        transactional: bool,
+    ) -> Result<Vec<Arc<Queue>>, BrokerError> {
         let parsed = FormatName::parse(name)?;
         let mut out: Vec<Arc<Queue>> = Vec::with_capacity(parsed.addresses().len());
         for addr in parsed.addresses() {
@@ -342,9 +353,15 @@ impl Broker {
             let q = self
                 .queue_by_key(&key)
                 .ok_or_else(|| BrokerError::QueueNotFound(local_path_name(addr)))?;
-            if q.def().transactional {
+            if q.def().transactional && !transactional {
                 return Err(BrokerError::FailedPrecondition(format!(
-                    "queue \"{}\" is transactional and accepts only transactional sends; this send is not transactional",
+                    "queue \"{}\" is transactional and accepts only transactional sends; this send is not transactional (use mq send --tx, or a transaction)",
+                    q.def().name
+                )));
+            }
+            if !q.def().transactional && transactional {
+                return Err(BrokerError::FailedPrecondition(format!(
+                    "queue \"{}\" is not transactional and accepts only non-transactional sends; this send is transactional (create the queue with --transactional)",
                     q.def().name
                 )));
             }
@@ -364,16 +381,20 @@ impl Broker {
         self: &Arc<Self>,
         dests: &[Arc<Queue>],
         msgs: Vec<v1::OutMessage>,
+        transactional: bool,
     ) -> Pin<Box<dyn Future<Output = BatchOutcome> + Send + 'static>> {
         let n = msgs.len();
         let mut ids = vec![None; n];
         let mut failures: Vec<(usize, BrokerError)> = Vec::new();
         let mut accepted: Vec<Arc<StoredMessage>> = Vec::with_capacity(n);
         let mut index: Vec<usize> = Vec::with_capacity(n);
-        for (i, m) in msgs.into_iter().enumerate() {
+        for (i, mut m) in msgs.into_iter().enumerate() {
             if self.is_shutting_down() {
                 failures.push((i, BrokerError::ShuttingDown));
                 continue;
+            }
+            if transactional {
+                force_transactional(&mut m);
             }
             match StoredMessage::accept(m, uuid::Uuid::now_v7(), &self.config) {
                 Ok(sm) => {
@@ -393,6 +414,8 @@ impl Broker {
         let mut headers: Vec<Option<(Bytes, Arc<StoredMessage>)>> = vec![None; accepted.len()];
         let mut ops = Vec::new();
         let mut durable: Vec<(Arc<Queue>, usize, Entry)> = Vec::new();
+        let order_guard =
+            transactional.then(|| self.commit_order.lock().unwrap_or_else(|p| p.into_inner()));
         for q in dests {
             let admitted = match q.admit(&accepted) {
                 Ok(r) => r,
@@ -402,10 +425,9 @@ impl Broker {
             for (j, r) in admitted.into_iter().enumerate() {
                 let m = &accepted[j];
                 match r {
-                    Ok(seq) if m.delivery == Delivery::Express => express.push(Entry {
-                        seq,
-                        msg: m.clone(),
-                    }),
+                    Ok(seq) if m.delivery == Delivery::Express => {
+                        express.push(Entry::new(seq, m.clone()))
+                    }
                     Ok(seq) => {
                         let (header, bodyless) = headers[j]
                             .get_or_insert_with(|| (m.encode_header(), Arc::new(m.without_body())))
@@ -416,7 +438,7 @@ impl Broker {
                             header,
                             body: m.body.clone().unwrap_or_default(),
                         });
-                        durable.push((q.clone(), j, Entry { seq, msg: bodyless }));
+                        durable.push((q.clone(), j, Entry::new(seq, bodyless)));
                     }
                     Err(e) => {
                         self.release(m.delivery, m.charged_bytes());
@@ -430,6 +452,7 @@ impl Broker {
             q.insert(express);
         }
         let commit = (!ops.is_empty()).then(|| self.journal.submit(ops));
+        drop(order_guard);
         let broker = self.clone();
         Box::pin(async move {
             if let Some(commit) = commit {
@@ -447,15 +470,7 @@ impl Broker {
                         }
                     }
                     Err(e) => {
-                        let err = if e.is_poisoned() {
-                            BrokerError::Unavailable(format!(
-                                "the journal refuses writes: {e}; restart mqd after fixing the disk"
-                            ))
-                        } else {
-                            BrokerError::Unavailable(format!(
-                                "the journal could not store the message: {e}"
-                            ))
-                        };
+                        let err = journal_failed(e);
                         for (q, j, entry) in durable {
                             let charge = entry.msg.charged_bytes();
                             q.unadmit(charge);
@@ -478,7 +493,7 @@ impl Broker {
         })
     }
 
-    fn reserve(&self, delivery: Delivery, bytes: u64) -> Result<(), BrokerError> {
+    pub(crate) fn reserve(&self, delivery: Delivery, bytes: u64) -> Result<(), BrokerError> {
         let (counter, quota, what) = match delivery {
             Delivery::Express => (
                 &self.express_used,
@@ -510,7 +525,7 @@ impl Broker {
         }
     }
 
-    fn release(&self, delivery: Delivery, bytes: u64) {
+    pub(crate) fn release(&self, delivery: Delivery, bytes: u64) {
         if bytes == 0 {
             return;
         }
@@ -550,6 +565,35 @@ impl Broker {
         }
     }
 
+    /// Removes taken entries for good and waits until their removal is on disk (transactional
+    /// queues: a receive is a committed single-message transaction before the message is
+    /// handed out). If the journal fails, the entries go back to the queue.
+    pub async fn remove_durably(
+        &self,
+        queue: &Queue,
+        entries: Vec<Entry>,
+    ) -> Result<Vec<Entry>, BrokerError> {
+        let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+        let commit = self.journal.submit(vec![Op::Remove {
+            queue_id: queue.def().id,
+            seqs,
+        }]);
+        match commit.await {
+            Ok(()) => {
+                queue.complete(&entries);
+                for e in &entries {
+                    self.release(e.msg.delivery, e.msg.charged_bytes());
+                }
+                Ok(entries)
+            }
+            Err(e) => {
+                let gone = queue.restore(entries);
+                self.forget(queue, &gone);
+                Err(journal_failed(e))
+            }
+        }
+    }
+
     /// The body of a queued message: in memory, or read from the journal.
     pub fn body(&self, queue: &Queue, entry: &Entry) -> Result<Bytes, BrokerError> {
         match &entry.msg.body {
@@ -585,4 +629,21 @@ fn local_path_name(addr: &QueueAddress) -> String {
     } else {
         format!(".\\{}", addr.name)
     }
+}
+
+/// A journal failure as the broker reports it.
+pub(crate) fn journal_failed(e: crate::journal::JournalError) -> BrokerError {
+    if e.is_poisoned() {
+        BrokerError::Unavailable(format!(
+            "the journal refuses writes: {e}; restart mqd after fixing the disk"
+        ))
+    } else {
+        BrokerError::Unavailable(format!("the journal could not store the change: {e}"))
+    }
+}
+
+/// Transactional messages: MSMQ ignores their priority (forces 0) and they are always durable.
+pub(crate) fn force_transactional(m: &mut v1::OutMessage) {
+    m.priority = Some(0);
+    m.delivery = v1::Delivery::Recoverable as i32;
 }

@@ -35,6 +35,8 @@ pub struct BrokerConfig {
     /// Storage under the journal; `None` = real files. Tests pass a
     /// [`crate::journal::FaultyIo`] to fail or "crash" at a chosen sync.
     pub journal_io: Option<std::sync::Arc<dyn crate::journal::Io>>,
+    /// A transaction open longer than this is aborted.
+    pub tx_timeout: std::time::Duration,
     /// How long a graceful shutdown waits for open streams before closing them.
     pub shutdown_grace: std::time::Duration,
 }
@@ -50,6 +52,7 @@ impl BrokerConfig {
             storage_quota_bytes: DEFAULT_STORAGE_QUOTA_BYTES,
             journal_segment_bytes: DEFAULT_JOURNAL_SEGMENT_BYTES,
             journal_io: None,
+            tx_timeout: std::time::Duration::from_secs(60),
             shutdown_grace: std::time::Duration::from_secs(5),
         }
     }
@@ -75,6 +78,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("storage_quota_bytes", &self.storage_quota_bytes)
             .field("journal_segment_bytes", &self.journal_segment_bytes)
             .field("faulty_journal_io", &self.journal_io.is_some())
+            .field("tx_timeout", &self.tx_timeout)
             .field("shutdown_grace", &self.shutdown_grace)
             .finish()
     }

@@ -11,6 +11,7 @@
 //! - `queue`: [`Queue`]: priority levels, delivery, acknowledgement, give-back.
 //! - `broker`: [`Broker`]: the registry of queues, name resolution, quotas, recovery.
 //! - [`journal`]: the durable journal: segments, group commit, recovery, compaction.
+//! - `transaction`: [`Transaction`]: staged sends, hidden receives, one atomic commit record.
 //! - `service`: the gRPC service.
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
 //!
@@ -31,6 +32,7 @@ mod message;
 mod queue;
 mod server;
 mod service;
+mod transaction;
 
 pub use broker::{Broker, RecoveryReport};
 pub use config::{
@@ -41,3 +43,4 @@ pub use error::BrokerError;
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};
 pub use queue::{Queue, QueueStats};
 pub use server::{run, RunError};
+pub use transaction::{Committed, Transaction};

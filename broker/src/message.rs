@@ -154,7 +154,7 @@ impl StoredMessage {
     }
 
     /// The wire form, as a receiver sees it in `destination`, with `body`.
-    pub fn to_wire(&self, destination: &str, body: Bytes) -> v1::Message {
+    pub fn to_wire(&self, destination: &str, body: Bytes, abort_count: u32) -> v1::Message {
         v1::Message {
             id: Bytes::copy_from_slice(self.id.as_bytes()),
             body,
@@ -171,6 +171,7 @@ impl StoredMessage {
             arrived_time_ms: self.arrived_time_ms,
             response_queue: self.response_queue.clone(),
             destination: destination.to_string(),
+            abort_count,
         }
     }
 }

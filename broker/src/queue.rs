@@ -21,6 +21,18 @@ use crate::message::{now_ms, StoredMessage};
 pub struct Entry {
     pub seq: u64,
     pub msg: Arc<StoredMessage>,
+    /// Times a transaction that received this message was aborted (kept in memory only).
+    pub aborts: u32,
+}
+
+impl Entry {
+    pub fn new(seq: u64, msg: Arc<StoredMessage>) -> Self {
+        Entry {
+            seq,
+            msg,
+            aborts: 0,
+        }
+    }
 }
 
 /// A queue's fixed properties.
@@ -104,10 +116,7 @@ impl Queue {
             .zip(msgs)
             .map(|(r, m)| {
                 r.map(|seq| {
-                    entries.push(Entry {
-                        seq,
-                        msg: m.clone(),
-                    });
+                    entries.push(Entry::new(seq, m.clone()));
                 })
             })
             .collect();

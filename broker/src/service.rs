@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::broker::Broker;
 use crate::error::BrokerError;
 use crate::queue::{Entry, Queue};
+use crate::transaction::Transaction;
 
 /// Most messages pushed to a receiver in one stream item.
 const MAX_DELIVERY_BATCH: usize = 256;
@@ -124,23 +125,46 @@ impl MessageQueue for Service {
             if peek {
                 q.peek(1)
             } else {
-                let (taken, _) = q.remove(1)?;
-                Ok(taken)
+                q.take(1)
             }
         })
         .await?;
         let dest = queue.info().format_name;
         let message = match found.first() {
+            Some(e) if peek => Some(e.msg.to_wire(&dest, self.broker.body(&queue, e)?, e.aborts)),
             Some(e) => {
-                let body = self.broker.body(&queue, e);
-                if !peek {
+                let wire = match self.broker.body(&queue, e) {
+                    Ok(body) => e.msg.to_wire(&dest, body, e.aborts),
+                    Err(err) => {
+                        let gone = queue.restore(found);
+                        self.broker.forget(&queue, &gone);
+                        return Err(err.into());
+                    }
+                };
+                if queue.def().transactional {
+                    // A committed single-message transaction before the message is handed out.
+                    self.broker.remove_durably(&queue, found).await?;
+                } else {
+                    queue.complete(&found);
                     self.broker.forget(&queue, &found);
                 }
-                Some(e.msg.to_wire(&dest, body?))
+                Some(wire)
             }
             None => None,
         };
         Ok(Response::new(v1::ReceiveOneResponse { message }))
+    }
+
+    type TransactStream = BoxStream<v1::TxResponse>;
+
+    async fn transact(
+        &self,
+        req: Request<Streaming<v1::TxRequest>>,
+    ) -> Result<Response<Self::TransactStream>, Status> {
+        let inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(transact(self.broker.clone(), inbound, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     async fn peek(
@@ -154,14 +178,14 @@ impl MessageQueue for Service {
         let dest = queue.info().format_name;
         let mut messages = Vec::with_capacity(found.len());
         for e in &found {
-            messages.push(e.msg.to_wire(&dest, self.broker.body(&queue, e)?));
+            messages.push(e.msg.to_wire(&dest, self.broker.body(&queue, e)?, e.aborts));
         }
         Ok(Response::new(v1::PeekResponse { messages }))
     }
 }
 
 /// Runs `attempt` until it finds something, the timeout passes, or the broker shuts down.
-async fn wait_for(
+pub(crate) async fn wait_for(
     broker: &Broker,
     queue: &Queue,
     timeout_ms: u64,
@@ -202,7 +226,7 @@ async fn send_stream(
         }
     });
     // The last destination's resolution, so a stream of batches to one queue parses it once.
-    let mut cached: Option<(String, Vec<Arc<Queue>>)> = None;
+    let mut cached: Option<(String, bool, Vec<Arc<Queue>>)> = None;
     loop {
         let batch = tokio::select! {
             b = inbound.message() => b,
@@ -218,17 +242,20 @@ async fn send_stream(
         };
         let n = batch.messages.len();
         let first_seq = batch.first_seq;
+        let tx = batch.transactional;
         let dests = match &cached {
-            Some((name, d)) if *name == batch.destination && d.iter().all(|q| !q.is_deleted()) => {
+            Some((name, t, d))
+                if *name == batch.destination && *t == tx && d.iter().all(|q| !q.is_deleted()) =>
+            {
                 Ok(d.clone())
             }
-            _ => broker.destinations(&batch.destination).inspect(|d| {
-                cached = Some((batch.destination.clone(), d.clone()));
+            _ => broker.destinations(&batch.destination, tx).inspect(|d| {
+                cached = Some((batch.destination.clone(), tx, d.clone()));
             }),
         };
         let ack: Pending = match dests {
             Ok(dests) => {
-                let stored = broker.send_batch(&dests, batch.messages);
+                let stored = broker.send_batch(&dests, batch.messages, tx);
                 Box::pin(async move {
                     let outcome = stored.await;
                     let mut ids = BytesMut::with_capacity(16 * n);
@@ -303,7 +330,7 @@ async fn consume(
                     match broker.body(&queue, &e) {
                         Ok(body) => messages.push(v1::Delivered {
                             tag: next_tag,
-                            message: Some(e.msg.to_wire(&dest, body)),
+                            message: Some(e.msg.to_wire(&dest, body, e.aborts)),
                         }),
                         Err(err) => failed = Some(err),
                     }
@@ -312,6 +339,14 @@ async fn consume(
                 }
                 if let Some(err) = failed {
                     break Some(err.into());
+                }
+                if queue.def().transactional {
+                    // Each message is its own committed single-message transaction before it is
+                    // handed out; one journal sync covers the whole delivery batch.
+                    let taken: Vec<Entry> = in_flight.drain(..).map(|(_, e)| e).collect();
+                    if let Err(e) = broker.remove_durably(&queue, taken).await {
+                        break Some(e.into());
+                    }
                 }
                 // Cut stream items by size too, so big bodies stay under the gRPC message limit.
                 let mut closed = false;
@@ -385,4 +420,104 @@ fn apply(
         broker.forget(queue, &done);
     }
     r.credit as u64
+}
+
+/// One transaction stream. Every way out of the loop but a successful commit aborts (the
+/// [`Transaction`] rolls back when dropped): abort, client gone, timeout, shutdown, error.
+async fn transact(
+    broker: Arc<Broker>,
+    mut inbound: Streaming<v1::TxRequest>,
+    out: mpsc::Sender<Result<v1::TxResponse, Status>>,
+) {
+    use v1::tx_request::Op as Req;
+    use v1::tx_response::Result as Res;
+    let timeout = broker.config().tx_timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut tx = Transaction::begin(broker.clone());
+    let timed_out = || {
+        Status::aborted(format!(
+            "the transaction was open longer than the broker's transaction timeout ({}s, mqd --tx-timeout-secs) and was aborted",
+            timeout.as_secs()
+        ))
+    };
+    loop {
+        let req = tokio::select! {
+            r = inbound.message() => r,
+            _ = tokio::time::sleep_until(deadline) => {
+                let _ = out.send(Err(timed_out())).await;
+                return;
+            }
+            _ = broker.shutting_down() => {
+                let _ = out.send(Err(BrokerError::ShuttingDown.into())).await;
+                return;
+            }
+        };
+        let op = match req {
+            Ok(Some(v1::TxRequest { op: Some(op) })) => op,
+            Ok(Some(_)) => {
+                let _ = out
+                    .send(Err(Status::invalid_argument(
+                        "a transaction request must carry an operation",
+                    )))
+                    .await;
+                return;
+            }
+            // The client went away: abort.
+            Ok(None) | Err(_) => return,
+        };
+        let reply = match op {
+            Req::Send(s) => {
+                tx.send(&s.destination, s.messages);
+                continue;
+            }
+            Req::Receive(r) => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let wait = Duration::from_millis(r.timeout_ms).min(left);
+                match tx.receive(&r.queue, wait).await {
+                    Ok(Some(m)) => Ok(Res::Received(m)),
+                    Ok(None) if tokio::time::Instant::now() >= deadline => Err(timed_out()),
+                    Ok(None) => Ok(Res::ReceiveTimeout(true)),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Req::Commit(_) => {
+                let r = tx.commit().await;
+                let reply = match r {
+                    Ok(c) => {
+                        let mut ids = BytesMut::with_capacity(16 * c.ids.len());
+                        for id in &c.ids {
+                            ids.put_slice(id.as_bytes());
+                        }
+                        Ok(v1::TxResponse {
+                            result: Some(Res::Committed(v1::TxCommitted {
+                                ids: ids.freeze(),
+                                received: c.received as u32,
+                            })),
+                        })
+                    }
+                    Err(e) => Err(Status::from(e)),
+                };
+                let _ = out.send(reply).await;
+                return;
+            }
+            Req::Abort(_) => {
+                tx.abort();
+                let _ = out
+                    .send(Ok(v1::TxResponse {
+                        result: Some(Res::Aborted(true)),
+                    }))
+                    .await;
+                return;
+            }
+        };
+        let failed = reply.is_err();
+        if out
+            .send(reply.map(|r| v1::TxResponse { result: Some(r) }))
+            .await
+            .is_err()
+            || failed
+        {
+            return;
+        }
+    }
 }

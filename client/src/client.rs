@@ -9,6 +9,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::error::{Error, Result};
 use crate::queue::Queue;
 use crate::sender::{Sender, SenderOptions};
+use crate::transaction::Transaction;
 
 /// The broker URL used when none is given.
 pub const DEFAULT_BROKER_URL: &str = "http://127.0.0.1:1801";
@@ -167,6 +168,11 @@ impl Client {
             })
             .await?;
         Ok(r.into_inner().purged)
+    }
+
+    /// Begins a transaction (see [`Transaction`]).
+    pub async fn begin(&self) -> Result<Transaction> {
+        Transaction::begin(self).await
     }
 
     /// A pipelining sender to `destination` (a queue or a multiple-element format name).

@@ -8,6 +8,7 @@
 //! - `client`: [`Client`]: connect, queue administration.
 //! - `queue`: [`Queue`]: send, receive, peek, purge one queue.
 //! - `sender`: [`Sender`]: pipelined sends with acknowledgements.
+//! - `transaction`: [`Transaction`]: atomic sends and receives across transactional queues.
 //! - `consumer`: [`Consumer`]: streaming receives with prefetch and acknowledgement.
 //! - `message`: [`Message`] (builder) and [`ReceivedMessage`].
 //! - [`formatter`]: typed bodies: binary (postcard), XML, JSON, raw, manual.
@@ -35,6 +36,7 @@ pub mod formatter;
 mod message;
 mod queue;
 mod sender;
+mod transaction;
 
 pub use client::{Client, QueueInfo, QueueOptions, DEFAULT_BROKER_URL};
 pub use consumer::{Consumer, ConsumerOptions};
@@ -43,3 +45,4 @@ pub use message::{Delivery, Message, MessageId, ReceivedMessage};
 pub use mq_proto::format_name;
 pub use queue::Queue;
 pub use sender::{Receipt, SendSummary, Sender, SenderOptions};
+pub use transaction::Transaction;

@@ -136,6 +136,8 @@ pub struct ReceivedMessage {
     pub response_queue: String,
     /// The format name of the queue it came from.
     pub destination: String,
+    /// Times a transaction that received this message was aborted.
+    pub abort_count: u32,
 }
 
 impl ReceivedMessage {
@@ -171,6 +173,7 @@ impl ReceivedMessage {
             arrived_time: UNIX_EPOCH + Duration::from_millis(m.arrived_time_ms),
             response_queue: m.response_queue,
             destination: m.destination,
+            abort_count: m.abort_count,
         })
     }
 }

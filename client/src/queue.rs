@@ -53,12 +53,28 @@ impl Queue {
         Ok(id)
     }
 
+    /// Sends one message as a single-message transaction (MSMQ's `MQ_SINGLE_MESSAGE`), for
+    /// transactional queues: returns once committed.
+    pub async fn send_tx(&self, message: Message) -> Result<MessageId> {
+        let options = SenderOptions {
+            transactional: true,
+            ..SenderOptions::default()
+        };
+        let sender = self.sender(options).await?;
+        let receipt = sender.send_with_receipt(message).await?;
+        let id = receipt.await?;
+        sender.close().await?;
+        Ok(id)
+    }
+
     /// A pipelining sender to this queue.
     pub async fn sender(&self, options: SenderOptions) -> Result<Sender> {
         Sender::open(self.client.clone(), self.name.clone(), options).await
     }
 
-    /// Receives (removes) one message, waiting up to `timeout`. `None` if none arrived.
+    /// Receives (removes) one message, waiting up to `timeout`. `None` if none arrived. On a
+    /// transactional queue this is a single-message transaction: the removal is on disk before
+    /// the message is returned.
     pub async fn receive(&self, timeout: Duration) -> Result<Option<ReceivedMessage>> {
         self.one(timeout, false).await
     }
@@ -122,5 +138,11 @@ impl Queue {
     pub async fn info(&self) -> Result<QueueInfo> {
         self.receivable()?;
         self.client.queue_info(&self.name).await
+    }
+}
+
+impl AsRef<str> for Queue {
+    fn as_ref(&self) -> &str {
+        &self.name
     }
 }

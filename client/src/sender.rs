@@ -31,6 +31,10 @@ pub struct SenderOptions {
     pub max_batch_messages: usize,
     /// A batch is cut once it holds this many body bytes.
     pub max_batch_bytes: usize,
+    /// Send each message as its own single-message transaction (MSMQ's `MQ_SINGLE_MESSAGE`):
+    /// required for transactional queues, refused by the others. Acknowledged once committed
+    /// (on disk); priority is ignored (0).
+    pub transactional: bool,
 }
 
 impl Default for SenderOptions {
@@ -40,6 +44,7 @@ impl Default for SenderOptions {
             window_bytes: 32 * 1024 * 1024,
             max_batch_messages: 512,
             max_batch_bytes: 1024 * 1024,
+            transactional: false,
         }
     }
 }
@@ -183,8 +188,6 @@ impl Sender {
                         Err(status) => break Error::from(status),
                     }
                 };
-                let acked = shared.acknowledged.load(Ordering::Acquire);
-                let end = annotate(end, acked);
                 // Fail everything still waiting.
                 let pending: Vec<_> = shared
                     .pending
@@ -308,13 +311,6 @@ impl Drop for Sender {
     }
 }
 
-fn annotate(e: Error, acked: u64) -> Error {
-    match e {
-        Error::Unavailable(m) => Error::Unavailable(format!("{m} (acknowledged {acked} so far)")),
-        other => other,
-    }
-}
-
 fn apply_ack(shared: &Shared, window: &Semaphore, ack: v1::SendAck) -> Result<()> {
     let batch = shared
         .pending
@@ -408,6 +404,7 @@ async fn batch_loop(
             first_seq,
             destination: destination.clone(),
             messages,
+            transactional: options.transactional,
         };
         if out.send(batch).await.is_err() {
             return;

@@ -37,6 +37,9 @@ struct Args {
     /// Size of each preallocated journal segment file, in bytes.
     #[arg(long, default_value_t = mq_broker::DEFAULT_JOURNAL_SEGMENT_BYTES)]
     journal_segment_bytes: u64,
+    /// A transaction open longer than this many seconds is aborted.
+    #[arg(long, default_value_t = 60)]
+    tx_timeout_secs: u64,
 }
 
 #[tokio::main]
@@ -57,6 +60,7 @@ async fn main() -> anyhow::Result<()> {
     config.express_quota_bytes = args.express_quota_bytes;
     config.storage_quota_bytes = args.storage_quota_bytes;
     config.journal_segment_bytes = args.journal_segment_bytes;
+    config.tx_timeout = std::time::Duration::from_secs(args.tx_timeout_secs.max(1));
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

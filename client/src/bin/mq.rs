@@ -111,6 +111,10 @@ struct SendArgs {
     /// Send N messages, pipelined.
     #[arg(long, default_value_t = 1)]
     count: u64,
+    /// Send in one transaction (all --count messages commit together, or none do); required for
+    /// transactional queues.
+    #[arg(long, conflicts_with = "recoverable")]
+    tx: bool,
 }
 
 #[derive(Debug, Args)]
@@ -126,6 +130,9 @@ struct ReceiveArgs {
     /// One JSON object per message instead of the bare body.
     #[arg(long)]
     json: bool,
+    /// Receive each message in its own transaction (transactional queues).
+    #[arg(long)]
+    tx: bool,
 }
 
 /// An error with its exit code.
@@ -312,6 +319,9 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
                 Delivery::Express
             })
     };
+    if a.tx {
+        return send_tx(client, &a, make).await;
+    }
     let sender = client
         .sender(&a.destination, SenderOptions::default())
         .await?;
@@ -366,6 +376,42 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `mq send --tx`: every message in one transaction.
+async fn send_tx(
+    client: &Client,
+    a: &SendArgs,
+    make: impl Fn(u64) -> Message,
+) -> Result<(), Failure> {
+    let started = Instant::now();
+    let mut tx = client.begin().await?;
+    for n in 1..=a.count {
+        tx.send(&a.destination, make(n))?;
+    }
+    let ids = tx.commit().await.map_err(|e| Failure {
+        code: 1,
+        message: format!(
+            "{e}; the transaction was not committed: acknowledged 0 of {}",
+            a.count
+        ),
+    })?;
+    if a.count == 1 {
+        if let Some(id) = ids.first() {
+            println!("{id}");
+        }
+        return Ok(());
+    }
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "committed {} messages to {} in one transaction in {:.3} s; acknowledged {} of {}",
+        a.count,
+        a.destination,
+        secs,
+        ids.len(),
+        a.count
+    );
+    Ok(())
+}
+
 fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
     if total < 10_000 || !std::io::stderr().is_terminal() {
         return None;
@@ -389,7 +435,25 @@ async fn receive(
     let queue = client.queue(&a.queue)?;
     let deadline = Instant::now() + a.timeout;
     let mut got = 0u64;
-    if peek {
+    if a.tx && !peek {
+        // Each receive its own transaction: receive, print, commit.
+        while got < a.count {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut tx = client.begin().await?;
+            match tx.receive(&a.queue, left).await? {
+                Some(m) => {
+                    print_message(out, &m, a.json)?;
+                    out.flush()?;
+                    tx.commit().await?;
+                    got += 1;
+                }
+                None => {
+                    tx.abort().await?;
+                    break;
+                }
+            }
+        }
+    } else if peek {
         let max = a.count.min(u32::MAX as u64) as u32;
         for m in queue.peek_many(max, a.timeout).await? {
             print_message(out, &m, a.json)?;
@@ -474,6 +538,7 @@ fn print_message(out: &mut impl Write, m: &ReceivedMessage, json: bool) -> std::
     );
     o.insert("response_queue".into(), m.response_queue.clone().into());
     o.insert("destination".into(), m.destination.clone().into());
+    o.insert("abort_count".into(), m.abort_count.into());
     serde_json::to_writer(&mut *out, &serde_json::Value::Object(o))?;
     out.write_all(b"\n")
 }

@@ -236,6 +236,7 @@ async fn raw_protocol_abuse_is_refused_and_harmless() {
 
     // Out-of-range fields fail their own message only.
     let batch = v1::SendBatch {
+        transactional: false,
         first_seq: 1,
         destination: KEEP.into(),
         messages: vec![
@@ -254,6 +255,7 @@ async fn raw_protocol_abuse_is_refused_and_harmless() {
         .send(futures::stream::iter(vec![
             batch,
             v1::SendBatch {
+                transactional: false,
                 first_seq: 4,
                 destination: "no such name".into(),
                 messages: vec![out("c")],

@@ -121,6 +121,7 @@ async fn recoverable_messages_survive_kill9() {
         .sender(
             Q,
             SenderOptions {
+                transactional: false,
                 window_messages: 64,
                 window_bytes: 0,
                 max_batch_messages: 16,

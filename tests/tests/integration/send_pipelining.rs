@@ -73,6 +73,7 @@ async fn small_windows_and_batches_still_deliver_everything_in_order() {
         .await
         .unwrap();
     let options = SenderOptions {
+        transactional: false,
         window_messages: 3,
         window_bytes: 0,
         max_batch_messages: 2,

@@ -1,0 +1,269 @@
+//! Transactions: sends and receives across transactional queues that commit as one journal
+//! record, or not at all.
+//!
+//! - A send is *staged*: checked and charged against the storage quota, invisible to receivers.
+//! - A receive takes a message from its queue and hides it (it is in flight to this transaction).
+//! - Commit assigns the staged messages their queue positions (under the broker's commit-order
+//!   lock), writes one atomic journal record with every send (`Put`) and every receive
+//!   (`Remove`), waits for `fdatasync`, then makes the sends visible and forgets the receives.
+//! - Abort (or dropping the transaction: client gone, timeout) releases the staged sends and
+//!   puts each received message back at its place in its queue, its abort count incremented.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use mq_proto::v1;
+
+use crate::broker::{force_transactional, journal_failed, Broker};
+use crate::error::BrokerError;
+use crate::journal::Op;
+use crate::message::{Delivery, StoredMessage};
+use crate::queue::{Entry, Queue};
+
+struct Staged {
+    queue: Arc<Queue>,
+    msg: Arc<StoredMessage>,
+}
+
+/// One open transaction. Dropping it without [`Transaction::commit`] aborts it.
+pub struct Transaction {
+    broker: Arc<Broker>,
+    sends: Vec<Staged>,
+    received: Vec<(Arc<Queue>, Entry)>,
+    /// The first send that could not be staged: the commit fails with it.
+    failed: Option<BrokerError>,
+    done: bool,
+}
+
+impl std::fmt::Debug for Transaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transaction")
+            .field("sends", &self.sends.len())
+            .field("received", &self.received.len())
+            .field("failed", &self.failed)
+            .finish()
+    }
+}
+
+/// What a commit stored.
+#[derive(Debug, Clone)]
+pub struct Committed {
+    /// Ids of the sent messages, in send order (one per message, shared by its copies).
+    pub ids: Vec<uuid::Uuid>,
+    /// Messages received (and now removed).
+    pub received: usize,
+}
+
+impl Transaction {
+    /// A new, empty transaction.
+    pub fn begin(broker: Arc<Broker>) -> Self {
+        Transaction {
+            broker,
+            sends: Vec::new(),
+            received: Vec::new(),
+            failed: None,
+            done: false,
+        }
+    }
+
+    /// Stages messages for `destination` (transactional queues only). A failure is remembered
+    /// and returned by [`Transaction::commit`], which then aborts: all or nothing.
+    pub fn send(&mut self, destination: &str, msgs: Vec<v1::OutMessage>) {
+        if let Err(e) = self.try_send(destination, msgs) {
+            if self.failed.is_none() {
+                self.failed = Some(e);
+            }
+        }
+    }
+
+    fn try_send(
+        &mut self,
+        destination: &str,
+        msgs: Vec<v1::OutMessage>,
+    ) -> Result<(), BrokerError> {
+        let dests = self.broker.destinations(destination, true)?;
+        for mut m in msgs {
+            force_transactional(&mut m);
+            let msg = Arc::new(StoredMessage::accept(
+                m,
+                uuid::Uuid::now_v7(),
+                self.broker.config(),
+            )?);
+            let charge = msg.charged_bytes();
+            for q in &dests {
+                self.broker.reserve(Delivery::Recoverable, charge)?;
+                self.sends.push(Staged {
+                    queue: q.clone(),
+                    msg: msg.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Receives one message from a transactional queue, waiting up to `timeout`; it stays hidden
+    /// from every other receiver until this transaction commits (then it is gone) or aborts
+    /// (then it is back at the head).
+    pub async fn receive(
+        &mut self,
+        queue: &str,
+        timeout: Duration,
+    ) -> Result<Option<v1::Message>, BrokerError> {
+        let q = self.broker.queue(queue)?;
+        if !q.def().transactional {
+            return Err(BrokerError::FailedPrecondition(format!(
+                "queue \"{}\" is not transactional; a transactional receive needs a transactional queue",
+                q.def().name
+            )));
+        }
+        let found =
+            crate::service::wait_for(&self.broker, &q, timeout.as_millis() as u64, |q| q.take(1))
+                .await?;
+        let Some(entry) = found.into_iter().next() else {
+            return Ok(None);
+        };
+        let body = match self.broker.body(&q, &entry) {
+            Ok(b) => b,
+            Err(e) => {
+                let gone = q.restore(vec![entry]);
+                self.broker.forget(&q, &gone);
+                return Err(e);
+            }
+        };
+        let wire = entry.msg.to_wire(&q.info().format_name, body, entry.aborts);
+        self.received.push((q, entry));
+        Ok(Some(wire))
+    }
+
+    /// Commits: returns once the commit record is on disk. On any failure the transaction is
+    /// aborted and the error returned.
+    pub async fn commit(mut self) -> Result<Committed, BrokerError> {
+        if let Some(e) = self.failed.take() {
+            return Err(e); // Drop aborts.
+        }
+        if self.sends.is_empty() && self.received.is_empty() {
+            self.done = true;
+            return Ok(Committed {
+                ids: Vec::new(),
+                received: 0,
+            });
+        }
+        let broker = self.broker.clone();
+        // Positions and the journal record, in commit order.
+        let (commit, placed) = {
+            let _order = broker.commit_order_lock();
+            let mut placed: Vec<(Arc<Queue>, Entry, u64)> = Vec::with_capacity(self.sends.len());
+            let mut ops = Vec::new();
+            let mut header_cache: Option<(uuid::Uuid, Bytes)> = None;
+            for s in &self.sends {
+                let seq = match s.queue.admit(std::slice::from_ref(&s.msg)) {
+                    Ok(mut r) => r.pop().expect("one result per message"),
+                    Err(e) => Err(e),
+                };
+                let seq = match seq {
+                    Ok(seq) => seq,
+                    Err(e) => {
+                        for (q, _, charge) in &placed {
+                            q.unadmit(*charge);
+                        }
+                        return Err(e); // Drop aborts and releases the reservations.
+                    }
+                };
+                let header = match &header_cache {
+                    Some((id, h)) if *id == s.msg.id => h.clone(),
+                    _ => {
+                        let h = s.msg.encode_header();
+                        header_cache = Some((s.msg.id, h.clone()));
+                        h
+                    }
+                };
+                ops.push(Op::Put {
+                    queue_id: s.queue.def().id,
+                    seq,
+                    header,
+                    body: s.msg.body.clone().unwrap_or_default(),
+                });
+                placed.push((
+                    s.queue.clone(),
+                    Entry::new(seq, Arc::new(s.msg.without_body())),
+                    s.msg.charged_bytes(),
+                ));
+            }
+            for (q, e) in &self.received {
+                ops.push(Op::Remove {
+                    queue_id: q.def().id,
+                    seqs: vec![e.seq],
+                });
+            }
+            (broker.journal().submit(ops), placed)
+        };
+        if let Err(e) = commit.await {
+            for (q, _, charge) in &placed {
+                q.unadmit(*charge);
+            }
+            return Err(journal_failed(e)); // Drop aborts.
+        }
+        self.done = true;
+        let mut ids: Vec<uuid::Uuid> = Vec::new();
+        for s in &self.sends {
+            if ids.last() != Some(&s.msg.id) {
+                ids.push(s.msg.id);
+            }
+        }
+        let mut by_queue: Vec<(Arc<Queue>, Vec<Entry>)> = Vec::new();
+        for (q, e, _) in placed {
+            match by_queue.iter_mut().find(|(bq, _)| Arc::ptr_eq(bq, &q)) {
+                Some((_, v)) => v.push(e),
+                None => by_queue.push((q, vec![e])),
+            }
+        }
+        for (q, entries) in by_queue {
+            q.insert(entries);
+        }
+        let received = std::mem::take(&mut self.received);
+        for (q, e) in &received {
+            q.complete(std::slice::from_ref(e));
+            broker.release(e.msg.delivery, e.msg.charged_bytes());
+        }
+        Ok(Committed {
+            ids,
+            received: received.len(),
+        })
+    }
+
+    /// Aborts: staged sends vanish, received messages go back to the head of their queues.
+    pub fn abort(mut self) {
+        self.rollback();
+    }
+
+    fn rollback(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        for s in self.sends.drain(..) {
+            self.broker
+                .release(Delivery::Recoverable, s.msg.charged_bytes());
+        }
+        // Back in their original order; each queue restores by seq.
+        let mut by_queue: Vec<(Arc<Queue>, Vec<Entry>)> = Vec::new();
+        for (q, mut e) in self.received.drain(..) {
+            e.aborts += 1;
+            match by_queue.iter_mut().find(|(bq, _)| Arc::ptr_eq(bq, &q)) {
+                Some((_, v)) => v.push(e),
+                None => by_queue.push((q, vec![e])),
+            }
+        }
+        for (q, entries) in by_queue {
+            let gone = q.restore(entries);
+            self.broker.forget(&q, &gone);
+        }
+    }
+}
+
+impl Drop for Transaction {
+    fn drop(&mut self) {
+        self.rollback();
+    }
+}
