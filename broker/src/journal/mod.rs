@@ -22,11 +22,11 @@
 //!
 //! The byte layout is in `broker/docs/journal-format.md`.
 //!
-//! ```ignore
-//! // `ignore`: the crate path changes when this module moves into the broker.
-//! use crate::journal::{Journal, JournalOptions, Op};
+//! ```
+//! use mq_broker::journal::{Journal, JournalOptions, Op};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let (journal, recovery) = Journal::open("data/journal".as_ref(), JournalOptions::default())?;
+//! let dir = tempfile::tempdir()?;
+//! let (journal, recovery) = Journal::open(dir.path(), JournalOptions::default())?;
 //! println!("recovered {} queues", recovery.queues.len());
 //! journal
 //!     .submit(vec![Op::Put { queue_id: 1, seq: 1, header: "h".into(), body: "b".into() }])
