@@ -86,10 +86,10 @@ impl MessageQueue for Service {
         &self,
         req: Request<Streaming<v1::SendBatch>>,
     ) -> Result<Response<Self::SendStream>, Status> {
-        let inbound = req.into_inner();
-        let (tx, rx) = mpsc::channel(SEND_ACK_WINDOW);
-        tokio::spawn(send_stream(self.broker.clone(), inbound, tx));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let (broker, inbound) = (self.broker.clone(), req.into_inner());
+        Ok(spawn_stream(SEND_ACK_WINDOW, |tx| {
+            send_stream(broker, inbound, tx)
+        }))
     }
 
     type ReceiveStream = BoxStream<v1::ReceiveBatch>;
@@ -103,15 +103,10 @@ impl MessageQueue for Service {
             Status::invalid_argument("a receive stream must start with a request naming the queue")
         })?;
         let queue = self.broker.queue(&first.queue)?;
-        let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(consume(
-            self.broker.clone(),
-            queue,
-            inbound,
-            first.credit as u64,
-            tx,
-        ));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let broker = self.broker.clone();
+        Ok(spawn_stream(4, |tx| {
+            consume(broker, queue, inbound, first.credit as u64, tx)
+        }))
     }
 
     async fn receive_one(
@@ -161,10 +156,8 @@ impl MessageQueue for Service {
         &self,
         req: Request<Streaming<v1::TxRequest>>,
     ) -> Result<Response<Self::TransactStream>, Status> {
-        let inbound = req.into_inner();
-        let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(transact(self.broker.clone(), inbound, tx));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let (broker, inbound) = (self.broker.clone(), req.into_inner());
+        Ok(spawn_stream(4, |tx| transact(broker, inbound, tx)))
     }
 
     async fn peek(
@@ -182,6 +175,18 @@ impl MessageQueue for Service {
         }
         Ok(Response::new(v1::PeekResponse { messages }))
     }
+}
+
+/// A response stream fed by a task that `run` starts with the stream's sender.
+fn spawn_stream<T, F, Fut>(capacity: usize, run: F) -> Response<BoxStream<T>>
+where
+    T: Send + 'static,
+    F: FnOnce(mpsc::Sender<Result<T, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(capacity);
+    tokio::spawn(run(tx));
+    Response::new(Box::pin(ReceiverStream::new(rx)))
 }
 
 /// Runs `attempt` until it finds something, the timeout passes, or the broker shuts down.
