@@ -345,14 +345,7 @@ async fn consume(
                 if let Some(err) = failed {
                     break Some(err.into());
                 }
-                if queue.def().transactional {
-                    // Each message is its own committed single-message transaction before it is
-                    // handed out; one journal sync covers the whole delivery batch.
-                    let taken: Vec<Entry> = in_flight.drain(..).map(|(_, e)| e).collect();
-                    if let Err(e) = broker.remove_durably(&queue, taken).await {
-                        break Some(e.into());
-                    }
-                }
+
                 // Cut stream items by size too, so big bodies stay under the gRPC message limit.
                 let mut closed = false;
                 let mut batch = Vec::with_capacity(messages.len());

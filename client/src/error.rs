@@ -30,6 +30,9 @@ pub enum Error {
     /// The broker is shutting down or the connection was lost.
     #[error("{0}")]
     Unavailable(String),
+    /// The transaction was aborted by the broker (timeout, shutdown) instead of committed.
+    #[error("{0}")]
+    Aborted(String),
     /// The broker failed internally, or answered something this client does not understand.
     #[error("{0}")]
     Internal(String),

@@ -51,9 +51,15 @@ impl Transaction {
         Ok(Transaction { out, inbound })
     }
 
-    fn request(&self, op: Op) -> Result<()> {
-        self.out.send(v1::TxRequest { op: Some(op) }).map_err(|_| {
-            Error::Unavailable("the transaction's stream to the broker is closed".into())
+    /// Sends a request. If the broker has already ended the stream (it aborted the transaction:
+    /// timeout, shutdown, an error), returns the broker's reason.
+    async fn request(&mut self, op: Op) -> Result<()> {
+        if self.out.send(v1::TxRequest { op: Some(op) }).is_ok() {
+            return Ok(());
+        }
+        Err(match self.next().await {
+            Err(e) => e,
+            Ok(r) => unexpected(r),
         })
     }
 
@@ -63,10 +69,13 @@ impl Transaction {
     pub fn send(&mut self, destination: impl AsRef<str>, message: Message) -> Result<()> {
         let destination = destination.as_ref();
         FormatName::parse(destination)?;
-        self.request(Op::Send(v1::TxSend {
+        let op = Op::Send(v1::TxSend {
             destination: destination.to_string(),
             messages: vec![message.into_wire()],
-        }))
+        });
+        // A failure here means the broker already ended the transaction; `commit` reports why.
+        let _ = self.out.send(v1::TxRequest { op: Some(op) });
+        Ok(())
     }
 
     /// Receives one message from a transactional queue, waiting up to `timeout`.
@@ -80,7 +89,8 @@ impl Transaction {
         self.request(Op::Receive(v1::TxReceive {
             queue: queue.to_string(),
             timeout_ms: timeout.as_millis() as u64,
-        }))?;
+        }))
+        .await?;
         match self.next().await? {
             Res::Received(m) => Ok(Some(ReceivedMessage::from_wire(m)?)),
             Res::ReceiveTimeout(_) => Ok(None),
@@ -91,7 +101,7 @@ impl Transaction {
     /// Commits; returns the ids of the messages sent, in send order, once the commit record is
     /// on disk.
     pub async fn commit(mut self) -> Result<Vec<MessageId>> {
-        self.request(Op::Commit(true))?;
+        self.request(Op::Commit(true)).await?;
         match self.next().await? {
             Res::Committed(c) => Ok(c
                 .ids
@@ -104,7 +114,7 @@ impl Transaction {
 
     /// Aborts: nothing sent in the transaction is stored; received messages go back.
     pub async fn abort(mut self) -> Result<()> {
-        self.request(Op::Abort(true))?;
+        self.request(Op::Abort(true)).await?;
         match self.next().await? {
             Res::Aborted(_) => Ok(()),
             other => Err(unexpected(other)),

@@ -4,20 +4,16 @@
 
 use std::io::Write;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use mq_client::Client;
 
-use crate::config::{Config, Mode};
+use crate::config::Config;
 use crate::embedded::EmbeddedBroker;
 use crate::machine::Machine;
 use crate::measurement::ComboResult;
 use crate::progress::Progress;
 use crate::report::{self, ReportContext};
 use crate::scenario;
-
-/// The error `mqperf TX ...` exits with.
-pub const TX_NOT_IMPLEMENTED: &str =
-    "TX: transactional queues and transactions are not implemented yet in this broker; run NOTX";
 
 /// Bytes the broker charges per message besides the body (label, headers), with margin.
 const PER_MESSAGE_OVERHEAD: u64 = 512;
@@ -29,9 +25,6 @@ pub async fn run(
     out: &mut (dyn Write + Send),
     err: &mut (dyn Write + Send),
 ) -> Result<Vec<ComboResult>> {
-    if config.mode == Mode::Tx {
-        bail!(TX_NOT_IMPLEMENTED);
-    }
     // An external broker's limit is not known to the client: assume the default.
     let max_body = mq_broker::DEFAULT_MAX_BODY_BYTES;
     let plan = scenario::plan(config, max_body)?;

@@ -20,14 +20,30 @@ Scenarios:
   SERVER and CLIENT must get the same --payload, --formatter, --count and --runs.
   SENDANDPURGE and SENDANDRECEIVE purge QUEUE first; CLIENT purges RESPONSE-QUEUE first.
 
+Modes:
+  NOTX  plain sends (--delivery express or recoverable) and receives; QUEUE (and
+        RESPONSE-QUEUE) must not be transactional
+  TX    every send and every receive its own single-message transaction (MSMQ's
+        MQ_SINGLE_MESSAGE): sends pipelined through a transactional sender, each acknowledged
+        once committed on disk; receives through a consumer, each delivery committed by the
+        broker; SERVER replies likewise. Queues are created transactional if missing and must be
+        transactional if they exist. --delivery is ignored (reported as \"transactional\").
+  A mode that does not match an existing queue is an error (exit 1).
+
+Concurrent senders (--clients N, SENDANDPURGE and SENDANDRECEIVE):
+  N clients, each with its own connection and sender, send count/N messages each at once; the
+  send rate is all N*count/N messages over the time from the common start to the last
+  acknowledgement. Receives stay on one consumer.
+
 Latency: send = send() to acknowledgement, sampled (every max(1, min(64, N/1000))th message);
   receive = next() plus decode; e2e = sender's clock before encoding to decoded.
 
 Exit codes: 0 success, 1 failure (broker unreachable or refusing, a message lost or
   different), 2 usage error.
 
-Example:
-  mqperf NOTX SENDANDRECEIVE '.\\private$\\perf' --payload empty,string:1000 --formatter raw";
+Examples:
+  mqperf NOTX SENDANDRECEIVE '.\\private$\\perf' --payload empty,string:1000 --formatter raw
+  mqperf TX SENDANDPURGE '.\\private$\\tx' --payload string:1000 --formatter raw --clients 8";
 
 /// mqperf: the System.Messaging white paper's MsmqPerfTest scenarios against an mq broker.
 #[derive(Debug, Parser)]
@@ -59,7 +75,8 @@ pub struct Cli {
     /// Comma list of binary, xml, json, raw, manual, all
     #[arg(long, value_name = "LIST", default_value = "binary", value_parser = parse_formatters)]
     pub formatter: FormatterList,
-    /// How the broker keeps messages
+    /// How the broker keeps messages (NOTX only; TX messages are always transactional, which
+    /// implies recoverable, and this option is ignored)
     #[arg(long, value_enum, ignore_case = true, default_value_t = DeliveryKind::Express)]
     pub delivery: DeliveryKind,
     /// Messages per run
@@ -74,6 +91,10 @@ pub struct Cli {
     /// Longest wait, in seconds, for a message or reply that should come
     #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout: u64,
+    /// SENDANDPURGE and SENDANDRECEIVE: send with N concurrent clients, each on its own
+    /// connection with its own pipelining sender, sharing --count (the e2e phase too)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub clients: u32,
 }
 
 /// A parsed `--payload` list (a newtype, so clap takes it as one value).
@@ -131,6 +152,15 @@ impl Cli {
             }
             _ => {}
         }
+        if self.clients > 1 && scenario.needs_response_queue() {
+            return Err(usage(
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "--clients applies to SENDANDPURGE and SENDANDRECEIVE only, not {}",
+                    scenario.name()
+                ),
+            ));
+        }
         Ok(Config {
             mode: self.mode,
             scenario,
@@ -144,6 +174,7 @@ impl Cli {
             runs: self.runs,
             json: self.json,
             timeout: Duration::from_secs(self.timeout),
+            clients: self.clients,
             progress: progress && !self.json,
             command,
         })

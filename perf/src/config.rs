@@ -11,7 +11,7 @@ pub enum Mode {
     /// Non-transactional sends and receives.
     #[value(name = "NOTX")]
     Notx,
-    /// Transactional queue, one transaction per message (not implemented by the broker yet).
+    /// Transactional queues; every send and every receive its own single-message transaction.
     #[value(name = "TX")]
     Tx,
 }
@@ -110,6 +110,9 @@ pub struct Config {
     pub json: bool,
     /// Longest wait for a message or a reply that should come.
     pub timeout: Duration,
+    /// Concurrent senders, each on its own connection, sharing `count` (SENDANDPURGE and
+    /// SENDANDRECEIVE; 1 elsewhere).
+    pub clients: u32,
     /// Draw a progress bar on stderr.
     pub progress: bool,
     /// The command line, for the banner.
@@ -117,8 +120,26 @@ pub struct Config {
 }
 
 impl Config {
+    /// What the report calls the delivery: `"transactional"` for TX (transactional messages are
+    /// always recoverable; `--delivery` does not apply), else `--delivery`.
+    pub fn delivery_name(&self) -> &'static str {
+        match self.mode {
+            Mode::Tx => "transactional",
+            Mode::Notx => self.delivery.name(),
+        }
+    }
+
+    /// The client's delivery mode for sends (recoverable for TX, as the broker forces it).
+    pub fn send_delivery(&self) -> mq_client::Delivery {
+        match self.mode {
+            Mode::Tx => mq_client::Delivery::Recoverable,
+            Mode::Notx => self.delivery.to_client(),
+        }
+    }
+
     /// A configuration with the command line's defaults (10 000 messages, 5 runs,
-    /// `string:1000` with the binary formatter, express, embedded broker, 60 s timeout).
+    /// `string:1000` with the binary formatter, express, embedded broker, 60 s timeout, one
+    /// sending client).
     pub fn new(mode: Mode, scenario: Scenario, queue: impl Into<String>) -> Config {
         Config {
             mode,
@@ -133,6 +154,7 @@ impl Config {
             runs: 5,
             json: false,
             timeout: Duration::from_secs(60),
+            clients: 1,
             progress: false,
             command: String::new(),
         }

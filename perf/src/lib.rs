@@ -42,7 +42,7 @@ mod report;
 mod scenario;
 mod stats;
 
-pub use benchmark::{run, TX_NOT_IMPLEMENTED};
+pub use benchmark::run;
 pub use cli::{Cli, FormatterList, PayloadList};
 pub use config::{Config, DeliveryKind, Mode, Scenario};
 pub use embedded::EmbeddedBroker;

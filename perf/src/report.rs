@@ -10,7 +10,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use crate::config::Config;
+use crate::config::{Config, Mode};
 use crate::machine::Machine;
 use crate::measurement::{ComboResult, Outcome};
 use crate::payload::PayloadKind;
@@ -34,6 +34,8 @@ pub struct Row {
     pub mode: &'static str,
     pub scenario: &'static str,
     pub delivery: &'static str,
+    /// Concurrent sending clients.
+    pub clients: u32,
     pub payload: String,
     pub formatter: &'static str,
     pub body_bytes: Option<usize>,
@@ -73,7 +75,8 @@ pub fn rows(ctx: &ReportContext, r: &ComboResult) -> Vec<Row> {
         op: op.name(),
         mode: c.mode.name(),
         scenario: c.scenario.name(),
-        delivery: c.delivery.name(),
+        delivery: c.delivery_name(),
+        clients: c.clients,
         payload: r.payload.clone(),
         formatter: r.formatter,
         body_bytes: r.body_bytes,
@@ -158,7 +161,19 @@ pub fn write_banner(w: &mut dyn Write, ctx: &ReportContext) -> io::Result<()> {
     if let Some(r) = &c.response_queue {
         line("response", r.clone())?;
     }
-    line("delivery", c.delivery.name().to_string())?;
+    line(
+        "delivery",
+        match c.mode {
+            Mode::Tx => "transactional (every send and receive its own transaction)".to_string(),
+            Mode::Notx => c.delivery.name().to_string(),
+        },
+    )?;
+    if c.clients > 1 {
+        line(
+            "clients",
+            format!("{} concurrent senders, one connection each", c.clients),
+        )?;
+    }
     line(
         "payloads",
         names(c.payloads.iter().map(PayloadKind::name).collect()),

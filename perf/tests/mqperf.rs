@@ -4,8 +4,10 @@
 //!
 //! Index:
 //! - scenarios, in-process: `send_and_purge`, `send_and_receive`, `server_and_client_pair`,
-//!   `skipped_combinations_are_reported`.
-//! - the binary: `usage_errors_exit_2_naming_the_choices`, `tx_is_refused_with_one_line`,
+//!   `skipped_combinations_are_reported`; TX: `tx_send_and_receive`, `tx_send_and_purge`,
+//!   `tx_concurrent_clients_share_the_count`, `tx_server_and_client_pair`.
+//! - the binary: `usage_errors_exit_2_naming_the_choices`,
+//!   `mode_must_match_an_existing_queue_one_line`,
 //!   `unreachable_broker_is_one_line`, `json_lines_carry_the_required_keys`,
 //!   `table_starts_with_the_banner`, `recoverable_runs_or_reports_the_brokers_error`.
 
@@ -166,6 +168,86 @@ async fn skipped_combinations_are_reported() {
     assert_eq!(row["op"], "send");
 }
 
+/// TX against a broker of our own: the queue is created transactional, and every message is
+/// committed on the way in and on the way out (none left, none in flight).
+async fn run_tx(
+    scenario: Scenario,
+    payloads: &str,
+    formatters: &str,
+    clients: u32,
+) -> Vec<ComboResult> {
+    let broker = EmbeddedBroker::start(0).await.unwrap();
+    let mut c = config(scenario, payloads, formatters);
+    c.mode = Mode::Tx;
+    c.queue = r".\private$\tx".to_string();
+    c.clients = clients;
+    c.json = true;
+    c.broker = Some(broker.url().to_string());
+    let (results, out) = run(&c).await;
+    for line in out.lines() {
+        let row: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(row["mode"], "TX", "{row}");
+        assert_eq!(row["delivery"], "transactional", "{row}");
+        assert_eq!(row["clients"], clients, "{row}");
+    }
+    let client = mq_client::Client::connect(broker.url()).await.unwrap();
+    let info = client.queue_info(&c.queue).await.unwrap();
+    assert!(info.transactional);
+    assert_eq!((info.messages, info.in_flight), (0, 0));
+    broker.stop().await.unwrap();
+    results
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tx_send_and_receive() {
+    let results = run_tx(
+        Scenario::SendAndReceive,
+        "empty,string:1000,order",
+        "raw,binary,manual",
+        1,
+    )
+    .await;
+    assert_eq!(results.len(), 9);
+    // raw cannot carry an order.
+    assert_eq!(measured(&results).len(), 8, "{:?}", measured(&results));
+    check_sane(&results, &[Op::Send, Op::Receive, Op::E2e]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tx_send_and_purge() {
+    let results = run_tx(Scenario::SendAndPurge, "int,string:1000", "json,raw", 1).await;
+    assert_eq!(measured(&results).len(), 4);
+    check_sane(&results, &[Op::Send]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tx_concurrent_clients_share_the_count() {
+    // 200 over 3 clients: 67 + 67 + 66, every message decoded equal by the one receiver.
+    let results = run_tx(Scenario::SendAndReceive, "string:1000", "xml", 3).await;
+    assert_eq!(measured(&results).len(), 1);
+    check_sane(&results, &[Op::Send, Op::Receive, Op::E2e]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tx_server_and_client_pair() {
+    let broker = EmbeddedBroker::start(0).await.unwrap();
+    let mut c = config(Scenario::Server, "order,int", "binary,raw");
+    c.mode = Mode::Tx;
+    c.queue = r".\private$\txs".to_string();
+    c.broker = Some(broker.url().to_string());
+    c.response_queue = Some(r".\private$\txs_reply".to_string());
+    let server_config = c.clone();
+    let server = tokio::spawn(async move { run(&server_config).await.0 });
+    c.scenario = Scenario::Client;
+    let client = tokio::spawn(async move { run(&c).await.0 });
+    let (server, client) = (server.await.unwrap(), client.await.unwrap());
+    assert_eq!(measured(&server), measured(&client));
+    assert_eq!(measured(&server).len(), 3, "order/raw is skipped by both");
+    check_sane(&server, &[Op::Receive]);
+    check_sane(&client, &[Op::Send, Op::E2e]);
+    broker.stop().await.unwrap();
+}
+
 // ---------------------------------------------------------------------------------------------
 // The binary
 
@@ -200,6 +282,11 @@ fn usage_errors_exit_2_naming_the_choices() {
         ),
         (vec!["NOTX", "SERVER", q], "RESPONSE-QUEUE"),
         (vec!["NOTX", "CLIENT", q], "RESPONSE-QUEUE"),
+        (
+            vec!["TX", "CLIENT", q, r".\private$\r", "--clients", "2"],
+            "--clients",
+        ),
+        (vec!["TX", "SENDANDPURGE", q, "--clients", "0"], "clients"),
         (vec!["NOTX", "SENDANDPURGE", q, "--count", "0"], "count"),
         (vec!["NOTX", "SENDANDPURGE", "no such name"], "no such name"),
         (vec!["NOTX"], "Usage"),
@@ -211,14 +298,78 @@ fn usage_errors_exit_2_naming_the_choices() {
     }
 }
 
-#[test]
-fn tx_is_refused_with_one_line() {
-    let o = mqperf(&["tx", "sendandreceive", r".\private$\perf", "--count", "10"]);
-    assert_eq!(o.status.code(), Some(1));
-    let e = stderr(&o);
-    assert_eq!(e.lines().count(), 1, "{e}");
-    assert!(e.contains("not implemented yet"), "{e}");
-    assert!(o.stdout.is_empty());
+/// Runs the binary against `url` (a broker in this test's runtime) without blocking it.
+async fn mqperf_at(url: &str, args: &[&str]) -> Output {
+    let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    args.extend(["--broker".to_string(), url.to_string()]);
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        mqperf(&args)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_must_match_an_existing_queue_one_line() {
+    let broker = EmbeddedBroker::start(0).await.unwrap();
+    let client = mq_client::Client::connect(broker.url()).await.unwrap();
+    let plain = r".\private$\plain";
+    let tx = r".\private$\txq";
+    client
+        .create_queue(plain, mq_client::QueueOptions::default())
+        .await
+        .unwrap();
+    let options = mq_client::QueueOptions {
+        transactional: true,
+        ..Default::default()
+    };
+    client.create_queue(tx, options).await.unwrap();
+    for (mode, queue, needle) in [
+        ("TX", plain, "TX needs a transactional queue"),
+        ("NOTX", tx, "NOTX needs a non-transactional queue"),
+    ] {
+        let o = mqperf_at(
+            broker.url(),
+            &[mode, "SENDANDPURGE", queue, "--count", "10"],
+        )
+        .await;
+        assert_eq!(o.status.code(), Some(1), "{mode}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(e.starts_with("mqperf: error:"), "{e}");
+        assert!(e.contains(needle) && e.contains(queue), "{e}");
+        // Refused before anything was sent.
+        assert_eq!(client.queue_info(queue).await.unwrap().messages, 0);
+    }
+    // The matching mode runs (TX on the transactional queue), with the JSON naming it.
+    let o = mqperf_at(
+        broker.url(),
+        &[
+            "TX",
+            "SENDANDPURGE",
+            tx,
+            "--payload",
+            "int",
+            "--formatter",
+            "raw",
+            "--count",
+            "10",
+            "--runs",
+            "1",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let row: serde_json::Value =
+        serde_json::from_str(String::from_utf8(o.stdout).unwrap().trim()).unwrap();
+    assert_eq!(
+        (&row["mode"], &row["delivery"]),
+        (&"TX".into(), &"transactional".into())
+    );
+    assert_eq!(row["messages"], 10);
+    broker.stop().await.unwrap();
 }
 
 #[test]

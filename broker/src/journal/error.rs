@@ -28,7 +28,7 @@ pub enum JournalError {
     /// The disk is full: a new segment could not be preallocated or a write hit ENOSPC.
     #[error(
         "journal disk is full: could not {action} {path} ({bytes} bytes): {source}; free disk \
-         space (or lower segment_size) and restart the broker; nothing unacknowledged was kept"
+         space (or lower segment_size) and restart the broker; everything acknowledged is kept"
     )]
     NoSpace {
         /// "preallocate" or "write".

@@ -199,41 +199,56 @@ impl Writer {
             rec_ops.push((i, ranges));
         }
 
-        let result = if recs.is_empty() {
-            Ok(Vec::new())
+        let (locs, failure) = if recs.is_empty() {
+            (Vec::new(), None)
         } else {
-            self.write_records(&buf, &recs)
+            match self.write_records(&buf, &recs) {
+                Ok(locs) => (locs, None),
+                // `durable` holds the records synced before the failure (a batch that crossed
+                // a segment boundary): they are on disk and are acknowledged as such.
+                Err((e, durable)) => (durable, Some(e)),
+            }
         };
-        match result {
-            Ok(locs) => {
-                {
-                    let mut idx = self.shared.index.write().unwrap();
-                    for ((i, ranges), (rec, &(seg, file_off))) in
-                        rec_ops.iter().zip(recs.iter().zip(locs.iter()))
-                    {
-                        for (op, r) in batch[*i].0.iter().zip(ranges) {
-                            let loc = Loc {
-                                seg,
-                                off: file_off + (r.start - rec.start) as u64,
-                                len: r.len() as u32,
-                            };
-                            idx.apply(op, loc, false);
-                        }
-                    }
+        {
+            let mut idx = self.shared.index.write().unwrap();
+            for ((i, ranges), (rec, &(seg, file_off))) in
+                rec_ops.iter().zip(recs.iter().zip(locs.iter()))
+            {
+                for (op, r) in batch[*i].0.iter().zip(ranges) {
+                    let loc = Loc {
+                        seg,
+                        off: file_off + (r.start - rec.start) as u64,
+                        len: r.len() as u32,
+                    };
+                    idx.apply(op, loc, false);
                 }
-                let c = &self.shared.counters;
-                c.records.fetch_add(recs.len() as u64, Ordering::Relaxed);
-                c.batches.fetch_add(1, Ordering::Relaxed);
-                c.bytes_written
-                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
+            }
+        }
+        let c = &self.shared.counters;
+        c.records.fetch_add(locs.len() as u64, Ordering::Relaxed);
+        c.batches.fetch_add(1, Ordering::Relaxed);
+        let written = recs
+            .get(..locs.len())
+            .and_then(|r| r.last())
+            .map_or(0, |r| r.end);
+        c.bytes_written.fetch_add(written as u64, Ordering::Relaxed);
+        match failure {
+            None => {
                 for (_, done) in batch {
                     let _ = done.send(Ok(()));
                 }
             }
-            Err(e) => {
+            Some(e) => {
                 self.poison(&e);
-                for (_, done) in batch {
-                    let _ = done.send(Err(e.clone()));
+                // Records are in batch order; the first `locs.len()` non-empty submissions are
+                // durable. Empty ones (barriers) before them are complete too.
+                let durable_upto = rec_ops.get(locs.len()).map_or(batch.len(), |(i, _)| *i);
+                for (i, (_, done)) in batch.into_iter().enumerate() {
+                    let _ = done.send(if i < durable_upto {
+                        Ok(())
+                    } else {
+                        Err(e.clone())
+                    });
                 }
             }
         }
@@ -248,12 +263,27 @@ impl Writer {
     /// each record's (segment, file offset). Usually one write and one sync; a batch that
     /// crosses a segment boundary syncs the full segment before the next one is created, so
     /// that only the last segment can ever have a torn tail.
+    /// On failure, returns the error and the locations of the records already synced (a
+    /// prefix of `recs`).
+    #[allow(clippy::type_complexity)]
     fn write_records(
         &mut self,
         buf: &[u8],
         recs: &[Range<usize>],
-    ) -> Result<Vec<(u64, u64)>, JournalError> {
-        let mut locs = Vec::with_capacity(recs.len());
+    ) -> Result<Vec<(u64, u64)>, (JournalError, Vec<(u64, u64)>)> {
+        let mut locs: Vec<(u64, u64)> = Vec::with_capacity(recs.len());
+        let mut durable = 0usize;
+        macro_rules! attempt {
+            ($e:expr) => {
+                match $e {
+                    Ok(v) => v,
+                    Err(err) => {
+                        locs.truncate(durable);
+                        return Err((err, locs));
+                    }
+                }
+            };
+        }
         let mut chunk: Option<(usize, u64)> = None; // (start in buf, file offset)
         let mut chunk_end = 0usize;
         let mut dirty = false;
@@ -261,14 +291,15 @@ impl Writer {
             let len = r.len() as u64;
             if self.active.pos + len > self.active.cap {
                 if let Some((s, off)) = chunk.take() {
-                    self.write_chunk(&buf[s..chunk_end], off)?;
+                    attempt!(self.write_chunk(&buf[s..chunk_end], off));
                     dirty = true;
                 }
                 if dirty {
-                    self.sync_active()?;
+                    attempt!(self.sync_active());
                     dirty = false;
+                    durable = locs.len();
                 }
-                self.roll(len)?;
+                attempt!(self.roll(len));
             }
             if chunk.is_none() {
                 chunk = Some((r.start, self.active.pos));
@@ -278,11 +309,11 @@ impl Writer {
             self.active.pos += len;
         }
         if let Some((s, off)) = chunk {
-            self.write_chunk(&buf[s..chunk_end], off)?;
+            attempt!(self.write_chunk(&buf[s..chunk_end], off));
             dirty = true;
         }
         if dirty {
-            self.sync_active()?;
+            attempt!(self.sync_active());
         }
         let mut idx = self.shared.index.write().unwrap();
         if let Some(m) = idx.segs.get_mut(&self.active.seg) {
@@ -426,7 +457,7 @@ impl Writer {
             encode_frame(&mut buf, |out| mark.encode(out));
             let r = self.write_records(&buf, std::slice::from_ref(&(0..buf.len())));
             self.buf = buf;
-            r?;
+            r.map_err(|(e, _)| e)?;
             {
                 let mut idx = self.shared.index.write().unwrap();
                 idx.segs.remove(&seg);
@@ -488,7 +519,7 @@ impl Writer {
         encode_frame(&mut buf, |out| out.extend_from_slice(&payload));
         let r = self.write_records(&buf, std::slice::from_ref(&(0..buf.len())));
         self.buf = buf;
-        let (new_seg, rec_off) = r?[0];
+        let (new_seg, rec_off) = r.map_err(|(e, _)| e)?[0];
         let payload_off = rec_off + super::record::FRAME_HEADER as u64;
         {
             let mut idx = self.shared.index.write().unwrap();

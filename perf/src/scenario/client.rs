@@ -8,7 +8,6 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use mq_client::Queue;
 
-use super::phase::SendJob;
 use super::protocol::{message_label, reply_label};
 use super::{Combo, Ctx};
 use crate::measurement::{Op, OpResult};
@@ -26,16 +25,10 @@ pub(crate) async fn measure(
         ctx.progress
             .set_message(format!("{} send, run {run}", combo.name()));
         let start = Instant::now();
-        let s = SendJob {
-            queue: ctx.queue.clone(),
-            combo: combo.clone(),
-            count,
-            delivery: ctx.config.delivery.to_client(),
-            label: Some(message_label(combo, run)),
-            progress: ctx.progress.clone(),
-        }
-        .run()
-        .await?;
+        let s = ctx
+            .send_job(combo, Some(message_label(combo, run)), 1)
+            .run()
+            .await?;
         send.add_run(s.acknowledged, s.elapsed, &s.latency);
 
         ctx.progress.set_message(format!(
@@ -49,9 +42,10 @@ pub(crate) async fn measure(
         let elapsed = start.elapsed();
         let Some(reply) = reply else {
             bail!(
-                "no reply from the SERVER on {} within {:?} after sending run {run}; is `mqperf NOTX SERVER {} {}` running against the same broker with the same --payload, --formatter, --count and --runs?",
+                "no reply from the SERVER on {} within {:?} after sending run {run}; is `mqperf {} SERVER {} {}` running against the same broker with the same --payload, --formatter, --count and --runs?",
                 response.name(),
                 ctx.config.timeout,
+                ctx.config.mode.name(),
                 ctx.queue.name(),
                 response.name()
             );

@@ -15,7 +15,7 @@ mod server;
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use mq_client::{Client, Queue, QueueOptions};
 
 use crate::config::{Config, Mode, Scenario};
@@ -133,8 +133,33 @@ pub fn progress_per_run(config: &Config) -> u64 {
 #[derive(Debug, Clone)]
 pub(crate) struct Ctx {
     pub config: Config,
+    /// The broker's URL (extra senders connect there).
+    pub url: String,
     pub queue: Queue,
     pub progress: Progress,
+}
+
+impl Ctx {
+    /// A [`phase::SendJob`] of `count` messages of `combo` to the queue, as the mode says
+    /// (transactional for TX), with `clients` concurrent senders.
+    pub fn send_job(
+        &self,
+        combo: &Arc<Combo>,
+        label: Option<String>,
+        clients: u32,
+    ) -> phase::SendJob {
+        phase::SendJob {
+            queue: self.queue.clone(),
+            combo: combo.clone(),
+            count: self.config.count,
+            delivery: self.config.send_delivery(),
+            transactional: self.config.mode == Mode::Tx,
+            clients,
+            url: self.url.clone(),
+            label,
+            progress: self.progress.clone(),
+        }
+    }
 }
 
 /// Runs the plan against a connected broker, calling `on_result` as each combination finishes.
@@ -175,6 +200,7 @@ pub async fn run(
     }
     let ctx = Ctx {
         config: config.clone(),
+        url: client.url().to_string(),
         queue,
         progress: progress.clone(),
     };
@@ -226,16 +252,32 @@ pub async fn run(
     Ok(results)
 }
 
-/// Creates the queue unless it exists (transactional for TX).
+/// Creates the queue unless it exists (transactional for TX); an existing queue must match the
+/// mode (transactional for TX, not for NOTX).
 async fn ensure_queue(client: &Client, name: &str, mode: Mode) -> Result<()> {
+    let transactional = mode == Mode::Tx;
     let options = QueueOptions {
-        transactional: mode == Mode::Tx,
+        transactional,
         label: "mqperf".to_string(),
         ..QueueOptions::default()
     };
     match client.create_queue(name, options).await {
-        Ok(_) | Err(mq_client::Error::AlreadyExists(_)) => Ok(()),
-        Err(e) => Err(e).with_context(|| format!("cannot create queue {name}")),
+        Ok(_) => return Ok(()),
+        Err(mq_client::Error::AlreadyExists(_)) => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot create queue {name}")),
+    }
+    let info = client
+        .queue_info(name)
+        .await
+        .with_context(|| format!("cannot read queue {name}"))?;
+    match (mode, info.transactional) {
+        (Mode::Tx, false) => bail!(
+            "TX needs a transactional queue, but {name} exists and is not transactional (a queue cannot change; use another queue name, or run NOTX)"
+        ),
+        (Mode::Notx, true) => bail!(
+            "NOTX needs a non-transactional queue, but {name} exists and is transactional (a queue cannot change; use another queue name, or run TX)"
+        ),
+        _ => Ok(()),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The timed building blocks every scenario is made of: [`SendJob`] (N pipelined sends through
-//! one sender, timed until the last acknowledgement) and [`ReceiveJob`] (N receives through one
+//! one sender, or through several on their own connections, timed until the last
+//! acknowledgement; TX: each a single-message transaction, acknowledged once committed) and [`ReceiveJob`] (N receives through one
 //! consumer, each body decoded and compared with the payload that was sent).
 //!
 //! Latency, per message:
@@ -18,7 +19,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use mq_client::formatter::BodyType;
 use mq_client::{
-    ConsumerOptions, Delivery, Message, Queue, Receipt, ReceivedMessage, SenderOptions,
+    Client, ConsumerOptions, Delivery, Message, Queue, Receipt, ReceivedMessage, Sender,
+    SenderOptions,
 };
 use tokio::sync::mpsc;
 
@@ -54,13 +56,20 @@ pub(crate) fn unix_ns() -> i64 {
         .unwrap_or(0)
 }
 
-/// Send `count` messages of a combination through one pipelining sender.
+/// Send `count` messages of a combination through one pipelining sender, or through `clients`
+/// senders at once, each on its own connection, sharing the count.
 #[derive(Debug)]
 pub(crate) struct SendJob {
     pub queue: Queue,
     pub combo: Arc<Combo>,
     pub count: u64,
     pub delivery: Delivery,
+    /// Each message its own single-message transaction (TX; the queue is transactional).
+    pub transactional: bool,
+    /// Concurrent senders (1: through `queue`'s connection).
+    pub clients: u32,
+    /// The broker's URL, where each of several clients connects.
+    pub url: String,
     /// A label for every message (the CLIENT's run tag).
     pub label: Option<String>,
     pub progress: Progress,
@@ -69,27 +78,108 @@ pub(crate) struct SendJob {
 /// What a [`SendJob`] measured.
 #[derive(Debug)]
 pub(crate) struct Sent {
-    /// From the first `send()` to the last acknowledgement (the sender is opened before).
+    /// From the first `send()` to the last acknowledgement (the senders are opened before).
     pub elapsed: Duration,
     pub acknowledged: u64,
     /// `send()` to acknowledgement, sampled.
     pub latency: Latency,
 }
 
+/// What one sender of a [`SendJob`] did.
+struct Part {
+    /// When its last message was acknowledged.
+    finished: Instant,
+    acknowledged: u64,
+    latency: Latency,
+}
+
 impl SendJob {
+    fn what(&self) -> String {
+        format!("sending {} to {}", self.combo.name(), self.queue.name())
+    }
+
+    async fn open(&self, queue: &Queue) -> Result<Sender> {
+        let options = SenderOptions {
+            transactional: self.transactional,
+            ..SenderOptions::default()
+        };
+        queue.sender(options).await.with_context(|| self.what())
+    }
+
     pub async fn run(self) -> Result<Sent> {
-        let what = format!("sending {} to {}", self.combo.name(), self.queue.name());
-        let mut sender = self
-            .queue
-            .sender(SenderOptions::default())
-            .await
-            .with_context(|| what.clone())?;
+        let job = Arc::new(self);
+        let parts = if job.clients <= 1 {
+            let sender = job.open(&job.queue).await?;
+            let start = Instant::now();
+            let part = job.drive(sender, job.count).await?;
+            vec![(start, part)]
+        } else {
+            // Every client connects and opens its sender first; then all start at once.
+            let n = u64::from(job.clients);
+            let gate = Arc::new(tokio::sync::Barrier::new(job.clients as usize + 1));
+            let mut tasks = Vec::new();
+            for k in 0..n {
+                let share = job.count / n + u64::from(k < job.count % n);
+                let (job, gate) = (job.clone(), gate.clone());
+                tasks.push(tokio::spawn(async move {
+                    let opened = async {
+                        let client = Client::connect(job.url.clone())
+                            .await
+                            .with_context(|| job.what())?;
+                        let queue = client.queue(job.queue.name())?;
+                        job.open(&queue).await
+                    }
+                    .await;
+                    // Pass the gate even on failure, so the others are not left waiting.
+                    gate.wait().await;
+                    let start = Instant::now();
+                    job.drive(opened?, share)
+                        .await
+                        .map(|p| (start, p))
+                        .with_context(|| format!("sender {} of {n}", k + 1))
+                }));
+            }
+            gate.wait().await;
+            let mut parts = Vec::new();
+            for t in tasks {
+                parts.push(t.await.context("a sender task panicked")??);
+            }
+            parts
+        };
+        let start = parts
+            .iter()
+            .map(|(s, _)| *s)
+            .min()
+            .expect("one sender at least");
+        let finished = parts.iter().map(|(_, p)| p.finished).max().expect("one");
+        let mut latency = Latency::new();
+        let mut acknowledged = 0;
+        for (_, p) in &parts {
+            latency.merge(&p.latency);
+            acknowledged += p.acknowledged;
+        }
+        if acknowledged != job.count {
+            bail!(
+                "{}: the broker acknowledged {acknowledged} of {} messages",
+                job.what(),
+                job.count
+            );
+        }
+        Ok(Sent {
+            elapsed: finished.saturating_duration_since(start),
+            acknowledged,
+            latency,
+        })
+    }
+
+    /// Sends `count` messages through `sender`, timed until the last acknowledgement.
+    async fn drive(&self, mut sender: Sender, count: u64) -> Result<Part> {
+        let what = self.what();
         let every = sample_every(self.count);
         let (tx, rx) = mpsc::unbounded_channel::<(Instant, Receipt)>();
         let collector = tokio::spawn(collect_receipts(rx));
         let combo = &self.combo;
-        let start = Instant::now();
-        for i in 0..self.count {
+        for i in 0..count {
             let stamp = unix_ns();
             let (body, body_type) = crate::payload::encode(&combo.payload, combo.formatter)
                 .with_context(|| what.clone())?;
@@ -100,7 +190,7 @@ impl SendJob {
             if let Some(l) = &self.label {
                 m = m.label(l.clone());
             }
-            if i % every == 0 || i + 1 == self.count {
+            if i % every == 0 || i + 1 == count {
                 let t = Instant::now();
                 let receipt = sender
                     .send_with_receipt(m)
@@ -115,20 +205,19 @@ impl SendJob {
             }
         }
         let summary = sender.flush().await.with_context(|| what.clone())?;
-        let elapsed = start.elapsed();
-        self.progress.inc(self.count % PROGRESS_STEP);
+        let finished = Instant::now();
+        self.progress.inc(count % PROGRESS_STEP);
         drop(tx);
         sender.close().await.with_context(|| what.clone())?;
         let latency = collector.await.context("the receipt collector panicked")?;
-        if summary.acknowledged != self.count {
+        if summary.acknowledged != count {
             bail!(
-                "{what}: the broker acknowledged {} of {} messages",
-                summary.acknowledged,
-                self.count
+                "{what}: the broker acknowledged {} of {count} messages",
+                summary.acknowledged
             );
         }
-        Ok(Sent {
-            elapsed,
+        Ok(Part {
+            finished,
             acknowledged: summary.acknowledged,
             latency,
         })

@@ -1,11 +1,11 @@
-//! SENDANDPURGE: per run, send N messages fire-and-forget through one sender, timed until the
-//! last acknowledgement; then purge the queue (not timed).
+//! SENDANDPURGE: per run, send N messages fire-and-forget through one sender (or `--clients`
+//! senders sharing N), timed until the last acknowledgement; then purge the queue (not timed).
+//! TX: every message its own single-message transaction.
 
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
-use super::phase::SendJob;
 use super::{Combo, Ctx};
 use crate::measurement::{Op, OpResult};
 
@@ -14,16 +14,7 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
     for run in 1..=ctx.config.runs {
         ctx.progress
             .set_message(format!("{} send, run {run}", combo.name()));
-        let s = SendJob {
-            queue: ctx.queue.clone(),
-            combo: combo.clone(),
-            count: ctx.config.count,
-            delivery: ctx.config.delivery.to_client(),
-            label: None,
-            progress: ctx.progress.clone(),
-        }
-        .run()
-        .await?;
+        let s = ctx.send_job(combo, None, ctx.config.clients).run().await?;
         send.add_run(s.acknowledged, s.elapsed, &s.latency);
         ctx.queue
             .purge()

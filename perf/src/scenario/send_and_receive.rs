@@ -3,13 +3,17 @@
 //! 2. receive those N through one consumer with prefetch, decoding and checking each body;
 //! 3. end to end: a sender task and a receiver task at once, timed from before either starts
 //!    until both are done (every message received, decoded and checked, and acknowledged).
+//!
+//! TX: every send its own single-message transaction; every consumer delivery is committed by
+//! the broker (removed on disk) before it is handed out. `--clients N`: phases 1 and 3 send
+//! through N concurrent senders sharing N messages; receiving stays on one consumer.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use super::phase::{ReceiveJob, SendJob};
+use super::phase::ReceiveJob;
 use super::{Combo, Ctx};
 use crate::measurement::{Op, OpResult};
 
@@ -17,14 +21,7 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
     let mut send = OpResult::new(Op::Send);
     let mut receive = OpResult::new(Op::Receive);
     let mut e2e = OpResult::new(Op::E2e);
-    let send_job = || SendJob {
-        queue: ctx.queue.clone(),
-        combo: combo.clone(),
-        count: ctx.config.count,
-        delivery: ctx.config.delivery.to_client(),
-        label: None,
-        progress: ctx.progress.clone(),
-    };
+    let send_job = || ctx.send_job(combo, None, ctx.config.clients);
     let receive_job = || ReceiveJob {
         queue: ctx.queue.clone(),
         combo: combo.clone(),

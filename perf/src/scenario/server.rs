@@ -1,6 +1,8 @@
 //! SERVER: per run, drain N messages from QUEUE through one consumer, decode and check every
 //! body, then reply once to RESPONSE-QUEUE (see `protocol`). The receive clock starts at the
 //! run's first message, so waiting for the client is not counted. Exits after its runs.
+//! TX: the consumer's deliveries are committed by the broker, and the reply is a
+//! single-message transaction (`send_tx`).
 
 use std::sync::Arc;
 
@@ -11,6 +13,7 @@ use mq_client::{Message, Queue};
 use super::phase::ReceiveJob;
 use super::protocol::{message_label, reply_label};
 use super::{Combo, Ctx};
+use crate::config::Mode;
 use crate::measurement::{Op, OpResult};
 
 /// State across combinations.
@@ -51,10 +54,11 @@ pub(crate) async fn measure(
             .body_type(BodyType::Raw)
             .label(reply_label(combo, run))
             .app_specific(r.verified as i64);
-        response
-            .send(reply)
-            .await
-            .with_context(|| format!("cannot send the reply to {}", response.name()))?;
+        let sent = match ctx.config.mode {
+            Mode::Tx => response.send_tx(reply).await,
+            Mode::Notx => response.send(reply).await,
+        };
+        sent.with_context(|| format!("cannot send the reply to {}", response.name()))?;
     }
     Ok(vec![receive])
 }

@@ -18,6 +18,20 @@
 //! - `recoverable`: recoverable messages across `kill -9` and SIGTERM of `mqd`: acknowledged
 //!   means kept, in order, no duplicates; express gone, queues kept; removals; priorities;
 //!   journal segments stay few.
+//! - `recoverable_faults`: the journal's disk fails (in-process brokers on `FaultyIo`): a failed
+//!   fdatasync poisons until restart, ENOSPC on a new segment, a crash at the Nth sync; every
+//!   acknowledged send survives, in order, once.
+//! - `recoverable_quota`: the per-queue and broker-wide storage quotas with recoverable
+//!   messages: refused, nothing stored touched, free again after receiving, right after a
+//!   restart; `mq send --recoverable` over quota.
+//! - `transactions`: transactional queues in-process: staged sends invisible until commit,
+//!   receives hidden until commit or abort (back at the head, in order, abort count), the
+//!   transactional/non-transactional rules (client and CLI), priority ignored, a bad send fails
+//!   the commit, the transaction timeout, a vanished client; exactly once under concurrent,
+//!   randomly aborting transactions.
+//! - `transactions_crash`: transactions against `mqd` processes killed with SIGKILL: a killed
+//!   `mq send --tx` or mqd before commit leaves nothing, after commit everything, in order;
+//!   receives and sends of one transaction together; exactly once across restarts.
 
 mod bad_input;
 mod cli;
@@ -28,4 +42,8 @@ mod mqd_process;
 mod multiple_element_names;
 mod queue_admin;
 mod recoverable;
+mod recoverable_faults;
+mod recoverable_quota;
 mod send_pipelining;
+mod transactions;
+mod transactions_crash;
