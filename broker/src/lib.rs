@@ -42,5 +42,5 @@ pub use config::{
 pub use error::BrokerError;
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};
 pub use queue::{Queue, QueueStats};
-pub use server::{run, RunError};
+pub use server::{run, run_with_ready, RunError};
 pub use transaction::{Committed, Transaction};

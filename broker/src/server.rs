@@ -38,6 +38,17 @@ pub async fn run(
     config: BrokerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
+    run_with_ready(listener, config, shutdown, || {}).await
+}
+
+/// [`run`], calling `ready` once recovery is done and the service is about to accept requests
+/// (`mqd` prints its `listening on` line there).
+pub async fn run_with_ready(
+    listener: TcpListener,
+    config: BrokerConfig,
+    shutdown: impl Future<Output = ()>,
+    ready: impl FnOnce(),
+) -> Result<(), RunError> {
     let local = listener.local_addr().map_err(RunError::Listener)?;
     let _lock = lock_data_dir(&config)?;
     let grace = config.shutdown_grace;
@@ -70,6 +81,7 @@ pub async fn run(
             let _ = stop_rx.await;
         });
     tokio::pin!(server);
+    ready();
     tracing::info!(%local, name = %broker.config().name, "broker started");
     tokio::select! {
         r = &mut server => {

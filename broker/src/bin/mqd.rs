@@ -68,9 +68,12 @@ async fn main() -> anyhow::Result<()> {
     // Install the signal handlers before announcing the address, so a SIGTERM sent right after
     // the announcement is a graceful stop, not the default kill.
     let shutdown = shutdown_signal()?;
-    // The handshake with scripts and tests: first line on stdout once we accept connections.
-    println!("listening on {addr}");
-    mq_broker::run(listener, config, shutdown).await?;
+    // The handshake with scripts and tests: the first line on stdout, printed once the journal
+    // is recovered and requests are served.
+    mq_broker::run_with_ready(listener, config, shutdown, || {
+        println!("listening on {addr}")
+    })
+    .await?;
     Ok(())
 }
 
