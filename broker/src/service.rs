@@ -345,7 +345,6 @@ async fn consume(
                 if let Some(err) = failed {
                     break Some(err.into());
                 }
-
                 // Cut stream items by size too, so big bodies stay under the gRPC message limit.
                 let mut closed = false;
                 let mut batch = Vec::with_capacity(messages.len());
