@@ -416,37 +416,47 @@ impl Broker {
         let mut durable: Vec<(Arc<Queue>, usize, Entry)> = Vec::new();
         let order_guard =
             transactional.then(|| self.commit_order.lock().unwrap_or_else(|p| p.into_inner()));
-        for q in dests {
-            let admitted = match q.admit(&accepted) {
+        // Every destination first: a message goes to all of its queues or to none (a
+        // multiple-element send refused by one queue's quota leaves no copy elsewhere).
+        let admitted: Vec<Vec<Result<u64, BrokerError>>> = dests
+            .iter()
+            .map(|q| match q.admit(&accepted) {
                 Ok(r) => r,
                 Err(e) => accepted.iter().map(|_| Err(e.clone())).collect(),
-            };
+            })
+            .collect();
+        for per_queue in &admitted {
+            for (j, r) in per_queue.iter().enumerate() {
+                if let Err(e) = r {
+                    if !refused[j] {
+                        refused[j] = true;
+                        failures.push((index[j], e.clone()));
+                        let m = &accepted[j];
+                        self.release(m.delivery, m.charged_bytes() * dests.len() as u64);
+                    }
+                }
+            }
+        }
+        for (q, per_queue) in dests.iter().zip(admitted) {
             let mut express = Vec::new();
-            for (j, r) in admitted.into_iter().enumerate() {
+            for (j, r) in per_queue.into_iter().enumerate() {
                 let m = &accepted[j];
-                match r {
-                    Ok(seq) if m.delivery == Delivery::Express => {
-                        express.push(Entry::new(seq, m.clone()))
-                    }
-                    Ok(seq) => {
-                        let (header, bodyless) = headers[j]
-                            .get_or_insert_with(|| (m.encode_header(), Arc::new(m.without_body())))
-                            .clone();
-                        ops.push(Op::Put {
-                            queue_id: q.def().id,
-                            seq,
-                            header,
-                            body: m.body.clone().unwrap_or_default(),
-                        });
-                        durable.push((q.clone(), j, Entry::new(seq, bodyless)));
-                    }
-                    Err(e) => {
-                        self.release(m.delivery, m.charged_bytes());
-                        if !refused[j] {
-                            refused[j] = true;
-                            failures.push((index[j], e));
-                        }
-                    }
+                let Ok(seq) = r else { continue };
+                if refused[j] {
+                    q.unadmit(m.charged_bytes());
+                } else if m.delivery == Delivery::Express {
+                    express.push(Entry::new(seq, m.clone()));
+                } else {
+                    let (header, bodyless) = headers[j]
+                        .get_or_insert_with(|| (m.encode_header(), Arc::new(m.without_body())))
+                        .clone();
+                    ops.push(Op::Put {
+                        queue_id: q.def().id,
+                        seq,
+                        header,
+                        body: m.body.clone().unwrap_or_default(),
+                    });
+                    durable.push((q.clone(), j, Entry::new(seq, bodyless)));
                 }
             }
             q.insert(express);

@@ -44,7 +44,8 @@ enum Command {
     /// Receive (remove) messages, printing each body on its own line.
     #[command(after_help = AFTER_HELP)]
     Receive(ReceiveArgs),
-    /// Show messages at the head of a queue without removing them.
+    /// Show up to --count messages at the head of a queue without removing them (waits up to
+    /// --timeout for the first; exit 3 if fewer than --count are there).
     #[command(after_help = AFTER_HELP)]
     Peek(ReceiveArgs),
 }

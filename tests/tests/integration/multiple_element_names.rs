@@ -153,3 +153,57 @@ async fn a_missing_element_queue_fails_the_send_and_stores_no_copy() {
     );
     broker.stop().await.unwrap();
 }
+
+/// A copy refused by one queue's quota means no copy anywhere: the send fails as a whole, the
+/// other queue holds nothing, and both the queue and broker quotas are whole again.
+#[tokio::test]
+async fn a_copy_refused_by_one_quota_leaves_no_copy_in_the_others() {
+    for recoverable in [false, true] {
+        let broker = InProcessBroker::start().await;
+        let client = broker.client().await;
+        client
+            .create_queue(r".\private$\q1", QueueOptions::default())
+            .await
+            .unwrap();
+        client
+            .create_queue(
+                r".\private$\q2",
+                QueueOptions {
+                    quota_bytes: Some(1),
+                    ..QueueOptions::default()
+                },
+            )
+            .await
+            .unwrap();
+        let multi = client.queue(MULTI).unwrap();
+        let err = multi
+            .send(Message::new("fan-out").recoverable(recoverable))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::QuotaExceeded(_)), "{err:?}");
+        for name in [r".\private$\q1", r".\private$\q2"] {
+            let info = client.queue_info(name).await.unwrap();
+            assert_eq!(
+                (info.messages, info.bytes),
+                (0, 0),
+                "{name} (recoverable {recoverable})"
+            );
+        }
+        // q1 alone still takes messages: nothing of the refused send is held against it.
+        client
+            .queue(r".\private$\q1")
+            .unwrap()
+            .send(Message::new("alone").recoverable(recoverable))
+            .await
+            .unwrap();
+        let got = client
+            .queue(r".\private$\q1")
+            .unwrap()
+            .receive(T)
+            .await
+            .unwrap()
+            .expect("the later message");
+        assert_eq!(got.body.as_ref(), b"alone");
+        broker.stop().await.unwrap();
+    }
+}
