@@ -545,3 +545,71 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A fresh temporary data directory, named `<prefix>XXXXXX` so a leftover one says which test
+/// group made it.
+pub fn temp_data_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("create a temporary data directory")
+}
+
+impl MqdProcess {
+    /// [`MqdProcess::start_with_args`], panicking with the reason: for tests.
+    pub fn launch(data_dir: &Path, extra: &[&str]) -> MqdProcess {
+        MqdProcess::start_with_args(data_dir, extra).unwrap_or_else(|e| panic!("start mqd: {e:#}"))
+    }
+
+    /// A client connected to this mqd, panicking with the reason: for tests.
+    pub async fn connect(&self) -> Client {
+        Client::connect(self.url())
+            .await
+            .unwrap_or_else(|e| panic!("connect to mqd at {}: {e}", self.url()))
+    }
+
+    /// SIGKILL, asserting that mqd died by the signal (not by exiting on its own first).
+    pub fn kill9_checked(&mut self) {
+        let pid = self.pid();
+        let status = self.kill9().expect("SIGKILL mqd");
+        assert!(
+            !status.success(),
+            "mqd {pid} exited {status} instead of dying by SIGKILL"
+        );
+    }
+}
+
+/// Receives and acknowledges every message `queue` holds right now (its count at the start),
+/// waiting up to `wait` for each; returns the bodies in order and asserts that the queue is then
+/// empty, with nothing in flight.
+pub async fn drain_queue(client: &Client, queue: &str, wait: Duration) -> Vec<bytes::Bytes> {
+    let n = client.queue_info(queue).await.unwrap().messages;
+    let mut out = Vec::with_capacity(n as usize);
+    if n > 0 {
+        let mut c = client
+            .queue(queue)
+            .unwrap()
+            .consumer(mq_client::ConsumerOptions {
+                prefetch: 256,
+                limit: Some(n),
+            })
+            .await
+            .unwrap();
+        for i in 0..n {
+            let m = c
+                .next(wait)
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("message {i} of {n} in {queue} did not arrive"));
+            out.push(m.body);
+        }
+        c.close().await.unwrap();
+    }
+    let left = client.queue_info(queue).await.unwrap();
+    assert_eq!(
+        (left.messages, left.in_flight),
+        (0, 0),
+        "{queue} still holds messages: {left:?}"
+    );
+    out
+}

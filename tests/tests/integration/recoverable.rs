@@ -12,64 +12,36 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use mq_client::{Client, ConsumerOptions, Delivery, Message, QueueOptions, SenderOptions};
-use mq_tests::{eventually, mq_path, wait_timeout, MqdProcess, STOP_TIMEOUT};
+use mq_tests::{
+    drain_queue, eventually, mq_path, temp_data_dir, wait_timeout, MqdProcess, STOP_TIMEOUT,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 
 fn data_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("mq-recoverable-")
-        .tempdir()
-        .expect("create a temporary data directory")
+    temp_data_dir("mq-recoverable-")
 }
 
 fn start(dir: &Path, extra: &[&str]) -> MqdProcess {
-    MqdProcess::start_with_args(dir, extra).unwrap_or_else(|e| panic!("start mqd: {e:#}"))
+    MqdProcess::launch(dir, extra)
 }
 
 async fn connect(mqd: &MqdProcess) -> Client {
-    Client::connect(mqd.url())
-        .await
-        .unwrap_or_else(|e| panic!("connect to mqd at {}: {e}", mqd.url()))
+    mqd.connect().await
 }
 
 fn kill9(mqd: &mut MqdProcess) {
-    let pid = mqd.pid();
-    let status = mqd.kill9().expect("SIGKILL mqd");
-    assert!(
-        !status.success(),
-        "mqd {pid} exited {status} instead of dying by SIGKILL"
-    );
+    mqd.kill9_checked();
 }
 
 /// Receives every message the queue holds (its `messages` count right now), acknowledging them,
 /// and returns their bodies. Asserts nothing else is left.
 async fn receive_all(client: &Client, queue: &str) -> Vec<Vec<u8>> {
-    let n = client.queue_info(queue).await.unwrap().messages;
-    let mut out = Vec::with_capacity(n as usize);
-    if n > 0 {
-        let mut c = client
-            .queue(queue)
-            .unwrap()
-            .consumer(ConsumerOptions {
-                prefetch: 1024,
-                limit: Some(n),
-            })
-            .await
-            .unwrap();
-        for i in 0..n {
-            let m = c
-                .next(WAIT)
-                .await
-                .unwrap()
-                .unwrap_or_else(|| panic!("message {i} of {n} in {queue} did not arrive"));
-            out.push(m.body.to_vec());
-        }
-        c.close().await.unwrap();
-    }
-    let left = client.queue_info(queue).await.unwrap();
-    assert_eq!(left.messages, 0, "{queue} still holds messages: {left:?}");
-    out
+    drain_queue(client, queue, WAIT)
+        .await
+        .into_iter()
+        .map(|b| b.to_vec())
+        .collect()
 }
 
 /// Bodies `"{prefix}{n}"` as numbers; panics on anything else.

@@ -17,17 +17,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mq_broker::journal::FaultyIo;
-use mq_client::{Client, ConsumerOptions, Delivery, Error, Message, QueueOptions, SenderOptions};
+use mq_client::{Client, Delivery, Error, Message, QueueOptions, SenderOptions};
 use mq_tests::InProcessBroker;
 
 const Q: &str = r".\private$\faults";
 const WAIT: Duration = Duration::from_secs(10);
 
 fn data_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("mq-faults-")
-        .tempdir()
-        .expect("create a temporary data directory")
+    mq_tests::temp_data_dir("mq-faults-")
 }
 
 /// A broker on `dir` whose journal lives on `io` (FaultyIo ignores the path; the directory
@@ -60,30 +57,11 @@ fn number(b: &[u8]) -> u64 {
 
 /// Receives everything the queue holds and returns the numbers of the bodies.
 async fn receive_all(client: &Client) -> Vec<u64> {
-    let n = client.queue_info(Q).await.unwrap().messages;
-    let mut out = Vec::with_capacity(n as usize);
-    if n > 0 {
-        let mut c = client
-            .queue(Q)
-            .unwrap()
-            .consumer(ConsumerOptions {
-                prefetch: 256,
-                limit: Some(n),
-            })
-            .await
-            .unwrap();
-        for i in 0..n {
-            let m = c
-                .next(WAIT)
-                .await
-                .unwrap()
-                .unwrap_or_else(|| panic!("message {i} of {n} did not arrive"));
-            out.push(number(&m.body));
-        }
-        c.close().await.unwrap();
-    }
-    assert_eq!(client.queue_info(Q).await.unwrap().messages, 0);
-    out
+    mq_tests::drain_queue(client, Q, WAIT)
+        .await
+        .iter()
+        .map(|b| number(b))
+        .collect()
 }
 
 /// Asserts `got` starts with exactly `1..=acked` (in order), and that what follows is a set of

@@ -15,10 +15,7 @@ const T: Duration = Duration::from_secs(5);
 const CHARGE: u64 = 1000 + 128;
 
 fn data_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("mq-rquota-")
-        .tempdir()
-        .expect("create a temporary data directory")
+    mq_tests::temp_data_dir("mq-rquota-")
 }
 
 fn body(n: u64) -> Vec<u8> {

@@ -9,32 +9,26 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use mq_client::{Client, ConsumerOptions, Error, Message, QueueOptions, SenderOptions};
-use mq_tests::{eventually, mq, mq_path, wait_timeout, MqdProcess};
+use mq_client::{Client, Error, Message, QueueOptions, SenderOptions};
+use mq_tests::{drain_queue, eventually, mq, mq_path, temp_data_dir, wait_timeout, MqdProcess};
 
 const WAIT: Duration = Duration::from_secs(20);
 const SHORT: Duration = Duration::from_millis(50);
 
 fn data_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("mq-tx-crash-")
-        .tempdir()
-        .expect("create a temporary data directory")
+    temp_data_dir("mq-tx-crash-")
 }
 
 fn start(dir: &Path, extra: &[&str]) -> MqdProcess {
-    MqdProcess::start_with_args(dir, extra).unwrap_or_else(|e| panic!("start mqd: {e:#}"))
+    MqdProcess::launch(dir, extra)
 }
 
 async fn connect(mqd: &MqdProcess) -> Client {
-    Client::connect(mqd.url())
-        .await
-        .unwrap_or_else(|e| panic!("connect to mqd at {}: {e}", mqd.url()))
+    mqd.connect().await
 }
 
 fn kill9(mqd: &mut MqdProcess) {
-    let status = mqd.kill9().expect("SIGKILL mqd");
-    assert!(!status.success(), "mqd exited {status}, not by SIGKILL");
+    mqd.kill9_checked();
 }
 
 async fn create(client: &Client, name: &str, transactional: bool, quota: Option<u64>) {
@@ -58,35 +52,11 @@ fn text(b: &[u8]) -> String {
 /// Receives everything `queue` holds (its count right now) and returns the bodies; asserts it
 /// is empty afterwards.
 async fn drain(client: &Client, queue: &str) -> Vec<String> {
-    let n = client.queue_info(queue).await.unwrap().messages;
-    let mut out = Vec::new();
-    if n > 0 {
-        let mut c = client
-            .queue(queue)
-            .unwrap()
-            .consumer(ConsumerOptions {
-                prefetch: 256,
-                limit: Some(n),
-            })
-            .await
-            .unwrap();
-        for i in 0..n {
-            let m = c
-                .next(WAIT)
-                .await
-                .unwrap()
-                .unwrap_or_else(|| panic!("message {i} of {n} in {queue} did not arrive"));
-            out.push(text(&m.body));
-        }
-        c.close().await.unwrap();
-    }
-    let left = client.queue_info(queue).await.unwrap();
-    assert_eq!(
-        (left.messages, left.in_flight),
-        (0, 0),
-        "{queue} still holds messages: {left:?}"
-    );
-    out
+    drain_queue(client, queue, WAIT)
+        .await
+        .iter()
+        .map(|b| text(b))
+        .collect()
 }
 
 /// Bodies at the head of `queue`, not removed.
