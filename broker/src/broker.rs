@@ -620,16 +620,6 @@ impl Broker {
                 }),
         }
     }
-
-    /// Express bytes currently held.
-    pub fn express_used(&self) -> u64 {
-        self.express_used.load(Ordering::Relaxed)
-    }
-
-    /// Recoverable bytes currently stored.
-    pub fn stored_used(&self) -> u64 {
-        self.stored_used.load(Ordering::Relaxed)
-    }
 }
 
 /// `.\private$\name` or `.\name`: how a local queue is shown, with the name as written.

@@ -104,7 +104,9 @@ impl Queue {
     }
 
     /// Appends messages in order (admit, then insert). Each either goes in or fails alone (over
-    /// the queue quota); the result has one entry per message. Wakes receivers.
+    /// the queue quota); the result has one entry per message. Wakes receivers. (The broker
+    /// admits and inserts separately; this is the two together, for tests.)
+    #[cfg(test)]
     pub fn push(
         &self,
         msgs: &[Arc<StoredMessage>],
@@ -219,9 +221,9 @@ impl Queue {
         Ok(out)
     }
 
-    /// Acknowledges delivered messages: they are removed for good. Returns the bytes they were
-    /// charged (for the broker-wide quota).
-    pub fn complete(&self, entries: &[Entry]) -> u64 {
+    /// Acknowledges delivered messages: they are removed for good. (Their broker-wide quota is
+    /// given back by `Broker::forget`.)
+    pub fn complete(&self, entries: &[Entry]) {
         let mut st = self.lock();
         let charged: u64 = entries.iter().map(|e| e.msg.charged_bytes()).sum();
         let body: u64 = entries.iter().map(|e| e.msg.body_len as u64).sum();
@@ -231,7 +233,6 @@ impl Queue {
         st.stats.messages = st.stats.messages.saturating_sub(n);
         st.stats.in_flight = st.stats.in_flight.saturating_sub(n);
         st.charged = st.charged.saturating_sub(charged);
-        charged
     }
 
     /// Gives delivered, unacknowledged messages back: each returns to its place in the order.
@@ -265,12 +266,12 @@ impl Queue {
         Vec::new()
     }
 
-    /// Takes and removes up to `max` messages at once (a receive without a delivery window).
-    /// Returns the entries and the bytes they were charged.
-    pub fn remove(&self, max: usize) -> Result<(Vec<Entry>, u64), BrokerError> {
+    /// Takes and removes up to `max` messages at once (for tests).
+    #[cfg(test)]
+    pub fn remove(&self, max: usize) -> Result<Vec<Entry>, BrokerError> {
         let taken = self.take(max)?;
-        let charged = self.complete(&taken);
-        Ok((taken, charged))
+        self.complete(&taken);
+        Ok(taken)
     }
 
     /// Up to `max` ready messages from the head, in receive order, not removed.
@@ -436,7 +437,7 @@ mod tests {
             msg(7, "e"),
         ])
         .unwrap();
-        let got = q.remove(10).unwrap().0;
+        let got = q.remove(10).unwrap();
         assert_eq!(bodies(&got), ["b", "e", "a", "c", "d"]);
         assert_eq!(q.stats(), QueueStats::default());
     }

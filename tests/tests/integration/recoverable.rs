@@ -7,7 +7,6 @@
 
 use std::collections::HashSet;
 use std::io::Read;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -17,22 +16,6 @@ use mq_tests::{
 };
 
 const WAIT: Duration = Duration::from_secs(20);
-
-fn data_dir() -> tempfile::TempDir {
-    temp_data_dir("mq-recoverable-")
-}
-
-fn start(dir: &Path, extra: &[&str]) -> MqdProcess {
-    MqdProcess::launch(dir, extra)
-}
-
-async fn connect(mqd: &MqdProcess) -> Client {
-    mqd.connect().await
-}
-
-fn kill9(mqd: &mut MqdProcess) {
-    mqd.kill9_checked();
-}
 
 /// Receives every message the queue holds (its `messages` count right now), acknowledging them,
 /// and returns their bodies. Asserts nothing else is left.
@@ -79,9 +62,9 @@ async fn recoverable_messages_survive_kill9() {
     const Q: &str = r".\private$\r";
     const N: u64 = 2_000;
     const KILL_AFTER: u64 = 500;
-    let dir = data_dir();
-    let mut mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let dir = temp_data_dir("mq-recoverable-");
+    let mut mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     client
         .create_queue(Q, QueueOptions::default())
         .await
@@ -148,7 +131,7 @@ async fn recoverable_messages_survive_kill9() {
             Err(_) => failed += 1,
         }
         if acked == KILL_AFTER && killed_at.is_none() {
-            kill9(&mut mqd);
+            mqd.kill9_checked();
             killed_at = Some(acked);
         }
     }
@@ -164,8 +147,8 @@ async fn recoverable_messages_survive_kill9() {
     let k = acked;
     eprintln!("acknowledged {k} of {N} before SIGKILL; {submitted} submitted");
 
-    let mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     let got = numbers(&receive_all(&client, Q).await, "");
     assert!(
         got.len() as u64 >= k,
@@ -181,9 +164,9 @@ async fn recoverable_messages_survive_kill9() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mq_send_count_reports_acknowledged_k_of_n() {
     const Q: &str = r".\private$\cli";
-    let dir = data_dir();
-    let mut mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let dir = temp_data_dir("mq-recoverable-");
+    let mut mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     client
         .create_queue(Q, QueueOptions::default())
         .await
@@ -213,7 +196,7 @@ async fn mq_send_count_reports_acknowledged_k_of_n() {
     })
     .await;
     assert!(filled, "the queue never held more than 1000 messages");
-    kill9(&mut mqd);
+    mqd.kill9_checked();
 
     let status = tokio::task::block_in_place(|| wait_timeout(&mut child, WAIT))
         .unwrap()
@@ -238,8 +221,8 @@ async fn mq_send_count_reports_acknowledged_k_of_n() {
     assert!(k < 200_000);
     eprintln!("mq send: {last}");
 
-    let mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     let got = numbers(&receive_all(&client, Q).await, "BODY");
     assert!(
         got.len() as u64 >= k,
@@ -255,9 +238,9 @@ async fn mq_send_count_reports_acknowledged_k_of_n() {
 async fn express_gone_queue_stays_after_restart() {
     const MIX: &str = r".\private$\mix";
     const TX: &str = r".\private$\tx";
-    let dir = data_dir();
-    let mut mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let dir = temp_data_dir("mq-recoverable-");
+    let mut mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     client
         .create_queue(
             MIX,
@@ -293,10 +276,10 @@ async fn express_gone_queue_stays_after_restart() {
     }
     assert_eq!(client.queue_info(MIX).await.unwrap().messages, 20);
     let before = client.list_queues().await.unwrap();
-    kill9(&mut mqd);
+    mqd.kill9_checked();
 
-    let mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     let after = client.list_queues().await.unwrap();
     let strip = |qs: &[mq_client::QueueInfo]| {
         qs.iter()
@@ -342,9 +325,9 @@ async fn express_gone_queue_stays_after_restart() {
 async fn receives_are_durable_enough() {
     const Q: &str = r".\private$\acks";
     const N: u64 = 1_000;
-    let dir = data_dir();
-    let mut mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let dir = temp_data_dir("mq-recoverable-");
+    let mut mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     client
         .create_queue(Q, QueueOptions::default())
         .await
@@ -379,8 +362,8 @@ async fn receives_are_durable_enough() {
     let status = mqd.terminate(STOP_TIMEOUT).unwrap();
     assert!(status.success(), "mqd after SIGTERM: {status}");
 
-    let mut mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let mut mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     let peeked = client
         .queue(Q)
         .unwrap()
@@ -399,10 +382,10 @@ async fn receives_are_durable_enough() {
     assert_eq!(client.queue_info(Q).await.unwrap().messages, 600);
 
     take(&client, 100, 401).await;
-    kill9(&mut mqd);
+    mqd.kill9_checked();
 
-    let mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     let got = numbers(&receive_all(&client, Q).await, "");
     eprintln!(
         "{} of 600 remain after receiving 100 and kill -9",
@@ -421,9 +404,9 @@ async fn receives_are_durable_enough() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_after_clean_restart_keeps_priorities() {
     const Q: &str = r".\private$\prio";
-    let dir = data_dir();
-    let mut mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let dir = temp_data_dir("mq-recoverable-");
+    let mut mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     client
         .create_queue(Q, QueueOptions::default())
         .await
@@ -448,8 +431,8 @@ async fn recovery_after_clean_restart_keeps_priorities() {
     want.sort_by_key(|(p, _)| std::cmp::Reverse(*p));
     let want: Vec<Vec<u8>> = want.into_iter().map(|(_, b)| b.into_bytes()).collect();
 
-    let mut mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let mut mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     // Peek (does not remove) after the clean restart, then receive after a kill -9 restart.
     let peeked: Vec<Vec<u8>> = client
         .queue(Q)
@@ -461,9 +444,9 @@ async fn recovery_after_clean_restart_keeps_priorities() {
         .map(|m| m.body.to_vec())
         .collect();
     assert_eq!(peeked, want, "order after SIGTERM and restart");
-    kill9(&mut mqd);
-    let mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    mqd.kill9_checked();
+    let mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     let got = receive_all(&client, Q).await;
     assert_eq!(got, want, "order after kill -9 and restart");
 }
@@ -482,9 +465,9 @@ async fn restart_with_many_segments() {
         b.resize(BODY, b'x');
         b
     };
-    let dir = data_dir();
-    let mut mqd = start(dir.path(), &["--journal-segment-bytes", "65536"]);
-    let client = connect(&mqd).await;
+    let dir = temp_data_dir("mq-recoverable-");
+    let mut mqd = MqdProcess::launch(dir.path(), &["--journal-segment-bytes", "65536"]);
+    let client = mqd.connect().await;
     client
         .create_queue(Q, QueueOptions::default())
         .await
@@ -543,10 +526,10 @@ async fn restart_with_many_segments() {
         segments(),
         journal.display()
     );
-    kill9(&mut mqd);
+    mqd.kill9_checked();
 
-    let mqd = start(dir.path(), &["--journal-segment-bytes", "65536"]);
-    let client = connect(&mqd).await;
+    let mqd = MqdProcess::launch(dir.path(), &["--journal-segment-bytes", "65536"]);
+    let client = mqd.connect().await;
     let got: Vec<u64> = receive_all(&client, Q)
         .await
         .iter()

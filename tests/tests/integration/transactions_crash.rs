@@ -5,7 +5,6 @@
 //!
 //! Every wait is bounded and polls a condition; nothing sleeps a fixed time.
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -14,22 +13,6 @@ use mq_tests::{drain_queue, eventually, mq, mq_path, temp_data_dir, wait_timeout
 
 const WAIT: Duration = Duration::from_secs(20);
 const SHORT: Duration = Duration::from_millis(50);
-
-fn data_dir() -> tempfile::TempDir {
-    temp_data_dir("mq-tx-crash-")
-}
-
-fn start(dir: &Path, extra: &[&str]) -> MqdProcess {
-    MqdProcess::launch(dir, extra)
-}
-
-async fn connect(mqd: &MqdProcess) -> Client {
-    mqd.connect().await
-}
-
-fn kill9(mqd: &mut MqdProcess) {
-    mqd.kill9_checked();
-}
 
 async fn create(client: &Client, name: &str, transactional: bool, quota: Option<u64>) {
     client
@@ -111,10 +94,10 @@ async fn killed_mq_send_tx_leaves_nothing() {
     const Q: &str = r".\private$\big";
     const COUNT: u64 = 50_000;
     const PROBES: usize = 15;
-    let dir = data_dir();
+    let dir = temp_data_dir("mq-tx-crash-");
     let args = ["--storage-quota-bytes", "65000000"];
-    let mut mqd = start(dir.path(), &args);
-    let client = connect(&mqd).await;
+    let mut mqd = MqdProcess::launch(dir.path(), &args);
+    let client = mqd.connect().await;
     create(&client, Q, true, None).await;
     let mut probe_names = Vec::new();
     for i in 0..PROBES {
@@ -180,9 +163,9 @@ async fn killed_mq_send_tx_leaves_nothing() {
     assert!(peek_all(&client, Q).await.is_empty());
 
     // Nothing of it in the journal either.
-    kill9(&mut mqd);
-    let mqd = start(dir.path(), &args);
-    let client = connect(&mqd).await;
+    mqd.kill9_checked();
+    let mqd = MqdProcess::launch(dir.path(), &args);
+    let client = mqd.connect().await;
     assert_eq!(client.queue_info(Q).await.unwrap().messages, 0);
 }
 
@@ -193,9 +176,9 @@ async fn mqd_killed_before_commit_keeps_nothing_after_commit_everything() {
     const A: &str = r".\private$\a";
     const B: &str = r".\private$\b";
     const EMPTY: &str = r".\private$\empty";
-    let dir = data_dir();
-    let mut mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let dir = temp_data_dir("mq-tx-crash-");
+    let mut mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     for q in [A, B, EMPTY] {
         create(&client, q, true, None).await;
     }
@@ -210,12 +193,12 @@ async fn mqd_killed_before_commit_keeps_nothing_after_commit_everything() {
     }
     // A round trip: every staged send above has reached the broker.
     assert!(tx.receive(EMPTY, Duration::ZERO).await.unwrap().is_none());
-    kill9(&mut mqd);
+    mqd.kill9_checked();
     let e = tx.commit().await.unwrap_err();
     assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
 
-    let mut mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let mut mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     for q in [A, B] {
         assert_eq!(client.queue_info(q).await.unwrap().messages, 0, "{q}");
     }
@@ -229,11 +212,11 @@ async fn mqd_killed_before_commit_keeps_nothing_after_commit_everything() {
         }
     }
     let ids = tx.commit().await.unwrap();
-    kill9(&mut mqd);
+    mqd.kill9_checked();
     assert_eq!(ids.len(), 150);
 
-    let mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     let b_ids: Vec<_> = client
         .queue(B)
         .unwrap()
@@ -260,9 +243,9 @@ async fn mqd_killed_before_commit_keeps_nothing_after_commit_everything() {
 async fn receives_and_sends_of_a_transaction_survive_or_vanish_together() {
     const SRC: &str = r".\private$\src";
     const DST: &str = r".\private$\dst";
-    let dir = data_dir();
-    let mut mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let dir = temp_data_dir("mq-tx-crash-");
+    let mut mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     create(&client, SRC, true, None).await;
     create(&client, DST, true, None).await;
     fill(&client, SRC, &seq("s", 1..=4)).await;
@@ -275,10 +258,10 @@ async fn receives_and_sends_of_a_transaction_survive_or_vanish_together() {
     tx.send(DST, Message::new("o1")).unwrap();
     tx.send(DST, Message::new("o2")).unwrap();
     tx.commit().await.unwrap();
-    kill9(&mut mqd);
+    mqd.kill9_checked();
 
-    let mut mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let mut mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     assert_eq!(peek_all(&client, SRC).await, seq("s", 3..=4));
     assert_eq!(peek_all(&client, DST).await, seq("o", 1..=2));
 
@@ -291,11 +274,11 @@ async fn receives_and_sends_of_a_transaction_survive_or_vanish_together() {
     tx.send(DST, Message::new("p2")).unwrap();
     // A round trip so the staged sends have reached the broker.
     assert!(tx.receive(SRC, Duration::ZERO).await.unwrap().is_none());
-    kill9(&mut mqd);
+    mqd.kill9_checked();
     assert!(tx.commit().await.is_err());
 
-    let mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     assert_eq!(drain(&client, SRC).await, seq("s", 3..=4));
     assert_eq!(drain(&client, DST).await, seq("o", 1..=2));
 }
@@ -305,9 +288,9 @@ async fn receives_and_sends_of_a_transaction_survive_or_vanish_together() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactional_receives_are_exactly_once_across_kill9() {
     const Q: &str = r".\private$\once";
-    let dir = data_dir();
-    let mut mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let dir = temp_data_dir("mq-tx-crash-");
+    let mut mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     create(&client, Q, true, None).await;
     fill(&client, Q, &seq("", 1..=500)).await;
 
@@ -323,10 +306,10 @@ async fn transactional_receives_are_exactly_once_across_kill9() {
         String::from_utf8_lossy(&out.stderr)
     );
     let first: Vec<String> = text(&out.stdout).lines().map(str::to_string).collect();
-    kill9(&mut mqd);
+    mqd.kill9_checked();
 
-    let mqd = start(dir.path(), &[]);
-    let client = connect(&mqd).await;
+    let mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
     let rest = drain(&client, Q).await;
     let mut all = first.clone();
     all.extend(rest.iter().cloned());
