@@ -172,6 +172,7 @@ impl StoredMessage {
             response_queue: self.response_queue.clone(),
             destination: destination.to_string(),
             abort_count,
+            ..Default::default()
         }
     }
 }

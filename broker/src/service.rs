@@ -160,6 +160,36 @@ impl MessageQueue for Service {
         Ok(spawn_stream(4, |tx| transact(broker, inbound, tx)))
     }
 
+    type ForwardStream = BoxStream<v1::ForwardAck>;
+
+    async fn forward(
+        &self,
+        _req: Request<Streaming<v1::ForwardBatch>>,
+    ) -> Result<Response<Self::ForwardStream>, Status> {
+        Err(Status::unimplemented("forwarding: in progress"))
+    }
+
+    async fn list_outgoing(
+        &self,
+        _req: Request<v1::Empty>,
+    ) -> Result<Response<v1::ListOutgoingResponse>, Status> {
+        Err(Status::unimplemented("outgoing queues: in progress"))
+    }
+
+    async fn pause_outgoing(
+        &self,
+        _req: Request<v1::OutgoingRequest>,
+    ) -> Result<Response<v1::OutgoingQueueInfo>, Status> {
+        Err(Status::unimplemented("outgoing queues: in progress"))
+    }
+
+    async fn resume_outgoing(
+        &self,
+        _req: Request<v1::OutgoingRequest>,
+    ) -> Result<Response<v1::OutgoingQueueInfo>, Status> {
+        Err(Status::unimplemented("outgoing queues: in progress"))
+    }
+
     async fn peek(
         &self,
         req: Request<v1::PeekRequest>,

@@ -116,6 +116,8 @@ impl Message {
             },
             sent_time_ms: unix_ms(SystemTime::now()),
             response_queue: self.response_queue,
+            time_to_reach_queue_ms: 0,
+            time_to_be_received_ms: 0,
         }
     }
 }
