@@ -17,7 +17,7 @@ use crate::config::BrokerConfig;
 use crate::error::BrokerError;
 use crate::journal::{Journal, JournalOptions, Op};
 use crate::message::{Delivery, StoredMessage};
-use crate::queue::{Entry, Queue, QueueDef};
+use crate::queue::{Entry, Queue, QueueDef, QueueRole};
 
 /// The broker's state, shared by every connection.
 #[derive(Debug)]
@@ -33,11 +33,32 @@ pub struct Broker {
     express_used: AtomicU64,
     stored_used: AtomicU64,
     shutdown: tokio::sync::watch::Sender<bool>,
+    dead_letter: Arc<Queue>,
+    dead_xact: Arc<Queue>,
+    /// Outgoing queues by destination (`host:port`), each with its forwarder.
+    pub(crate) outgoing: RwLock<HashMap<String, Arc<crate::forward::Outgoing>>>,
+    /// The receive side of forwarding: highest stored sequence per incoming stream.
+    pub(crate) streams: std::sync::Mutex<crate::inbound::Streams>,
+    /// The runtime background tasks (forwarders, expiry sweep) run on, once started.
+    background: std::sync::Mutex<Option<tokio::runtime::Handle>>,
 }
 
-/// A queue definition as stored in the journal (postcard). Field order is the format.
+/// Keys of the system queues.
+pub(crate) const DEADLETTER_KEY: &str = "system$;deadletter";
+pub(crate) const DEADXACT_KEY: &str = "system$;deadxact";
+const STREAMS_KEY: &str = "system$;streams";
+
+/// Where a send goes: a queue of this broker, or the outgoing queue of another broker with the
+/// remote queue's format name.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub queue: Arc<Queue>,
+    pub route: Option<Arc<str>>,
+}
+
+/// A queue definition as stored in the journal (postcard), version 1. Field order is the format.
 #[derive(serde::Serialize, serde::Deserialize)]
-struct QueueDefRecord {
+pub(crate) struct QueueDefRecord {
     name: String,
     key: String,
     transactional: bool,
@@ -46,17 +67,101 @@ struct QueueDefRecord {
     created_ms: u64,
 }
 
+/// Version 2: version 1's fields, then the queue's role. Field order is the format.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct QueueDefRecordV2 {
+    name: String,
+    key: String,
+    transactional: bool,
+    quota_bytes: Option<u64>,
+    label: String,
+    created_ms: u64,
+    role: RoleRecord,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+enum RoleRecord {
+    Normal,
+    DeadLetter,
+    DeadXact,
+    Outgoing {
+        destination: String,
+        stream_id: [u8; 16],
+        paused: bool,
+    },
+    Streams,
+}
+
 impl QueueDefRecord {
-    fn encode(def: &QueueDef) -> Bytes {
-        let r = QueueDefRecord {
+    pub(crate) fn encode(def: &QueueDef) -> Bytes {
+        let role = match &def.role {
+            QueueRole::Normal => RoleRecord::Normal,
+            QueueRole::DeadLetter => RoleRecord::DeadLetter,
+            QueueRole::DeadXact => RoleRecord::DeadXact,
+            QueueRole::Outgoing {
+                destination,
+                stream_id,
+                paused,
+            } => RoleRecord::Outgoing {
+                destination: destination.clone(),
+                stream_id: *stream_id.as_bytes(),
+                paused: *paused,
+            },
+            QueueRole::Streams => RoleRecord::Streams,
+        };
+        let r = QueueDefRecordV2 {
             name: def.name.clone(),
             key: def.key.clone(),
             transactional: def.transactional,
             quota_bytes: def.quota_bytes,
             label: def.label.clone(),
             created_ms: def.created_ms,
+            role,
         };
         Bytes::from(postcard::to_allocvec(&r).expect("encoding into a Vec cannot fail"))
+    }
+
+    fn decode(id: u64, bytes: &[u8]) -> Result<QueueDef, postcard::Error> {
+        let r = match postcard::from_bytes::<QueueDefRecordV2>(bytes) {
+            Ok(r) => r,
+            Err(_) => {
+                let v1: QueueDefRecord = postcard::from_bytes(bytes)?;
+                QueueDefRecordV2 {
+                    name: v1.name,
+                    key: v1.key,
+                    transactional: v1.transactional,
+                    quota_bytes: v1.quota_bytes,
+                    label: v1.label,
+                    created_ms: v1.created_ms,
+                    role: RoleRecord::Normal,
+                }
+            }
+        };
+        let role = match r.role {
+            RoleRecord::Normal => QueueRole::Normal,
+            RoleRecord::DeadLetter => QueueRole::DeadLetter,
+            RoleRecord::DeadXact => QueueRole::DeadXact,
+            RoleRecord::Outgoing {
+                destination,
+                stream_id,
+                paused,
+            } => QueueRole::Outgoing {
+                destination,
+                stream_id: uuid::Uuid::from_bytes(stream_id),
+                paused,
+            },
+            RoleRecord::Streams => QueueRole::Streams,
+        };
+        Ok(QueueDef {
+            id,
+            name: r.name,
+            key: r.key,
+            transactional: r.transactional,
+            quota_bytes: r.quota_bytes,
+            label: r.label,
+            created_ms: r.created_ms,
+            role,
+        })
     }
 }
 
@@ -104,24 +209,23 @@ impl Broker {
         };
         let mut queues = HashMap::new();
         let mut stored = 0u64;
+        let mut streams = crate::inbound::Streams::default();
+        let mut special: HashMap<&'static str, Arc<Queue>> = HashMap::new();
         for (id, def) in &rec.queues {
-            let r: QueueDefRecord = postcard::from_bytes(def).map_err(|e| {
+            let def = QueueDefRecord::decode(*id, def).map_err(|e| {
                 BrokerError::Internal(format!(
                     "queue definition {id} in the journal is unreadable: {e}"
                 ))
             })?;
-            let def = QueueDef {
-                id: *id,
-                name: r.name,
-                key: r.key.clone(),
-                transactional: r.transactional,
-                quota_bytes: r.quota_bytes,
-                label: r.label,
-                created_ms: r.created_ms,
-            };
+            let recovered = rec.messages.remove(id).unwrap_or_default();
+            let next_seq = rec.max_seq.get(id).copied().unwrap_or(0) + 1;
+            if def.role == QueueRole::Streams {
+                streams = crate::inbound::Streams::recover(*id, &recovered, next_seq)?;
+                continue;
+            }
             let q = Arc::new(Queue::new(def));
             let mut entries = Vec::new();
-            for m in rec.messages.remove(id).unwrap_or_default() {
+            for m in recovered {
                 let msg = StoredMessage::decode_header(&m.header, m.body_len).map_err(|e| {
                     BrokerError::Internal(format!(
                         "message {} of queue {id} in the journal is unreadable: {e}",
@@ -133,21 +237,87 @@ impl Broker {
                 entries.push(Entry::new(m.seq, Arc::new(msg)));
             }
             report.messages += entries.len() as u64;
-            let next_seq = rec.max_seq.get(id).copied().unwrap_or(0) + 1;
             q.load(entries, next_seq);
-            queues.insert(r.key, q);
+            match q.def().role {
+                QueueRole::DeadLetter => {
+                    special.insert(DEADLETTER_KEY, q.clone());
+                }
+                QueueRole::DeadXact => {
+                    special.insert(DEADXACT_KEY, q.clone());
+                }
+                _ => {}
+            }
+            queues.insert(q.def().key.clone(), q);
         }
-        report.queues = queues.len();
+        report.queues = queues.values().filter(|q| q.def().role.is_normal()).count();
+        let mut next_queue_id = rec.max_queue_id + 1;
+        // The system queues exist on every broker; a new data directory gets them now. Their
+        // definitions are written before anything can use them (the journal keeps order).
+        let mut system = |key: &'static str, name: &str, transactional: bool, role: QueueRole| {
+            if let Some(q) = special.get(key) {
+                return q.clone();
+            }
+            let id = next_queue_id;
+            next_queue_id += 1;
+            let mut def = QueueDef::new(
+                id,
+                name.to_string(),
+                key.to_string(),
+                transactional,
+                None,
+                String::new(),
+            );
+            def.role = role;
+            drop(journal.submit(vec![Op::DefineQueue {
+                queue_id: id,
+                def: QueueDefRecord::encode(&def),
+            }]));
+            let q = Arc::new(Queue::new(def));
+            if key != STREAMS_KEY {
+                queues.insert(key.to_string(), q.clone());
+            }
+            q
+        };
+        let dead_letter = system(
+            DEADLETTER_KEY,
+            r".\SYSTEM$;DEADLETTER",
+            false,
+            QueueRole::DeadLetter,
+        );
+        let dead_xact = system(
+            DEADXACT_KEY,
+            r".\SYSTEM$;DEADXACT",
+            true,
+            QueueRole::DeadXact,
+        );
+        if streams.queue_id == 0 {
+            let q = system(STREAMS_KEY, r".\SYSTEM$;STREAMS", false, QueueRole::Streams);
+            streams.queue_id = q.def().id;
+            streams.next_slot = 1;
+        }
+        let outgoing = queues
+            .values()
+            .filter(|q| matches!(q.def().role, QueueRole::Outgoing { .. }))
+            .map(|q| {
+                let o = Arc::new(crate::forward::Outgoing::new(q.clone()));
+                (o.destination().to_string(), o)
+            })
+            .collect();
         let broker = Broker {
             config,
             local_addrs,
             queues: RwLock::new(queues),
             journal,
             commit_order: std::sync::Mutex::new(()),
-            next_queue_id: AtomicU64::new(rec.max_queue_id + 1),
+            next_queue_id: AtomicU64::new(next_queue_id),
             express_used: AtomicU64::new(0),
             stored_used: AtomicU64::new(stored),
             shutdown: tokio::sync::watch::channel(false).0,
+            dead_letter,
+            dead_xact,
+            outgoing: RwLock::new(outgoing),
+            streams: std::sync::Mutex::new(streams),
+            background: std::sync::Mutex::new(None),
         };
         Ok((broker, report))
     }
@@ -200,24 +370,28 @@ impl Broker {
     }
 
     fn check_local(&self, name: &str, addr: &QueueAddress) -> Result<(), BrokerError> {
-        if addr.is_local_to(std::slice::from_ref(&self.config.name), &self.local_addrs) {
+        if self.is_local(addr) {
             Ok(())
         } else {
             Err(BrokerError::FailedPrecondition(format!(
-                "\"{name}\" names a queue on another broker; this broker is \"{}\" at {:?}, and forwarding to remote queues (store-and-forward) is not implemented yet",
-                self.config.name, self.local_addrs
+                "\"{name}\" names a queue on another broker ({}); this broker is \"{}\" at {:?}. Remote queues can only be sent to (the message waits in this broker's outgoing queue and is forwarded); receive, peek and administer them on their own broker",
+                remote_destination(addr),
+                self.config.name,
+                self.local_addrs
             )))
         }
     }
 
+    /// Whether `addr` is a queue of this broker.
+    pub fn is_local(&self, addr: &QueueAddress) -> bool {
+        addr.is_local_to(std::slice::from_ref(&self.config.name), &self.local_addrs)
+    }
+
     fn normal_queue_key(&self, name: &str, addr: &QueueAddress) -> Result<String, BrokerError> {
         match addr.kind {
-            QueueKind::Normal => Ok(addr.key()),
+            QueueKind::Normal | QueueKind::DeadLetter | QueueKind::DeadXact => Ok(addr.key()),
             QueueKind::Journal => Err(BrokerError::FailedPrecondition(format!(
                 "\"{name}\" is a queue journal; journal queues are not kept by this broker yet"
-            ))),
-            QueueKind::DeadLetter | QueueKind::DeadXact => Err(BrokerError::FailedPrecondition(format!(
-                "\"{name}\" is a dead-letter queue; dead-letter queues are not kept by this broker yet"
             ))),
         }
     }
@@ -229,6 +403,12 @@ impl Broker {
     ) -> Result<Arc<Queue>, BrokerError> {
         let addr = self.resolve(&req.name)?;
         let key = self.normal_queue_key(&req.name, &addr)?;
+        if addr.kind != QueueKind::Normal {
+            return Err(BrokerError::QueueExists(format!(
+                "{} (the dead-letter queues exist on every broker and cannot be created)",
+                addr.path_name()
+            )));
+        }
         let label_chars = req.label.chars().count();
         if label_chars > crate::config::MAX_LABEL_CHARS {
             return Err(BrokerError::InvalidArgument(format!(
@@ -276,12 +456,19 @@ impl Broker {
     pub async fn delete_queue(&self, name: &str) -> Result<(), BrokerError> {
         let addr = self.resolve(name)?;
         let key = self.normal_queue_key(name, &addr)?;
-        let q = self
-            .queues
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&key)
-            .ok_or_else(|| BrokerError::QueueNotFound(local_path_name(&addr)))?;
+        if addr.kind != QueueKind::Normal {
+            return Err(BrokerError::FailedPrecondition(format!(
+                "\"{name}\" is a dead-letter queue; those cannot be deleted (purge it instead)"
+            )));
+        }
+        let q = {
+            let mut queues = self.queues.write().unwrap_or_else(|p| p.into_inner());
+            match queues.get(&key) {
+                Some(q) if q.def().role.is_normal() => {}
+                _ => return Err(BrokerError::QueueNotFound(local_path_name(&addr))),
+            }
+            queues.remove(&key).expect("checked above")
+        };
         let (express, stored) = q.charged_by_delivery();
         q.mark_deleted();
         self.release(Delivery::Express, express);
@@ -309,16 +496,18 @@ impl Broker {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(key)
+            .filter(|q| !matches!(q.def().role, QueueRole::Outgoing { .. }))
             .cloned()
     }
 
-    /// Every queue, sorted by name.
+    /// Every queue applications created, sorted by name (not the system queues).
     pub fn list(&self) -> Vec<Arc<Queue>> {
         let mut v: Vec<_> = self
             .queues
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .values()
+            .filter(|q| q.def().role.is_normal())
             .cloned()
             .collect();
         v.sort_by(|a, b| a.def().key.cmp(&b.def().key));
@@ -333,44 +522,174 @@ impl Broker {
         Ok(purged.len() as u64)
     }
 
-    /// The queues a send destination names: one, or several for a multiple-element name.
+    /// Every queue of this broker, system and outgoing ones included.
+    pub(crate) fn all_queues(&self) -> Vec<Arc<Queue>> {
+        self.queues
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Where a send destination goes: one target, or several for a multiple-element name. A
+    /// local queue is checked now (exists, transactional or not); a remote one goes to the
+    /// outgoing queue for its broker (created on demand) and is checked by that broker.
     pub fn destinations(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         transactional: bool,
-    ) -> Result<Vec<Arc<Queue>>, BrokerError> {
+    ) -> Result<Vec<Target>, BrokerError> {
         let parsed = FormatName::parse(name)?;
-        let mut out: Vec<Arc<Queue>> = Vec::with_capacity(parsed.addresses().len());
+        let mut out: Vec<Target> = Vec::with_capacity(parsed.addresses().len());
         for addr in parsed.addresses() {
-            self.check_local(name, addr)?;
             if addr.is_read_only() {
                 return Err(BrokerError::FailedPrecondition(format!(
                     "\"{name}\" names a read-only queue ({}); journal and dead-letter queues cannot be sent to",
                     addr.path_name()
                 )));
             }
-            let key = self.normal_queue_key(name, addr)?;
-            let q = self
-                .queue_by_key(&key)
-                .ok_or_else(|| BrokerError::QueueNotFound(local_path_name(addr)))?;
-            if q.def().transactional && !transactional {
-                return Err(BrokerError::FailedPrecondition(format!(
-                    "queue \"{}\" is transactional and accepts only transactional sends; this send is not transactional (use mq send --tx, or a transaction)",
-                    q.def().name
-                )));
-            }
-            if !q.def().transactional && transactional {
-                return Err(BrokerError::FailedPrecondition(format!(
-                    "queue \"{}\" is not transactional and accepts only non-transactional sends; this send is transactional (create the queue with --transactional)",
-                    q.def().name
-                )));
-            }
+            let target = if self.is_local(addr) {
+                let key = self.normal_queue_key(name, addr)?;
+                let q = self
+                    .queue_by_key(&key)
+                    .ok_or_else(|| BrokerError::QueueNotFound(local_path_name(addr)))?;
+                if q.def().transactional && !transactional {
+                    return Err(BrokerError::FailedPrecondition(format!(
+                        "queue \"{}\" is transactional and accepts only transactional sends; this send is not transactional (use mq send --tx, or a transaction)",
+                        q.def().name
+                    )));
+                }
+                if !q.def().transactional && transactional {
+                    return Err(BrokerError::FailedPrecondition(format!(
+                        "queue \"{}\" is not transactional and accepts only non-transactional sends; this send is transactional (create the queue with --transactional)",
+                        q.def().name
+                    )));
+                }
+                Target {
+                    queue: q,
+                    route: None,
+                }
+            } else {
+                let outgoing = self.outgoing_for(&remote_destination(addr))?;
+                Target {
+                    queue: outgoing.queue().clone(),
+                    route: Some(Arc::from(addr.to_string())),
+                }
+            };
             // The same queue twice in one multiple-element name gets one copy.
-            if !out.iter().any(|o| Arc::ptr_eq(o, &q)) {
-                out.push(q);
+            if !out
+                .iter()
+                .any(|o| Arc::ptr_eq(&o.queue, &target.queue) && o.route == target.route)
+            {
+                out.push(target);
             }
         }
         Ok(out)
+    }
+
+    /// The outgoing queue for the broker at `destination` (`host:port`), created (journaled)
+    /// and its forwarder started if it does not exist yet.
+    pub(crate) fn outgoing_for(
+        self: &Arc<Self>,
+        destination: &str,
+    ) -> Result<Arc<crate::forward::Outgoing>, BrokerError> {
+        if let Some(o) = self
+            .outgoing
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(destination)
+        {
+            return Ok(o.clone());
+        }
+        let mut map = self.outgoing.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(o) = map.get(destination) {
+            return Ok(o.clone());
+        }
+        if self.journal.is_poisoned() {
+            return Err(BrokerError::Unavailable(
+                "the journal refuses writes; cannot create an outgoing queue; restart mqd after fixing the disk".into(),
+            ));
+        }
+        let id = self.next_queue_id.fetch_add(1, Ordering::AcqRel);
+        let key = format!("outgoing$;{destination}");
+        let mut def = QueueDef::new(
+            id,
+            format!("OUTGOING$;{destination}"),
+            key.clone(),
+            false,
+            None,
+            String::new(),
+        );
+        def.role = QueueRole::Outgoing {
+            destination: destination.to_string(),
+            stream_id: uuid::Uuid::now_v7(),
+            paused: false,
+        };
+        // Not awaited: every later record that uses the queue comes after this one in the
+        // journal, and a failed write poisons the journal for all of them.
+        drop(self.journal.submit(vec![Op::DefineQueue {
+            queue_id: id,
+            def: QueueDefRecord::encode(&def),
+        }]));
+        let q = Arc::new(Queue::new(def));
+        self.queues
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, q.clone());
+        let o = Arc::new(crate::forward::Outgoing::new(q));
+        map.insert(destination.to_string(), o.clone());
+        drop(map);
+        tracing::info!(%destination, "outgoing queue created");
+        self.start_forwarder(&o);
+        Ok(o)
+    }
+
+    /// Starts the broker's background work once it runs on a Tokio runtime: a forwarder per
+    /// outgoing queue and the expiry sweep. Called by the server; idempotent.
+    pub fn start_background(self: &Arc<Self>) {
+        {
+            let mut bg = self.background.lock().unwrap_or_else(|p| p.into_inner());
+            if bg.is_some() {
+                return;
+            }
+            *bg = Some(tokio::runtime::Handle::current());
+        }
+        let all: Vec<_> = self
+            .outgoing
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for o in &all {
+            self.start_forwarder(o);
+        }
+        let broker = Arc::downgrade(self);
+        let shutdown = self.shutdown.subscribe();
+        tokio::spawn(crate::deadletter::sweep_loop(broker, shutdown));
+    }
+
+    fn start_forwarder(self: &Arc<Self>, o: &Arc<crate::forward::Outgoing>) {
+        let handle = self
+            .background
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(handle) = handle {
+            if o.mark_started() {
+                handle.spawn(crate::forward::run(Arc::downgrade(self), o.clone()));
+            }
+        }
+    }
+
+    /// The dead-letter queue for a message: DEADXACT for transactional ones, else DEADLETTER.
+    pub(crate) fn dead_letter_queue(&self, transactional: bool) -> &Arc<Queue> {
+        if transactional {
+            &self.dead_xact
+        } else {
+            &self.dead_letter
+        }
     }
 
     /// Stores one batch of messages in every destination queue: each message gets one id, shared
@@ -379,7 +698,7 @@ impl Broker {
     /// recoverable ones when their journal record is on disk (group commit).
     pub fn send_batch(
         self: &Arc<Self>,
-        dests: &[Arc<Queue>],
+        dests: &[Target],
         msgs: Vec<v1::OutMessage>,
         transactional: bool,
     ) -> Pin<Box<dyn Future<Output = BatchOutcome> + Send + 'static>> {
@@ -397,7 +716,8 @@ impl Broker {
                 force_transactional(&mut m);
             }
             match StoredMessage::accept(m, uuid::Uuid::now_v7(), &self.config) {
-                Ok(sm) => {
+                Ok(mut sm) => {
+                    sm.transactional = transactional;
                     let charge = sm.charged_bytes() * dests.len() as u64;
                     if let Err(e) = self.reserve(sm.delivery, charge) {
                         failures.push((i, e));
@@ -420,7 +740,7 @@ impl Broker {
         // multiple-element send refused by one queue's quota leaves no copy elsewhere).
         let admitted: Vec<Vec<Result<u64, BrokerError>>> = dests
             .iter()
-            .map(|q| match q.admit(&accepted) {
+            .map(|t| match t.queue.admit(&accepted) {
                 Ok(r) => r,
                 Err(e) => accepted.iter().map(|_| Err(e.clone())).collect(),
             })
@@ -437,19 +757,35 @@ impl Broker {
                 }
             }
         }
-        for (q, per_queue) in dests.iter().zip(admitted) {
+        for (t, per_queue) in dests.iter().zip(admitted) {
+            let q = &t.queue;
             let mut express = Vec::new();
             for (j, r) in per_queue.into_iter().enumerate() {
-                let m = &accepted[j];
                 let Ok(seq) = r else { continue };
+                // A copy for a remote queue carries its route (one copy per destination).
+                let routed;
+                let m = match &t.route {
+                    None => &accepted[j],
+                    Some(route) => {
+                        routed = Arc::new(StoredMessage {
+                            route: Some(route.clone()),
+                            ..(*accepted[j]).clone()
+                        });
+                        &routed
+                    }
+                };
                 if refused[j] {
                     q.unadmit(m.charged_bytes());
                 } else if m.delivery == Delivery::Express {
                     express.push(Entry::new(seq, m.clone()));
                 } else {
-                    let (header, bodyless) = headers[j]
-                        .get_or_insert_with(|| (m.encode_header(), Arc::new(m.without_body())))
-                        .clone();
+                    let (header, bodyless) = if t.route.is_some() {
+                        (m.encode_header(), Arc::new(m.without_body()))
+                    } else {
+                        headers[j]
+                            .get_or_insert_with(|| (m.encode_header(), Arc::new(m.without_body())))
+                            .clone()
+                    };
                     ops.push(Op::Put {
                         queue_id: q.def().id,
                         seq,
@@ -620,6 +956,15 @@ impl Broker {
                 }),
         }
     }
+}
+
+/// `host:port` of the broker a remote queue lives on (the outgoing queue's destination).
+pub(crate) fn remote_destination(addr: &QueueAddress) -> String {
+    format!(
+        "{}:{}",
+        addr.host,
+        addr.port.unwrap_or(mq_proto::format_name::DEFAULT_PORT)
+    )
 }
 
 /// `.\private$\name` or `.\name`: how a local queue is shown, with the name as written.

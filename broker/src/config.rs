@@ -10,6 +10,10 @@ pub const DEFAULT_EXPRESS_QUOTA_BYTES: u64 = 1024 * 1024 * 1024;
 pub const DEFAULT_STORAGE_QUOTA_BYTES: u64 = 64 * 1024 * 1024 * 1024;
 /// Default journal segment size: 64 MiB.
 pub const DEFAULT_JOURNAL_SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+/// Default first wait before retrying a failed forwarding connection.
+pub const DEFAULT_FORWARD_RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(100);
+/// Default longest wait between forwarding connection attempts.
+pub const DEFAULT_FORWARD_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 /// Largest label, in characters.
 pub const MAX_LABEL_CHARS: usize = 250;
 /// Largest correlation id, in characters.
@@ -39,6 +43,10 @@ pub struct BrokerConfig {
     pub tx_timeout: std::time::Duration,
     /// How long a graceful shutdown waits for open streams before closing them.
     pub shutdown_grace: std::time::Duration,
+    /// First wait before retrying a failed forwarding connection (doubles each failure).
+    pub forward_retry_min: std::time::Duration,
+    /// Longest wait between forwarding connection attempts.
+    pub forward_retry_max: std::time::Duration,
 }
 
 impl BrokerConfig {
@@ -54,6 +62,8 @@ impl BrokerConfig {
             journal_io: None,
             tx_timeout: std::time::Duration::from_secs(60),
             shutdown_grace: std::time::Duration::from_secs(5),
+            forward_retry_min: DEFAULT_FORWARD_RETRY_MIN,
+            forward_retry_max: DEFAULT_FORWARD_RETRY_MAX,
         }
     }
 }
@@ -80,6 +90,8 @@ impl std::fmt::Debug for BrokerConfig {
             .field("faulty_journal_io", &self.journal_io.is_some())
             .field("tx_timeout", &self.tx_timeout)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("forward_retry_min", &self.forward_retry_min)
+            .field("forward_retry_max", &self.forward_retry_max)
             .finish()
     }
 }

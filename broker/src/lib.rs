@@ -26,7 +26,10 @@
 
 mod broker;
 mod config;
+mod deadletter;
 mod error;
+mod forward;
+mod inbound;
 pub mod journal;
 mod message;
 mod queue;
@@ -34,11 +37,12 @@ mod server;
 mod service;
 mod transaction;
 
-pub use broker::{Broker, RecoveryReport};
+pub use broker::{Broker, RecoveryReport, Target};
 pub use config::{
     default_name, BrokerConfig, DEFAULT_EXPRESS_QUOTA_BYTES, DEFAULT_JOURNAL_SEGMENT_BYTES,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_STORAGE_QUOTA_BYTES, MAX_CORRELATION_ID_CHARS, MAX_LABEL_CHARS,
 };
+pub use deadletter::class_name;
 pub use error::BrokerError;
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};
 pub use queue::{Queue, QueueStats};

@@ -1,5 +1,7 @@
 //! A stored message: the header the broker keeps in memory and the body.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use mq_proto::v1;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -42,6 +44,29 @@ pub struct StoredMessage {
     pub sent_time_ms: u64,
     pub arrived_time_ms: u64,
     pub response_queue: String,
+    /// Unix ms by which the message must be in its destination queue (0 = no limit). Only
+    /// enforced on the way there: in outgoing queues and on arrival at the remote broker.
+    pub reach_queue_by_ms: u64,
+    /// Unix ms by which the message must be received (0 = no limit).
+    pub receive_by_ms: u64,
+    /// Sent in a transaction (decides DEADXACT over DEADLETTER, and what a remote queue accepts).
+    pub transactional: bool,
+    /// In an outgoing queue: the format name of the remote queue it is going to.
+    pub route: Option<Arc<str>>,
+    /// In a dead-letter queue: why it is there.
+    pub dead_letter: Option<Arc<DeadLetterInfo>>,
+}
+
+/// Why a message is in a dead-letter queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterInfo {
+    pub class: v1::DeadLetterClass,
+    pub reason: String,
+    /// The format name the message was sent to.
+    pub destination: String,
+    pub time_ms: u64,
+    /// The broker that dead-lettered it.
+    pub broker: String,
 }
 
 impl StoredMessage {
@@ -89,6 +114,21 @@ impl StoredMessage {
                 )))
             }
         };
+        let arrived = now_ms();
+        let deadline = |ms: u64| {
+            if ms == 0 {
+                0
+            } else {
+                arrived.saturating_add(ms)
+            }
+        };
+        let receive_by_ms = deadline(m.time_to_be_received_ms);
+        // Time-to-be-received covers the way there too (as MSMQ).
+        let reach_queue_by_ms = match (deadline(m.time_to_reach_queue_ms), receive_by_ms) {
+            (0, r) => r,
+            (q, 0) => q,
+            (q, r) => q.min(r),
+        };
         Ok(StoredMessage {
             id,
             body_len: m.body.len() as u32,
@@ -100,9 +140,57 @@ impl StoredMessage {
             body_type: m.body_type,
             delivery,
             sent_time_ms: m.sent_time_ms,
-            arrived_time_ms: now_ms(),
+            arrived_time_ms: arrived,
             response_queue: m.response_queue,
+            reach_queue_by_ms,
+            receive_by_ms,
+            transactional: false,
+            route: None,
+            dead_letter: None,
         })
+    }
+
+    /// A message forwarded by another broker, as it arrives here: id, times and deadlines as
+    /// the sending broker set them; arrival time now. Checked like a local send.
+    pub fn accept_forwarded(
+        m: v1::Message,
+        transactional: bool,
+        config: &BrokerConfig,
+    ) -> Result<Self, BrokerError> {
+        let id = uuid::Uuid::from_slice(&m.id).map_err(|_| {
+            BrokerError::InvalidArgument(format!(
+                "a forwarded message id must be 16 bytes, not {}",
+                m.id.len()
+            ))
+        })?;
+        let out = v1::OutMessage {
+            body: m.body,
+            label: m.label,
+            priority: Some(m.priority),
+            correlation_id: m.correlation_id,
+            app_specific: m.app_specific,
+            body_type: m.body_type,
+            delivery: m.delivery,
+            sent_time_ms: m.sent_time_ms,
+            response_queue: m.response_queue,
+            time_to_reach_queue_ms: 0,
+            time_to_be_received_ms: 0,
+        };
+        let mut sm = StoredMessage::accept(out, id, config)?;
+        sm.reach_queue_by_ms = m.reach_queue_by_ms;
+        sm.receive_by_ms = m.receive_by_ms;
+        sm.transactional = transactional;
+        Ok(sm)
+    }
+
+    /// Whether the message can no longer be received at `now` (time-to-be-received passed).
+    pub fn receive_expired(&self, now: u64) -> bool {
+        self.receive_by_ms != 0 && now >= self.receive_by_ms
+    }
+
+    /// Whether the message can no longer reach its queue at `now` (time-to-reach-queue passed).
+    pub fn reach_expired(&self, now: u64) -> bool {
+        self.reach_queue_by_ms != 0 && now >= self.reach_queue_by_ms
     }
 
     /// Bytes charged against quotas for this message.
@@ -120,7 +208,7 @@ impl StoredMessage {
 
     /// The header as stored in the journal (everything but the body).
     pub fn encode_header(&self) -> Bytes {
-        let h = HeaderRecord {
+        let h = HeaderRecordV2 {
             id: *self.id.as_bytes(),
             label: &self.label,
             priority: self.priority,
@@ -130,13 +218,28 @@ impl StoredMessage {
             sent_time_ms: self.sent_time_ms,
             arrived_time_ms: self.arrived_time_ms,
             response_queue: &self.response_queue,
+            reach_queue_by_ms: self.reach_queue_by_ms,
+            receive_by_ms: self.receive_by_ms,
+            transactional: self.transactional,
+            route: self.route.as_deref(),
+            dead_letter: self.dead_letter.as_deref().map(|d| DeadLetterRecord {
+                class: d.class as i32,
+                reason: &d.reason,
+                destination: &d.destination,
+                time_ms: d.time_ms,
+                broker: &d.broker,
+            }),
         };
         Bytes::from(postcard::to_allocvec(&h).expect("encoding a header into a Vec cannot fail"))
     }
 
     /// A recoverable message from its journal header; the body stays on disk.
     pub fn decode_header(bytes: &[u8], body_len: u32) -> Result<StoredMessage, postcard::Error> {
-        let h: HeaderRecord<'_> = postcard::from_bytes(bytes)?;
+        // Version 2 appends fields to version 1; a version-1 header ends early.
+        let (h, v2) = match postcard::from_bytes::<HeaderRecordV2<'_>>(bytes) {
+            Ok(v2) => (v2.v1(), Some(v2)),
+            Err(_) => (postcard::from_bytes::<HeaderRecord<'_>>(bytes)?, None),
+        };
         Ok(StoredMessage {
             id: uuid::Uuid::from_bytes(h.id),
             body: None,
@@ -150,6 +253,20 @@ impl StoredMessage {
             sent_time_ms: h.sent_time_ms,
             arrived_time_ms: h.arrived_time_ms,
             response_queue: h.response_queue.to_string(),
+            reach_queue_by_ms: v2.as_ref().map_or(0, |v| v.reach_queue_by_ms),
+            receive_by_ms: v2.as_ref().map_or(0, |v| v.receive_by_ms),
+            transactional: v2.as_ref().is_some_and(|v| v.transactional),
+            route: v2.as_ref().and_then(|v| v.route).map(Arc::from),
+            dead_letter: v2.as_ref().and_then(|v| v.dead_letter.as_ref()).map(|d| {
+                Arc::new(DeadLetterInfo {
+                    class: v1::DeadLetterClass::try_from(d.class)
+                        .unwrap_or(v1::DeadLetterClass::Unspecified),
+                    reason: d.reason.to_string(),
+                    destination: d.destination.to_string(),
+                    time_ms: d.time_ms,
+                    broker: d.broker.to_string(),
+                })
+            }),
         })
     }
 
@@ -172,7 +289,16 @@ impl StoredMessage {
             response_queue: self.response_queue.clone(),
             destination: destination.to_string(),
             abort_count,
-            ..Default::default()
+            reach_queue_by_ms: self.reach_queue_by_ms,
+            receive_by_ms: self.receive_by_ms,
+            transactional: self.transactional,
+            dead_letter: self.dead_letter.as_deref().map(|d| v1::DeadLetter {
+                class: d.class as i32,
+                reason: d.reason.clone(),
+                destination: d.destination.clone(),
+                time_ms: d.time_ms,
+                broker: d.broker.clone(),
+            }),
         }
     }
 }
@@ -197,4 +323,130 @@ struct HeaderRecord<'a> {
     sent_time_ms: u64,
     arrived_time_ms: u64,
     response_queue: &'a str,
+}
+
+/// Version 2 of the header: version 1's fields, then timers, transactional, route and the
+/// dead-letter record. Field order is the format: append only.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct HeaderRecordV2<'a> {
+    id: [u8; 16],
+    label: &'a str,
+    priority: u8,
+    correlation_id: &'a str,
+    app_specific: i64,
+    body_type: u32,
+    sent_time_ms: u64,
+    arrived_time_ms: u64,
+    response_queue: &'a str,
+    reach_queue_by_ms: u64,
+    receive_by_ms: u64,
+    transactional: bool,
+    route: Option<&'a str>,
+    dead_letter: Option<DeadLetterRecord<'a>>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct DeadLetterRecord<'a> {
+    class: i32,
+    reason: &'a str,
+    destination: &'a str,
+    time_ms: u64,
+    broker: &'a str,
+}
+
+impl<'a> HeaderRecordV2<'a> {
+    fn v1(&self) -> HeaderRecord<'a> {
+        HeaderRecord {
+            id: self.id,
+            label: self.label,
+            priority: self.priority,
+            correlation_id: self.correlation_id,
+            app_specific: self.app_specific,
+            body_type: self.body_type,
+            sent_time_ms: self.sent_time_ms,
+            arrived_time_ms: self.arrived_time_ms,
+            response_queue: self.response_queue,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> StoredMessage {
+        let config = BrokerConfig::new("/nonexistent");
+        let mut m = StoredMessage::accept(
+            v1::OutMessage {
+                body: Bytes::from_static(b"hello"),
+                label: "l".into(),
+                priority: Some(5),
+                correlation_id: "c".into(),
+                app_specific: -7,
+                body_type: 3,
+                delivery: v1::Delivery::Recoverable as i32,
+                sent_time_ms: 11,
+                response_queue: "r".into(),
+                time_to_reach_queue_ms: 5_000,
+                time_to_be_received_ms: 2_000,
+            },
+            uuid::Uuid::now_v7(),
+            &config,
+        )
+        .unwrap();
+        m.transactional = true;
+        m
+    }
+
+    #[test]
+    fn ttbr_caps_ttrq() {
+        let m = sample();
+        assert_eq!(m.receive_by_ms, m.arrived_time_ms + 2_000);
+        assert_eq!(m.reach_queue_by_ms, m.receive_by_ms);
+        assert!(!m.receive_expired(m.arrived_time_ms));
+        assert!(m.receive_expired(m.receive_by_ms));
+    }
+
+    #[test]
+    fn header_v2_round_trip() {
+        let mut m = sample();
+        m.route = Some(Arc::from(r"DIRECT=TCP:127.0.0.1:5000\private$\q"));
+        m.dead_letter = Some(Arc::new(DeadLetterInfo {
+            class: v1::DeadLetterClass::ReachQueueTimeout,
+            reason: "late".into(),
+            destination: "d".into(),
+            time_ms: 99,
+            broker: "b".into(),
+        }));
+        let back = StoredMessage::decode_header(&m.encode_header(), m.body_len).unwrap();
+        assert_eq!(back.id, m.id);
+        assert_eq!(back.reach_queue_by_ms, m.reach_queue_by_ms);
+        assert_eq!(back.receive_by_ms, m.receive_by_ms);
+        assert!(back.transactional);
+        assert_eq!(back.route, m.route);
+        assert_eq!(back.dead_letter, m.dead_letter);
+        assert_eq!(back.label, "l");
+    }
+
+    #[test]
+    fn header_v1_still_decodes() {
+        let m = sample();
+        let v1 = HeaderRecord {
+            id: *m.id.as_bytes(),
+            label: &m.label,
+            priority: m.priority,
+            correlation_id: &m.correlation_id,
+            app_specific: m.app_specific,
+            body_type: m.body_type,
+            sent_time_ms: m.sent_time_ms,
+            arrived_time_ms: m.arrived_time_ms,
+            response_queue: &m.response_queue,
+        };
+        let bytes = postcard::to_allocvec(&v1).unwrap();
+        let back = StoredMessage::decode_header(&bytes, 5).unwrap();
+        assert_eq!(back.id, m.id);
+        assert_eq!(back.response_queue, "r");
+        assert_eq!(back.receive_by_ms, 0);
+        assert!(!back.transactional && back.route.is_none() && back.dead_letter.is_none());
+    }
 }

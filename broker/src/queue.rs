@@ -48,6 +48,34 @@ pub struct QueueDef {
     pub quota_bytes: Option<u64>,
     pub label: String,
     pub created_ms: u64,
+    pub role: QueueRole,
+}
+
+/// What a queue is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueRole {
+    /// A queue applications created.
+    Normal,
+    /// `SYSTEM$;DEADLETTER`: non-transactional messages that could not be delivered.
+    DeadLetter,
+    /// `SYSTEM$;DEADXACT`: transactional messages that could not be delivered.
+    DeadXact,
+    /// Messages waiting to be forwarded to the broker at `destination` (`host:port`). Strict
+    /// FIFO (one lane): its `seq` is the forwarding stream's sequence.
+    Outgoing {
+        destination: String,
+        stream_id: uuid::Uuid,
+        paused: bool,
+    },
+    /// Internal: the receive side's forwarding-stream high-water marks.
+    Streams,
+}
+
+impl QueueRole {
+    /// Queues `mq queue list` shows and applications may delete.
+    pub fn is_normal(&self) -> bool {
+        matches!(self, QueueRole::Normal)
+    }
 }
 
 /// Counters of a queue at one moment.
@@ -70,6 +98,11 @@ struct State {
     charged: u64,
     next_seq: u64,
     deleted: bool,
+    /// Ready entries that have a deadline (so sweeps can skip queues without any).
+    timed: usize,
+    /// Expired entries found by `take` (counted in flight) waiting for the broker's sweep to
+    /// move them to a dead-letter queue.
+    expired: Vec<Entry>,
 }
 
 /// A queue. Shared by the broker's registry and every stream that uses it.
@@ -95,6 +128,25 @@ impl Queue {
 
     pub fn def(&self) -> &QueueDef {
         &self.def
+    }
+
+    /// The priority level an entry is kept at: its priority, or 0 in a FIFO outgoing queue.
+    fn lane(&self, e: &Entry) -> usize {
+        match self.def.role {
+            QueueRole::Outgoing { .. } => 0,
+            _ => e.msg.priority as usize,
+        }
+    }
+
+    /// Whether the entry has a deadline this queue enforces, and whether it has passed at `now`.
+    fn deadline(&self, e: &Entry, now: u64) -> (bool, bool) {
+        match self.def.role {
+            QueueRole::Outgoing { .. } => (
+                e.msg.reach_queue_by_ms != 0 || e.msg.receive_by_ms != 0,
+                e.msg.reach_expired(now) || e.msg.receive_expired(now),
+            ),
+            _ => (e.msg.receive_by_ms != 0, e.msg.receive_expired(now)),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -173,11 +225,15 @@ impl Queue {
         if st.deleted {
             return;
         }
+        let now = now_ms();
         for e in entries {
             st.stats.messages += 1;
             st.stats.bytes += e.msg.body_len as u64;
             st.ready += 1;
-            let level = &mut st.levels[e.msg.priority as usize];
+            if self.deadline(&e, now).0 {
+                st.timed += 1;
+            }
+            let level = &mut st.levels[self.lane(&e)];
             match level.back() {
                 Some(b) if b.seq > e.seq => {
                     let pos = level.partition_point(|x| x.seq < e.seq);
@@ -202,23 +258,87 @@ impl Queue {
 
     /// Takes up to `max` ready messages, highest priority first, for delivery. They stay counted
     /// until [`Queue::complete`] or [`Queue::restore`].
+    ///
+    /// Messages whose deadline has passed are never handed out: they are set aside (still
+    /// counted in flight) for [`Queue::sweep`].
     pub fn take(&self, max: usize) -> Result<Vec<Entry>, BrokerError> {
-        let mut st = self.lock();
+        self.take_bounded(max, usize::MAX)
+    }
+
+    /// [`Queue::take`], stopping once the bodies taken reach `max_bytes` (at least one message
+    /// is taken if any is ready).
+    pub fn take_bounded(&self, max: usize, max_bytes: usize) -> Result<Vec<Entry>, BrokerError> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
         if st.deleted {
             return Err(BrokerError::QueueNotFound(self.def.name.clone()));
         }
-        let mut out = Vec::with_capacity(max.min(st.ready));
-        for p in (0..8).rev() {
-            while out.len() < max {
-                match st.levels[p].pop_front() {
-                    Some(e) => out.push(e),
-                    None => break,
+        let now = if st.timed > 0 { now_ms() } else { 0 };
+        let mut out = Vec::with_capacity(max.min(st.ready).min(1024));
+        let mut bytes = 0usize;
+        let mut expired = 0usize;
+        'levels: for p in (0..8).rev() {
+            while out.len() < max && bytes < max_bytes {
+                let Some(e) = st.levels[p].pop_front() else {
+                    break;
+                };
+                if st.timed > 0 {
+                    let (timed, gone) = self.deadline(&e, now);
+                    if timed {
+                        st.timed -= 1;
+                    }
+                    if gone {
+                        expired += 1;
+                        st.expired.push(e);
+                        continue;
+                    }
                 }
+                bytes += e.msg.body_len as usize;
+                out.push(e);
+            }
+            if out.len() >= max || bytes >= max_bytes {
+                break 'levels;
             }
         }
-        st.ready -= out.len();
-        st.stats.in_flight += out.len() as u64;
+        st.ready -= out.len() + expired;
+        st.stats.in_flight += (out.len() + expired) as u64;
         Ok(out)
+    }
+
+    /// Takes every message whose deadline has passed at `now` (set aside by `take`, or still
+    /// waiting), counted in flight, for the broker to move to a dead-letter queue.
+    pub fn sweep(&self, now: u64) -> Vec<Entry> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let mut out = std::mem::take(&mut st.expired);
+        if st.timed > 0 && !st.deleted {
+            for p in 0..8 {
+                if st.levels[p].is_empty() {
+                    continue;
+                }
+                let level = std::mem::take(&mut st.levels[p]);
+                let mut keep = VecDeque::with_capacity(level.len());
+                for e in level {
+                    let (timed, gone) = self.deadline(&e, now);
+                    if gone {
+                        st.timed -= usize::from(timed);
+                        st.ready -= 1;
+                        st.stats.in_flight += 1;
+                        out.push(e);
+                    } else {
+                        keep.push_back(e);
+                    }
+                }
+                st.levels[p] = keep;
+            }
+        }
+        out
+    }
+
+    /// Whether a sweep could find anything.
+    pub fn needs_sweep(&self) -> bool {
+        let st = self.lock();
+        st.timed > 0 || !st.expired.is_empty()
     }
 
     /// Acknowledges delivered messages: they are removed for good. (Their broker-wide quota is
@@ -249,10 +369,15 @@ impl Queue {
         }
         st.stats.in_flight -= entries.len() as u64;
         st.ready += entries.len();
+        let now = now_ms();
         // Entries come in delivery order; most belong before the current head, so walk backwards
         // and push to the front when possible.
         for e in entries.into_iter().rev() {
-            let level = &mut st.levels[e.msg.priority as usize];
+            if self.deadline(&e, now).0 {
+                st.timed += 1;
+            }
+            let lane = self.lane(&e);
+            let level = &mut st.levels[lane];
             match level.front() {
                 Some(f) if f.seq < e.seq => {
                     let pos = level.partition_point(|x| x.seq < e.seq);
@@ -280,9 +405,11 @@ impl Queue {
         if st.deleted {
             return Err(BrokerError::QueueNotFound(self.def.name.clone()));
         }
+        let now = now_ms();
         Ok((0..8)
             .rev()
             .flat_map(|p| st.levels[p].iter())
+            .filter(|e| st.timed == 0 || !self.deadline(e, now).1)
             .take(max)
             .cloned()
             .collect())
@@ -298,6 +425,7 @@ impl Queue {
         let charged: u64 = out.iter().map(|e| e.msg.charged_bytes()).sum();
         let body: u64 = out.iter().map(|e| e.msg.body_len as u64).sum();
         st.ready = 0;
+        st.timed = 0;
         st.stats.messages -= out.len() as u64;
         st.stats.bytes -= body;
         st.charged -= charged;
@@ -313,6 +441,8 @@ impl Queue {
         }
         st.charged = 0;
         st.ready = 0;
+        st.timed = 0;
+        st.expired.clear();
         st.stats = QueueStats::default();
         drop(st);
         self.notify.notify_waiters();
@@ -324,7 +454,12 @@ impl Queue {
     pub fn charged_by_delivery(&self) -> (u64, u64) {
         let st = self.lock();
         let mut out = (0, 0);
-        for e in st.levels.iter().flat_map(|l| l.iter()) {
+        for e in st
+            .levels
+            .iter()
+            .flat_map(|l| l.iter())
+            .chain(st.expired.iter())
+        {
             match e.msg.delivery {
                 crate::message::Delivery::Express => out.0 += e.msg.charged_bytes(),
                 crate::message::Delivery::Recoverable => out.1 += e.msg.charged_bytes(),
@@ -382,6 +517,7 @@ impl QueueDef {
             quota_bytes,
             label,
             created_ms: now_ms(),
+            role: QueueRole::Normal,
         }
     }
 }
@@ -406,6 +542,11 @@ mod tests {
             sent_time_ms: 0,
             arrived_time_ms: 0,
             response_queue: String::new(),
+            reach_queue_by_ms: 0,
+            receive_by_ms: 0,
+            transactional: false,
+            route: None,
+            dead_letter: None,
         })
     }
 

@@ -63,6 +63,7 @@ pub async fn run_with_ready(
         "recovered the journal"
     );
     let broker = Arc::new(broker);
+    broker.start_background();
     let svc = MessageQueueServer::new(Service::new(broker.clone()))
         .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
         .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);

@@ -164,30 +164,41 @@ impl MessageQueue for Service {
 
     async fn forward(
         &self,
-        _req: Request<Streaming<v1::ForwardBatch>>,
+        req: Request<Streaming<v1::ForwardBatch>>,
     ) -> Result<Response<Self::ForwardStream>, Status> {
-        Err(Status::unimplemented("forwarding: in progress"))
+        let (broker, inbound) = (self.broker.clone(), req.into_inner());
+        Ok(spawn_stream(32, |tx| {
+            crate::inbound::forward_stream(broker, inbound, tx)
+        }))
     }
 
     async fn list_outgoing(
         &self,
         _req: Request<v1::Empty>,
     ) -> Result<Response<v1::ListOutgoingResponse>, Status> {
-        Err(Status::unimplemented("outgoing queues: in progress"))
+        Ok(Response::new(v1::ListOutgoingResponse {
+            queues: self.broker.outgoing_list(),
+        }))
     }
 
     async fn pause_outgoing(
         &self,
-        _req: Request<v1::OutgoingRequest>,
+        req: Request<v1::OutgoingRequest>,
     ) -> Result<Response<v1::OutgoingQueueInfo>, Status> {
-        Err(Status::unimplemented("outgoing queues: in progress"))
+        let dest = req.into_inner().destination;
+        Ok(Response::new(
+            self.broker.set_outgoing_paused(&dest, true).await?,
+        ))
     }
 
     async fn resume_outgoing(
         &self,
-        _req: Request<v1::OutgoingRequest>,
+        req: Request<v1::OutgoingRequest>,
     ) -> Result<Response<v1::OutgoingQueueInfo>, Status> {
-        Err(Status::unimplemented("outgoing queues: in progress"))
+        let dest = req.into_inner().destination;
+        Ok(Response::new(
+            self.broker.set_outgoing_paused(&dest, false).await?,
+        ))
     }
 
     async fn peek(
@@ -261,7 +272,7 @@ async fn send_stream(
         }
     });
     // The last destination's resolution, so a stream of batches to one queue parses it once.
-    let mut cached: Option<(String, bool, Vec<Arc<Queue>>)> = None;
+    let mut cached: Option<(String, bool, Vec<crate::broker::Target>)> = None;
     loop {
         let batch = tokio::select! {
             b = inbound.message() => b,
@@ -280,7 +291,9 @@ async fn send_stream(
         let tx = batch.transactional;
         let dests = match &cached {
             Some((name, t, d))
-                if *name == batch.destination && *t == tx && d.iter().all(|q| !q.is_deleted()) =>
+                if *name == batch.destination
+                    && *t == tx
+                    && d.iter().all(|t| !t.queue.is_deleted()) =>
             {
                 Ok(d.clone())
             }

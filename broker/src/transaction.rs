@@ -85,17 +85,23 @@ impl Transaction {
         let dests = self.broker.destinations(destination, true)?;
         for mut m in msgs {
             force_transactional(&mut m);
-            let msg = Arc::new(StoredMessage::accept(
-                m,
-                uuid::Uuid::now_v7(),
-                self.broker.config(),
-            )?);
+            let mut msg = StoredMessage::accept(m, uuid::Uuid::now_v7(), self.broker.config())?;
+            msg.transactional = true;
+            let msg = Arc::new(msg);
             let charge = msg.charged_bytes();
-            for q in &dests {
+            for t in &dests {
                 self.broker.reserve(Delivery::Recoverable, charge)?;
+                // A remote queue's copy waits in the outgoing queue (on commit) with its route.
+                let msg = match &t.route {
+                    None => msg.clone(),
+                    Some(route) => Arc::new(StoredMessage {
+                        route: Some(route.clone()),
+                        ..(*msg).clone()
+                    }),
+                };
                 self.sends.push(Staged {
-                    queue: q.clone(),
-                    msg: msg.clone(),
+                    queue: t.queue.clone(),
+                    msg,
                 });
             }
         }
@@ -171,10 +177,12 @@ impl Transaction {
                     }
                 };
                 let header = match &header_cache {
-                    Some((id, h)) if *id == s.msg.id => h.clone(),
+                    Some((id, h)) if *id == s.msg.id && s.msg.route.is_none() => h.clone(),
                     _ => {
                         let h = s.msg.encode_header();
-                        header_cache = Some((s.msg.id, h.clone()));
+                        if s.msg.route.is_none() {
+                            header_cache = Some((s.msg.id, h.clone()));
+                        }
                         h
                     }
                 };

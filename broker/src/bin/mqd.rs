@@ -40,6 +40,13 @@ struct Args {
     /// A transaction open longer than this many seconds is aborted.
     #[arg(long, default_value_t = 60)]
     tx_timeout_secs: u64,
+    /// Store-and-forward: first wait before retrying a destination broker that could not be
+    /// reached (doubles after each failure), e.g. 100ms, 2s.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    forward_retry_min: std::time::Duration,
+    /// Store-and-forward: longest wait between attempts to reach a destination broker.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    forward_retry_max: std::time::Duration,
 }
 
 #[tokio::main]
@@ -61,6 +68,15 @@ async fn main() -> anyhow::Result<()> {
     config.storage_quota_bytes = args.storage_quota_bytes;
     config.journal_segment_bytes = args.journal_segment_bytes;
     config.tx_timeout = std::time::Duration::from_secs(args.tx_timeout_secs.max(1));
+    if args.forward_retry_min.is_zero() || args.forward_retry_max < args.forward_retry_min {
+        anyhow::bail!(
+            "--forward-retry-min must be above zero and at most --forward-retry-max (got {:?} and {:?})",
+            args.forward_retry_min,
+            args.forward_retry_max
+        );
+    }
+    config.forward_retry_min = args.forward_retry_min;
+    config.forward_retry_max = args.forward_retry_max;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

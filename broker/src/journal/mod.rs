@@ -425,6 +425,11 @@ impl Journal {
         Ok(Bytes::from(buf))
     }
 
+    /// Whether a failed write made the journal refuse writes until restart.
+    pub fn is_poisoned(&self) -> bool {
+        self.inner.shared.is_poisoned()
+    }
+
     /// Current counters.
     pub fn stats(&self) -> JournalStats {
         let s = &self.inner.shared;

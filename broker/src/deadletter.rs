@@ -1,0 +1,245 @@
+//! Dead-letter queues and message timers.
+//!
+//! Every broker has `SYSTEM$;DEADLETTER` (non-transactional messages) and `SYSTEM$;DEADXACT`
+//! (transactional ones). A message lands there, with its class and reason, when it cannot be
+//! delivered: the destination broker refused it (no such queue, transactional mismatch, over
+//! quota, arrived after its time-to-reach-queue), its time-to-reach-queue passed while it
+//! waited in an outgoing queue, or its time-to-be-received passed before anyone received it.
+//!
+//! A move is one journal record (`Put` into the dead-letter queue and `Remove` from where it
+//! was), so a crash leaves the message in exactly one of the two places.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use mq_proto::v1::{self, DeadLetterClass};
+
+use crate::broker::{journal_failed, Broker};
+use crate::journal::Op;
+use crate::message::{now_ms, DeadLetterInfo, Delivery, StoredMessage};
+use crate::queue::{Entry, Queue, QueueRole};
+
+/// How often queues with deadlines are swept for expired messages.
+pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+
+/// One message to dead-letter: the entry (taken from its queue, counted in flight), why, and a
+/// line for people.
+#[derive(Debug)]
+pub struct DeadLetterItem {
+    pub entry: Entry,
+    pub class: DeadLetterClass,
+    pub reason: String,
+}
+
+/// The MSMQ-style name of a class, as `mq` prints it.
+pub fn class_name(class: DeadLetterClass) -> &'static str {
+    match class {
+        DeadLetterClass::Unspecified => "Unspecified",
+        DeadLetterClass::BadDestinationQueue => "BadDestinationQueue",
+        DeadLetterClass::NotTransactionalQueue => "NotTransactionalQueue",
+        DeadLetterClass::NotTransactionalMessage => "NotTransactionalMessage",
+        DeadLetterClass::QueueExceedQuota => "QueueExceedQuota",
+        DeadLetterClass::ReachQueueTimeout => "ReachQueueTimeout",
+        DeadLetterClass::ReceiveTimeout => "ReceiveTimeout",
+        DeadLetterClass::BadMessage => "BadMessage",
+    }
+}
+
+/// Every [`SWEEP_INTERVAL`], moves expired messages of every queue to a dead-letter queue.
+/// Ends when the broker shuts down or is gone.
+pub(crate) async fn sweep_loop(
+    broker: Weak<Broker>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        let Some(b) = broker.upgrade() else { return };
+        for q in b.all_queues() {
+            if !q.needs_sweep() {
+                continue;
+            }
+            let now = now_ms();
+            let expired = q.sweep(now);
+            if expired.is_empty() {
+                continue;
+            }
+            let outgoing = matches!(q.def().role, QueueRole::Outgoing { .. });
+            let items = expired
+                .into_iter()
+                .map(|entry| {
+                    let m = &entry.msg;
+                    let (class, reason) = if m.receive_expired(now) {
+                        (
+                            DeadLetterClass::ReceiveTimeout,
+                            format!(
+                                "its time-to-be-received passed {} ms ago, before it was received",
+                                now.saturating_sub(m.receive_by_ms)
+                            ),
+                        )
+                    } else {
+                        (
+                            DeadLetterClass::ReachQueueTimeout,
+                            format!(
+                                "its time-to-reach-queue passed {} ms ago while it waited in the outgoing queue",
+                                now.saturating_sub(m.reach_queue_by_ms)
+                            ),
+                        )
+                    };
+                    let reason = if outgoing {
+                        reason
+                    } else {
+                        format!("{reason} (in {})", q.def().name)
+                    };
+                    DeadLetterItem {
+                        entry,
+                        class,
+                        reason,
+                    }
+                })
+                .collect();
+            b.dead_letter(&q, items).await;
+        }
+    }
+}
+
+impl Broker {
+    /// Moves taken entries of `src` to the dead-letter queue that fits each (DEADXACT for
+    /// transactional messages). Recoverable ones move in one journal record with their removal
+    /// from `src`; if that write fails they go back to `src`.
+    pub(crate) async fn dead_letter(&self, src: &Arc<Queue>, items: Vec<DeadLetterItem>) {
+        if items.is_empty() {
+            return;
+        }
+        let now = now_ms();
+        let me = self.config().name.clone();
+        let mut ops = Vec::new();
+        let mut removed = Vec::new();
+        let mut durable: Vec<(Arc<Queue>, Entry)> = Vec::new();
+        let mut done: Vec<Entry> = Vec::new();
+        let mut back: Vec<Entry> = Vec::new();
+        let mut counted = 0u64;
+        for item in items {
+            let m = &item.entry.msg;
+            let destination = match &m.route {
+                Some(r) => r.to_string(),
+                None => format!("DIRECT=OS:{}", src.def().name),
+            };
+            tracing::warn!(
+                id = %m.id,
+                class = class_name(item.class),
+                %destination,
+                reason = %item.reason,
+                "message dead-lettered"
+            );
+            let body = match self.body(src, &item.entry) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::error!(id = %m.id, error = %e, "cannot read a message to dead-letter it; it stays where it is");
+                    back.push(item.entry);
+                    continue;
+                }
+            };
+            let dl = self.dead_letter_queue(m.transactional).clone();
+            let moved = Arc::new(StoredMessage {
+                body: Some(body),
+                route: None,
+                reach_queue_by_ms: 0,
+                receive_by_ms: 0,
+                dead_letter: Some(Arc::new(DeadLetterInfo {
+                    class: item.class,
+                    reason: item.reason,
+                    destination,
+                    time_ms: now,
+                    broker: me.clone(),
+                })),
+                ..(**m).clone()
+            });
+            let seq = match dl.admit(std::slice::from_ref(&moved)) {
+                Ok(mut r) => match r.pop() {
+                    Some(Ok(seq)) => seq,
+                    _ => {
+                        back.push(item.entry);
+                        continue;
+                    }
+                },
+                Err(_) => {
+                    back.push(item.entry);
+                    continue;
+                }
+            };
+            counted += 1;
+            match m.delivery {
+                Delivery::Express => {
+                    dl.insert(vec![Entry::new(seq, moved)]);
+                    done.push(item.entry);
+                }
+                Delivery::Recoverable => {
+                    ops.push(Op::Put {
+                        queue_id: dl.def().id,
+                        seq,
+                        header: moved.encode_header(),
+                        body: moved.body.clone().unwrap_or_default(),
+                    });
+                    removed.push(item.entry.seq);
+                    durable.push((dl, Entry::new(seq, Arc::new(moved.without_body()))));
+                    done.push(item.entry);
+                }
+            }
+        }
+        if !removed.is_empty() {
+            ops.push(Op::Remove {
+                queue_id: src.def().id,
+                seqs: removed,
+            });
+            if let Err(e) = self.journal().submit(ops).await {
+                let e = journal_failed(e);
+                tracing::error!(error = %e, "cannot store dead letters; the messages stay where they were");
+                // Express ones already moved; the recoverable ones go back.
+                let (keep, undo): (Vec<Entry>, Vec<Entry>) = done
+                    .into_iter()
+                    .partition(|e| e.msg.delivery == Delivery::Express);
+                for (dl, e) in &durable {
+                    dl.unadmit(e.msg.charged_bytes());
+                }
+                counted -= undo.len() as u64;
+                done = keep;
+                back.extend(undo);
+                durable.clear();
+            }
+        }
+        for (dl, e) in durable {
+            dl.insert(vec![e]);
+        }
+        src.complete(&done);
+        let gone = src.restore(back);
+        self.forget(src, &gone);
+        if let QueueRole::Outgoing { destination, .. } = &src.def().role {
+            if let Some(o) = self
+                .outgoing
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(destination)
+            {
+                o.count_dead_lettered(counted);
+            }
+        }
+    }
+}
+
+/// A rejection as the forwarding protocol carries it.
+pub(crate) fn rejection(
+    index: usize,
+    class: DeadLetterClass,
+    reason: String,
+) -> v1::ForwardRejection {
+    v1::ForwardRejection {
+        index: index as u32,
+        class: class as i32,
+        reason,
+    }
+}

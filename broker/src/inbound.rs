@@ -1,0 +1,401 @@
+//! The receiving side of store-and-forward: the `Forward` stream from another broker.
+//!
+//! Each batch is checked message by message (destination queue exists here, transactional
+//! matches, quota, time-to-reach-queue), stored in one journal record together with the
+//! stream's new high-water mark, and answered once that record is on disk. Messages that cannot
+//! be delivered are answered with a class and reason; the sending broker dead-letters them.
+//!
+//! Exactly once, in order: the sender's outgoing queue is FIFO and numbers messages with its
+//! `seq`. Here, per stream, the highest sequence stored is kept in memory and in the journal
+//! (a record in the internal `SYSTEM$;STREAMS` queue, replaced by every batch, written in the
+//! same journal record as the batch's messages). A message at or below it is a duplicate from a
+//! resend and is dropped. One connection per stream is served at a time.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use mq_proto::format_name::FormatName;
+use mq_proto::v1::{self, DeadLetterClass};
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+
+use crate::broker::{journal_failed, Broker};
+use crate::deadletter::rejection;
+use crate::error::BrokerError;
+use crate::journal::{Op, RecoveredMessage};
+use crate::message::{now_ms, Delivery, StoredMessage};
+use crate::queue::{Entry, Queue};
+
+/// Batches whose answers may be pending at once on one stream.
+const ACK_WINDOW: usize = 32;
+/// How long a new connection of a stream waits for the previous one to finish.
+const TAKEOVER_WAIT: Duration = Duration::from_secs(30);
+
+/// Every incoming stream this broker has stored messages from.
+#[derive(Debug, Default)]
+pub(crate) struct Streams {
+    /// The internal queue whose messages are the streams' high-water marks.
+    pub queue_id: u64,
+    /// The next free record slot (a `seq` of that queue).
+    pub next_slot: u64,
+    by_id: HashMap<uuid::Uuid, Arc<InboundStream>>,
+}
+
+/// One incoming stream.
+#[derive(Debug)]
+pub(crate) struct InboundStream {
+    id: uuid::Uuid,
+    slot: u64,
+    /// Highest sequence whose record is on disk.
+    durable: AtomicU64,
+    /// Held by the connection serving the stream; holds the highest sequence accepted so far
+    /// (stored or being stored).
+    serving: Arc<tokio::sync::Mutex<u64>>,
+}
+
+/// A stream's high-water mark as stored in the journal (postcard). Field order is the format.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StreamRecord {
+    stream_id: [u8; 16],
+    last_seq: u64,
+    source: String,
+}
+
+impl Streams {
+    /// The streams found in the journal.
+    pub(crate) fn recover(
+        queue_id: u64,
+        records: &[RecoveredMessage],
+        next_slot: u64,
+    ) -> Result<Streams, BrokerError> {
+        let mut by_id = HashMap::new();
+        for r in records {
+            let rec: StreamRecord = postcard::from_bytes(&r.header).map_err(|e| {
+                BrokerError::Internal(format!(
+                    "forwarding stream record {} in the journal is unreadable: {e}",
+                    r.seq
+                ))
+            })?;
+            let id = uuid::Uuid::from_bytes(rec.stream_id);
+            by_id.insert(
+                id,
+                Arc::new(InboundStream {
+                    id,
+                    slot: r.seq,
+                    durable: AtomicU64::new(rec.last_seq),
+                    serving: Arc::new(tokio::sync::Mutex::new(rec.last_seq)),
+                }),
+            );
+        }
+        Ok(Streams {
+            queue_id,
+            next_slot,
+            by_id,
+        })
+    }
+
+    fn get_or_create(&mut self, id: uuid::Uuid) -> Arc<InboundStream> {
+        if let Some(s) = self.by_id.get(&id) {
+            return s.clone();
+        }
+        let slot = self.next_slot;
+        self.next_slot += 1;
+        let s = Arc::new(InboundStream {
+            id,
+            slot,
+            durable: AtomicU64::new(0),
+            serving: Arc::new(tokio::sync::Mutex::new(0)),
+        });
+        self.by_id.insert(id, s.clone());
+        s
+    }
+}
+
+type Pending = Pin<Box<dyn Future<Output = Result<v1::ForwardAck, Status>> + Send>>;
+
+/// Serves one `Forward` stream: stores batches in order and answers each once stored.
+pub(crate) async fn forward_stream(
+    broker: Arc<Broker>,
+    mut inbound: Streaming<v1::ForwardBatch>,
+    out: mpsc::Sender<Result<v1::ForwardAck, Status>>,
+) {
+    let first = match inbound.message().await {
+        Ok(Some(b)) => b,
+        _ => return,
+    };
+    let Ok(id) = uuid::Uuid::from_slice(&first.stream_id) else {
+        let _ = out
+            .send(Err(Status::invalid_argument(
+                "a forwarding stream id must be 16 bytes",
+            )))
+            .await;
+        return;
+    };
+    let stream = {
+        let mut streams = broker.streams.lock().unwrap_or_else(|p| p.into_inner());
+        streams.get_or_create(id)
+    };
+    // One connection per stream at a time: a reconnect waits for the old one to wind down.
+    let mut accepted =
+        match tokio::time::timeout(TAKEOVER_WAIT, stream.serving.clone().lock_owned()).await {
+            Ok(g) => g,
+            Err(_) => {
+                let _ = out
+                    .send(Err(Status::unavailable(
+                        "another connection is still forwarding this stream; retry later",
+                    )))
+                    .await;
+                return;
+            }
+        };
+    // Anything accepted but not stored by an earlier connection was not acknowledged either.
+    *accepted = stream.durable.load(Ordering::Acquire);
+    tracing::info!(source = %first.source, stream = %id, through = *accepted, "forwarding stream opened");
+    let (pending_tx, mut pending_rx) = mpsc::channel::<Pending>(ACK_WINDOW);
+    let acker = tokio::spawn(async move {
+        while let Some(ack) = pending_rx.recv().await {
+            let r = ack.await;
+            let failed = r.is_err();
+            if out.send(r).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    let mut next = Some(first);
+    loop {
+        let batch = match next.take() {
+            Some(b) => b,
+            None => {
+                let m = tokio::select! {
+                    m = inbound.message() => m,
+                    _ = broker.shutting_down() => break,
+                };
+                match m {
+                    Ok(Some(b)) => b,
+                    Ok(None) => break,
+                    Err(status) => {
+                        tracing::debug!(%status, "forwarding stream ended by the sender");
+                        break;
+                    }
+                }
+            }
+        };
+        let ack = broker.store_forwarded(&stream, &mut accepted, batch);
+        if pending_tx.send(ack).await.is_err() {
+            break;
+        }
+    }
+    drop(pending_tx);
+    let _ = acker.await;
+    drop(accepted);
+}
+
+impl Broker {
+    /// Checks and stores one forwarded batch. Positions and the journal record are taken now,
+    /// in stream order; the returned future resolves with the answer once the record is on disk.
+    fn store_forwarded(
+        self: &Arc<Self>,
+        stream: &Arc<InboundStream>,
+        accepted: &mut u64,
+        batch: v1::ForwardBatch,
+    ) -> Pending {
+        let now = now_ms();
+        let n = batch.messages.len();
+        let mut rejected = Vec::new();
+        let mut ops = Vec::new();
+        let mut durable: Vec<(Arc<Queue>, Entry)> = Vec::new();
+        let mut high = *accepted;
+        let any_tx = batch.messages.iter().any(|m| m.transactional);
+        let order_guard = any_tx.then(|| self.commit_order_lock());
+        let mut cached: Option<(String, bool, Arc<Queue>)> = None;
+        for (i, fm) in batch.messages.into_iter().enumerate() {
+            if fm.seq != 0 {
+                if fm.seq <= *accepted {
+                    continue; // A duplicate of something already stored.
+                }
+                high = high.max(fm.seq);
+            }
+            let queue = match &cached {
+                Some((d, t, q))
+                    if *d == fm.destination && *t == fm.transactional && !q.is_deleted() =>
+                {
+                    Ok(q.clone())
+                }
+                _ => self.forward_target(&fm.destination, fm.transactional),
+            };
+            let queue = match queue {
+                Ok(q) => {
+                    cached = Some((fm.destination.clone(), fm.transactional, q.clone()));
+                    q
+                }
+                Err((class, reason)) => {
+                    rejected.push(rejection(i, class, reason));
+                    continue;
+                }
+            };
+            let Some(m) = fm.message else {
+                rejected.push(rejection(
+                    i,
+                    DeadLetterClass::BadMessage,
+                    "the forwarded message was empty".into(),
+                ));
+                continue;
+            };
+            let msg = match StoredMessage::accept_forwarded(m, fm.transactional, self.config()) {
+                Ok(m) => m,
+                Err(e) => {
+                    rejected.push(rejection(i, DeadLetterClass::BadMessage, e.to_string()));
+                    continue;
+                }
+            };
+            if msg.reach_expired(now) {
+                rejected.push(rejection(
+                    i,
+                    DeadLetterClass::ReachQueueTimeout,
+                    format!(
+                        "it arrived {} ms after its time-to-reach-queue",
+                        now.saturating_sub(msg.reach_queue_by_ms)
+                    ),
+                ));
+                continue;
+            }
+            let charge = msg.charged_bytes();
+            if let Err(e) = self.reserve(msg.delivery, charge) {
+                rejected.push(rejection(
+                    i,
+                    DeadLetterClass::QueueExceedQuota,
+                    e.to_string(),
+                ));
+                continue;
+            }
+            let msg = Arc::new(msg);
+            let seq = match queue.admit(std::slice::from_ref(&msg)).map(|mut r| r.pop()) {
+                Ok(Some(Ok(seq))) => seq,
+                Ok(Some(Err(e))) | Err(e) => {
+                    self.release(msg.delivery, charge);
+                    let class = match e {
+                        BrokerError::QuotaExceeded(_) => DeadLetterClass::QueueExceedQuota,
+                        _ => DeadLetterClass::BadDestinationQueue,
+                    };
+                    rejected.push(rejection(i, class, e.to_string()));
+                    continue;
+                }
+                Ok(None) => unreachable!("one result per message"),
+            };
+            match msg.delivery {
+                Delivery::Express => queue.insert(vec![Entry::new(seq, msg)]),
+                Delivery::Recoverable => {
+                    ops.push(Op::Put {
+                        queue_id: queue.def().id,
+                        seq,
+                        header: msg.encode_header(),
+                        body: msg.body.clone().unwrap_or_default(),
+                    });
+                    durable.push((queue, Entry::new(seq, Arc::new(msg.without_body()))));
+                }
+            }
+        }
+        if high > *accepted {
+            *accepted = high;
+            let rec = StreamRecord {
+                stream_id: *stream.id.as_bytes(),
+                last_seq: high,
+                source: batch.source.clone(),
+            };
+            let streams_queue = self
+                .streams
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .queue_id;
+            ops.push(Op::Put {
+                queue_id: streams_queue,
+                seq: stream.slot,
+                header: Bytes::from(
+                    postcard::to_allocvec(&rec).expect("encoding into a Vec cannot fail"),
+                ),
+                body: Bytes::new(),
+            });
+        }
+        let commit = (!ops.is_empty()).then(|| self.journal().submit(ops));
+        drop(order_guard);
+        let broker = self.clone();
+        let stream = stream.clone();
+        let ack = v1::ForwardAck {
+            batch: batch.batch,
+            count: n as u32,
+            rejected,
+        };
+        Box::pin(async move {
+            if let Some(commit) = commit {
+                if let Err(e) = commit.await {
+                    for (q, e) in &durable {
+                        q.unadmit(e.msg.charged_bytes());
+                        broker.release(Delivery::Recoverable, e.msg.charged_bytes());
+                    }
+                    return Err(Status::from(journal_failed(e)));
+                }
+            }
+            let mut by_queue: Vec<(Arc<Queue>, Vec<Entry>)> = Vec::new();
+            for (q, e) in durable {
+                match by_queue.last_mut() {
+                    Some((lq, v)) if Arc::ptr_eq(lq, &q) => v.push(e),
+                    _ => by_queue.push((q, vec![e])),
+                }
+            }
+            for (q, entries) in by_queue {
+                q.insert(entries);
+            }
+            stream.durable.fetch_max(high, Ordering::AcqRel);
+            Ok(ack)
+        })
+    }
+
+    /// The local queue a forwarded message is for, or why it cannot be delivered.
+    fn forward_target(
+        &self,
+        destination: &str,
+        transactional: bool,
+    ) -> Result<Arc<Queue>, (DeadLetterClass, String)> {
+        let bad = |reason: String| (DeadLetterClass::BadDestinationQueue, reason);
+        let parsed = FormatName::parse(destination).map_err(|e| bad(e.to_string()))?;
+        let addr = parsed
+            .single()
+            .ok_or_else(|| bad(format!("\"{destination}\" is not a single queue")))?;
+        if !self.is_local(addr) {
+            return Err(bad(format!(
+                "\"{destination}\" is not a queue of this broker ({})",
+                self.config().name
+            )));
+        }
+        if addr.is_read_only() {
+            return Err(bad(format!("\"{destination}\" is a read-only queue")));
+        }
+        let q = self.queue(destination).map_err(|e| bad(e.to_string()))?;
+        if q.def().transactional && !transactional {
+            return Err((
+                DeadLetterClass::NotTransactionalMessage,
+                format!(
+                    "queue \"{}\" on {} is transactional; the message was not sent in a transaction",
+                    q.def().name,
+                    self.config().name
+                ),
+            ));
+        }
+        if !q.def().transactional && transactional {
+            return Err((
+                DeadLetterClass::NotTransactionalQueue,
+                format!(
+                    "the message was sent in a transaction; queue \"{}\" on {} is not transactional",
+                    q.def().name,
+                    self.config().name
+                ),
+            ));
+        }
+        Ok(q)
+    }
+}
