@@ -441,7 +441,7 @@ impl Broker {
         paused: bool,
     ) -> Result<v1::OutgoingQueueInfo, crate::error::BrokerError> {
         use crate::error::BrokerError;
-        let key = outgoing_key(self, destination)?;
+        let key = outgoing_key(|a| self.is_local(a), destination)?;
         let o = self
             .outgoing
             .read()
@@ -480,7 +480,10 @@ impl Broker {
 }
 
 /// The outgoing queue key (`host:port`) an operator's DEST names.
-fn outgoing_key(b: &Broker, dest: &str) -> Result<String, crate::error::BrokerError> {
+fn outgoing_key(
+    is_local: impl Fn(&mq_proto::format_name::QueueAddress) -> bool,
+    dest: &str,
+) -> Result<String, crate::error::BrokerError> {
     use crate::error::BrokerError;
     let dest = dest.trim();
     if dest.contains('\\') || dest.contains('/') || dest.to_ascii_uppercase().starts_with("DIRECT=")
@@ -491,7 +494,7 @@ fn outgoing_key(b: &Broker, dest: &str) -> Result<String, crate::error::BrokerEr
                 "\"{dest}\" is a multiple-element format name; name one queue or host:port"
             ))
         })?;
-        if b.is_local(addr) {
+        if is_local(addr) {
             return Err(BrokerError::InvalidArgument(format!(
                 "\"{dest}\" is a queue of this broker; outgoing queues are for other brokers"
             )));
@@ -514,4 +517,30 @@ fn outgoing_key(b: &Broker, dest: &str) -> Result<String, crate::error::BrokerEr
     } else {
         format!("{lower}:{}", mq_proto::format_name::DEFAULT_PORT)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::outgoing_key;
+
+    fn key(dest: &str) -> Result<String, String> {
+        outgoing_key(|a| a.host == mq_proto::format_name::Host::Local, dest)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn operators_name_outgoing_queues_by_host_port_or_format_name() {
+        assert_eq!(key("127.0.0.1:5000").unwrap(), "127.0.0.1:5000");
+        assert_eq!(key(" Broker-B:1802 ").unwrap(), "broker-b:1802");
+        assert_eq!(key("broker-b").unwrap(), "broker-b:1801");
+        assert_eq!(
+            key(r"DIRECT=TCP:127.0.0.1:5000\private$\q").unwrap(),
+            "127.0.0.1:5000"
+        );
+        assert_eq!(key(r"hostb\private$\q").unwrap(), "hostb:1801");
+        assert_eq!(key("[::1]:5000").unwrap(), "[::1]:5000");
+        assert!(key(r".\private$\q").unwrap_err().contains("this broker"));
+        assert!(key("").is_err());
+        assert!(key(r"DIRECT=TCP:bad name\q").is_err());
+    }
 }

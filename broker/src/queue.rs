@@ -605,6 +605,77 @@ mod tests {
         assert_eq!(q.stats().messages, 2);
     }
 
+    fn timed(priority: u8, body: &str, receive_by_ms: u64) -> Arc<StoredMessage> {
+        let mut m = (*msg(priority, body)).clone();
+        m.receive_by_ms = receive_by_ms;
+        Arc::new(m)
+    }
+
+    #[test]
+    fn expired_messages_are_never_taken_and_are_swept() {
+        let q = queue(None);
+        let past = now_ms() - 1;
+        let future = now_ms() + 3_600_000;
+        q.push(&[
+            msg(3, "a"),
+            timed(3, "late", past),
+            timed(3, "b", future),
+            timed(5, "late2", past),
+        ])
+        .unwrap();
+        assert!(q.needs_sweep());
+        assert_eq!(bodies(&q.peek(10).unwrap()), ["a", "b"]);
+        let got = q.take(10).unwrap();
+        assert_eq!(bodies(&got), ["a", "b"]);
+        // The expired ones were set aside, counted in flight until the sweep hands them over.
+        assert_eq!(q.stats().in_flight, 4);
+        let swept = q.sweep(now_ms());
+        let mut names = bodies(&swept);
+        names.sort();
+        assert_eq!(names, ["late", "late2"]);
+        q.complete(&swept);
+        q.complete(&got);
+        assert_eq!(q.stats(), QueueStats::default());
+        assert!(!q.needs_sweep());
+    }
+
+    #[test]
+    fn sweep_finds_waiting_expired_messages() {
+        let q = queue(None);
+        let soon = now_ms() + 50;
+        q.push(&[timed(3, "x", soon), msg(3, "y")]).unwrap();
+        assert!(q.sweep(soon - 1).is_empty());
+        let swept = q.sweep(soon);
+        assert_eq!(bodies(&swept), ["x"]);
+        assert_eq!(q.stats().in_flight, 1);
+        assert_eq!(bodies(&q.peek(10).unwrap()), ["y"]);
+    }
+
+    #[test]
+    fn outgoing_queues_are_fifo_whatever_the_priority() {
+        let mut def = QueueDef::new(1, "o".into(), "o".into(), false, None, String::new());
+        def.role = QueueRole::Outgoing {
+            destination: "127.0.0.1:1".into(),
+            stream_id: uuid::Uuid::now_v7(),
+            paused: false,
+        };
+        let q = Queue::new(def);
+        q.push(&[msg(1, "1"), msg(7, "2"), msg(3, "3")]).unwrap();
+        let first = q.take_bounded(2, usize::MAX).unwrap();
+        assert_eq!(bodies(&first), ["1", "2"]);
+        assert!(q.restore(first).is_empty());
+        assert_eq!(bodies(&q.take(10).unwrap()), ["1", "2", "3"]);
+    }
+
+    #[test]
+    fn take_bounded_stops_at_bytes_but_takes_one() {
+        let q = queue(None);
+        q.push(&[msg(3, "aaaa"), msg(3, "bbbb"), msg(3, "cccc")])
+            .unwrap();
+        assert_eq!(bodies(&q.take_bounded(10, 1).unwrap()), ["aaaa"]);
+        assert_eq!(bodies(&q.take_bounded(10, 5).unwrap()), ["bbbb", "cccc"]);
+    }
+
     #[test]
     fn purge_and_delete() {
         let q = queue(None);

@@ -7,6 +7,7 @@ use mq_proto::v1::{self, message_queue_client::MessageQueueClient};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::{Error, Result};
+use crate::outgoing::OutgoingQueue;
 use crate::queue::Queue;
 use crate::sender::{Sender, SenderOptions};
 use crate::transaction::Transaction;
@@ -170,6 +171,42 @@ impl Client {
         Ok(r.into_inner().purged)
     }
 
+    /// The broker's outgoing queues (store-and-forward: one per destination broker that this
+    /// broker has messages for, or had since it started), with their state and counters.
+    pub async fn outgoing(&self) -> Result<Vec<OutgoingQueue>> {
+        let r = self.rpc.clone().list_outgoing(v1::Empty {}).await?;
+        Ok(r.into_inner().queues.into_iter().map(Into::into).collect())
+    }
+
+    /// Pauses forwarding to a destination broker (state [`OnHold`](crate::OutgoingState::OnHold)):
+    /// messages for it wait in its outgoing queue until [`Client::resume_outgoing`]. Time limits
+    /// keep running while it is paused. `destination` is `host:port` as [`Client::outgoing`]
+    /// shows it, or the format name of any queue on that broker. Returns the queue's new state.
+    pub async fn pause_outgoing(&self, destination: &str) -> Result<OutgoingQueue> {
+        let req = outgoing_request(destination)?;
+        Ok(self
+            .rpc
+            .clone()
+            .pause_outgoing(req)
+            .await?
+            .into_inner()
+            .into())
+    }
+
+    /// Resumes forwarding to a destination broker paused by [`Client::pause_outgoing`]; the
+    /// broker connects at once. `destination` as for [`Client::pause_outgoing`]. Returns the
+    /// queue's new state.
+    pub async fn resume_outgoing(&self, destination: &str) -> Result<OutgoingQueue> {
+        let req = outgoing_request(destination)?;
+        Ok(self
+            .rpc
+            .clone()
+            .resume_outgoing(req)
+            .await?
+            .into_inner()
+            .into())
+    }
+
     /// Begins a transaction (see [`Transaction`]).
     pub async fn begin(&self) -> Result<Transaction> {
         Transaction::begin(self).await
@@ -179,5 +216,51 @@ impl Client {
     pub async fn sender(&self, destination: &str, options: SenderOptions) -> Result<Sender> {
         FormatName::parse(destination)?;
         Sender::open(self.clone(), destination.to_string(), options).await
+    }
+}
+
+/// The request naming an outgoing queue: `host:port`, or a queue name (checked here, like every
+/// other queue name, before anything is sent).
+fn outgoing_request(destination: &str) -> Result<v1::OutgoingRequest> {
+    let destination = destination.trim();
+    if destination.is_empty() {
+        return Err(Error::InvalidArgument(
+            "no destination given: name the destination broker as host:port (as `mq outgoing \
+             list` shows it) or give the format name of a queue on it"
+                .to_string(),
+        ));
+    }
+    if destination.contains(['\\', '/', '=']) {
+        FormatName::parse(destination)?;
+    }
+    Ok(v1::OutgoingRequest {
+        destination: destination.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outgoing_request_accepts_host_port_and_format_names() {
+        assert_eq!(
+            outgoing_request(" 10.0.0.5:1802 ").unwrap().destination,
+            "10.0.0.5:1802"
+        );
+        let name = r"DIRECT=TCP:10.0.0.5:1802\private$\orders";
+        assert_eq!(outgoing_request(name).unwrap().destination, name);
+    }
+
+    #[test]
+    fn outgoing_request_refuses_empty_and_bad_names() {
+        assert!(matches!(
+            outgoing_request("  "),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            outgoing_request(r"DIRECT=BOGUS:host\private$\q"),
+            Err(Error::InvalidName(_))
+        ));
     }
 }

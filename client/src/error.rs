@@ -62,6 +62,9 @@ impl From<Status> for Error {
             Code::Unknown => {
                 Error::Unavailable(format!("the connection to the broker was lost: {msg}"))
             }
+            Code::Unimplemented => Error::Internal(format!(
+                "the broker does not support this call (is it older than this client?): {msg}"
+            )),
             _ => Error::Internal(format!("{}: {msg}", s.code())),
         }
     }

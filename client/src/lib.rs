@@ -5,12 +5,13 @@
 //! receives stream with a prefetch window ([`Consumer`]). It is not a broker: see `mq-broker`.
 //!
 //! # Layout
-//! - `client`: [`Client`]: connect, queue administration.
+//! - `client`: [`Client`]: connect, queue administration, outgoing queues.
 //! - `queue`: [`Queue`]: send, receive, peek, purge one queue.
 //! - `sender`: [`Sender`]: pipelined sends with acknowledgements.
 //! - `transaction`: [`Transaction`]: atomic sends and receives across transactional queues.
 //! - `consumer`: [`Consumer`]: streaming receives with prefetch and acknowledgement.
-//! - `message`: [`Message`] (builder) and [`ReceivedMessage`].
+//! - `message`: [`Message`] (builder) and [`ReceivedMessage`] (with [`DeadLetterInfo`]).
+//! - `outgoing`: [`OutgoingQueue`], [`OutgoingState`]: store-and-forward to other brokers.
 //! - [`formatter`]: typed bodies: binary (postcard), XML, JSON, raw, manual.
 //! - `error`: [`Error`].
 //!
@@ -34,6 +35,7 @@ mod consumer;
 mod error;
 pub mod formatter;
 mod message;
+mod outgoing;
 mod queue;
 mod sender;
 mod transaction;
@@ -41,8 +43,9 @@ mod transaction;
 pub use client::{Client, QueueInfo, QueueOptions, DEFAULT_BROKER_URL};
 pub use consumer::{Consumer, ConsumerOptions};
 pub use error::{Error, Result};
-pub use message::{Delivery, Message, MessageId, ReceivedMessage};
+pub use message::{DeadLetterClass, DeadLetterInfo, Delivery, Message, MessageId, ReceivedMessage};
 pub use mq_proto::format_name;
+pub use outgoing::{OutgoingQueue, OutgoingState};
 pub use queue::Queue;
 pub use sender::{Receipt, SendSummary, Sender, SenderOptions};
 pub use transaction::Transaction;

@@ -1,13 +1,15 @@
-//! `mq`: the mq command line. Queue administration, send, receive and peek against one broker.
+//! `mq`: the mq command line. Queue administration, send, receive and peek, and the outgoing
+//! queues of store-and-forward, against one broker.
 
 use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
 use clap::{Args, Parser, Subcommand};
 use mq_client::{
-    Client, ConsumerOptions, Delivery, Message, QueueOptions, ReceivedMessage, SenderOptions,
+    Client, ConsumerOptions, DeadLetterInfo, Delivery, Message, OutgoingQueue, QueueOptions,
+    ReceivedMessage, SenderOptions,
 };
 
 const AFTER_HELP: &str = "\
@@ -21,6 +23,23 @@ Exit codes:
   1  error (one line on stderr says what and why)
   2  usage error (bad flags or arguments)
   3  the timeout passed before --count messages arrived (those that did arrive are printed)";
+
+const OUTGOING_HELP: &str = "\
+Store-and-forward: a send to a queue on another broker is stored in this broker's outgoing queue
+for that broker, and a forwarder moves it on and removes it here once the destination has stored
+it (if the destination is down, messages wait and the forwarder retries).
+
+States:
+  INACTIVE    nothing to send, not connected
+  CONNECTING  connecting to the destination broker
+  CONNECTED   connected, forwarding messages as they come
+  WAITING     the last attempt failed (see LAST-ERROR); retrying with back-off at NEXT-RETRY
+  ONHOLD      paused by an operator (mq outgoing pause); messages wait until mq outgoing resume
+
+DEST is the destination broker as `mq outgoing list` shows it (host:port), or the format name of
+any queue on that broker, e.g. 'DIRECT=TCP:10.0.0.5:1801\\private$\\orders'.
+
+Exit codes: 0 success, 1 error (one line on stderr), 2 usage error.";
 
 /// The mq command line: administer queues, send, receive and peek messages.
 #[derive(Debug, Parser)]
@@ -41,13 +60,48 @@ enum Command {
     /// Send a message (or --count N of them, pipelined) to a queue or a multiple-element format name.
     #[command(after_help = AFTER_HELP)]
     Send(SendArgs),
-    /// Receive (remove) messages, printing each body on its own line.
+    /// Receive (remove) messages, printing each body on its own line. A message from a
+    /// dead-letter queue is preceded by lines saying why it is there and where it was going.
     #[command(after_help = AFTER_HELP)]
     Receive(ReceiveArgs),
     /// Show up to --count messages at the head of a queue without removing them (waits up to
     /// --timeout for the first; exit 3 if fewer than --count are there).
     #[command(after_help = AFTER_HELP)]
     Peek(ReceiveArgs),
+    /// Outgoing queues (store-and-forward to other brokers): list, pause, resume.
+    #[command(subcommand, after_help = OUTGOING_HELP)]
+    Outgoing(OutgoingCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum OutgoingCommand {
+    /// List the outgoing queues: destination broker, state, counters, next retry, last error.
+    #[command(after_help = OUTGOING_HELP)]
+    List {
+        /// A JSON array of objects instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pause forwarding to a destination broker (state ONHOLD): its messages wait here.
+    #[command(after_help = OUTGOING_HELP)]
+    Pause {
+        /// host:port as `mq outgoing list` shows it, or the format name of a queue on that broker.
+        #[arg(value_name = "DEST")]
+        destination: String,
+        /// The resulting queue as a JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resume forwarding to a paused destination broker.
+    #[command(after_help = OUTGOING_HELP)]
+    Resume {
+        /// host:port as `mq outgoing list` shows it, or the format name of a queue on that broker.
+        #[arg(value_name = "DEST")]
+        destination: String,
+        /// The resulting queue as a JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -116,6 +170,26 @@ struct SendArgs {
     /// transactional queues.
     #[arg(long, conflicts_with = "recoverable")]
     tx: bool,
+    /// Time-to-reach-queue (e.g. 500ms, 5s, 1m): the message must reach its destination queue
+    /// within this time of the send, else it goes to the dead-letter queue with class
+    /// ReachQueueTimeout (it matters for queues on other brokers, reached by store-and-forward).
+    /// Default: no limit.
+    #[arg(long, value_name = "DURATION", value_parser = time_limit)]
+    ttrq: Option<Duration>,
+    /// Time-to-be-received (e.g. 500ms, 5s, 1m): the message must be received within this time
+    /// of the send, else it goes to the dead-letter queue with class ReceiveTimeout.
+    /// Default: no limit.
+    #[arg(long, value_name = "DURATION", value_parser = time_limit)]
+    ttbr: Option<Duration>,
+}
+
+/// A --ttrq / --ttbr value: a humantime duration above zero (leave the flag out for no limit).
+fn time_limit(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err("must be more than 0 (leave the flag out for no limit)".into());
+    }
+    Ok(d)
 }
 
 #[derive(Debug, Args)]
@@ -128,7 +202,8 @@ struct ReceiveArgs {
     /// How long to wait for them, in all (e.g. 500ms, 5s, 2m).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     timeout: Duration,
-    /// One JSON object per message instead of the bare body.
+    /// One JSON object per message instead of the bare body (with "dead_letter": {"class",
+    /// "reason", "destination", "broker", "time_ms"} for dead-lettered messages, else null).
     #[arg(long)]
     json: bool,
     /// Receive each message in its own transaction (transactional queues).
@@ -185,6 +260,15 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             | QueueCommand::Purge { name },
         ) => check_name(name)?,
         Command::Queue(QueueCommand::List { .. }) => {}
+        Command::Outgoing(
+            OutgoingCommand::Pause { destination, .. }
+            | OutgoingCommand::Resume { destination, .. },
+        ) => {
+            if destination.contains(['\\', '/', '=']) {
+                check_name(destination)?;
+            }
+        }
+        Command::Outgoing(OutgoingCommand::List { .. }) => {}
     }
     let client = Client::connect(&cli.broker).await?;
     let mut out = std::io::stdout().lock();
@@ -193,6 +277,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Send(a) => send(&client, a).await,
         Command::Receive(a) => receive(&client, a, false, &mut out).await,
         Command::Peek(a) => receive(&client, a, true, &mut out).await,
+        Command::Outgoing(o) => outgoing_command(&client, o, &mut out).await,
     }
 }
 
@@ -280,6 +365,119 @@ async fn queue_command(
     Ok(())
 }
 
+async fn outgoing_command(
+    client: &Client,
+    cmd: OutgoingCommand,
+    out: &mut impl Write,
+) -> Result<(), Failure> {
+    let (q, json) = match cmd {
+        OutgoingCommand::List { json } => {
+            let qs = client.outgoing().await?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string(&qs)?)?;
+            } else {
+                out.write_all(outgoing_table(&qs, SystemTime::now()).as_bytes())?;
+            }
+            return Ok(());
+        }
+        OutgoingCommand::Pause { destination, json } => {
+            (client.pause_outgoing(&destination).await?, json)
+        }
+        OutgoingCommand::Resume { destination, json } => {
+            (client.resume_outgoing(&destination).await?, json)
+        }
+    };
+    if json {
+        writeln!(out, "{}", serde_json::to_string(&q)?)?;
+    } else {
+        writeln!(out, "{}", outgoing_line(&q, SystemTime::now()))?;
+    }
+    Ok(())
+}
+
+/// `mq outgoing list`: a table, one outgoing queue a row (or `no outgoing queues`).
+fn outgoing_table(qs: &[OutgoingQueue], now: SystemTime) -> String {
+    use std::fmt::Write as _;
+    if qs.is_empty() {
+        return "no outgoing queues\n".to_string();
+    }
+    let w = qs
+        .iter()
+        .map(|q| q.destination.len())
+        .max()
+        .unwrap_or(0)
+        .max("DESTINATION".len());
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "{:<w$}  {:<10}  {:>10}  {:>14}  {:>9}  {:>10}  {:>13}  {:<10}  LAST-ERROR",
+        "DESTINATION",
+        "STATE",
+        "MESSAGES",
+        "BYTES",
+        "IN-FLIGHT",
+        "FORWARDED",
+        "DEAD-LETTERED",
+        "NEXT-RETRY"
+    );
+    for q in qs {
+        let _ = writeln!(
+            t,
+            "{:<w$}  {:<10}  {:>10}  {:>14}  {:>9}  {:>10}  {:>13}  {:<10}  {}",
+            q.destination,
+            q.state.to_string(),
+            q.messages,
+            q.bytes,
+            q.in_flight,
+            q.forwarded,
+            q.dead_lettered,
+            relative_time(q.next_retry, now),
+            one_line(q.last_error.as_deref().unwrap_or("-")),
+        );
+    }
+    t
+}
+
+/// `mq outgoing pause|resume`: the resulting state, one line.
+fn outgoing_line(q: &OutgoingQueue, now: SystemTime) -> String {
+    let mut line = format!(
+        "{}: {}, {} messages ({} bytes), {} in flight",
+        q.destination, q.state, q.messages, q.bytes, q.in_flight
+    );
+    if q.next_retry.is_some() {
+        line.push_str(&format!(
+            ", next retry {}",
+            relative_time(q.next_retry, now)
+        ));
+    }
+    if let Some(e) = &q.last_error {
+        line.push_str(&format!(", last error: {}", one_line(e)));
+    }
+    line
+}
+
+/// A time relative to `now`: `in 1.2s`, `in 42s`, `in 2m 5s`; `now` once due; `-` for none.
+fn relative_time(t: Option<SystemTime>, now: SystemTime) -> String {
+    let Some(t) = t else {
+        return "-".to_string();
+    };
+    match t.duration_since(now) {
+        Ok(d) if d >= Duration::from_millis(50) => {
+            if d < Duration::from_secs(10) {
+                format!("in {:.1}s", d.as_secs_f64())
+            } else {
+                let secs = Duration::from_secs(d.as_secs_f64().round() as u64);
+                format!("in {}", humantime::format_duration(secs))
+            }
+        }
+        _ => "now".to_string(),
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.replace(['\r', '\n'], " ")
+}
+
 async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
     let body: Vec<u8> = match (&a.body, &a.file) {
         (Some(b), _) => b.clone().into_bytes(),
@@ -308,7 +506,7 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
             Some(t) => t.replace("{n}", &n.to_string()).into_bytes(),
             None => body.clone(),
         };
-        Message::new(b)
+        let m = Message::new(b)
             .label(a.label.clone())
             .priority(a.priority)
             .correlation_id(a.correlation_id.clone())
@@ -318,7 +516,15 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
                 Delivery::Recoverable
             } else {
                 Delivery::Express
-            })
+            });
+        let m = match a.ttrq {
+            Some(d) => m.time_to_reach_queue(d),
+            None => m,
+        };
+        match a.ttbr {
+            Some(d) => m.time_to_be_received(d),
+            None => m,
+        }
     };
     if a.tx {
         return send_tx(client, &a, make).await;
@@ -500,10 +706,49 @@ async fn receive(
 }
 
 fn print_message(out: &mut impl Write, m: &ReceivedMessage, json: bool) -> std::io::Result<()> {
-    if !json {
-        out.write_all(&m.body)?;
+    if json {
+        serde_json::to_writer(&mut *out, &message_json(m))?;
         return out.write_all(b"\n");
     }
+    if let Some(d) = &m.dead_letter {
+        out.write_all(dead_letter_lines(d).as_bytes())?;
+    }
+    out.write_all(&m.body)?;
+    out.write_all(b"\n")
+}
+
+/// The lines printed before the body of a dead-lettered message:
+/// ```text
+/// dead-letter: ReachQueueTimeout: not delivered within 1s
+/// original destination: DIRECT=TCP:10.0.0.5:1802\private$\orders
+/// dead-lettered by: alpha at 2023-11-14T22:13:21.001Z
+/// ```
+fn dead_letter_lines(d: &DeadLetterInfo) -> String {
+    let mut s = format!("dead-letter: {}", d.class);
+    if !d.reason.is_empty() {
+        s.push_str(": ");
+        s.push_str(&one_line(&d.reason));
+    }
+    s.push('\n');
+    if !d.destination.is_empty() {
+        s.push_str(&format!("original destination: {}\n", d.destination));
+    }
+    let time = humantime::format_rfc3339_millis(d.time);
+    if d.broker.is_empty() {
+        s.push_str(&format!("dead-lettered at: {time}\n"));
+    } else {
+        s.push_str(&format!("dead-lettered by: {} at {time}\n", d.broker));
+    }
+    s
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `--json` output for one message.
+fn message_json(m: &ReceivedMessage) -> serde_json::Value {
     let mut o = serde_json::Map::new();
     o.insert("id".into(), m.id.to_string().into());
     o.insert("label".into(), m.label.clone().into());
@@ -540,6 +785,263 @@ fn print_message(out: &mut impl Write, m: &ReceivedMessage, json: bool) -> std::
     o.insert("response_queue".into(), m.response_queue.clone().into());
     o.insert("destination".into(), m.destination.clone().into());
     o.insert("abort_count".into(), m.abort_count.into());
-    serde_json::to_writer(&mut *out, &serde_json::Value::Object(o))?;
-    out.write_all(b"\n")
+    o.insert("transactional".into(), m.transactional.into());
+    o.insert(
+        "reach_queue_by_ms".into(),
+        m.reach_queue_by.map(unix_ms).into(),
+    );
+    o.insert("receive_by_ms".into(), m.receive_by.map(unix_ms).into());
+    let dead_letter = m.dead_letter.as_ref().map(|d| {
+        serde_json::json!({
+            "class": d.class.to_string(),
+            "reason": d.reason,
+            "destination": d.destination,
+            "broker": d.broker,
+            "time_ms": unix_ms(d.time),
+        })
+    });
+    o.insert("dead_letter".into(), dead_letter.into());
+    serde_json::Value::Object(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use mq_client::{DeadLetterClass, OutgoingState};
+
+    fn at(ms: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(ms)
+    }
+
+    fn message() -> ReceivedMessage {
+        ReceivedMessage {
+            id: uuid::Uuid::nil(),
+            body: Bytes::from_static(b"hello"),
+            label: "l".into(),
+            priority: 3,
+            correlation_id: String::new(),
+            app_specific: 0,
+            body_type: 0,
+            delivery: Delivery::Recoverable,
+            sent_time: at(1_700_000_000_000),
+            arrived_time: at(1_700_000_000_010),
+            response_queue: String::new(),
+            destination: r"DIRECT=OS:alpha\SYSTEM$;DEADLETTER".into(),
+            abort_count: 0,
+            transactional: false,
+            reach_queue_by: None,
+            receive_by: None,
+            dead_letter: None,
+        }
+    }
+
+    fn dead_letter() -> DeadLetterInfo {
+        DeadLetterInfo {
+            class: DeadLetterClass::ReachQueueTimeout,
+            reason: "not delivered to 10.0.0.5:1802 within 1s".into(),
+            destination: r"DIRECT=TCP:10.0.0.5:1802\private$\orders".into(),
+            broker: "alpha".into(),
+            time: at(1_700_000_001_001),
+        }
+    }
+
+    fn printed(m: &ReceivedMessage, json: bool) -> String {
+        let mut out = Vec::new();
+        print_message(&mut out, m, json).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn human_output_is_the_bare_body_without_dead_letter() {
+        assert_eq!(printed(&message(), false), "hello\n");
+    }
+
+    #[test]
+    fn human_output_explains_a_dead_letter() {
+        let mut m = message();
+        m.dead_letter = Some(dead_letter());
+        assert_eq!(
+            printed(&m, false),
+            "dead-letter: ReachQueueTimeout: not delivered to 10.0.0.5:1802 within 1s\n\
+             original destination: DIRECT=TCP:10.0.0.5:1802\\private$\\orders\n\
+             dead-lettered by: alpha at 2023-11-14T22:13:21.001Z\n\
+             hello\n"
+        );
+    }
+
+    #[test]
+    fn dead_letter_lines_skip_empty_parts() {
+        let d = DeadLetterInfo {
+            class: DeadLetterClass::Unknown(9),
+            reason: "two\nlines".into(),
+            destination: String::new(),
+            broker: String::new(),
+            time: UNIX_EPOCH,
+        };
+        assert_eq!(
+            dead_letter_lines(&d),
+            "dead-letter: Unknown(9): two lines\ndead-lettered at: 1970-01-01T00:00:00.000Z\n"
+        );
+    }
+
+    #[test]
+    fn json_without_dead_letter_has_nulls() {
+        let v: serde_json::Value = serde_json::from_str(&printed(&message(), true)).unwrap();
+        assert_eq!(v["body"], "hello");
+        assert_eq!(v["transactional"], false);
+        assert!(v["reach_queue_by_ms"].is_null());
+        assert!(v["receive_by_ms"].is_null());
+        assert!(v["dead_letter"].is_null());
+        assert!(v.as_object().unwrap().contains_key("dead_letter"));
+    }
+
+    #[test]
+    fn json_with_dead_letter_and_deadlines() {
+        let mut m = message();
+        m.transactional = true;
+        m.reach_queue_by = Some(at(1_700_000_001_000));
+        m.receive_by = Some(at(1_700_000_060_000));
+        m.dead_letter = Some(dead_letter());
+        let v = message_json(&m);
+        assert_eq!(v["transactional"], true);
+        assert_eq!(v["reach_queue_by_ms"], 1_700_000_001_000u64);
+        assert_eq!(v["receive_by_ms"], 1_700_000_060_000u64);
+        assert_eq!(
+            v["dead_letter"],
+            serde_json::json!({
+                "class": "ReachQueueTimeout",
+                "reason": "not delivered to 10.0.0.5:1802 within 1s",
+                "destination": r"DIRECT=TCP:10.0.0.5:1802\private$\orders",
+                "broker": "alpha",
+                "time_ms": 1_700_000_001_001u64,
+            })
+        );
+    }
+
+    #[test]
+    fn relative_times() {
+        let now = at(1_700_000_000_000);
+        assert_eq!(relative_time(None, now), "-");
+        assert_eq!(relative_time(Some(at(1_700_000_001_200)), now), "in 1.2s");
+        assert_eq!(relative_time(Some(at(1_700_000_042_400)), now), "in 42s");
+        assert_eq!(relative_time(Some(at(1_700_000_125_000)), now), "in 2m 5s");
+        assert_eq!(relative_time(Some(at(1_700_000_000_010)), now), "now");
+        assert_eq!(relative_time(Some(at(1_699_999_999_000)), now), "now");
+    }
+
+    fn outgoing() -> Vec<OutgoingQueue> {
+        vec![
+            OutgoingQueue {
+                destination: "10.0.0.5:1802".into(),
+                state: OutgoingState::Waiting,
+                messages: 12,
+                bytes: 340,
+                in_flight: 0,
+                last_error: Some("connection refused".into()),
+                next_retry: Some(at(1_700_000_001_200)),
+                forwarded: 100,
+                dead_lettered: 1,
+            },
+            OutgoingQueue {
+                destination: "beta.example.com:1801".into(),
+                state: OutgoingState::OnHold,
+                messages: 3,
+                bytes: 30,
+                in_flight: 0,
+                last_error: None,
+                next_retry: None,
+                forwarded: 0,
+                dead_lettered: 0,
+            },
+        ]
+    }
+
+    #[test]
+    fn outgoing_table_layout() {
+        let t = outgoing_table(&outgoing(), at(1_700_000_000_000));
+        let expected = "\
+DESTINATION            STATE         MESSAGES           BYTES  IN-FLIGHT   FORWARDED  DEAD-LETTERED  NEXT-RETRY  LAST-ERROR
+10.0.0.5:1802          WAITING             12             340          0         100              1  in 1.2s     connection refused
+beta.example.com:1801  ONHOLD               3              30          0           0              0  -           -
+";
+        assert_eq!(t, expected);
+        assert_eq!(
+            outgoing_table(&[], at(0)),
+            "no outgoing queues\n".to_string()
+        );
+    }
+
+    #[test]
+    fn outgoing_state_lines() {
+        let qs = outgoing();
+        let now = at(1_700_000_000_000);
+        assert_eq!(
+            outgoing_line(&qs[0], now),
+            "10.0.0.5:1802: WAITING, 12 messages (340 bytes), 0 in flight, next retry in 1.2s, \
+             last error: connection refused"
+        );
+        assert_eq!(
+            outgoing_line(&qs[1], now),
+            "beta.example.com:1801: ONHOLD, 3 messages (30 bytes), 0 in flight"
+        );
+    }
+
+    #[test]
+    fn outgoing_json_is_an_array_like_queue_list() {
+        let v = serde_json::to_value(outgoing()).unwrap();
+        assert_eq!(v[0]["state"], "WAITING");
+        assert_eq!(v[0]["next_retry_ms"], 1_700_000_001_200u64);
+        assert_eq!(v[1]["state"], "ONHOLD");
+        assert!(v[1]["last_error"].is_null());
+    }
+
+    #[test]
+    fn time_limits_parse() {
+        assert_eq!(time_limit("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(time_limit("1m"), Ok(Duration::from_secs(60)));
+        assert!(time_limit("0s").is_err());
+        assert!(time_limit("soon").is_err());
+    }
+
+    #[test]
+    fn cli_parses_new_flags_and_commands() {
+        let cli = Cli::try_parse_from([
+            "mq",
+            "send",
+            r".\private$\q",
+            "x",
+            "--ttrq",
+            "5s",
+            "--ttbr",
+            "1m",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Send(a) => {
+                assert_eq!(a.ttrq, Some(Duration::from_secs(5)));
+                assert_eq!(a.ttbr, Some(Duration::from_secs(60)));
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        let cli = Cli::try_parse_from(["mq", "outgoing", "pause", "10.0.0.5:1802"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Outgoing(OutgoingCommand::Pause { ref destination, json: false })
+                if destination == "10.0.0.5:1802"
+        ));
+        let cli = Cli::try_parse_from(["mq", "outgoing", "list", "--json"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Outgoing(OutgoingCommand::List { json: true })
+        ));
+        let e = Cli::try_parse_from(["mq", "send", "q", "x", "--ttrq", "0"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn cli_definition_is_valid() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
 }
