@@ -56,6 +56,40 @@ pub(crate) struct InboundStream {
     /// Held by the connection serving the stream; holds the highest sequence accepted so far
     /// (stored or being stored).
     serving: Arc<tokio::sync::Mutex<u64>>,
+    /// The latest refusals (sequence, class, reason), so that a batch resent after a lost
+    /// answer gets the same refusal again rather than passing for a duplicate. Memory only.
+    refused: std::sync::Mutex<std::collections::VecDeque<(u64, i32, String)>>,
+}
+
+/// Refusals remembered per stream.
+const REMEMBERED_REFUSALS: usize = 4096;
+
+impl InboundStream {
+    fn new(id: uuid::Uuid, slot: u64, last_seq: u64) -> Self {
+        InboundStream {
+            id,
+            slot,
+            durable: AtomicU64::new(last_seq),
+            serving: Arc::new(tokio::sync::Mutex::new(last_seq)),
+            refused: std::sync::Mutex::new(std::collections::VecDeque::new()),
+        }
+    }
+
+    fn remember_refusal(&self, seq: u64, r: &v1::ForwardRejection) {
+        let mut q = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() == REMEMBERED_REFUSALS {
+            q.pop_front();
+        }
+        q.push_back((seq, r.class, r.reason.clone()));
+    }
+
+    fn refusal_of(&self, seq: u64) -> Option<(i32, String)> {
+        let q = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        q.iter()
+            .rev()
+            .find(|(s, _, _)| *s == seq)
+            .map(|(_, c, r)| (*c, r.clone()))
+    }
 }
 
 /// A stream's high-water mark as stored in the journal (postcard). Field order is the format.
@@ -82,15 +116,7 @@ impl Streams {
                 ))
             })?;
             let id = uuid::Uuid::from_bytes(rec.stream_id);
-            by_id.insert(
-                id,
-                Arc::new(InboundStream {
-                    id,
-                    slot: r.seq,
-                    durable: AtomicU64::new(rec.last_seq),
-                    serving: Arc::new(tokio::sync::Mutex::new(rec.last_seq)),
-                }),
-            );
+            by_id.insert(id, Arc::new(InboundStream::new(id, r.seq, rec.last_seq)));
         }
         Ok(Streams {
             queue_id,
@@ -105,12 +131,7 @@ impl Streams {
         }
         let slot = self.next_slot;
         self.next_slot += 1;
-        let s = Arc::new(InboundStream {
-            id,
-            slot,
-            durable: AtomicU64::new(0),
-            serving: Arc::new(tokio::sync::Mutex::new(0)),
-        });
+        let s = Arc::new(InboundStream::new(id, slot, 0));
         self.by_id.insert(id, s.clone());
         s
     }
@@ -213,10 +234,20 @@ impl Broker {
         let any_tx = batch.messages.iter().any(|m| m.transactional);
         let order_guard = any_tx.then(|| self.commit_order_lock());
         let mut cached: Option<(String, bool, Arc<Queue>)> = None;
+        let seqs: Vec<u64> = batch.messages.iter().map(|m| m.seq).collect();
+        let before = *accepted;
         for (i, fm) in batch.messages.into_iter().enumerate() {
             if fm.seq != 0 {
                 if fm.seq <= *accepted {
-                    continue; // A duplicate of something already stored.
+                    // A resend: stored before (drop it), or refused before (refuse it again).
+                    if let Some((class, reason)) = stream.refusal_of(fm.seq) {
+                        rejected.push(v1::ForwardRejection {
+                            index: i as u32,
+                            class,
+                            reason,
+                        });
+                    }
+                    continue;
                 }
                 high = high.max(fm.seq);
             }
@@ -298,6 +329,12 @@ impl Broker {
                     });
                     durable.push((queue, Entry::new(seq, Arc::new(msg.without_body()))));
                 }
+            }
+        }
+        for r in &rejected {
+            let seq = seqs[r.index as usize];
+            if seq > before {
+                stream.remember_refusal(seq, r);
             }
         }
         if high > *accepted {
