@@ -147,15 +147,21 @@ fn cli_errors_are_one_line_name_the_value_and_the_rule_and_lose_nothing() {
             vec!["keep", "already exists"],
         ),
         (vec!["send", &journal, "x"], 1, vec![";JOURNAL", "journal"]),
+        // Remote queues can be sent to (store-and-forward), not received from or peeked at.
         (
-            vec!["send", &remote, "x"],
+            vec!["receive", &remote],
             1,
             vec![&remote, "another broker"],
         ),
         (
-            vec!["send", &other_port, "x"],
+            vec!["peek", &other_port],
             1,
             vec![&other_port, "another broker"],
+        ),
+        (
+            vec!["send", r"DIRECT=OS:.\SYSTEM$;DEADLETTER", "x"],
+            1,
+            vec!["read-only"],
         ),
         (
             vec!["receive", r"FORMATNAME:.\private$\keep,.\private$\b"],
