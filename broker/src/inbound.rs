@@ -436,3 +436,218 @@ impl Broker {
         Ok(q)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::BrokerConfig;
+
+    fn wire(
+        body: &str,
+        seq: u64,
+        destination: &str,
+        delivery: v1::Delivery,
+    ) -> v1::ForwardedMessage {
+        v1::ForwardedMessage {
+            seq,
+            destination: destination.to_string(),
+            transactional: false,
+            message: Some(v1::Message {
+                id: bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
+                body: Bytes::copy_from_slice(body.as_bytes()),
+                priority: 3,
+                delivery: delivery as i32,
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn batch(n: u64, messages: Vec<v1::ForwardedMessage>) -> v1::ForwardBatch {
+        v1::ForwardBatch {
+            stream_id: Bytes::copy_from_slice(&[7u8; 16]),
+            source: "a".into(),
+            batch: n,
+            messages,
+        }
+    }
+
+    async fn open(dir: &std::path::Path) -> Arc<Broker> {
+        let (b, _) = Broker::open(
+            BrokerConfig::new(dir),
+            vec!["127.0.0.1:4000".parse().unwrap()],
+        )
+        .unwrap();
+        Arc::new(b)
+    }
+
+    fn bodies(b: &Broker, q: &str) -> Vec<String> {
+        let q = b.queue(q).unwrap();
+        q.peek(100)
+            .unwrap()
+            .iter()
+            .map(|e| String::from_utf8(b.body(&q, e).unwrap().to_vec()).unwrap())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn resent_batches_are_stored_once_and_refusals_repeat() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = r"DIRECT=TCP:127.0.0.1:4000\private$\q";
+        let missing = r"DIRECT=TCP:127.0.0.1:4000\private$\missing";
+        let rec = v1::Delivery::Recoverable;
+        {
+            let b = open(dir.path()).await;
+            b.create_queue(v1::CreateQueueRequest {
+                name: r".\private$\q".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            let stream = b
+                .streams
+                .lock()
+                .unwrap()
+                .get_or_create(uuid::Uuid::from_bytes([7; 16]));
+            let mut accepted = 0;
+            let first = batch(
+                1,
+                vec![
+                    wire("1", 1, q, rec),
+                    wire("2", 2, missing, rec),
+                    wire("3", 3, q, rec),
+                ],
+            );
+            let ack = b
+                .store_forwarded(&stream, &mut accepted, first.clone())
+                .await
+                .unwrap();
+            assert_eq!(ack.rejected.len(), 1);
+            assert_eq!(ack.rejected[0].index, 1);
+            assert_eq!(
+                ack.rejected[0].class,
+                DeadLetterClass::BadDestinationQueue as i32
+            );
+            // The same batch again (its answer was lost): nothing new, the same refusal.
+            let again = b
+                .store_forwarded(&stream, &mut accepted, first.clone())
+                .await
+                .unwrap();
+            assert_eq!(again.rejected, ack.rejected);
+            // Overlapping resend plus new messages, express ones (seq 0) always taken.
+            let next = batch(
+                2,
+                vec![
+                    wire("3", 3, q, rec),
+                    wire("4", 4, q, rec),
+                    wire("e", 0, q, v1::Delivery::Express),
+                ],
+            );
+            let ack = b
+                .store_forwarded(&stream, &mut accepted, next)
+                .await
+                .unwrap();
+            assert!(ack.rejected.is_empty());
+            assert_eq!(bodies(&b, r".\private$\q"), ["1", "3", "4", "e"]);
+            b.close();
+        }
+        // After a restart the mark is still there: the resend is dropped, the express one is gone.
+        let b = open(dir.path()).await;
+        let stream = b
+            .streams
+            .lock()
+            .unwrap()
+            .get_or_create(uuid::Uuid::from_bytes([7; 16]));
+        assert_eq!(stream.durable.load(Ordering::Acquire), 4);
+        let mut accepted = stream.durable.load(Ordering::Acquire);
+        let resend = batch(
+            1,
+            vec![
+                wire("3", 3, q, rec),
+                wire("4", 4, q, rec),
+                wire("5", 5, q, rec),
+            ],
+        );
+        let ack = b
+            .store_forwarded(&stream, &mut accepted, resend)
+            .await
+            .unwrap();
+        assert!(ack.rejected.is_empty());
+        assert_eq!(bodies(&b, r".\private$\q"), ["1", "3", "4", "5"]);
+    }
+
+    #[tokio::test]
+    async fn forwarded_messages_are_checked_like_local_sends() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path()).await;
+        b.create_queue(v1::CreateQueueRequest {
+            name: r".\private$\tx".into(),
+            transactional: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        b.create_queue(v1::CreateQueueRequest {
+            name: r".\private$\small".into(),
+            quota_bytes: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let stream = b
+            .streams
+            .lock()
+            .unwrap()
+            .get_or_create(uuid::Uuid::now_v7());
+        let mut accepted = 0;
+        let mut late = wire(
+            "late",
+            4,
+            r"DIRECT=TCP:127.0.0.1:4000\private$\small",
+            v1::Delivery::Recoverable,
+        );
+        late.message.as_mut().unwrap().reach_queue_by_ms = 1;
+        let msgs = vec![
+            wire(
+                "a",
+                1,
+                r"DIRECT=TCP:127.0.0.1:4000\private$\tx",
+                v1::Delivery::Recoverable,
+            ),
+            wire(
+                "b",
+                2,
+                r"DIRECT=TCP:127.0.0.1:4000\private$\small",
+                v1::Delivery::Recoverable,
+            ),
+            wire(
+                "c",
+                3,
+                r"DIRECT=TCP:127.0.0.1:4001\private$\tx",
+                v1::Delivery::Recoverable,
+            ),
+            late,
+            wire(
+                "d",
+                5,
+                r"DIRECT=TCP:127.0.0.1:4000\SYSTEM$;DEADLETTER",
+                v1::Delivery::Recoverable,
+            ),
+        ];
+        let ack = b
+            .store_forwarded(&stream, &mut accepted, batch(1, msgs))
+            .await
+            .unwrap();
+        let classes: Vec<i32> = ack.rejected.iter().map(|r| r.class).collect();
+        assert_eq!(
+            classes,
+            [
+                DeadLetterClass::NotTransactionalMessage as i32,
+                DeadLetterClass::QueueExceedQuota as i32,
+                DeadLetterClass::BadDestinationQueue as i32,
+                DeadLetterClass::ReachQueueTimeout as i32,
+                DeadLetterClass::BadDestinationQueue as i32,
+            ]
+        );
+        assert_eq!(accepted, 5);
+    }
+}
