@@ -775,7 +775,7 @@ impl Broker {
                     }
                 };
                 if refused[j] {
-                    q.unadmit(m.charged_bytes());
+                    q.unadmit(seq, m.charged_bytes());
                 } else if m.delivery == Delivery::Express {
                     express.push(Entry::new(seq, m.clone()));
                 } else {
@@ -819,7 +819,7 @@ impl Broker {
                         let err = journal_failed(e);
                         for (q, j, entry) in durable {
                             let charge = entry.msg.charged_bytes();
-                            q.unadmit(charge);
+                            q.unadmit(entry.seq, charge);
                             broker.release(Delivery::Recoverable, charge);
                             if !refused[j] {
                                 refused[j] = true;

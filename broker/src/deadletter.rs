@@ -148,8 +148,6 @@ impl Broker {
             let moved = Arc::new(StoredMessage {
                 body: Some(body),
                 route: None,
-                reach_queue_by_ms: 0,
-                receive_by_ms: 0,
                 dead_letter: Some(Arc::new(DeadLetterInfo {
                     class: item.class,
                     reason: item.reason,
@@ -204,7 +202,7 @@ impl Broker {
                     .into_iter()
                     .partition(|e| e.msg.delivery == Delivery::Express);
                 for (dl, e) in &durable {
-                    dl.unadmit(e.msg.charged_bytes());
+                    dl.unadmit(e.seq, e.msg.charged_bytes());
                 }
                 counted -= undo.len() as u64;
                 done = keep;

@@ -233,7 +233,7 @@ impl Broker {
         let mut high = *accepted;
         let any_tx = batch.messages.iter().any(|m| m.transactional);
         let order_guard = any_tx.then(|| self.commit_order_lock());
-        let mut cached: Option<(String, bool, Arc<Queue>)> = None;
+        let mut cached: Option<(Arc<str>, bool, Arc<Queue>)> = None;
         let seqs: Vec<u64> = batch.messages.iter().map(|m| m.seq).collect();
         let before = *accepted;
         for (i, fm) in batch.messages.into_iter().enumerate() {
@@ -253,7 +253,7 @@ impl Broker {
             }
             let queue = match &cached {
                 Some((d, t, q))
-                    if *d == fm.destination && *t == fm.transactional && !q.is_deleted() =>
+                    if **d == *fm.destination && *t == fm.transactional && !q.is_deleted() =>
                 {
                     Ok(q.clone())
                 }
@@ -261,7 +261,13 @@ impl Broker {
             };
             let queue = match queue {
                 Ok(q) => {
-                    cached = Some((fm.destination.clone(), fm.transactional, q.clone()));
+                    if !matches!(&cached, Some((d, _, _)) if **d == *fm.destination) {
+                        cached = Some((
+                            Arc::from(fm.destination.as_str()),
+                            fm.transactional,
+                            q.clone(),
+                        ));
+                    }
                     q
                 }
                 Err((class, reason)) => {
@@ -278,7 +284,11 @@ impl Broker {
                 continue;
             };
             let msg = match StoredMessage::accept_forwarded(m, fm.transactional, self.config()) {
-                Ok(m) => m,
+                // Keeps the format name the sender used (a dead letter names it).
+                Ok(m) => StoredMessage {
+                    route: cached.as_ref().map(|(d, _, _)| d.clone()),
+                    ..m
+                },
                 Err(e) => {
                     rejected.push(rejection(i, DeadLetterClass::BadMessage, e.to_string()));
                     continue;
@@ -371,7 +381,7 @@ impl Broker {
             if let Some(commit) = commit {
                 if let Err(e) = commit.await {
                     for (q, e) in &durable {
-                        q.unadmit(e.msg.charged_bytes());
+                        q.unadmit(e.seq, e.msg.charged_bytes());
                         broker.release(Delivery::Recoverable, e.msg.charged_bytes());
                     }
                     return Err(Status::from(journal_failed(e)));

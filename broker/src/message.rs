@@ -51,7 +51,9 @@ pub struct StoredMessage {
     pub receive_by_ms: u64,
     /// Sent in a transaction (decides DEADXACT over DEADLETTER, and what a remote queue accepts).
     pub transactional: bool,
-    /// In an outgoing queue: the format name of the remote queue it is going to.
+    /// The format name the sender addressed when that was another broker's queue: in an
+    /// outgoing queue, where it is going; in a local queue, how it was forwarded here. A dead
+    /// letter names it as the original destination.
     pub route: Option<Arc<str>>,
     /// In a dead-letter queue: why it is there.
     pub dead_letter: Option<Arc<DeadLetterInfo>>,

@@ -103,6 +103,10 @@ struct State {
     /// Expired entries found by `take` (counted in flight) waiting for the broker's sweep to
     /// move them to a dead-letter queue.
     expired: Vec<Entry>,
+    /// Outgoing queues only: admitted positions not yet inserted (their journal write is in
+    /// progress). Nothing at or after the lowest of them is handed out, so the forwarding
+    /// stream sends in `seq` order even when concurrent sends finish out of order.
+    pending: std::collections::BTreeSet<u64>,
 }
 
 /// A queue. Shared by the broker's registry and every stream that uses it.
@@ -145,6 +149,9 @@ impl Queue {
                 e.msg.reach_queue_by_ms != 0 || e.msg.receive_by_ms != 0,
                 e.msg.reach_expired(now) || e.msg.receive_expired(now),
             ),
+            // Dead letters keep their timers as properties; nothing expires out of a
+            // dead-letter queue.
+            QueueRole::DeadLetter | QueueRole::DeadXact => (false, false),
             _ => (e.msg.receive_by_ms != 0, e.msg.receive_expired(now)),
         }
     }
@@ -205,15 +212,27 @@ impl Queue {
             let seq = st.next_seq;
             st.next_seq += 1;
             st.charged += charge;
+            if self.is_outgoing() {
+                st.pending.insert(seq);
+            }
             out.push(Ok(seq));
         }
         Ok(out)
     }
 
-    /// Gives back the quota charge of admitted messages that were never inserted.
-    pub fn unadmit(&self, charged: u64) {
+    /// Gives back the position and quota charge of an admitted message that will never be
+    /// inserted.
+    pub fn unadmit(&self, seq: u64, charged: u64) {
         let mut st = self.lock();
         st.charged = st.charged.saturating_sub(charged);
+        if st.pending.remove(&seq) {
+            drop(st);
+            self.notify.notify_waiters();
+        }
+    }
+
+    fn is_outgoing(&self) -> bool {
+        matches!(self.def.role, QueueRole::Outgoing { .. })
     }
 
     /// Second half of a send: makes admitted messages receivable, each in its `seq` position.
@@ -227,6 +246,9 @@ impl Queue {
         }
         let now = now_ms();
         for e in entries {
+            if !st.pending.is_empty() {
+                st.pending.remove(&e.seq);
+            }
             st.stats.messages += 1;
             st.stats.bytes += e.msg.body_len as u64;
             st.ready += 1;
@@ -274,11 +296,16 @@ impl Queue {
             return Err(BrokerError::QueueNotFound(self.def.name.clone()));
         }
         let now = if st.timed > 0 { now_ms() } else { 0 };
+        // Outgoing queues: never past a position whose send is still being stored.
+        let limit = st.pending.first().copied().unwrap_or(u64::MAX);
         let mut out = Vec::with_capacity(max.min(st.ready).min(1024));
         let mut bytes = 0usize;
         let mut expired = 0usize;
         'levels: for p in (0..8).rev() {
             while out.len() < max && bytes < max_bytes {
+                if st.levels[p].front().is_none_or(|e| e.seq > limit) {
+                    break;
+                }
                 let Some(e) = st.levels[p].pop_front() else {
                     break;
                 };
@@ -665,6 +692,37 @@ mod tests {
         assert_eq!(bodies(&first), ["1", "2"]);
         assert!(q.restore(first).is_empty());
         assert_eq!(bodies(&q.take(10).unwrap()), ["1", "2", "3"]);
+    }
+
+    #[test]
+    fn outgoing_queues_hold_back_everything_after_a_send_still_being_stored() {
+        let mut def = QueueDef::new(1, "o".into(), "o".into(), false, None, String::new());
+        def.role = QueueRole::Outgoing {
+            destination: "127.0.0.1:1".into(),
+            stream_id: uuid::Uuid::now_v7(),
+            paused: false,
+        };
+        let q = Queue::new(def);
+        let (a, b, c) = (msg(3, "a"), msg(3, "b"), msg(3, "c"));
+        // Two concurrent sends: a (seq 1) is still being written when b (seq 2) is done.
+        let sa = q.admit(std::slice::from_ref(&a)).unwrap()[0]
+            .clone()
+            .unwrap();
+        let sb = q.admit(std::slice::from_ref(&b)).unwrap()[0]
+            .clone()
+            .unwrap();
+        let sc = q.admit(std::slice::from_ref(&c)).unwrap()[0]
+            .clone()
+            .unwrap();
+        q.insert(vec![Entry::new(sb, b)]);
+        assert!(q.take(10).unwrap().is_empty(), "b must wait for a");
+        q.insert(vec![Entry::new(sa, a)]);
+        assert_eq!(bodies(&q.take(10).unwrap()), ["a", "b"]);
+        // A failed write gives its position back and releases what follows.
+        q.push(&[msg(3, "d")]).unwrap();
+        assert!(q.take(10).unwrap().is_empty());
+        q.unadmit(sc, c.charged_bytes());
+        assert_eq!(bodies(&q.take(10).unwrap()), ["d"]);
     }
 
     #[test]

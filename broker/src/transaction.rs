@@ -170,8 +170,8 @@ impl Transaction {
                 let seq = match seq {
                     Ok(seq) => seq,
                     Err(e) => {
-                        for (q, _, charge) in &placed {
-                            q.unadmit(*charge);
+                        for (q, e, charge) in &placed {
+                            q.unadmit(e.seq, *charge);
                         }
                         return Err(e); // Drop aborts and releases the reservations.
                     }
@@ -207,8 +207,8 @@ impl Transaction {
             (broker.journal().submit(ops), placed)
         };
         if let Err(e) = commit.await {
-            for (q, _, charge) in &placed {
-                q.unadmit(*charge);
+            for (q, e, charge) in &placed {
+                q.unadmit(e.seq, *charge);
             }
             return Err(journal_failed(e)); // Drop aborts.
         }

@@ -10,6 +10,8 @@
 //!   SIGKILL; `Drop` kills it if it still runs).
 //! - [`mq`]: runs the `mq` command line against a broker and returns its output.
 //! - [`wait_until`] / [`eventually`]: bounded polling for a condition, never fixed sleeps.
+//! - [`free_port`], [`MqdProcess::launch_on`]: brokers at fixed ports, for store-and-forward
+//!   between several `mqd` processes (a destination restarted where it was).
 //!
 //! The `mqd` and `mq` binaries are not built by `cargo test -p mq-tests` (Cargo builds the
 //! binaries of a package only for that package's own integration tests), so the first use of
@@ -300,10 +302,27 @@ impl MqdProcess {
 
     /// Like [`MqdProcess::start`], with more flags (e.g. `--max-body-bytes 1000`).
     pub fn start_with_args(data_dir: &Path, extra: &[&str]) -> anyhow::Result<MqdProcess> {
-        let mut child = mqd_command(data_dir, extra)
+        Self::spawn(mqd_command(data_dir, extra))
+    }
+
+    /// Like [`MqdProcess::start_with_args`], listening on `addr` instead of `127.0.0.1:0`: for a
+    /// broker that must be reachable at a port known in advance (another broker forwards to it
+    /// before it first starts, or it restarts where it was). Fails if the port is taken; see
+    /// [`MqdProcess::launch_on`] for a restart on a port that may briefly still be in use.
+    pub fn start_on(
+        data_dir: &Path,
+        addr: SocketAddr,
+        extra: &[&str],
+    ) -> anyhow::Result<MqdProcess> {
+        Self::spawn(mqd_command_on(data_dir, &addr.to_string(), extra))
+    }
+
+    /// Runs `cmd` (an [`mqd_command`]) and waits for its `listening on <addr>` line.
+    fn spawn(mut cmd: Command) -> anyhow::Result<MqdProcess> {
+        let mut child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", mqd_path().display()))?;
-        let (stderr, _) = drain(child.stderr.take().expect("piped stderr"));
+        let (stderr, stderr_thread) = drain(child.stderr.take().expect("piped stderr"));
         let stdout_pipe = child.stdout.take().expect("piped stdout");
         let stdout = Arc::new(Mutex::new(Vec::new()));
         let (line_tx, line_rx) = std::sync::mpsc::channel::<std::io::Result<String>>();
@@ -331,6 +350,13 @@ impl MqdProcess {
             stderr,
         };
         let line = match line_rx.recv_timeout(START_TIMEOUT) {
+            // End of stdout before any line: mqd exited (bad flags, port in use, ...). Let it
+            // finish writing its reason to stderr, so the error below carries it.
+            Ok(Ok(l)) if l.is_empty() => {
+                let _ = wait_timeout(&mut proc.child, STOP_TIMEOUT);
+                let _ = stderr_thread.join();
+                l
+            }
             Ok(Ok(l)) => l,
             Ok(Err(e)) => bail!("reading mqd's stdout: {e}; stderr: {}", proc.stderr()),
             Err(_) => bail!(
@@ -440,9 +466,14 @@ impl Drop for MqdProcess {
 /// The `mqd` command for `data_dir` on `127.0.0.1:0`, stdout and stderr piped, stdin closed.
 /// For tests that need the raw process (e.g. one that must fail to start).
 pub fn mqd_command(data_dir: &Path, extra: &[&str]) -> Command {
+    mqd_command_on(data_dir, "127.0.0.1:0", extra)
+}
+
+/// [`mqd_command`] with `--listen listen`.
+pub fn mqd_command_on(data_dir: &Path, listen: &str, extra: &[&str]) -> Command {
     let mut cmd = Command::new(mqd_path());
     cmd.arg("--listen")
-        .arg("127.0.0.1:0")
+        .arg(listen)
         .arg("--data-dir")
         .arg(data_dir)
         .args(extra)
@@ -546,6 +577,53 @@ where
     }
 }
 
+/// A port on 127.0.0.1 that was free a moment ago (bound, then released), never handed out
+/// twice by this process: for a broker that must listen at an address known before it starts,
+/// or come back there after a stop ([`MqdProcess::launch_on`]).
+///
+/// It is taken from below the kernel's ephemeral range (`ip_local_port_range`) where possible:
+/// a port in that range can become the source port of some outgoing connection while the
+/// broker is down, and the broker then cannot listen there again (or, with nothing listening, a
+/// connection to it can even connect to itself).
+pub fn free_port() -> u16 {
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .filter(|&low| low > 12_000)
+        .unwrap_or(32_768);
+    // A cheap per-process pseudo-random start, so concurrent test processes spread out.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos())
+        ^ std::process::id().wrapping_mul(2_654_435_761);
+    let span = 10_000u32;
+    let first = low - span as u16;
+    for i in 0..span {
+        let port = first + ((seed.wrapping_add(i.wrapping_mul(7_919))) % span) as u16;
+        if given.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
+            return port;
+        }
+    }
+    // Everything below the ephemeral range is taken: any free port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port();
+    given.push(port);
+    port
+}
+
+/// `127.0.0.1:<port>`.
+pub fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
 /// A fresh temporary data directory, named `<prefix>XXXXXX` so a leftover one says which test
 /// group made it.
 pub fn temp_data_dir(prefix: &str) -> tempfile::TempDir {
@@ -559,6 +637,22 @@ impl MqdProcess {
     /// [`MqdProcess::start_with_args`], panicking with the reason: for tests.
     pub fn launch(data_dir: &Path, extra: &[&str]) -> MqdProcess {
         MqdProcess::start_with_args(data_dir, extra).unwrap_or_else(|e| panic!("start mqd: {e:#}"))
+    }
+
+    /// [`MqdProcess::start_on`], panicking with the reason: for tests. While mqd fails because
+    /// the port is still in use (a broker killed a moment ago on the same port), retries for at
+    /// most [`START_TIMEOUT`].
+    pub fn launch_on(data_dir: &Path, addr: SocketAddr, extra: &[&str]) -> MqdProcess {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match MqdProcess::start_on(data_dir, addr, extra) {
+                Ok(p) => return p,
+                Err(e) if Instant::now() < deadline && format!("{e:#}").contains("in use") => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("start mqd on {addr}: {e:#}"),
+            }
+        }
     }
 
     /// A client connected to this mqd, panicking with the reason: for tests.

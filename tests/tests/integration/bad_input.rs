@@ -148,11 +148,7 @@ fn cli_errors_are_one_line_name_the_value_and_the_rule_and_lose_nothing() {
         ),
         (vec!["send", &journal, "x"], 1, vec![";JOURNAL", "journal"]),
         // Remote queues can be sent to (store-and-forward), not received from or peeked at.
-        (
-            vec!["receive", &remote],
-            1,
-            vec![&remote, "another broker"],
-        ),
+        (vec!["receive", &remote], 1, vec![&remote, "another broker"]),
         (
             vec!["peek", &other_port],
             1,

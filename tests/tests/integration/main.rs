@@ -32,10 +32,20 @@
 //! - `transactions_crash`: transactions against `mqd` processes killed with SIGKILL: a killed
 //!   `mq send --tx` or mqd before commit leaves nothing, after commit everything, in order;
 //!   receives and sends of one transaction together; exactly once across restarts.
+//! - `store_and_forward`: two or three `mqd` processes on loopback: sends to a remote queue wait
+//!   in the outgoing queue while it is down; exactly once and in order with concurrent senders
+//!   and across `kill -9` of the destination or of the sender; express best effort; remote
+//!   transactions (abort, commit); a multiple-element name across three brokers; pause and
+//!   resume (API and `mq outgoing`).
+//! - `dead_letter`: `SYSTEM$;DEADLETTER` and `SYSTEM$;DEADXACT`: one test per reason (bad
+//!   destination queue, transactional mismatch both ways, quota, time-to-reach-queue and
+//!   time-to-be-received in an outgoing queue, time-to-be-received in the destination queue);
+//!   read-only; `mq peek` and `mq receive --json` show why.
 
 mod bad_input;
 mod cli;
 mod competing_receivers;
+mod dead_letter;
 mod express_quota;
 mod message_properties;
 mod mqd_process;
@@ -45,5 +55,6 @@ mod recoverable;
 mod recoverable_faults;
 mod recoverable_quota;
 mod send_pipelining;
+mod store_and_forward;
 mod transactions;
 mod transactions_crash;

@@ -1,0 +1,1024 @@
+//! Store-and-forward between real `mqd` processes on loopback: a send to a queue on another
+//! broker lands in the sending broker's outgoing queue and is forwarded when the destination is
+//! reachable. Recoverable and transactional messages arrive exactly once and in send order across
+//! a destination that is down at send time, concurrent senders sharing one outgoing queue, a
+//! `kill -9` of the destination mid-transfer and a `kill -9` of the sending broker
+//! mid-transfer; express messages are best effort (memory only);
+//! a remote transaction forwards nothing on abort and everything once on commit; a
+//! multiple-element name reaches a local queue and two other brokers with one id; outgoing
+//! queues pause and resume (client API and `mq outgoing`).
+//!
+//! Every broker runs with `--forward-retry-max 200ms` so reconnections are quick. Every wait is
+//! bounded and polls a condition; nothing sleeps a fixed time.
+
+use std::cell::Cell;
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use mq_client::{
+    Client, Delivery, Message, MessageId, OutgoingQueue, OutgoingState, QueueOptions, SenderOptions,
+};
+use mq_tests::{
+    drain_queue, eventually, free_port, loopback, mq, temp_data_dir, MqdProcess, STOP_TIMEOUT,
+};
+
+pub(crate) const WAIT: Duration = Duration::from_secs(30);
+/// One RPC to a broker that may be down or restarting.
+const PROBE: Duration = Duration::from_secs(2);
+
+/// A broker at a fixed `127.0.0.1` port with its own data directory, so it can stop and come
+/// back where the other brokers expect it. Stopped by PID ([`MqdProcess`]) when dropped.
+#[derive(Debug)]
+pub(crate) struct Node {
+    // First, so the process dies before its data directory is removed.
+    mqd: Option<MqdProcess>,
+    /// stderr of the earlier runs, for failure messages.
+    earlier_logs: String,
+    name: String,
+    addr: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl Node {
+    /// A node named `name` (`mqd --name`) at a free port; not started.
+    pub(crate) fn new(name: &str) -> Node {
+        Node {
+            mqd: None,
+            earlier_logs: String::new(),
+            name: name.to_string(),
+            addr: loopback(free_port()),
+            dir: temp_data_dir(&format!("mq-saf-{name}-")),
+        }
+    }
+
+    /// A node, started.
+    pub(crate) fn started(name: &str) -> Node {
+        let mut n = Node::new(name);
+        n.start();
+        n
+    }
+
+    /// Starts `mqd` on the node's port and data directory (retrying while the port is still
+    /// held by a process killed a moment ago).
+    pub(crate) fn start(&mut self) {
+        assert!(self.mqd.is_none(), "{} already runs", self.name);
+        let args = ["--name", self.name.as_str(), "--forward-retry-max", "200ms"];
+        self.mqd = Some(MqdProcess::launch_on(self.dir.path(), self.addr, &args));
+    }
+
+    /// SIGKILL by PID.
+    pub(crate) fn kill9(&mut self) {
+        let mut p = self
+            .mqd
+            .take()
+            .unwrap_or_else(|| panic!("{} is not running", self.name));
+        p.kill9_checked();
+        self.keep_logs(&p, "killed with SIGKILL");
+    }
+
+    fn keep_logs(&mut self, p: &MqdProcess, how: &str) {
+        self.earlier_logs.push_str(&format!(
+            "{}\n--- {} pid {} {how} ---\n",
+            p.stderr(),
+            self.name,
+            p.pid()
+        ));
+    }
+
+    /// Everything every run of this node wrote to stderr (its logs), for failure messages.
+    pub(crate) fn logs(&self) -> String {
+        format!(
+            "--- {} logs ---\n{}{}",
+            self.name,
+            self.earlier_logs,
+            self.mqd.as_ref().map(|p| p.stderr()).unwrap_or_default()
+        )
+    }
+
+    /// SIGTERM by PID; asserts a clean exit.
+    pub(crate) fn terminate(&mut self) {
+        let mut p = self
+            .mqd
+            .take()
+            .unwrap_or_else(|| panic!("{} is not running", self.name));
+        let status = p.terminate(STOP_TIMEOUT).unwrap();
+        self.keep_logs(&p, "stopped with SIGTERM");
+        assert!(
+            status.success(),
+            "{} after SIGTERM: {status}; stderr: {}",
+            self.name,
+            p.stderr()
+        );
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub(crate) fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The destination as outgoing queues name it: `127.0.0.1:<port>`.
+    pub(crate) fn dest(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// The format name other brokers use for this node's private queue `queue`.
+    pub(crate) fn queue(&self, queue: &str) -> String {
+        format!(r"DIRECT=TCP:{}\private$\{queue}", self.addr)
+    }
+
+    /// A client connected to the running node.
+    pub(crate) async fn client(&self) -> Client {
+        self.mqd
+            .as_ref()
+            .unwrap_or_else(|| panic!("{} is not running", self.name))
+            .connect()
+            .await
+    }
+}
+
+/// `.\private$\<name>`: the local path name of a queue a [`Node::queue`] names remotely.
+pub(crate) fn local(name: &str) -> String {
+    format!(r".\private$\{name}")
+}
+
+pub(crate) async fn create(client: &Client, name: &str, transactional: bool, quota: Option<u64>) {
+    client
+        .create_queue(
+            &local(name),
+            QueueOptions {
+                transactional,
+                quota_bytes: quota,
+                ..QueueOptions::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create {name}: {e}"));
+}
+
+/// The outgoing queue for `dest` (`127.0.0.1:<port>`), if the broker lists one.
+pub(crate) async fn outgoing_to(client: &Client, dest: &str) -> Option<OutgoingQueue> {
+    client
+        .outgoing()
+        .await
+        .unwrap_or_else(|e| panic!("list outgoing queues: {e}"))
+        .into_iter()
+        .find(|q| q.destination == dest)
+}
+
+/// Messages waiting or in flight for `dest` (an absent outgoing queue holds none).
+pub(crate) async fn outgoing_messages(client: &Client, dest: &str) -> u64 {
+    outgoing_to(client, dest).await.map_or(0, |q| q.messages)
+}
+
+/// Waits until the outgoing queue for `dest` is empty (or absent); panics with its state if not.
+pub(crate) async fn wait_outgoing_empty(client: &Client, dest: &str) {
+    let empty = eventually(WAIT, || async {
+        outgoing_to(client, dest)
+            .await
+            .is_none_or(|q| q.messages == 0 && q.in_flight == 0)
+    })
+    .await;
+    assert!(
+        empty,
+        "the outgoing queue for {dest} never emptied: {:?}",
+        outgoing_to(client, dest).await
+    );
+}
+
+/// A queue's message count, or `None` if the broker does not answer (down, restarting).
+pub(crate) async fn try_count(client: &Client, queue: &str) -> Option<u64> {
+    tokio::time::timeout(PROBE, client.queue_info(&local(queue)))
+        .await
+        .ok()
+        .and_then(|r| r.ok())
+        .map(|i| i.messages)
+}
+
+/// Waits until `queue` holds exactly `n` messages; panics with what it holds if not.
+pub(crate) async fn wait_count(client: &Client, queue: &str, n: u64) {
+    let reached = eventually(WAIT, || async { try_count(client, queue).await == Some(n) }).await;
+    assert!(
+        reached,
+        "{queue} holds {:?} messages, expected {n}",
+        try_count(client, queue).await
+    );
+}
+
+/// Receives everything `queue` holds and returns the bodies as text.
+pub(crate) async fn drain(client: &Client, queue: &str) -> Vec<String> {
+    drain_queue(client, &local(queue), WAIT)
+        .await
+        .iter()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .collect()
+}
+
+/// Bodies `"{prefix}{n}"` as numbers; panics on anything else.
+fn numbers(bodies: &[String], prefix: &str) -> Vec<u64> {
+    bodies
+        .iter()
+        .map(|s| {
+            s.strip_prefix(prefix)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("unexpected body {s:?} (expected {prefix}<n>)"))
+        })
+        .collect()
+}
+
+/// Whether the bodies are exactly `{prefix}1 ..= {prefix}n`, in order; if not, what is wrong
+/// (losses, duplicates, the first reordering), precisely.
+pub(crate) fn order_problem(bodies: &[String], prefix: &str, n: u64) -> Option<String> {
+    let got = numbers(bodies, prefix);
+    let unique: HashSet<_> = got.iter().collect();
+    let dups = got.len() - unique.len();
+    let missing: Vec<u64> = (1..=n).filter(|i| !unique.contains(i)).collect();
+    if dups != 0 || !missing.is_empty() || got.len() as u64 != n {
+        return Some(format!(
+            "{} messages, {dups} duplicates, {} of {n} missing: {}",
+            got.len(),
+            missing.len(),
+            ranges(&missing)
+        ));
+    }
+    (0..got.len()).find(|&i| got[i] != i as u64 + 1).map(|i| {
+        format!(
+            "out of order at position {i}: {:?}",
+            &got[i.saturating_sub(3)..(i + 3).min(got.len())]
+        )
+    })
+}
+
+/// Asserts the bodies are exactly `{prefix}1 ..= {prefix}n`, in order (see [`order_problem`]).
+#[track_caller]
+pub(crate) fn assert_exactly_in_order(bodies: &[String], prefix: &str, n: u64, what: &str) {
+    if let Some(p) = order_problem(bodies, prefix, n) {
+        panic!("{what}: {p}");
+    }
+}
+
+/// Like [`assert_exactly_in_order`], with the brokers' logs in the failure message.
+#[track_caller]
+fn assert_exactly_in_order_logs(
+    bodies: &[String],
+    prefix: &str,
+    n: u64,
+    what: &str,
+    nodes: &[&Node],
+) {
+    if let Some(p) = order_problem(bodies, prefix, n) {
+        let logs: Vec<String> = nodes.iter().map(|n| n.logs()).collect();
+        panic!("{what}: {p}\n{}", logs.join("\n"));
+    }
+}
+
+/// Polls `cond` every millisecond until it holds or `timeout` passes: for catching a transfer
+/// in the middle, where [`eventually`]'s 10 ms could miss it.
+async fn closely<F, Fut>(timeout: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// `1..=3, 7, 9..=10` for `[1, 2, 3, 7, 9, 10]` (sorted input).
+fn ranges(ns: &[u64]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ns.len() {
+        let mut j = i;
+        while j + 1 < ns.len() && ns[j + 1] == ns[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            ns[i].to_string()
+        } else {
+            format!("{}..={}", ns[i], ns[j])
+        });
+        i = j + 1;
+    }
+    out.join(", ")
+}
+
+fn bodies(prefix: &str, r: std::ops::RangeInclusive<u64>) -> Vec<String> {
+    r.map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// Sends `{prefix}1..={prefix}n` to `dest` through one pipelined sender (recoverable, or
+/// single-message transactions) and returns the ids, in order, once all are acknowledged.
+pub(crate) async fn send_numbered(
+    client: &Client,
+    dest: &str,
+    prefix: &str,
+    n: u64,
+    transactional: bool,
+) -> Vec<MessageId> {
+    send_range(client, dest, prefix, 1..=n, transactional).await
+}
+
+/// [`send_numbered`] for the bodies `{prefix}{i}`, `i` in `range`.
+async fn send_range(
+    client: &Client,
+    dest: &str,
+    prefix: &str,
+    range: std::ops::RangeInclusive<u64>,
+    transactional: bool,
+) -> Vec<MessageId> {
+    let n = range.end() + 1 - range.start();
+    let sender = client
+        .sender(
+            dest,
+            SenderOptions {
+                transactional,
+                ..SenderOptions::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("open a sender to {dest}: {e}"));
+    let first = *range.start();
+    let mut receipts = Vec::with_capacity(n as usize);
+    for i in range {
+        receipts.push(
+            sender
+                .send_with_receipt(Message::new(format!("{prefix}{i}")).recoverable(true))
+                .await
+                .unwrap_or_else(|e| panic!("send {prefix}{i} to {dest}: {e}")),
+        );
+    }
+    let mut ids = Vec::with_capacity(n as usize);
+    for (i, r) in receipts.into_iter().enumerate() {
+        ids.push(
+            r.await
+                .unwrap_or_else(|e| panic!("{prefix}{} to {dest} refused: {e}", first + i as u64)),
+        );
+    }
+    assert_eq!(sender.close().await.unwrap().acknowledged, n);
+    ids
+}
+
+/// Sends `{prefix}1..={prefix}n` to `dest` in transactions of `per_tx` messages each, committed
+/// one after the other; returns the ids in order.
+async fn send_in_transactions(
+    client: &Client,
+    dest: &str,
+    prefix: &str,
+    n: u64,
+    per_tx: u64,
+) -> Vec<MessageId> {
+    let mut ids = Vec::with_capacity(n as usize);
+    let mut next = 1;
+    while next <= n {
+        let mut tx = client.begin().await.unwrap();
+        let last = (next + per_tx - 1).min(n);
+        for i in next..=last {
+            tx.send(dest, Message::new(format!("{prefix}{i}"))).unwrap();
+        }
+        let committed = tx
+            .commit()
+            .await
+            .unwrap_or_else(|e| panic!("commit {prefix}{next}..{prefix}{last} to {dest}: {e}"));
+        assert_eq!(committed.len() as u64, last - next + 1);
+        ids.extend(committed);
+        next = last + 1;
+    }
+    ids
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. The destination is down at send time.
+
+/// Sends `N` messages to a queue on B while B is down: every send is acknowledged by A, A's
+/// outgoing queue holds them (WAITING or CONNECTING, with the connection error), and once B is
+/// back on its port they arrive exactly once, in order, and A's outgoing queue empties.
+async fn remote_down_at_send_time(transactional: bool) {
+    const N: u64 = 2_000;
+    let q = if transactional { "tq" } else { "q" };
+    let mut b = Node::started("b");
+    create(&b.client().await, q, transactional, None).await;
+    b.terminate();
+
+    let a = Node::started("a");
+    let client = a.client().await;
+    let dest = b.queue(q);
+    let ids = if transactional {
+        send_in_transactions(&client, &dest, "m", N, 250).await
+    } else {
+        send_numbered(&client, &dest, "m", N, false).await
+    };
+    assert_eq!(ids.len() as u64, N);
+
+    // The forwarder has tried (and failed) to connect.
+    let tried = eventually(WAIT, || async {
+        outgoing_to(&client, &b.dest())
+            .await
+            .is_some_and(|o| o.last_error.is_some())
+    })
+    .await;
+    let o = outgoing_to(&client, &b.dest()).await;
+    assert!(
+        tried,
+        "no connection error reported for {}: {o:?}",
+        b.dest()
+    );
+    let o = o.unwrap();
+    assert!(
+        matches!(o.state, OutgoingState::Waiting | OutgoingState::Connecting),
+        "{o:?}"
+    );
+    assert_eq!((o.messages, o.forwarded), (N, 0), "{o:?}");
+    assert!(o.bytes >= N, "{o:?}");
+    assert!(!o.last_error.as_deref().unwrap_or("").is_empty(), "{o:?}");
+    if o.state == OutgoingState::Waiting {
+        assert!(
+            o.next_retry.is_some(),
+            "WAITING without a next retry: {o:?}"
+        );
+    }
+
+    b.start();
+    let bc = b.client().await;
+    wait_outgoing_empty(&client, &b.dest()).await;
+    assert_eq!(
+        try_count(&bc, q).await,
+        Some(N),
+        "B after A's queue emptied"
+    );
+    let o = outgoing_to(&client, &b.dest()).await.unwrap();
+    assert_eq!(o.forwarded, N, "{o:?}");
+    assert!(
+        matches!(o.state, OutgoingState::Connected | OutgoingState::Inactive),
+        "{o:?}"
+    );
+
+    let head = bc
+        .queue(&local(q))
+        .unwrap()
+        .peek(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("a message on B");
+    assert_eq!(head.id, ids[0], "the id survives forwarding");
+    assert_eq!(head.body.as_ref(), b"m1");
+    assert_eq!(head.transactional, transactional);
+    if !transactional {
+        assert_eq!(head.delivery, Delivery::Recoverable);
+    }
+    assert_exactly_in_order(&drain(&bc, q).await, "m", N, "B's queue");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recoverable_sent_while_remote_down_arrive_once_in_order() {
+    remote_down_at_send_time(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_sent_while_remote_down_arrive_once_in_order() {
+    remote_down_at_send_time(true).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1b. Several senders into one outgoing queue, both brokers up.
+
+/// Two recoverable senders (on two connections) and a sender of single-message transactions
+/// send concurrently through A to three queues on B, which is up all along: every message
+/// arrives exactly once, in each sender's order. (No crash: what is checked is that the outgoing
+/// queue's order and the stream sequence agree when sends commit concurrently.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_senders_to_one_destination_exactly_once_in_order() {
+    const N: u64 = 5_000;
+    let b = Node::started("b");
+    let bc = b.client().await;
+    create(&bc, "q1", false, None).await;
+    create(&bc, "q2", false, None).await;
+    create(&bc, "tq", true, None).await;
+    let a = Node::started("a");
+    let (c1, c2, c3) = (a.client().await, a.client().await, a.client().await);
+    let (q1, q2, tq) = (b.queue("q1"), b.queue("q2"), b.queue("tq"));
+    futures::join!(
+        send_numbered(&c1, &q1, "x", N, false),
+        send_numbered(&c2, &q2, "y", N, false),
+        send_numbered(&c3, &tq, "z", N, true)
+    );
+    wait_outgoing_empty(&c1, &b.dest()).await;
+    let o = outgoing_to(&c1, &b.dest()).await.unwrap();
+    assert_eq!((o.forwarded, o.dead_lettered), (3 * N, 0), "{o:?}");
+    let got = [
+        drain(&bc, "q1").await,
+        drain(&bc, "q2").await,
+        drain(&bc, "tq").await,
+    ];
+    let problems: Vec<String> = [("q1", "x"), ("q2", "y"), ("tq", "z")]
+        .iter()
+        .zip(&got)
+        .filter_map(|((q, prefix), bodies)| {
+            order_problem(bodies, prefix, N).map(|p| format!("{q}: {p}"))
+        })
+        .collect();
+    assert!(
+        problems.is_empty(),
+        "A forwarded (and B acknowledged) all {} messages, but B holds: {problems:#?}",
+        3 * N
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. The destination killed mid-transfer.
+
+/// A sends 5,000 recoverable messages and 1,000 single-message transactions to B (concurrently,
+/// pipelined, so they interleave) while B is up; B is killed with SIGKILL as soon as it has
+/// stored some (the second half is sent only after the kill, so B cannot have had all), then
+/// restarted on its port and data directory: B then holds each message exactly once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_killed_mid_transfer_exactly_once_in_order() {
+    const N: u64 = 5_000;
+    const T: u64 = 1_000;
+    let mut b = Node::started("b");
+    {
+        let bc = b.client().await;
+        create(&bc, "q", false, None).await;
+        create(&bc, "tq", true, None).await;
+    }
+    let a = Node::started("a");
+    let client = a.client().await;
+
+    let (killed_tx, killed_rx) = tokio::sync::oneshot::channel::<()>();
+    let producer = {
+        let (client, q, tq) = (client.clone(), b.queue("q"), b.queue("tq"));
+        tokio::spawn(async move {
+            futures::join!(
+                send_range(&client, &q, "r", 1..=N / 2, false),
+                send_range(&client, &tq, "t", 1..=T / 2, true)
+            );
+            killed_rx.await.unwrap();
+            futures::join!(
+                send_range(&client, &q, "r", N / 2 + 1..=N, false),
+                send_range(&client, &tq, "t", T / 2 + 1..=T, true)
+            );
+        })
+    };
+
+    // Kill B as soon as it has stored some of the recoverable messages.
+    let bc = b.client().await;
+    let last = Cell::new(None);
+    let caught = closely(WAIT, || async {
+        last.set(try_count(&bc, "q").await);
+        last.get().is_some_and(|n| n > 0)
+    })
+    .await;
+    b.kill9();
+    let _ = killed_tx.send(());
+    assert!(
+        caught,
+        "B never stored anything (holds {:?})\n{}",
+        last.get(),
+        b.logs()
+    );
+    tokio::time::timeout(WAIT, producer)
+        .await
+        .expect("A acknowledges every send while B is down")
+        .unwrap();
+    let o = outgoing_to(&client, &b.dest()).await.unwrap();
+    eprintln!(
+        "B killed holding {:?} of {N}; A's outgoing queue after all sends: {o:?}",
+        last.get()
+    );
+    assert!(o.messages >= (N + T) / 2, "{o:?}");
+
+    b.start();
+    let bc = b.client().await;
+    wait_outgoing_empty(&client, &b.dest()).await;
+    // Everything is acknowledged by B: B must hold each message once, in order.
+    let (r, t) = (drain(&bc, "q").await, drain(&bc, "tq").await);
+    assert_exactly_in_order_logs(&r, "r", N, "recoverable after kill -9 of B", &[&a, &b]);
+    assert_exactly_in_order_logs(&t, "t", T, "transactional after kill -9 of B", &[&a, &b]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. The sending broker killed mid-transfer.
+
+/// A acknowledges 10,000 recoverable messages and 2,000 single-message transactions (sent
+/// concurrently, so they interleave) for B while B is down; the outgoing queue is put on hold,
+/// B starts, forwarding resumes, and A is killed with SIGKILL once B has some but not all. After
+/// A restarts (same port, same data directory) B holds each exactly once, in order, and A's
+/// outgoing queue empties.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sender_killed_mid_transfer_exactly_once_in_order() {
+    const N: u64 = 10_000;
+    const T: u64 = 2_000;
+    let mut b = Node::started("b");
+    {
+        let bc = b.client().await;
+        create(&bc, "q", false, None).await;
+        create(&bc, "tq", true, None).await;
+    }
+    b.terminate();
+    let mut a = Node::started("a");
+    let client = a.client().await;
+    let (q, tq) = (b.queue("q"), b.queue("tq"));
+    futures::join!(
+        send_numbered(&client, &q, "r", N, false),
+        send_numbered(&client, &tq, "t", T, true)
+    );
+    assert_eq!(outgoing_messages(&client, &b.dest()).await, N + T);
+
+    // Held while B starts, so the watch below sees the transfer from its first batch.
+    client.pause_outgoing(&b.dest()).await.unwrap();
+    b.start();
+    let bc = b.client().await;
+    assert_eq!(try_count(&bc, "q").await, Some(0));
+    client.resume_outgoing(&b.dest()).await.unwrap();
+    let last = Cell::new(None);
+    let caught = closely(WAIT, || async {
+        last.set(try_count(&bc, "q").await);
+        last.get().is_some_and(|n| n > 0)
+    })
+    .await;
+    a.kill9();
+    assert!(caught, "B never received anything (holds {:?})", last.get());
+    let at_kill = last.get().unwrap();
+    assert!(
+        at_kill < N,
+        "B had all {N} recoverable messages before A was killed: nothing was in transfer"
+    );
+    eprintln!("A killed when B held {at_kill} of {N}");
+
+    a.start();
+    let client = a.client().await;
+    wait_outgoing_empty(&client, &b.dest()).await;
+    // Everything is acknowledged by B: B must hold each message once, in order.
+    let (r, t) = (drain(&bc, "q").await, drain(&bc, "tq").await);
+    assert_exactly_in_order_logs(&r, "r", N, "recoverable after kill -9 of A", &[&a, &b]);
+    assert_exactly_in_order_logs(&t, "t", T, "transactional after kill -9 of A", &[&a, &b]);
+    assert_eq!(outgoing_messages(&client, &b.dest()).await, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Express: best effort.
+
+/// Express messages for a destination that is down wait in A's outgoing queue in memory: a
+/// `kill -9` of A loses them (nothing arrives later), while with both brokers up express
+/// forwarding delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn express_waits_in_memory_and_is_lost_with_the_sender() {
+    const K: u64 = 100;
+    let mut b = Node::started("b");
+    create(&b.client().await, "q", false, None).await;
+    b.terminate();
+    let mut a = Node::started("a");
+    let client = a.client().await;
+    let dest = b.queue("q");
+    let sender = client
+        .sender(&dest, SenderOptions::default())
+        .await
+        .unwrap();
+    for i in 1..=K {
+        sender
+            .send(Message::new(format!("lost{i}")).delivery(Delivery::Express))
+            .await
+            .unwrap();
+    }
+    assert_eq!(sender.close().await.unwrap().acknowledged, K);
+    let o = outgoing_to(&client, &b.dest())
+        .await
+        .expect("an outgoing queue");
+    assert_eq!(o.messages, K, "{o:?}");
+
+    a.kill9();
+    a.start();
+    let client = a.client().await;
+    assert_eq!(
+        outgoing_messages(&client, &b.dest()).await,
+        0,
+        "express messages survived kill -9 of A: {:?}",
+        outgoing_to(&client, &b.dest()).await
+    );
+
+    // A recoverable marker sent now arrives; had any express message survived, it would be in
+    // the queue too (B is down until the marker is sent, so nothing was forwarded before).
+    send_numbered(&client, &dest, "marker", 1, false).await;
+    b.start();
+    let bc = b.client().await;
+    wait_outgoing_empty(&client, &b.dest()).await;
+    assert_eq!(drain(&bc, "q").await, ["marker1"]);
+
+    // Both up: express forwarding delivers.
+    let sender = client
+        .sender(&dest, SenderOptions::default())
+        .await
+        .unwrap();
+    for i in 1..=K {
+        sender
+            .send(Message::new(format!("e{i}")).delivery(Delivery::Express))
+            .await
+            .unwrap();
+    }
+    assert_eq!(sender.close().await.unwrap().acknowledged, K);
+    wait_count(&bc, "q", K).await;
+    wait_outgoing_empty(&client, &b.dest()).await;
+    let head = bc
+        .queue(&local("q"))
+        .unwrap()
+        .peek(Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("a message");
+    assert_eq!(head.delivery, Delivery::Express);
+    assert_exactly_in_order(&drain(&bc, "q").await, "e", K, "express with both up");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. A transaction that sends to a remote queue.
+
+/// A transaction sending to a transactional queue on B (and one on A): abort forwards nothing
+/// and leaves A's outgoing queue empty; commit forwards each message once, in order, with the
+/// ids the commit returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_transaction_abort_forwards_nothing_commit_forwards_once() {
+    let b = Node::started("b");
+    let bc = b.client().await;
+    create(&bc, "tq", true, None).await;
+    let a = Node::started("a");
+    let client = a.client().await;
+    create(&client, "ltq", true, None).await;
+    let remote = b.queue("tq");
+
+    let mut tx = client.begin().await.unwrap();
+    for i in 1..=3 {
+        tx.send(&remote, Message::new(format!("aborted{i}")))
+            .unwrap();
+    }
+    tx.send(local("ltq"), Message::new("aborted-local"))
+        .unwrap();
+    tx.abort().await.unwrap();
+    let o = outgoing_to(&client, &b.dest()).await;
+    assert!(
+        o.as_ref()
+            .is_none_or(|o| o.messages == 0 && o.forwarded == 0),
+        "an aborted transaction reached the outgoing queue: {o:?}"
+    );
+    assert_eq!(try_count(&client, "ltq").await, Some(0));
+
+    let mut tx = client.begin().await.unwrap();
+    for i in 1..=3 {
+        tx.send(&remote, Message::new(format!("c{i}"))).unwrap();
+    }
+    tx.send(local("ltq"), Message::new("c-local")).unwrap();
+    let ids = tx.commit().await.unwrap();
+    assert_eq!(ids.len(), 4);
+
+    wait_count(&bc, "tq", 3).await;
+    wait_outgoing_empty(&client, &b.dest()).await;
+    let o = outgoing_to(&client, &b.dest()).await.unwrap();
+    assert_eq!((o.forwarded, o.dead_lettered), (3, 0), "{o:?}");
+    let got = bc
+        .queue(&local("tq"))
+        .unwrap()
+        .peek_many(100, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(
+        got.iter().map(|m| m.id).collect::<Vec<_>>(),
+        ids[..3],
+        "ids as committed"
+    );
+    assert!(got.iter().all(|m| m.transactional));
+    assert_eq!(drain(&bc, "tq").await, bodies("c", 1..=3));
+    assert_eq!(drain(&client, "ltq").await, ["c-local"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. A multiple-element name across three brokers.
+
+/// `FORMATNAME:` a local queue on A, a queue on B and a queue on C: each gets exactly one copy
+/// of every message, with the same id, in order; C being down at send time delays only C.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multiple_element_name_reaches_local_and_two_remote_brokers() {
+    const N: u64 = 200;
+    let b = Node::started("b");
+    let mut c = Node::started("c");
+    create(&b.client().await, "m", false, None).await;
+    create(&c.client().await, "m", false, None).await;
+    c.terminate();
+    let a = Node::started("a");
+    let client = a.client().await;
+    create(&client, "m", false, None).await;
+    let multi = format!(
+        r"FORMATNAME:DIRECT=OS:.\private$\m,{},{}",
+        b.queue("m"),
+        c.queue("m")
+    );
+
+    let first = client
+        .queue(&multi)
+        .unwrap()
+        .send(Message::new("m1").recoverable(true).label("fan-out"))
+        .await
+        .unwrap();
+    let mut ids = vec![first];
+    // The rest pipelined; `send_numbered` would start at 1 again, so number from 2 by hand.
+    let sender = client
+        .sender(&multi, SenderOptions::default())
+        .await
+        .unwrap();
+    let mut receipts = Vec::new();
+    for i in 2..=N {
+        receipts.push(
+            sender
+                .send_with_receipt(Message::new(format!("m{i}")).recoverable(true))
+                .await
+                .unwrap(),
+        );
+    }
+    for r in receipts {
+        ids.push(r.await.unwrap());
+    }
+    sender.close().await.unwrap();
+    assert_eq!(
+        HashSet::<_>::from_iter(&ids).len() as u64,
+        N,
+        "distinct ids"
+    );
+
+    let bc = b.client().await;
+    wait_count(&bc, "m", N).await;
+    wait_outgoing_empty(&client, &b.dest()).await;
+    assert_eq!(outgoing_messages(&client, &c.dest()).await, N, "C is down");
+
+    c.start();
+    let cc = c.client().await;
+    wait_count(&cc, "m", N).await;
+    wait_outgoing_empty(&client, &c.dest()).await;
+
+    // A's own address spelled as a remote one is local: no outgoing queue to itself.
+    let own = format!(r"DIRECT=TCP:{}\private$\self", a.addr);
+    create(&client, "self", false, None).await;
+    client
+        .queue(&own)
+        .unwrap()
+        .send(Message::new("to-self").recoverable(true))
+        .await
+        .unwrap();
+    assert_eq!(try_count(&client, "self").await, Some(1), "{own} is local");
+    assert!(outgoing_to(&client, &a.dest()).await.is_none());
+
+    for (who, cl) in [("A", &client), ("B", &bc), ("C", &cc)] {
+        let got = cl
+            .queue(&local("m"))
+            .unwrap()
+            .peek_many(1000, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(
+            got.iter().map(|m| m.id).collect::<Vec<_>>(),
+            ids,
+            "{who}: one copy of each, same ids, same order"
+        );
+        assert_eq!(got[0].label, "fan-out", "{who}");
+        assert_exactly_in_order(&drain(cl, "m").await, "m", N, who);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Pause and resume.
+
+/// Pausing an outgoing queue (API, then `mq outgoing pause`) holds messages on A (ONHOLD) even
+/// though B is up; resuming (`mq outgoing resume`, then the API) drains them to B, in order.
+/// `mq outgoing list --json` shows the state and counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_holds_messages_resume_drains_them() {
+    const N: u64 = 500;
+    let b = Node::started("b");
+    let bc = b.client().await;
+    create(&bc, "q", false, None).await;
+    let a = Node::started("a");
+    let client = a.client().await;
+    let dest = b.queue("q");
+
+    // A first message, forwarded: the outgoing queue exists and is connected.
+    send_numbered(&client, &dest, "warm", 1, false).await;
+    wait_count(&bc, "q", 1).await;
+    assert_eq!(drain(&bc, "q").await, ["warm1"]);
+    wait_outgoing_empty(&client, &b.dest()).await;
+
+    // Round 1: pause with the API, look with the CLI, resume with the CLI.
+    let o = client.pause_outgoing(&b.dest()).await.unwrap();
+    assert_eq!(o.state, OutgoingState::OnHold, "{o:?}");
+    assert_eq!(o.destination, b.dest());
+    let sender = client
+        .sender(&dest, SenderOptions::default())
+        .await
+        .unwrap();
+    for i in 1..=N {
+        sender
+            .send(Message::new(format!("p{i}")).recoverable(true))
+            .await
+            .unwrap();
+    }
+    assert_eq!(sender.close().await.unwrap().acknowledged, N);
+    let o = outgoing_to(&client, &b.dest()).await.unwrap();
+    assert_eq!(o.state, OutgoingState::OnHold, "{o:?}");
+    assert_eq!((o.messages, o.in_flight, o.forwarded), (N, 0, 1), "{o:?}");
+    assert_eq!(
+        try_count(&bc, "q").await,
+        Some(0),
+        "B got messages while on hold"
+    );
+
+    let url = a.url();
+    let out = cli(&url, &["outgoing", "list", "--json"]).await;
+    let list: serde_json::Value = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("mq outgoing list --json is not JSON ({e}): {out}"));
+    let entry = list
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array: {out}"))
+        .iter()
+        .find(|q| q["destination"] == b.dest().as_str())
+        .unwrap_or_else(|| panic!("no {} in {out}", b.dest()));
+    assert_eq!(entry["state"], "ONHOLD", "{entry}");
+    assert_eq!(entry["messages"], N, "{entry}");
+    let text = cli(&url, &["outgoing", "list"]).await;
+    assert!(
+        text.lines()
+            .any(|l| l.contains(&b.dest()) && l.contains("ONHOLD")),
+        "{text}"
+    );
+
+    cli(&url, &["outgoing", "resume", &b.dest()]).await;
+    assert_ne!(
+        outgoing_to(&client, &b.dest()).await.unwrap().state,
+        OutgoingState::OnHold
+    );
+    wait_count(&bc, "q", N).await;
+    wait_outgoing_empty(&client, &b.dest()).await;
+
+    // Round 2: pause with the CLI, resume with the API.
+    cli(&url, &["outgoing", "pause", &b.dest()]).await;
+    assert_eq!(
+        outgoing_to(&client, &b.dest()).await.unwrap().state,
+        OutgoingState::OnHold
+    );
+    let sender = client
+        .sender(&dest, SenderOptions::default())
+        .await
+        .unwrap();
+    for i in N + 1..=N + 100 {
+        sender
+            .send(Message::new(format!("p{i}")).recoverable(true))
+            .await
+            .unwrap();
+    }
+    sender.close().await.unwrap();
+    assert_eq!(outgoing_messages(&client, &b.dest()).await, 100);
+    assert_eq!(try_count(&bc, "q").await, Some(N));
+    let o = client.resume_outgoing(&b.dest()).await.unwrap();
+    assert_ne!(o.state, OutgoingState::OnHold, "{o:?}");
+    wait_count(&bc, "q", N + 100).await;
+    wait_outgoing_empty(&client, &b.dest()).await;
+    assert_exactly_in_order(
+        &drain(&bc, "q").await,
+        "p",
+        N + 100,
+        "after pause and resume",
+    );
+    let o = outgoing_to(&client, &b.dest()).await.unwrap();
+    assert_eq!(o.forwarded, 1 + N + 100, "{o:?}");
+}
+
+/// Runs `mq` with `args` against `url` off the async threads; asserts exit 0, returns stdout.
+pub(crate) async fn cli(url: &str, args: &[&str]) -> String {
+    let out = cli_output(url, args).await;
+    assert!(
+        out.status.success(),
+        "mq {args:?}: {}; stdout: {}; stderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `mq` with `args` against `url` off the async threads.
+pub(crate) async fn cli_output(url: &str, args: &[&str]) -> std::process::Output {
+    let url = url.to_string();
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        mq(&url, &args, None)
+    })
+    .await
+    .unwrap()
+}
