@@ -225,13 +225,25 @@ impl Broker {
             }
             let q = Arc::new(Queue::new(def));
             let mut entries = Vec::new();
+            // One shared copy of each route (an outgoing queue's messages mostly share a few).
+            let mut routes: HashMap<Arc<str>, ()> = HashMap::new();
             for m in recovered {
-                let msg = StoredMessage::decode_header(&m.header, m.body_len).map_err(|e| {
+                let mut msg = StoredMessage::decode_header(&m.header, m.body_len).map_err(|e| {
                     BrokerError::Internal(format!(
                         "message {} of queue {id} in the journal is unreadable: {e}",
                         m.seq
                     ))
                 })?;
+                if let Some(r) = msg.route.take() {
+                    let shared = match routes.get_key_value(&r) {
+                        Some((k, _)) => k.clone(),
+                        None => {
+                            routes.insert(r.clone(), ());
+                            r
+                        }
+                    };
+                    msg.route = Some(shared);
+                }
                 stored += msg.charged_bytes();
                 report.bytes += m.body_len as u64;
                 entries.push(Entry::new(m.seq, Arc::new(msg)));
