@@ -24,6 +24,21 @@ const DEADXACT: &str = r"DIRECT=OS:.\SYSTEM$;DEADXACT";
 /// A time limit that passes while the test waits for it, but not before the test has looked.
 const SHORT_LIMIT: Duration = Duration::from_millis(300);
 
+/// B with a plain queue `q` and a transactional queue `tq`, stopped; A running. Returns
+/// (B, A, a client of A).
+async fn b_down_with_queues() -> (Node, Node, Client) {
+    let mut b = Node::started("b");
+    {
+        let bc = b.client().await;
+        create(&bc, "q", false, None).await;
+        create(&bc, "tq", true, None).await;
+    }
+    b.terminate();
+    let a = Node::started("a");
+    let client = a.client().await;
+    (b, a, client)
+}
+
 async fn dlq_count(client: &Client, dlq: &str) -> u64 {
     client
         .queue_info(dlq)
@@ -335,15 +350,7 @@ async fn destination_queue_over_quota() {
 /// message without a limit sent alongside stays and is delivered when B is back, alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reach_queue_timeout_in_outgoing_queue() {
-    let mut b = Node::started("b");
-    {
-        let bc = b.client().await;
-        create(&bc, "q", false, None).await;
-        create(&bc, "tq", true, None).await;
-    }
-    b.terminate();
-    let a = Node::started("a");
-    let client = a.client().await;
+    let (mut b, a, client) = b_down_with_queues().await;
     let (q, tq) = (b.queue("q"), b.queue("tq"));
 
     let id = send(
@@ -508,15 +515,7 @@ async fn receive_timeout_in_destination_queue() {
 /// DEADLETTER / DEADXACT as ReceiveTimeout (dead-lettered by A) and never reach B.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receive_timeout_in_outgoing_queue() {
-    let mut b = Node::started("b");
-    {
-        let bc = b.client().await;
-        create(&bc, "q", false, None).await;
-        create(&bc, "tq", true, None).await;
-    }
-    b.terminate();
-    let a = Node::started("a");
-    let client = a.client().await;
+    let (mut b, a, client) = b_down_with_queues().await;
     let (q, tq) = (b.queue("q"), b.queue("tq"));
 
     let id = send(

@@ -669,6 +669,18 @@ async fn sender_killed_mid_transfer_exactly_once_in_order() {
 // ---------------------------------------------------------------------------------------------
 // 4. Express: best effort.
 
+/// Sends `<prefix>1..=<prefix>n` as express messages through one pipelined sender; all acknowledged.
+async fn send_express(client: &Client, dest: &str, prefix: &str, n: u64) {
+    let sender = client.sender(dest, SenderOptions::default()).await.unwrap();
+    for i in 1..=n {
+        sender
+            .send(Message::new(format!("{prefix}{i}")).delivery(Delivery::Express))
+            .await
+            .unwrap();
+    }
+    assert_eq!(sender.close().await.unwrap().acknowledged, n);
+}
+
 /// Express messages for a destination that is down wait in A's outgoing queue in memory: a
 /// `kill -9` of A loses them (nothing arrives later), while with both brokers up express
 /// forwarding delivers.
@@ -681,17 +693,7 @@ async fn express_waits_in_memory_and_is_lost_with_the_sender() {
     let mut a = Node::started("a");
     let client = a.client().await;
     let dest = b.queue("q");
-    let sender = client
-        .sender(&dest, SenderOptions::default())
-        .await
-        .unwrap();
-    for i in 1..=K {
-        sender
-            .send(Message::new(format!("lost{i}")).delivery(Delivery::Express))
-            .await
-            .unwrap();
-    }
-    assert_eq!(sender.close().await.unwrap().acknowledged, K);
+    send_express(&client, &dest, "lost", K).await;
     let o = outgoing_to(&client, &b.dest())
         .await
         .expect("an outgoing queue");
@@ -716,17 +718,7 @@ async fn express_waits_in_memory_and_is_lost_with_the_sender() {
     assert_eq!(drain(&bc, "q").await, ["marker1"]);
 
     // Both up: express forwarding delivers.
-    let sender = client
-        .sender(&dest, SenderOptions::default())
-        .await
-        .unwrap();
-    for i in 1..=K {
-        sender
-            .send(Message::new(format!("e{i}")).delivery(Delivery::Express))
-            .await
-            .unwrap();
-    }
-    assert_eq!(sender.close().await.unwrap().acknowledged, K);
+    send_express(&client, &dest, "e", K).await;
     wait_count(&bc, "q", K).await;
     wait_outgoing_empty(&client, &b.dest()).await;
     let head = bc
