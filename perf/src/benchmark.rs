@@ -1,19 +1,21 @@
-//! One `mqperf` invocation end to end: pick the broker (embedded or `--broker`), connect,
-//! print the banner, run the scenario with a progress bar, print each result as it comes,
-//! stop the embedded broker.
+//! One `mqperf` invocation end to end: pick the broker (embedded or `--broker`; with
+//! `--forward` two: embedded, or `--broker` and `--receive-broker`), connect, print the
+//! banner, run the scenario with a progress bar, print each result as it comes, stop the
+//! embedded brokers.
 
 use std::io::Write;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use mq_client::Client;
 
-use crate::config::Config;
+use crate::config::{Config, Scenario};
 use crate::embedded::EmbeddedBroker;
+use crate::forward::{BrokerAddr, Route};
 use crate::machine::Machine;
 use crate::measurement::ComboResult;
 use crate::progress::Progress;
 use crate::report::{self, ReportContext};
-use crate::scenario;
+use crate::scenario::{self, Brokers};
 
 /// Bytes the broker charges per message besides the body (label, headers), with margin.
 const PER_MESSAGE_OVERHEAD: u64 = 512;
@@ -28,22 +30,23 @@ pub async fn run(
     // An external broker's limit is not known to the client: assume the default.
     let max_body = mq_broker::DEFAULT_MAX_BODY_BYTES;
     let plan = scenario::plan(config, max_body)?;
+    if config.forward {
+        return run_forward(config, plan, out, err).await;
+    }
     match &config.broker {
         Some(url) => {
             let ctx = ReportContext {
                 config: config.clone(),
                 broker: url.clone(),
                 broker_detail: format!("(body limit assumed {max_body} bytes)"),
+                forward: None,
                 machine: Machine::detect(),
             };
-            run_against(config, url, ctx, plan, out, err).await
+            let brokers = connect(url, url, None).await?;
+            run_against(config, &brokers, ctx, plan, out, err).await
         }
         None => {
-            // Up to `count` messages are in the broker's memory at once.
-            let needed = config.count.saturating_mul(
-                (scenario::largest_body(&plan) as u64 + PER_MESSAGE_OVERHEAD) * 5 / 4,
-            );
-            let broker = EmbeddedBroker::start(needed).await?;
+            let broker = EmbeddedBroker::start(express_quota(config, &plan)).await?;
             let ctx = ReportContext {
                 config: config.clone(),
                 broker: "embedded".to_string(),
@@ -54,10 +57,14 @@ pub async fn run(
                     broker.express_quota_bytes() >> 20,
                     broker.max_body_bytes()
                 ),
+                forward: None,
                 machine: Machine::detect(),
             };
             let url = broker.url().to_string();
-            let result = run_against(config, &url, ctx, plan, out, err).await;
+            let result = match connect(&url, &url, None).await {
+                Ok(brokers) => run_against(config, &brokers, ctx, plan, out, err).await,
+                Err(e) => Err(e),
+            };
             let stopped = broker.stop().await;
             let results = result?;
             stopped?;
@@ -66,15 +73,133 @@ pub async fn run(
     }
 }
 
+/// The express quota an embedded broker needs: up to `count` messages are in its memory at
+/// once (with `--forward`, in A's outgoing queue or in B's queue).
+fn express_quota(config: &Config, plan: &[scenario::Planned]) -> u64 {
+    config
+        .count
+        .saturating_mul((scenario::largest_body(plan) as u64 + PER_MESSAGE_OVERHEAD) * 5 / 4)
+}
+
+/// `--forward`: two embedded brokers (A and B), or `--broker` (A) and `--receive-broker` (B).
+async fn run_forward(
+    config: &Config,
+    plan: Vec<scenario::Planned>,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+) -> Result<Vec<ComboResult>> {
+    let max_body = mq_broker::DEFAULT_MAX_BODY_BYTES;
+    match (&config.broker, &config.receive_broker) {
+        (Some(a), Some(b)) => {
+            let addr = |url: &str| BrokerAddr::from_url(url).map_err(anyhow::Error::msg);
+            let route = Route::new(addr(a)?, addr(b)?).map_err(anyhow::Error::msg)?;
+            let ctx = ReportContext {
+                config: config.clone(),
+                broker: format!("{a} -> {b}"),
+                broker_detail: format!("(body limit assumed {max_body} bytes)"),
+                forward: Some(describe(config, &route)?),
+                machine: Machine::detect(),
+            };
+            let brokers = connect(a, b, Some(route)).await?;
+            run_against(config, &brokers, ctx, plan, out, err).await
+        }
+        (None, None) => {
+            let quota = express_quota(config, &plan);
+            let a = EmbeddedBroker::start(quota).await?;
+            let b = match EmbeddedBroker::start(quota).await {
+                Ok(b) => b,
+                Err(e) => {
+                    let _ = a.stop().await;
+                    return Err(e);
+                }
+            };
+            let route = Route::new(
+                BrokerAddr::from_socket(a.addr()),
+                BrokerAddr::from_socket(b.addr()),
+            )
+            .map_err(anyhow::Error::msg)?;
+            let ctx = ReportContext {
+                config: config.clone(),
+                broker: "embedded".to_string(),
+                broker_detail: format!(
+                    "(two: A {} data dir {}, B {} data dir {}; express quota {} MiB each, body limit {} bytes)",
+                    a.url(),
+                    a.data_dir().display(),
+                    b.url(),
+                    b.data_dir().display(),
+                    a.express_quota_bytes() >> 20,
+                    a.max_body_bytes()
+                ),
+                forward: Some(describe(config, &route)?),
+                machine: Machine::detect(),
+            };
+            let result = match connect(a.url(), b.url(), Some(route)).await {
+                Ok(brokers) => run_against(config, &brokers, ctx, plan, out, err).await,
+                Err(e) => Err(e),
+            };
+            // A first: its forwarder talks to B.
+            let stopped_a = a.stop().await;
+            let stopped_b = b.stop().await;
+            let results = result?;
+            stopped_a.context("broker A")?;
+            stopped_b.context("broker B")?;
+            Ok(results)
+        }
+        // The command line refuses these; a Config built by hand may still ask.
+        (Some(_), None) => {
+            bail!(
+                "--forward with --broker needs --receive-broker (broker B, where the queue lives)"
+            )
+        }
+        (None, Some(_)) => {
+            bail!("--receive-broker needs --broker too (broker A, where every send goes)")
+        }
+    }
+}
+
+/// The banner's `forwarded` line: the route and the queue's name on each side.
+fn describe(config: &Config, route: &Route) -> Result<String> {
+    let queue = &config.queue;
+    let detail = match (config.scenario, &config.response_queue) {
+        (Scenario::Server, Some(r)) => format!(
+            "receives are from {queue} on B, replies go through B to {}",
+            route.on_a(r)?
+        ),
+        (Scenario::Client, Some(r)) => format!(
+            "sends go to A for {}, replies are received from {r} on A",
+            route.on_b(queue)?
+        ),
+        _ => format!(
+            "sends go to A for {}, receives are from {queue} on B",
+            route.on_b(queue)?
+        ),
+    };
+    Ok(format!("{} ({detail})", route.describe()))
+}
+
+/// Connects to the sending and the receiving broker (one connection when they are the same).
+async fn connect(send_url: &str, receive_url: &str, route: Option<Route>) -> Result<Brokers> {
+    let send = Client::connect(send_url).await?;
+    let receive = if receive_url == send_url {
+        send.clone()
+    } else {
+        Client::connect(receive_url).await?
+    };
+    Ok(Brokers {
+        send,
+        receive,
+        route,
+    })
+}
+
 async fn run_against(
     config: &Config,
-    url: &str,
+    brokers: &Brokers,
     ctx: ReportContext,
     plan: Vec<scenario::Planned>,
     out: &mut (dyn Write + Send),
     err: &mut (dyn Write + Send),
 ) -> Result<Vec<ComboResult>> {
-    let client = Client::connect(url).await?;
     if config.json {
         report::write_banner(err, &ctx)?;
         err.flush()?;
@@ -103,7 +228,7 @@ async fn run_against(
             write_error.get_or_insert(e);
         }
     };
-    let results = scenario::run(config, &client, plan, &progress, &mut on_result).await;
+    let results = scenario::run(config, brokers, plan, &progress, &mut on_result).await;
     progress.finish();
     if let Some(e) = write_error {
         return Err(e).context("cannot write the report");

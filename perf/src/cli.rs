@@ -8,6 +8,7 @@ use clap::{CommandFactory, Parser};
 use mq_client::format_name::FormatName;
 
 use crate::config::{Config, DeliveryKind, Mode, Scenario};
+use crate::forward;
 use crate::payload::{FormatterKind, PayloadKind};
 
 const AFTER_HELP: &str = "\
@@ -35,6 +36,18 @@ Concurrent senders (--clients N, SENDANDPURGE and SENDANDRECEIVE):
   send rate is all N*count/N messages over the time from the common start to the last
   acknowledgement. Receives stay on one consumer.
 
+Store-and-forward (--forward): every send goes through broker A to QUEUE on broker B (A stores
+  it in its outgoing queue for B and forwards it; B acknowledges once stored, on disk for
+  recoverable and TX); every receive is from B's local QUEUE. QUEUE (and RESPONSE-QUEUE) must be
+  local paths (.\\private$\\perf); A is sent DIRECT=TCP:<B's host:port>\\private$\\perf.
+  No --broker: two embedded brokers. --broker URL_A --receive-broker URL_B: two running ones.
+  send = acknowledged by A; receive = drained from B after the sends (so it includes waiting
+  for the forwarding); e2e = sent on A and received on B at once. Between runs mqperf waits
+  until A's outgoing queue for B is empty. SENDANDPURGE: send, wait until every message is on
+  B (not timed), purge B. SERVER/CLIENT: both need --broker A --receive-broker B; CLIENT sends
+  through A and waits for the reply on A's RESPONSE-QUEUE, SERVER receives on B and replies
+  through B to A's RESPONSE-QUEUE.
+
 Latency: send = send() to acknowledgement, sampled (every max(1, min(64, N/1000))th message);
   receive = next() plus decode; e2e = sender's clock before encoding to decoded.
 
@@ -43,7 +56,8 @@ Exit codes: 0 success, 1 failure (broker unreachable or refusing, a message lost
 
 Examples:
   mqperf NOTX SENDANDRECEIVE '.\\private$\\perf' --payload empty,string:1000 --formatter raw
-  mqperf TX SENDANDPURGE '.\\private$\\tx' --payload string:1000 --formatter raw --clients 8";
+  mqperf TX SENDANDPURGE '.\\private$\\tx' --payload string:1000 --formatter raw --clients 8
+  mqperf NOTX SENDANDRECEIVE '.\\private$\\perf' --forward --delivery recoverable --formatter raw";
 
 /// mqperf: the System.Messaging white paper's MsmqPerfTest scenarios against an mq broker.
 #[derive(Debug, Parser)]
@@ -66,9 +80,18 @@ pub struct Cli {
     #[arg(value_name = "RESPONSE-QUEUE")]
     pub response_queue: Option<String>,
     /// A running broker, e.g. http://127.0.0.1:1801 (absent: an embedded broker in a
-    /// temporary directory, started and stopped by mqperf)
+    /// temporary directory, started and stopped by mqperf). With --forward: broker A, where
+    /// every send goes
     #[arg(long, value_name = "URL")]
     pub broker: Option<String>,
+    /// Store-and-forward: send through broker A to QUEUE on broker B, receive on B (no
+    /// --broker: two embedded brokers)
+    #[arg(long)]
+    pub forward: bool,
+    /// With --forward and --broker: broker B, where QUEUE lives and every receive happens
+    /// (its host:port names the queue for A)
+    #[arg(long, value_name = "URL")]
+    pub receive_broker: Option<String>,
     /// Comma list of empty, string:N, strings, xml, order, int, all
     #[arg(long, value_name = "LIST", default_value = "string:1000", value_parser = parse_payloads)]
     pub payload: PayloadList,
@@ -152,6 +175,7 @@ impl Cli {
             }
             _ => {}
         }
+        self.check_forward()?;
         if self.clients > 1 && scenario.needs_response_queue() {
             return Err(usage(
                 ErrorKind::ArgumentConflict,
@@ -167,6 +191,8 @@ impl Cli {
             queue: self.queue,
             response_queue: self.response_queue,
             broker: self.broker,
+            forward: self.forward,
+            receive_broker: self.receive_broker,
             payloads: self.payload.0,
             formatters: self.formatter.0,
             delivery: self.delivery,
@@ -178,6 +204,62 @@ impl Cli {
             progress: progress && !self.json,
             command,
         })
+    }
+}
+
+impl Cli {
+    /// `--forward` and `--receive-broker`: together or not at all with `--broker`; local queue
+    /// paths; two different brokers; SERVER/CLIENT only against running brokers.
+    fn check_forward(&self) -> Result<(), clap::Error> {
+        let usage = |kind: ErrorKind, msg: String| Cli::command().error(kind, msg);
+        if !self.forward {
+            return match &self.receive_broker {
+                Some(_) => Err(usage(
+                    ErrorKind::ArgumentConflict,
+                    "--receive-broker applies only with --forward (broker B, where a forwarded QUEUE lives)".to_string(),
+                )),
+                None => Ok(()),
+            };
+        }
+        for name in std::iter::once(&self.queue).chain(&self.response_queue) {
+            if let Err(e) = forward::local_queue(name) {
+                return Err(usage(ErrorKind::ValueValidation, e));
+            }
+        }
+        match (&self.broker, &self.receive_broker) {
+            (Some(_), None) => {
+                return Err(usage(
+                    ErrorKind::MissingRequiredArgument,
+                    "--forward with --broker needs --receive-broker URL (broker B, where QUEUE lives); without --broker mqperf starts two embedded brokers".to_string(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(usage(
+                    ErrorKind::MissingRequiredArgument,
+                    "--receive-broker needs --broker URL too (broker A, where every send goes)"
+                        .to_string(),
+                ))
+            }
+            (Some(a), Some(b)) => {
+                let addr = |url: &str, flag: &str| {
+                    forward::BrokerAddr::from_url(url)
+                        .map_err(|e| usage(ErrorKind::ValueValidation, format!("{flag} {e}")))
+                };
+                forward::Route::new(addr(a, "--broker")?, addr(b, "--receive-broker")?)
+                    .map_err(|e| usage(ErrorKind::ArgumentConflict, e))?;
+            }
+            (None, None) if self.scenario.needs_response_queue() => {
+                return Err(usage(
+                    ErrorKind::MissingRequiredArgument,
+                    format!(
+                        "{} with --forward needs --broker URL_A --receive-broker URL_B: SERVER and CLIENT are two processes and must use the same two brokers",
+                        self.scenario.name()
+                    ),
+                ))
+            }
+            (None, None) => {}
+        }
+        Ok(())
     }
 }
 
@@ -230,6 +312,69 @@ mod tests {
         assert_eq!(c.formatters.len(), 5);
         assert_eq!(c.delivery, DeliveryKind::Recoverable);
         assert!(c.json && !c.progress);
+    }
+
+    #[test]
+    fn forward_options() {
+        let q = r".\private$\perf";
+        let c = parse(&["NOTX", "SENDANDRECEIVE", q, "--forward"]).unwrap();
+        assert!(c.forward && c.broker.is_none() && c.receive_broker.is_none());
+        let c = parse(&[
+            "TX",
+            "CLIENT",
+            q,
+            r".\private$\reply",
+            "--forward",
+            "--broker",
+            "http://127.0.0.1:1801",
+            "--receive-broker",
+            "http://127.0.0.1:1802",
+        ])
+        .unwrap();
+        assert_eq!(c.receive_broker.as_deref(), Some("http://127.0.0.1:1802"));
+        assert!(!parse(&["NOTX", "SENDANDPURGE", q]).unwrap().forward);
+
+        let kind = |args: &[&str]| parse(args).unwrap_err().kind();
+        let a = "http://127.0.0.1:1801";
+        assert_eq!(
+            kind(&["NOTX", "SENDANDRECEIVE", q, "--receive-broker", a]),
+            ErrorKind::ArgumentConflict
+        );
+        assert_eq!(
+            kind(&["NOTX", "SENDANDRECEIVE", q, "--forward", "--broker", a]),
+            ErrorKind::MissingRequiredArgument
+        );
+        assert_eq!(
+            kind(&[
+                "NOTX",
+                "SENDANDRECEIVE",
+                q,
+                "--forward",
+                "--receive-broker",
+                a
+            ]),
+            ErrorKind::MissingRequiredArgument
+        );
+        let both = ["--forward", "--broker", a, "--receive-broker"];
+        let with = |b: &str, queue: &str| {
+            let mut v = vec!["NOTX", "SENDANDRECEIVE", queue];
+            v.extend(both);
+            v.push(b);
+            kind(&v)
+        };
+        assert_eq!(with(a, q), ErrorKind::ArgumentConflict);
+        assert_eq!(with("127.0.0.1:1802", q), ErrorKind::ValueValidation);
+        assert_eq!(
+            with(
+                "http://127.0.0.1:1802",
+                r"DIRECT=TCP:127.0.0.1:1802\private$\perf"
+            ),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            kind(&["NOTX", "SERVER", q, r".\private$\r", "--forward"]),
+            ErrorKind::MissingRequiredArgument
+        );
     }
 
     #[test]

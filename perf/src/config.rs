@@ -97,8 +97,14 @@ pub struct Config {
     pub queue: String,
     /// SERVER and CLIENT only: where the server replies after each run.
     pub response_queue: Option<String>,
-    /// A running broker's URL; `None`: an embedded broker in a temporary directory.
+    /// A running broker's URL; `None`: an embedded broker in a temporary directory (two with
+    /// `forward`). With `forward` this is broker A, where every send goes.
     pub broker: Option<String>,
+    /// Store-and-forward (`--forward`): every send goes through broker A to the queue on broker
+    /// B (by its remote format name), every receive is from B's local queue.
+    pub forward: bool,
+    /// `--receive-broker`: broker B's URL with `forward` and `broker`.
+    pub receive_broker: Option<String>,
     pub payloads: Vec<PayloadKind>,
     pub formatters: Vec<FormatterKind>,
     pub delivery: DeliveryKind,
@@ -138,8 +144,8 @@ impl Config {
     }
 
     /// A configuration with the command line's defaults (10 000 messages, 5 runs,
-    /// `string:1000` with the binary formatter, express, embedded broker, 60 s timeout, one
-    /// sending client).
+    /// `string:1000` with the binary formatter, express, embedded broker, not forwarded, 60 s
+    /// timeout, one sending client).
     pub fn new(mode: Mode, scenario: Scenario, queue: impl Into<String>) -> Config {
         Config {
             mode,
@@ -147,6 +153,8 @@ impl Config {
             queue: queue.into(),
             response_queue: None,
             broker: None,
+            forward: false,
+            receive_broker: None,
             payloads: vec![PayloadKind::Str(1000)],
             formatters: vec![FormatterKind::Binary],
             delivery: DeliveryKind::Express,

@@ -16,6 +16,8 @@
 //! - `stats`: [`Spread`] (median, min, max) and [`Latency`] (HdrHistogram).
 //! - `report`: banner, table, JSON lines ([`Row`]).
 //! - `embedded`: [`EmbeddedBroker`], the in-process broker used when `--broker` is absent.
+//! - `forward`: [`Route`], [`BrokerAddr`]: `--forward`, sends through broker A to the queue on
+//!   broker B, and the wait until A's outgoing queue is empty.
 //! - `machine`: [`Machine`] (cores, CPU model) for the banner.
 //! - `progress`: [`Progress`], the progress bar on a terminal.
 //! - `benchmark`: [`run`], one invocation end to end.
@@ -34,6 +36,7 @@ mod benchmark;
 mod cli;
 mod config;
 mod embedded;
+mod forward;
 mod machine;
 mod measurement;
 pub mod payload;
@@ -46,6 +49,7 @@ pub use benchmark::run;
 pub use cli::{Cli, FormatterList, PayloadList};
 pub use config::{Config, DeliveryKind, Mode, Scenario};
 pub use embedded::EmbeddedBroker;
+pub use forward::{BrokerAddr, Route};
 pub use machine::Machine;
 pub use measurement::{ComboResult, Op, OpResult, Outcome, RunSample};
 pub use progress::Progress;

@@ -24,6 +24,8 @@ pub struct ReportContext {
     pub broker: String,
     /// Extra words about the broker for the banner (address, data dir, quota).
     pub broker_detail: String,
+    /// With `--forward`: the route, `A 127.0.0.1:x -> B 127.0.0.1:y`.
+    pub forward: Option<String>,
     pub machine: Machine,
 }
 
@@ -36,6 +38,8 @@ pub struct Row {
     pub delivery: &'static str,
     /// Concurrent sending clients.
     pub clients: u32,
+    /// Sent through broker A to the queue on broker B (`--forward`).
+    pub forwarded: bool,
     pub payload: String,
     pub formatter: &'static str,
     pub body_bytes: Option<usize>,
@@ -77,6 +81,7 @@ pub fn rows(ctx: &ReportContext, r: &ComboResult) -> Vec<Row> {
         scenario: c.scenario.name(),
         delivery: c.delivery_name(),
         clients: c.clients,
+        forwarded: c.forward,
         payload: r.payload.clone(),
         formatter: r.formatter,
         body_bytes: r.body_bytes,
@@ -158,6 +163,9 @@ pub fn write_banner(w: &mut dyn Write, ctx: &ReportContext) -> io::Result<()> {
     line("mode", c.mode.name().to_string())?;
     line("scenario", c.scenario.name().to_string())?;
     line("queue", c.queue.clone())?;
+    if let Some(route) = &ctx.forward {
+        line("forwarded", route.clone())?;
+    }
     if let Some(r) = &c.response_queue {
         line("response", r.clone())?;
     }
@@ -309,6 +317,7 @@ mod tests {
             config: Config::new(Mode::Notx, Scenario::SendAndReceive, r".\private$\q"),
             broker: "embedded".into(),
             broker_detail: String::new(),
+            forward: None,
             machine: Machine {
                 cores: 2,
                 cpu: "Test CPU".into(),

@@ -10,6 +10,9 @@
 //!   `mode_must_match_an_existing_queue_one_line`,
 //!   `unreachable_broker_is_one_line`, `json_lines_carry_the_required_keys`,
 //!   `table_starts_with_the_banner`, `recoverable_runs_or_reports_the_brokers_error`.
+//! - store-and-forward (`--forward`): `forward_send_and_receive_exits_0` (the binary, two
+//!   embedded brokers), `forward_against_two_brokers_leaves_them_empty`,
+//!   `forward_tx_server_and_client_pair`, `forward_usage_errors_exit_2`.
 
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -521,5 +524,196 @@ fn recoverable_runs_or_reports_the_brokers_error() {
             assert!(last.starts_with("mqperf: error:"), "{e}");
         }
         other => panic!("exit {other:?}: {}", stderr(&o)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Store-and-forward (--forward)
+
+/// The binary with two embedded brokers: every message sent through A, received on B and
+/// decoded equal (a receive row counts only messages decoded equal to the payload).
+#[test]
+fn forward_send_and_receive_exits_0() {
+    let o = mqperf(&[
+        "NOTX",
+        "SENDANDRECEIVE",
+        r".\private$\perf",
+        "--forward",
+        "--delivery",
+        "recoverable",
+        "--payload",
+        "string:1000",
+        "--formatter",
+        "raw",
+        "--count",
+        "500",
+        "--runs",
+        "1",
+        "--timeout",
+        "20",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let banner = stderr(&o);
+    let route = banner
+        .lines()
+        .find(|l| l.trim_start().starts_with("forwarded"))
+        .unwrap_or_else(|| panic!("no forwarded line: {banner}"));
+    assert!(
+        route.contains("A 127.0.0.1:") && route.contains(" -> B 127.0.0.1:"),
+        "{route}"
+    );
+    assert!(route.contains(r"DIRECT=TCP:127.0.0.1:"), "{route}");
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let ops: Vec<&str> = rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["send", "receive", "e2e"], "{stdout}");
+    for r in &rows {
+        assert_eq!(r["forwarded"], true, "{r}");
+        assert_eq!(r["delivery"], "recoverable", "{r}");
+        assert_eq!(r["messages"], 500, "{r}");
+        assert!(r["msgs_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}
+
+/// Two brokers of our own as --broker and --receive-broker: counts match, and afterwards B's
+/// queue, A's outgoing queue for B, and A itself (no such queue there) hold nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_against_two_brokers_leaves_them_empty() {
+    let a = EmbeddedBroker::start(0).await.unwrap();
+    let b = EmbeddedBroker::start(0).await.unwrap();
+    for (mode, queue, scenario) in [
+        (Mode::Notx, r".\private$\fwd", Scenario::SendAndReceive),
+        (Mode::Tx, r".\private$\fwdtx", Scenario::SendAndReceive),
+        (Mode::Notx, r".\private$\fwd", Scenario::SendAndPurge),
+    ] {
+        let mut c = config(scenario, "string:1000,int", "raw,binary");
+        c.mode = mode;
+        c.queue = queue.to_string();
+        c.forward = true;
+        c.broker = Some(a.url().to_string());
+        c.receive_broker = Some(b.url().to_string());
+        c.json = true;
+        let (results, out) = run(&c).await;
+        assert_eq!(measured(&results).len(), 4, "{:?}", measured(&results));
+        let ops = match scenario {
+            Scenario::SendAndReceive => vec![Op::Send, Op::Receive, Op::E2e],
+            _ => vec![Op::Send],
+        };
+        check_sane(&results, &ops);
+        for line in out.lines() {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(row["forwarded"], true, "{row}");
+        }
+        let on_b = mq_client::Client::connect(b.url()).await.unwrap();
+        let info = on_b.queue_info(queue).await.unwrap();
+        assert_eq!(info.transactional, mode == Mode::Tx);
+        assert_eq!((info.messages, info.in_flight), (0, 0), "{queue} on B");
+        let on_a = mq_client::Client::connect(a.url()).await.unwrap();
+        let outgoing = on_a.outgoing().await.unwrap();
+        let dest = format!("127.0.0.1:{}", b.addr().port());
+        let q = outgoing
+            .iter()
+            .find(|q| q.destination == dest)
+            .unwrap_or_else(|| panic!("no outgoing queue for {dest}: {outgoing:?}"));
+        assert_eq!((q.messages, q.in_flight), (0, 0), "{q:?}");
+        assert!(on_a.queue_info(queue).await.is_err(), "{queue} exists on A");
+    }
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+/// SERVER and CLIENT with --forward: the client sends through A, the server receives on B and
+/// replies through B to the client's response queue on A (TX: forwarded transactions).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_tx_server_and_client_pair() {
+    let a = EmbeddedBroker::start(0).await.unwrap();
+    let b = EmbeddedBroker::start(0).await.unwrap();
+    let mut c = config(Scenario::Server, "int,string:1000", "binary");
+    c.mode = Mode::Tx;
+    c.queue = r".\private$\fwds".to_string();
+    c.response_queue = Some(r".\private$\fwds_reply".to_string());
+    c.forward = true;
+    c.broker = Some(a.url().to_string());
+    c.receive_broker = Some(b.url().to_string());
+    let server_config = c.clone();
+    let server = tokio::spawn(async move { run(&server_config).await.0 });
+    c.scenario = Scenario::Client;
+    let client = tokio::spawn(async move { run(&c).await.0 });
+    let (server, client) = (server.await.unwrap(), client.await.unwrap());
+    assert_eq!(measured(&server), measured(&client));
+    assert_eq!(measured(&server).len(), 2);
+    check_sane(&server, &[Op::Receive]);
+    check_sane(&client, &[Op::Send, Op::E2e]);
+    let on_a = mq_client::Client::connect(a.url()).await.unwrap();
+    let reply = on_a.queue_info(r".\private$\fwds_reply").await.unwrap();
+    assert_eq!((reply.messages, reply.in_flight), (0, 0));
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+#[test]
+fn forward_usage_errors_exit_2() {
+    let q = r".\private$\perf";
+    let a = "http://127.0.0.1:1";
+    for (args, needle) in [
+        (
+            vec!["NOTX", "SENDANDRECEIVE", q, "--receive-broker", a],
+            "--receive-broker applies only with --forward",
+        ),
+        (
+            vec!["NOTX", "SENDANDRECEIVE", q, "--forward", "--broker", a],
+            "--forward with --broker needs --receive-broker",
+        ),
+        (
+            vec![
+                "NOTX",
+                "SENDANDRECEIVE",
+                q,
+                "--forward",
+                "--receive-broker",
+                a,
+            ],
+            "--receive-broker needs --broker",
+        ),
+        (
+            vec![
+                "NOTX",
+                "SENDANDRECEIVE",
+                q,
+                "--forward",
+                "--broker",
+                a,
+                "--receive-broker",
+                a,
+            ],
+            "two brokers",
+        ),
+        (
+            vec![
+                "NOTX",
+                "SENDANDRECEIVE",
+                r"DIRECT=TCP:127.0.0.1:2\private$\q",
+                "--forward",
+            ],
+            "local path",
+        ),
+        (
+            vec!["NOTX", "SERVER", q, r".\private$\r", "--forward"],
+            "--receive-broker",
+        ),
+    ] {
+        let o = mqperf(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        let e = stderr(&o);
+        let first = e.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with("error: ") && first.contains(needle),
+            "{args:?}: {e}"
+        );
+        assert!(o.stdout.is_empty(), "{args:?}");
     }
 }

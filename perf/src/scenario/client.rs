@@ -1,6 +1,8 @@
 //! CLIENT: per run, send N messages to QUEUE (timed as `send`, until the last
 //! acknowledgement) and wait for the SERVER's reply on RESPONSE-QUEUE; `e2e` is the time from
 //! the first send to the reply, with the server's send-to-decode latencies (see `protocol`).
+//! `--forward`: sends go through broker A to QUEUE on broker B; the reply comes back to A's
+//! RESPONSE-QUEUE, forwarded by B.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -66,6 +68,8 @@ pub(crate) async fn measure(
             .map_err(anyhow::Error::msg)
             .context("cannot read the SERVER's latency histogram")?;
         e2e.add_run(verified, elapsed, &latency);
+        // --forward: B has every message, but A may not have its last acknowledgements yet.
+        ctx.settle().await?;
     }
     Ok(vec![send, e2e])
 }

@@ -19,6 +19,7 @@ use anyhow::{bail, Context, Result};
 use mq_client::{Client, Queue, QueueOptions};
 
 use crate::config::{Config, Mode, Scenario};
+use crate::forward::{self, BrokerAddr, Route};
 use crate::measurement::{ComboResult, Op, Outcome};
 use crate::payload::{encode, FormatterKind, Payload, PayloadKind};
 use crate::progress::Progress;
@@ -129,13 +130,39 @@ pub fn progress_per_run(config: &Config) -> u64 {
     phases * config.count
 }
 
+/// The brokers a benchmark talks to.
+#[derive(Debug, Clone)]
+pub struct Brokers {
+    /// Where every send goes (broker A with `--forward`).
+    pub send: Client,
+    /// Where the queue lives and every receive happens (broker B with `--forward`; else the same
+    /// broker as `send`).
+    pub receive: Client,
+    /// With `--forward`: A and B.
+    pub route: Option<Route>,
+}
+
+/// With `--forward`: what waiting for the forwarding needs.
+#[derive(Debug, Clone)]
+pub(crate) struct Forwarding {
+    /// Broker A.
+    pub a: Client,
+    /// Broker B, as A's outgoing queue for it is named.
+    pub b: BrokerAddr,
+}
+
 /// What every scenario needs.
 #[derive(Debug, Clone)]
 pub(crate) struct Ctx {
     pub config: Config,
-    /// The broker's URL (extra senders connect there).
-    pub url: String,
+    /// The sending broker's URL (extra senders connect there).
+    pub send_url: String,
+    /// The queue as sends name it: on the sending broker, or with `--forward` B's queue by its
+    /// remote format name, through A.
+    pub send_queue: Queue,
+    /// The queue as receives and purges name it (local; on B with `--forward`).
     pub queue: Queue,
+    pub forwarding: Option<Forwarding>,
     pub progress: Progress,
 }
 
@@ -149,36 +176,72 @@ impl Ctx {
         clients: u32,
     ) -> phase::SendJob {
         phase::SendJob {
-            queue: self.queue.clone(),
+            queue: self.send_queue.clone(),
             combo: combo.clone(),
             count: self.config.count,
             delivery: self.config.send_delivery(),
             transactional: self.config.mode == Mode::Tx,
             clients,
-            url: self.url.clone(),
+            url: self.send_url.clone(),
             label,
             progress: self.progress.clone(),
         }
     }
+
+    /// With `--forward`: waits until A has handed every message to B (A's outgoing queue for B
+    /// is empty, every message acknowledged by B); not timed. Fails when nothing moves for the
+    /// `--timeout`. Without `--forward`: nothing to wait for.
+    pub async fn settle(&self) -> Result<()> {
+        match &self.forwarding {
+            Some(f) => forward::wait_outgoing_empty(&f.a, &f.b, self.config.timeout).await,
+            None => Ok(()),
+        }
+    }
 }
 
-/// Runs the plan against a connected broker, calling `on_result` as each combination finishes.
+/// Runs the plan against connected brokers, calling `on_result` as each combination finishes.
 pub async fn run(
     config: &Config,
-    client: &Client,
+    brokers: &Brokers,
     plan: Vec<Planned>,
     progress: &Progress,
     on_result: &mut (dyn FnMut(&ComboResult) + Send),
 ) -> Result<Vec<ComboResult>> {
-    ensure_queue(client, &config.queue, config.mode).await?;
+    let route = brokers.route.as_ref();
+    // The queue lives on the receiving broker; the response queue (SERVER/CLIENT) on the
+    // sending one, where the CLIENT waits (with --forward the SERVER replies through B to A).
+    ensure_queue(&brokers.receive, &config.queue, config.mode).await?;
     let response = match &config.response_queue {
         Some(name) => {
-            ensure_queue(client, name, config.mode).await?;
-            Some(client.queue(name)?)
+            ensure_queue(&brokers.send, name, config.mode).await?;
+            Some(match (route, config.scenario) {
+                (Some(r), Scenario::Server) => brokers.receive.queue(&r.on_a(name)?)?,
+                _ => brokers.send.queue(name)?,
+            })
         }
         None => None,
     };
-    let queue = client.queue(&config.queue)?;
+    let queue = brokers.receive.queue(&config.queue)?;
+    let send_queue = match route {
+        Some(r) => brokers.send.queue(&r.on_b(&config.queue)?)?,
+        None => brokers.send.queue(&config.queue)?,
+    };
+    let ctx = Ctx {
+        config: config.clone(),
+        send_url: brokers.send.url().to_string(),
+        send_queue,
+        queue,
+        forwarding: route.map(|r| Forwarding {
+            a: brokers.send.clone(),
+            b: r.b.clone(),
+        }),
+        progress: progress.clone(),
+    };
+    // Messages of an earlier invocation still on their way to B would arrive during this one.
+    if config.scenario != Scenario::Server {
+        ctx.settle().await?;
+    }
+    let queue = &ctx.queue;
     match config.scenario {
         // These scenarios own the queue: leftovers would be received as this run's messages.
         Scenario::SendAndPurge | Scenario::SendAndReceive => {
@@ -198,12 +261,6 @@ pub async fn run(
         // The client may already be sending.
         Scenario::Server => {}
     }
-    let ctx = Ctx {
-        config: config.clone(),
-        url: client.url().to_string(),
-        queue,
-        progress: progress.clone(),
-    };
     let mut server = server::Session::default();
     let mut results = Vec::new();
     for p in plan {

@@ -1,6 +1,8 @@
 //! SENDANDPURGE: per run, send N messages fire-and-forget through one sender (or `--clients`
 //! senders sharing N), timed until the last acknowledgement; then purge the queue (not timed).
-//! TX: every message its own single-message transaction.
+//! TX: every message its own single-message transaction. `--forward`: the send is timed until
+//! A's last acknowledgement; then (not timed) mqperf waits until every message is on B and
+//! purges B's queue, so the next run starts with A's outgoing queue and B's queue empty.
 
 use std::sync::Arc;
 
@@ -16,6 +18,7 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
             .set_message(format!("{} send, run {run}", combo.name()));
         let s = ctx.send_job(combo, None, ctx.config.clients).run().await?;
         send.add_run(s.acknowledged, s.elapsed, &s.latency);
+        ctx.settle().await?;
         ctx.queue
             .purge()
             .await

@@ -7,6 +7,12 @@
 //! TX: every send its own single-message transaction; every consumer delivery is committed by
 //! the broker (removed on disk) before it is handed out. `--clients N`: phases 1 and 3 send
 //! through N concurrent senders sharing N messages; receiving stays on one consumer.
+//!
+//! `--forward`: every send goes to broker A (timed until A's last acknowledgement), every
+//! receive is from broker B. The receive phase starts right after A's acknowledgements, so it
+//! includes waiting for the forwarding; e2e is "sent on A, received on B". After the receive
+//! phase and after e2e mqperf waits (not timed) until A's outgoing queue for B is empty: B's
+//! acknowledgements of the last batches may still be on their way.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,6 +48,7 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
             .set_message(format!("{name} receive, run {run}"));
         let r = receive_job().run().await?;
         receive.add_run(r.verified, r.elapsed, &r.service);
+        ctx.settle().await?;
 
         ctx.progress.set_message(format!("{name} e2e, run {run}"));
         let start = Instant::now();
@@ -52,6 +59,7 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
         let r = r.context("the e2e receiver task panicked")??;
         s.context("the e2e sender task panicked")??;
         e2e.add_run(r.verified, elapsed, &r.transit);
+        ctx.settle().await?;
     }
     Ok(vec![send, receive, e2e])
 }

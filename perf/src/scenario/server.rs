@@ -2,7 +2,8 @@
 //! body, then reply once to RESPONSE-QUEUE (see `protocol`). The receive clock starts at the
 //! run's first message, so waiting for the client is not counted. Exits after its runs.
 //! TX: the consumer's deliveries are committed by the broker, and the reply is a
-//! single-message transaction (`send_tx`).
+//! single-message transaction (`send_tx`). `--forward`: QUEUE is received on broker B, and the
+//! reply goes through B to RESPONSE-QUEUE on broker A, where the CLIENT waits.
 
 use std::sync::Arc;
 
