@@ -60,10 +60,10 @@ pub(crate) async fn sweep_loop(
         }
         let Some(b) = broker.upgrade() else { return };
         for q in b.all_queues() {
-            if !q.needs_sweep() {
+            let now = now_ms();
+            if !q.needs_sweep(now) {
                 continue;
             }
-            let now = now_ms();
             let expired = q.sweep(now);
             if expired.is_empty() {
                 continue;

@@ -100,6 +100,9 @@ struct State {
     deleted: bool,
     /// Ready entries that have a deadline (so sweeps can skip queues without any).
     timed: usize,
+    /// No ready entry's deadline is earlier than this (a lower bound; `u64::MAX` if none), so
+    /// sweeps skip a long queue until something can have expired.
+    next_deadline: u64,
     /// Expired entries found by `take` (counted in flight) waiting for the broker's sweep to
     /// move them to a dead-letter queue.
     expired: Vec<Entry>,
@@ -124,6 +127,7 @@ impl Queue {
             def,
             state: Mutex::new(State {
                 next_seq: 1,
+                next_deadline: u64::MAX,
                 ..State::default()
             }),
             notify: Notify::new(),
@@ -142,17 +146,25 @@ impl Queue {
         }
     }
 
-    /// Whether the entry has a deadline this queue enforces, and whether it has passed at `now`.
-    fn deadline(&self, e: &Entry, now: u64) -> (bool, bool) {
-        match self.def.role {
-            QueueRole::Outgoing { .. } => (
-                e.msg.reach_queue_by_ms != 0 || e.msg.receive_by_ms != 0,
-                e.msg.reach_expired(now) || e.msg.receive_expired(now),
-            ),
+    /// The deadline (Unix ms) this queue enforces for the entry, if any: time-to-reach-queue
+    /// (capped by time-to-be-received) in an outgoing queue, time-to-be-received elsewhere.
+    fn deadline_ms(&self, e: &Entry) -> Option<u64> {
+        let m = &e.msg;
+        let d = match self.def.role {
+            QueueRole::Outgoing { .. } if m.reach_queue_by_ms != 0 => m.reach_queue_by_ms,
             // Dead letters keep their timers as properties; nothing expires out of a
             // dead-letter queue.
-            QueueRole::DeadLetter | QueueRole::DeadXact => (false, false),
-            _ => (e.msg.receive_by_ms != 0, e.msg.receive_expired(now)),
+            QueueRole::DeadLetter | QueueRole::DeadXact => 0,
+            _ => m.receive_by_ms,
+        };
+        (d != 0).then_some(d)
+    }
+
+    /// Whether the entry has a deadline this queue enforces, and whether it has passed at `now`.
+    fn deadline(&self, e: &Entry, now: u64) -> (bool, bool) {
+        match self.deadline_ms(e) {
+            Some(d) => (true, now >= d),
+            None => (false, false),
         }
     }
 
@@ -244,7 +256,6 @@ impl Queue {
         if st.deleted {
             return;
         }
-        let now = now_ms();
         for e in entries {
             if !st.pending.is_empty() {
                 st.pending.remove(&e.seq);
@@ -252,8 +263,9 @@ impl Queue {
             st.stats.messages += 1;
             st.stats.bytes += e.msg.body_len as u64;
             st.ready += 1;
-            if self.deadline(&e, now).0 {
+            if let Some(d) = self.deadline_ms(&e) {
                 st.timed += 1;
+                st.next_deadline = st.next_deadline.min(d);
             }
             let level = &mut st.levels[self.lane(&e)];
             match level.back() {
@@ -338,7 +350,8 @@ impl Queue {
         let mut guard = self.lock();
         let st = &mut *guard;
         let mut out = std::mem::take(&mut st.expired);
-        if st.timed > 0 && !st.deleted {
+        if st.timed > 0 && !st.deleted && now >= st.next_deadline {
+            let mut next = u64::MAX;
             for p in 0..8 {
                 if st.levels[p].is_empty() {
                     continue;
@@ -346,26 +359,31 @@ impl Queue {
                 let level = std::mem::take(&mut st.levels[p]);
                 let mut keep = VecDeque::with_capacity(level.len());
                 for e in level {
-                    let (timed, gone) = self.deadline(&e, now);
-                    if gone {
-                        st.timed -= usize::from(timed);
-                        st.ready -= 1;
-                        st.stats.in_flight += 1;
-                        out.push(e);
-                    } else {
-                        keep.push_back(e);
+                    match self.deadline_ms(&e) {
+                        Some(d) if now >= d => {
+                            st.timed -= 1;
+                            st.ready -= 1;
+                            st.stats.in_flight += 1;
+                            out.push(e);
+                        }
+                        Some(d) => {
+                            next = next.min(d);
+                            keep.push_back(e);
+                        }
+                        None => keep.push_back(e),
                     }
                 }
                 st.levels[p] = keep;
             }
+            st.next_deadline = next;
         }
         out
     }
 
-    /// Whether a sweep could find anything.
-    pub fn needs_sweep(&self) -> bool {
+    /// Whether a sweep at `now` could find anything.
+    pub fn needs_sweep(&self, now: u64) -> bool {
         let st = self.lock();
-        st.timed > 0 || !st.expired.is_empty()
+        !st.expired.is_empty() || (st.timed > 0 && now >= st.next_deadline)
     }
 
     /// Acknowledges delivered messages: they are removed for good. (Their broker-wide quota is
@@ -396,12 +414,12 @@ impl Queue {
         }
         st.stats.in_flight -= entries.len() as u64;
         st.ready += entries.len();
-        let now = now_ms();
         // Entries come in delivery order; most belong before the current head, so walk backwards
         // and push to the front when possible.
         for e in entries.into_iter().rev() {
-            if self.deadline(&e, now).0 {
+            if let Some(d) = self.deadline_ms(&e) {
                 st.timed += 1;
+                st.next_deadline = st.next_deadline.min(d);
             }
             let lane = self.lane(&e);
             let level = &mut st.levels[lane];
@@ -453,6 +471,7 @@ impl Queue {
         let body: u64 = out.iter().map(|e| e.msg.body_len as u64).sum();
         st.ready = 0;
         st.timed = 0;
+        st.next_deadline = u64::MAX;
         st.stats.messages -= out.len() as u64;
         st.stats.bytes -= body;
         st.charged -= charged;
@@ -469,6 +488,7 @@ impl Queue {
         st.charged = 0;
         st.ready = 0;
         st.timed = 0;
+        st.next_deadline = u64::MAX;
         st.expired.clear();
         st.stats = QueueStats::default();
         drop(st);
@@ -650,7 +670,7 @@ mod tests {
             timed(5, "late2", past),
         ])
         .unwrap();
-        assert!(q.needs_sweep());
+        assert!(q.needs_sweep(now_ms()));
         assert_eq!(bodies(&q.peek(10).unwrap()), ["a", "b"]);
         let got = q.take(10).unwrap();
         assert_eq!(bodies(&got), ["a", "b"]);
@@ -663,7 +683,7 @@ mod tests {
         q.complete(&swept);
         q.complete(&got);
         assert_eq!(q.stats(), QueueStats::default());
-        assert!(!q.needs_sweep());
+        assert!(!q.needs_sweep(now_ms()));
     }
 
     #[test]
@@ -676,6 +696,25 @@ mod tests {
         assert_eq!(bodies(&swept), ["x"]);
         assert_eq!(q.stats().in_flight, 1);
         assert_eq!(bodies(&q.peek(10).unwrap()), ["y"]);
+    }
+
+    #[test]
+    fn sweeps_wait_for_the_earliest_deadline() {
+        let q = queue(None);
+        let t = now_ms() + 60_000;
+        q.push(&[
+            timed(3, "later", t + 10),
+            msg(3, "none"),
+            timed(3, "first", t),
+        ])
+        .unwrap();
+        assert!(!q.needs_sweep(t - 1), "nothing can have expired yet");
+        assert!(q.needs_sweep(t));
+        assert_eq!(bodies(&q.sweep(t)), ["first"]);
+        assert!(!q.needs_sweep(t + 9), "the next deadline is t + 10");
+        assert!(q.needs_sweep(t + 10));
+        assert_eq!(bodies(&q.sweep(t + 10)), ["later"]);
+        assert!(!q.needs_sweep(u64::MAX - 1));
     }
 
     #[test]
