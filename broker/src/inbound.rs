@@ -179,11 +179,18 @@ pub(crate) async fn forward_stream(
     tracing::info!(source = %first.source, stream = %id, through = *accepted, "forwarding stream opened");
     let (pending_tx, mut pending_rx) = mpsc::channel::<Pending>(ACK_WINDOW);
     let acker = tokio::spawn(async move {
+        // Every batch's future runs to the end, even after a failure or once the sender is
+        // gone: it makes stored messages visible (or gives their positions and quota back).
+        // After the first failure nothing more is answered, so the sender resends from there.
+        let mut done = false;
         while let Some(ack) = pending_rx.recv().await {
             let r = ack.await;
+            if done {
+                continue;
+            }
             let failed = r.is_err();
             if out.send(r).await.is_err() || failed {
-                return;
+                done = true;
             }
         }
     });

@@ -138,7 +138,14 @@ impl MessageQueue for Service {
                 };
                 if queue.def().transactional {
                     // A committed single-message transaction before the message is handed out.
-                    self.broker.remove_durably(&queue, found).await?;
+                    // In its own task, so a client that gives up meanwhile cannot leave the
+                    // message taken but neither removed nor given back.
+                    let (broker, q) = (self.broker.clone(), queue.clone());
+                    tokio::spawn(async move { broker.remove_durably(&q, found).await })
+                        .await
+                        .map_err(|e| {
+                            BrokerError::Internal(format!("the removal task failed: {e}"))
+                        })??;
                 } else {
                     queue.complete(&found);
                     self.broker.forget(&queue, &found);
@@ -265,9 +272,13 @@ async fn send_stream(
     type Pending = Pin<Box<dyn std::future::Future<Output = v1::SendAck> + Send>>;
     let (pending_tx, mut pending_rx) = mpsc::channel::<Pending>(SEND_ACK_WINDOW);
     let acker = tokio::spawn(async move {
+        // Every accepted batch's future runs to the end, even once the client is gone: it is
+        // what makes stored messages visible (or gives their positions and quota back).
+        let mut client_gone = false;
         while let Some(ack) = pending_rx.recv().await {
-            if tx.send(Ok(ack.await)).await.is_err() {
-                return;
+            let ack = ack.await;
+            if !client_gone && tx.send(Ok(ack)).await.is_err() {
+                client_gone = true;
             }
         }
     });
