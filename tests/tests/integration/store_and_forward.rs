@@ -732,6 +732,62 @@ async fn express_waits_in_memory_and_is_lost_with_the_sender() {
     assert_exactly_in_order(&drain(&bc, "q").await, "e", K, "express with both up");
 }
 
+/// A client that vanishes while its batches are still being stored (nobody reads the
+/// acknowledgements) must not leave A's outgoing queue stuck on a position that was admitted
+/// and never made visible: a message sent afterwards still reaches B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_that_vanishes_mid_stream_does_not_stall_forwarding() {
+    use mq_proto::v1;
+    let b = Node::started("b");
+    let bc = b.client().await;
+    create(&bc, "q", false, None).await;
+    let a = Node::started("a");
+    let dest = b.queue("q");
+    let body = bytes::Bytes::from(vec![b'x'; 1000]);
+    for _round in 0..4 {
+        let mut rpc = v1::message_queue_client::MessageQueueClient::connect(a.url())
+            .await
+            .unwrap();
+        let batches: Vec<v1::SendBatch> = (0..200u64)
+            .map(|i| v1::SendBatch {
+                first_seq: i * 50 + 1,
+                destination: dest.clone(),
+                transactional: false,
+                messages: (0..50)
+                    .map(|_| v1::OutMessage {
+                        body: body.clone(),
+                        delivery: v1::Delivery::Recoverable as i32,
+                        ..Default::default()
+                    })
+                    .collect(),
+            })
+            .collect();
+        let mut acks = rpc
+            .send(futures::stream::iter(batches))
+            .await
+            .unwrap()
+            .into_inner();
+        // One answer, then the client is gone with everything else in flight.
+        acks.message().await.unwrap();
+        drop(acks);
+        drop(rpc);
+    }
+    let client = a.client().await;
+    send_numbered(&client, &dest, "last", 1, false).await;
+    // A position admitted and never made visible would hold back everything after it.
+    wait_outgoing_empty(&client, &b.dest()).await;
+    let o = outgoing_to(&client, &b.dest())
+        .await
+        .expect("an outgoing queue");
+    assert_eq!(o.dead_lettered, 0, "{o:?}");
+    let stored = try_count(&bc, "q").await.expect("B answers");
+    assert_eq!(stored, o.forwarded, "B holds what A forwarded: {o:?}");
+    assert!(
+        stored >= 51,
+        "at least the first batch of each client and the last message"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5. A transaction that sends to a remote queue.
 
