@@ -59,6 +59,9 @@ pub(crate) struct InboundStream {
     /// The latest refusals (sequence, class, reason), so that a batch resent after a lost
     /// answer gets the same refusal again rather than passing for a duplicate. Memory only.
     refused: std::sync::Mutex<std::collections::VecDeque<(u64, i32, String)>>,
+    /// Connections opened for this stream; a new one tells the one serving to stop.
+    generation: AtomicU64,
+    preempt: tokio::sync::Notify,
 }
 
 /// Refusals remembered per stream.
@@ -72,6 +75,8 @@ impl InboundStream {
             durable: AtomicU64::new(last_seq),
             serving: Arc::new(tokio::sync::Mutex::new(last_seq)),
             refused: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            generation: AtomicU64::new(0),
+            preempt: tokio::sync::Notify::new(),
         }
     }
 
@@ -161,7 +166,11 @@ pub(crate) async fn forward_stream(
         let mut streams = broker.streams.lock().unwrap_or_else(|p| p.into_inner());
         streams.get_or_create(id)
     };
-    // One connection per stream at a time: a reconnect waits for the old one to wind down.
+    // One connection per stream at a time. The sender only reconnects once it has given up on
+    // its previous connection, so a new one takes over: the old one (perhaps half-open, its
+    // peer gone without a word) is told to stop, finishes what it accepted, and lets go.
+    let generation = stream.generation.fetch_add(1, Ordering::AcqRel) + 1;
+    stream.preempt.notify_waiters();
     let mut accepted =
         match tokio::time::timeout(TAKEOVER_WAIT, stream.serving.clone().lock_owned()).await {
             Ok(g) => g,
@@ -199,9 +208,17 @@ pub(crate) async fn forward_stream(
         let batch = match next.take() {
             Some(b) => b,
             None => {
+                let preempted = stream.preempt.notified();
+                tokio::pin!(preempted);
+                preempted.as_mut().enable();
+                if stream.generation.load(Ordering::Acquire) != generation {
+                    tracing::info!(stream = %id, "forwarding stream taken over by a new connection");
+                    break;
+                }
                 let m = tokio::select! {
                     m = inbound.message() => m,
                     _ = broker.shutting_down() => break,
+                    _ = &mut preempted => continue,
                 };
                 match m {
                     Ok(Some(b)) => b,

@@ -75,6 +75,10 @@ pub async fn run_with_ready(
     });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
+        // Notices peers that vanished without closing (a forwarding broker behind a dead
+        // network), so their streams end and give back what they hold.
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .initial_stream_window_size(Some(8 * 1024 * 1024))
         .initial_connection_window_size(Some(16 * 1024 * 1024))
         .add_service(svc)

@@ -788,6 +788,70 @@ async fn a_sender_that_vanishes_mid_stream_does_not_stall_forwarding() {
     );
 }
 
+/// A forwarding connection that never closes (a sender behind a dead network looks like this)
+/// does not lock its stream: the sender's next connection takes over at once, and what both
+/// delivered is stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_forwarding_connection_takes_over_from_a_silent_one() {
+    use mq_proto::v1;
+    let b = Node::started("b");
+    let bc = b.client().await;
+    create(&bc, "q", false, None).await;
+    let stream_id = bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes());
+    let batch = |n: u64, seqs: std::ops::RangeInclusive<u64>| v1::ForwardBatch {
+        stream_id: stream_id.clone(),
+        source: "test".into(),
+        batch: n,
+        messages: seqs
+            .map(|seq| v1::ForwardedMessage {
+                seq,
+                destination: b.queue("q"),
+                transactional: false,
+                message: Some(v1::Message {
+                    id: bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
+                    body: format!("m{seq}").into(),
+                    priority: 3,
+                    delivery: v1::Delivery::Recoverable as i32,
+                    ..Default::default()
+                }),
+            })
+            .collect(),
+    };
+    let connect = || async {
+        v1::message_queue_client::MessageQueueClient::connect(b.url())
+            .await
+            .unwrap()
+    };
+    // The first connection delivers 1..=3 and then goes silent, its stream still open.
+    let (tx1, rx1) = tokio::sync::mpsc::channel(4);
+    let mut old = connect().await;
+    tx1.send(batch(1, 1..=3)).await.unwrap();
+    let mut acks1 = old
+        .forward(tokio_stream::wrappers::ReceiverStream::new(rx1))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(acks1.message().await.unwrap().unwrap().batch, 1);
+    // The second connection resends 2..=3 (as after a lost answer) and adds 4..=5.
+    let (tx2, rx2) = tokio::sync::mpsc::channel(4);
+    let mut new = connect().await;
+    tx2.send(batch(1, 2..=5)).await.unwrap();
+    let answered = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut acks2 = new
+            .forward(tokio_stream::wrappers::ReceiverStream::new(rx2))
+            .await
+            .unwrap()
+            .into_inner();
+        acks2.message().await
+    })
+    .await
+    .expect("the new connection was not served within 10 s: the silent one still holds the stream");
+    let ack = answered.unwrap().unwrap();
+    assert_eq!((ack.batch, ack.count, ack.rejected.len()), (1, 4, 0));
+    drop(tx1);
+    assert_eq!(drain(&bc, "q").await, ["m1", "m2", "m3", "m4", "m5"]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5. A transaction that sends to a remote queue.
 
