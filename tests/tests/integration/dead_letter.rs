@@ -245,71 +245,68 @@ async fn bad_destination_queue() {
 /// NotTransactionalQueue. A recoverable message to the same queue is delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactional_message_to_non_transactional_queue() {
-    let b = Node::started("b");
-    let bc = b.client().await;
-    create(&bc, "q", false, None).await;
-    let a = Node::started("a");
-    let client = a.client().await;
-    let dest = b.queue("q");
-
-    let tid = send_tx(&client, &dest, Message::new("tx-to-plain")).await;
-    send(&client, &dest, Message::new("plain").recoverable(true)).await;
-
-    let dx = wait_dead_letters(&client, DEADXACT, 1).await;
-    check(
-        &dx[0],
-        &Expected {
-            id: tid,
-            body: "tx-to-plain",
-            class: DeadLetterClass::NotTransactionalQueue,
-            destination: &dest,
-            transactional: true,
-            broker: None,
-        },
-    );
-    wait_count(&bc, "q", 1).await;
-    wait_outgoing_empty(&client, &b.dest()).await;
-    assert_eq!(dlq_count(&client, DEADLETTER).await, 0);
-    assert_eq!(drain(&bc, "q").await, ["plain"]);
-    assert_eq!(dlq_count(&bc, DEADXACT).await, 0, "B's DEADXACT");
+    transactional_mismatch(false).await;
 }
 
 /// A non-transactional (recoverable) message for a transactional queue on B: A's DEADLETTER,
 /// NotTransactionalMessage. A transactional message to the same queue is delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_transactional_message_to_transactional_queue() {
+    transactional_mismatch(true).await;
+}
+
+/// One message sent the other way than B's queue is (transactional or not) goes to A's
+/// dead-letter queue for its kind; one sent the right way is delivered; B dead-letters nothing.
+async fn transactional_mismatch(queue_transactional: bool) {
     let b = Node::started("b");
     let bc = b.client().await;
-    create(&bc, "tq", true, None).await;
+    let name = if queue_transactional { "tq" } else { "q" };
+    create(&bc, name, queue_transactional, None).await;
     let a = Node::started("a");
     let client = a.client().await;
-    let dest = b.queue("tq");
+    let dest = b.queue(name);
 
-    let id = send(
-        &client,
-        &dest,
-        Message::new("plain-to-tx").recoverable(true),
-    )
-    .await;
-    send_tx(&client, &dest, Message::new("tx")).await;
+    let (id, bad, good) = if queue_transactional {
+        let id = send(
+            &client,
+            &dest,
+            Message::new("plain-to-tx").recoverable(true),
+        )
+        .await;
+        send_tx(&client, &dest, Message::new("tx")).await;
+        (id, "plain-to-tx", "tx")
+    } else {
+        let id = send_tx(&client, &dest, Message::new("tx-to-plain")).await;
+        send(&client, &dest, Message::new("plain").recoverable(true)).await;
+        (id, "tx-to-plain", "plain")
+    };
+    let (dlq, other, class) = if queue_transactional {
+        (
+            DEADLETTER,
+            DEADXACT,
+            DeadLetterClass::NotTransactionalMessage,
+        )
+    } else {
+        (DEADXACT, DEADLETTER, DeadLetterClass::NotTransactionalQueue)
+    };
 
-    let dl = wait_dead_letters(&client, DEADLETTER, 1).await;
+    let dead = wait_dead_letters(&client, dlq, 1).await;
     check(
-        &dl[0],
+        &dead[0],
         &Expected {
             id,
-            body: "plain-to-tx",
-            class: DeadLetterClass::NotTransactionalMessage,
+            body: bad,
+            class,
             destination: &dest,
-            transactional: false,
+            transactional: !queue_transactional,
             broker: None,
         },
     );
-    wait_count(&bc, "tq", 1).await;
+    wait_count(&bc, name, 1).await;
     wait_outgoing_empty(&client, &b.dest()).await;
-    assert_eq!(dlq_count(&client, DEADXACT).await, 0);
-    assert_eq!(drain(&bc, "tq").await, ["tx"]);
-    assert_eq!(dlq_count(&bc, DEADLETTER).await, 0, "B's DEADLETTER");
+    assert_eq!(dlq_count(&client, other).await, 0);
+    assert_eq!(drain(&bc, name).await, [good]);
+    assert_eq!(dlq_count(&bc, dlq).await, 0, "B's dead-letter queue");
 }
 
 /// B's queue has room for one 600-byte message (quota 1000 bytes): the first is delivered, the
