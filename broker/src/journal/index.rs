@@ -46,8 +46,6 @@ pub(crate) struct MsgEntry {
     pub loc: Loc,
     pub header_len: u32,
     pub body_len: u32,
-    /// Kept only while recovering (returned in `Recovery`), empty afterwards.
-    pub header: Bytes,
 }
 
 impl MsgEntry {
@@ -68,6 +66,11 @@ pub(crate) struct Index {
     pub segs: BTreeMap<u64, SegMeta>,
     pub max_queue_id: u64,
     pub max_seq: BTreeMap<u64, u64>,
+    /// Recovery only: the header of every Put seen, by `(queue, seq)` (later Puts replace
+    /// earlier ones; removed messages are dropped; purged or deleted ones are simply never
+    /// asked for). Emptied when recovery hands the messages to the broker, so a running
+    /// journal keeps no headers in memory.
+    pub headers: HashMap<(u64, u64), Bytes>,
 }
 
 impl Index {
@@ -132,12 +135,11 @@ impl Index {
                     loc,
                     header_len: header.len() as u32,
                     body_len: body.len() as u32,
-                    header: if keep_header {
-                        Bytes::copy_from_slice(header)
-                    } else {
-                        Bytes::new()
-                    },
                 };
+                if keep_header {
+                    self.headers
+                        .insert((*queue_id, *seq), Bytes::copy_from_slice(header));
+                }
                 let old = self
                     .queues
                     .entry(*queue_id)
@@ -155,6 +157,11 @@ impl Index {
                     self.see(*queue_id, Some(max));
                 } else {
                     self.see(*queue_id, None);
+                }
+                if !self.headers.is_empty() {
+                    for s in seqs {
+                        self.headers.remove(&(*queue_id, *s));
+                    }
                 }
                 let mut dead = Vec::new();
                 if let Some(q) = self.queues.get_mut(queue_id) {

@@ -159,21 +159,23 @@ pub(crate) fn take_recovery(scan: &mut Scan, elapsed: Duration) -> Recovery {
         .collect();
     queues.sort_unstable_by_key(|(q, _)| *q);
     let mut messages = BTreeMap::new();
-    for (q, e) in index.queues.iter_mut() {
+    let mut headers = std::mem::take(&mut index.headers);
+    for (q, e) in index.queues.iter() {
         if e.msgs.is_empty() {
             continue;
         }
         let v: Vec<RecoveredMessage> = e
             .msgs
-            .iter_mut()
+            .iter()
             .map(|(seq, m)| RecoveredMessage {
                 seq: *seq,
-                header: std::mem::take(&mut m.header),
+                header: headers.remove(&(*q, *seq)).unwrap_or_default(),
                 body_len: m.body_len,
             })
             .collect();
         messages.insert(*q, v);
     }
+    drop(headers);
     Recovery {
         queues,
         messages,
