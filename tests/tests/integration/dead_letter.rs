@@ -627,3 +627,44 @@ async fn dead_letter_queues_are_read_only() {
     assert_eq!(out.status.code(), Some(1), "stderr: {err}");
     assert_eq!(dlq_count(&client, DEADLETTER).await, 0);
 }
+
+/// The command line end to end on one broker: `mq send --ttbr` to a queue nobody reads; the
+/// message leaves the queue for DEADLETTER as ReceiveTimeout, and `mq receive --json` on the
+/// dead-letter queue shows the class, the reason and the original destination.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mq_send_ttbr_then_mq_receive_shows_the_dead_letter() {
+    let b = Node::started("b");
+    let client = b.client().await;
+    create(&client, "q", false, None).await;
+    let url = b.url();
+    cli(
+        &url,
+        &[
+            "send",
+            &local("q"),
+            "short-lived",
+            "--recoverable",
+            "--ttbr",
+            "200ms",
+        ],
+    )
+    .await;
+    let dead = wait_dead_letters(&client, DEADLETTER, 1).await;
+    assert_eq!(dead[0].body.as_ref(), b"short-lived");
+    let line = cli(&url, &["receive", DEADLETTER, "--json", "--timeout", "5s"]).await;
+    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    assert_eq!(v["body"], "short-lived", "{line}");
+    assert_eq!(v["dead_letter"]["class"], "ReceiveTimeout", "{line}");
+    assert!(
+        v["dead_letter"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("time-to-be-received")),
+        "{line}"
+    );
+    assert_eq!(
+        v["dead_letter"]["destination"], r"DIRECT=OS:.\private$\q",
+        "{line}"
+    );
+    assert!(v["receive_by_ms"].as_u64().is_some(), "{line}");
+    assert_eq!(try_count(&client, "q").await, Some(0));
+}
