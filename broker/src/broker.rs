@@ -17,7 +17,7 @@ use crate::config::BrokerConfig;
 use crate::error::BrokerError;
 use crate::journal::{Journal, JournalOptions, Op};
 use crate::message::{Delivery, StoredMessage};
-use crate::queue::{Entry, Queue, QueueDef, QueueRole};
+use crate::queue::{group_by_queue, Entry, Queue, QueueDef, QueueRole};
 
 /// The broker's state, shared by every connection.
 #[derive(Debug)]
@@ -498,9 +498,18 @@ impl Broker {
     /// The local queue `name` names.
     pub fn queue(&self, name: &str) -> Result<Arc<Queue>, BrokerError> {
         let addr = self.resolve(name)?;
-        let key = self.normal_queue_key(name, &addr)?;
+        self.local_queue(name, &addr)
+    }
+
+    /// The queue an address already known to be local names (`name` as written, for errors).
+    pub(crate) fn local_queue(
+        &self,
+        name: &str,
+        addr: &QueueAddress,
+    ) -> Result<Arc<Queue>, BrokerError> {
+        let key = self.normal_queue_key(name, addr)?;
         self.queue_by_key(&key)
-            .ok_or_else(|| BrokerError::QueueNotFound(local_path_name(&addr)))
+            .ok_or_else(|| BrokerError::QueueNotFound(local_path_name(addr)))
     }
 
     fn queue_by_key(&self, key: &str) -> Option<Arc<Queue>> {
@@ -562,10 +571,7 @@ impl Broker {
                 )));
             }
             let target = if self.is_local(addr) {
-                let key = self.normal_queue_key(name, addr)?;
-                let q = self
-                    .queue_by_key(&key)
-                    .ok_or_else(|| BrokerError::QueueNotFound(local_path_name(addr)))?;
+                let q = self.local_queue(name, addr)?;
                 if q.def().transactional && !transactional {
                     return Err(BrokerError::FailedPrecondition(format!(
                         "queue \"{}\" is transactional and accepts only transactional sends; this send is not transactional (use mq send --tx, or a transaction)",
@@ -816,14 +822,8 @@ impl Broker {
             if let Some(commit) = commit {
                 match commit.await {
                     Ok(()) => {
-                        let mut by_queue: Vec<(Arc<Queue>, Vec<Entry>)> = Vec::new();
-                        for (q, _, e) in durable {
-                            match by_queue.last_mut() {
-                                Some((lq, v)) if Arc::ptr_eq(lq, &q) => v.push(e),
-                                _ => by_queue.push((q, vec![e])),
-                            }
-                        }
-                        for (q, entries) in by_queue {
+                        let placed = durable.into_iter().map(|(q, _, e)| (q, e));
+                        for (q, entries) in group_by_queue(placed) {
                             q.insert(entries);
                         }
                     }

@@ -17,7 +17,7 @@ use mq_proto::v1::{self, DeadLetterClass};
 use crate::broker::{journal_failed, Broker};
 use crate::journal::Op;
 use crate::message::{now_ms, DeadLetterInfo, Delivery, StoredMessage};
-use crate::queue::{Entry, Queue, QueueRole};
+use crate::queue::{group_by_queue, Entry, Queue, QueueRole};
 
 /// How often queues with deadlines are swept for expired messages.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
@@ -177,12 +177,7 @@ impl Broker {
                     done.push(item.entry);
                 }
                 Delivery::Recoverable => {
-                    ops.push(Op::Put {
-                        queue_id: dl.def().id,
-                        seq,
-                        header: moved.encode_header(),
-                        body: moved.body.clone().unwrap_or_default(),
-                    });
+                    ops.push(moved.put_op(dl.def().id, seq));
                     removed.push(item.entry.seq);
                     durable.push((dl, Entry::new(seq, Arc::new(moved.without_body()))));
                     done.push(item.entry);
@@ -210,8 +205,8 @@ impl Broker {
                 durable.clear();
             }
         }
-        for (dl, e) in durable {
-            dl.insert(vec![e]);
+        for (dl, entries) in group_by_queue(durable) {
+            dl.insert(entries);
         }
         src.complete(&done);
         let gone = src.restore(back);

@@ -29,7 +29,7 @@ use crate::deadletter::rejection;
 use crate::error::BrokerError;
 use crate::journal::{Op, RecoveredMessage};
 use crate::message::{now_ms, Delivery, StoredMessage};
-use crate::queue::{Entry, Queue};
+use crate::queue::{group_by_queue, Entry, Queue};
 
 /// Batches whose answers may be pending at once on one stream.
 const ACK_WINDOW: usize = 32;
@@ -355,12 +355,7 @@ impl Broker {
             match msg.delivery {
                 Delivery::Express => queue.insert(vec![Entry::new(seq, msg)]),
                 Delivery::Recoverable => {
-                    ops.push(Op::Put {
-                        queue_id: queue.def().id,
-                        seq,
-                        header: msg.encode_header(),
-                        body: msg.body.clone().unwrap_or_default(),
-                    });
+                    ops.push(msg.put_op(queue.def().id, seq));
                     durable.push((queue, Entry::new(seq, Arc::new(msg.without_body()))));
                 }
             }
@@ -411,14 +406,7 @@ impl Broker {
                     return Err(Status::from(journal_failed(e)));
                 }
             }
-            let mut by_queue: Vec<(Arc<Queue>, Vec<Entry>)> = Vec::new();
-            for (q, e) in durable {
-                match by_queue.last_mut() {
-                    Some((lq, v)) if Arc::ptr_eq(lq, &q) => v.push(e),
-                    _ => by_queue.push((q, vec![e])),
-                }
-            }
-            for (q, entries) in by_queue {
+            for (q, entries) in group_by_queue(durable) {
                 q.insert(entries);
             }
             stream.durable.fetch_max(high, Ordering::AcqRel);
@@ -446,7 +434,9 @@ impl Broker {
         if addr.is_read_only() {
             return Err(bad(format!("\"{destination}\" is a read-only queue")));
         }
-        let q = self.queue(destination).map_err(|e| bad(e.to_string()))?;
+        let q = self
+            .local_queue(destination, addr)
+            .map_err(|e| bad(e.to_string()))?;
         if q.def().transactional && !transactional {
             return Err((
                 DeadLetterClass::NotTransactionalMessage,

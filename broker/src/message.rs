@@ -235,6 +235,16 @@ impl StoredMessage {
         Bytes::from(postcard::to_allocvec(&h).expect("encoding a header into a Vec cannot fail"))
     }
 
+    /// The journal op that stores this message (header and in-memory body) at `seq` of a queue.
+    pub(crate) fn put_op(&self, queue_id: u64, seq: u64) -> crate::journal::Op {
+        crate::journal::Op::Put {
+            queue_id,
+            seq,
+            header: self.encode_header(),
+            body: self.body.clone().unwrap_or_default(),
+        }
+    }
+
     /// A recoverable message from its journal header; the body stays on disk.
     pub fn decode_header(bytes: &[u8], body_len: u32) -> Result<StoredMessage, postcard::Error> {
         // Version 2 appends fields to version 1; a version-1 header ends early.

@@ -546,6 +546,21 @@ impl Queue {
     }
 }
 
+/// Entries grouped by their queue, each queue's entries in the order given (for inserting or
+/// restoring one batch per queue).
+pub(crate) fn group_by_queue(
+    entries: impl IntoIterator<Item = (Arc<Queue>, Entry)>,
+) -> Vec<(Arc<Queue>, Vec<Entry>)> {
+    let mut out: Vec<(Arc<Queue>, Vec<Entry>)> = Vec::new();
+    for (q, e) in entries {
+        match out.iter_mut().find(|(bq, _)| Arc::ptr_eq(bq, &q)) {
+            Some((_, v)) => v.push(e),
+            None => out.push((q, vec![e])),
+        }
+    }
+    out
+}
+
 impl QueueDef {
     /// A definition created now.
     pub fn new(
@@ -717,15 +732,19 @@ mod tests {
         assert!(!q.needs_sweep(u64::MAX - 1));
     }
 
-    #[test]
-    fn outgoing_queues_are_fifo_whatever_the_priority() {
+    fn outgoing_queue() -> Queue {
         let mut def = QueueDef::new(1, "o".into(), "o".into(), false, None, String::new());
         def.role = QueueRole::Outgoing {
             destination: "127.0.0.1:1".into(),
             stream_id: uuid::Uuid::now_v7(),
             paused: false,
         };
-        let q = Queue::new(def);
+        Queue::new(def)
+    }
+
+    #[test]
+    fn outgoing_queues_are_fifo_whatever_the_priority() {
+        let q = outgoing_queue();
         q.push(&[msg(1, "1"), msg(7, "2"), msg(3, "3")]).unwrap();
         let first = q.take_bounded(2, usize::MAX).unwrap();
         assert_eq!(bodies(&first), ["1", "2"]);
@@ -735,13 +754,7 @@ mod tests {
 
     #[test]
     fn outgoing_queues_hold_back_everything_after_a_send_still_being_stored() {
-        let mut def = QueueDef::new(1, "o".into(), "o".into(), false, None, String::new());
-        def.role = QueueRole::Outgoing {
-            destination: "127.0.0.1:1".into(),
-            stream_id: uuid::Uuid::now_v7(),
-            paused: false,
-        };
-        let q = Queue::new(def);
+        let q = outgoing_queue();
         let (a, b, c) = (msg(3, "a"), msg(3, "b"), msg(3, "c"));
         // Two concurrent sends: a (seq 1) is still being written when b (seq 2) is done.
         let sa = q.admit(std::slice::from_ref(&a)).unwrap()[0]

@@ -19,7 +19,7 @@ use crate::broker::{force_transactional, journal_failed, Broker};
 use crate::error::BrokerError;
 use crate::journal::Op;
 use crate::message::{Delivery, StoredMessage};
-use crate::queue::{Entry, Queue};
+use crate::queue::{group_by_queue, Entry, Queue};
 
 struct Staged {
     queue: Arc<Queue>,
@@ -219,14 +219,7 @@ impl Transaction {
                 ids.push(s.msg.id);
             }
         }
-        let mut by_queue: Vec<(Arc<Queue>, Vec<Entry>)> = Vec::new();
-        for (q, e, _) in placed {
-            match by_queue.iter_mut().find(|(bq, _)| Arc::ptr_eq(bq, &q)) {
-                Some((_, v)) => v.push(e),
-                None => by_queue.push((q, vec![e])),
-            }
-        }
-        for (q, entries) in by_queue {
+        for (q, entries) in group_by_queue(placed.into_iter().map(|(q, e, _)| (q, e))) {
             q.insert(entries);
         }
         let received = std::mem::take(&mut self.received);
@@ -255,15 +248,11 @@ impl Transaction {
                 .release(Delivery::Recoverable, s.msg.charged_bytes());
         }
         // Back in their original order; each queue restores by seq.
-        let mut by_queue: Vec<(Arc<Queue>, Vec<Entry>)> = Vec::new();
-        for (q, mut e) in self.received.drain(..) {
+        let received = self.received.drain(..).map(|(q, mut e)| {
             e.aborts += 1;
-            match by_queue.iter_mut().find(|(bq, _)| Arc::ptr_eq(bq, &q)) {
-                Some((_, v)) => v.push(e),
-                None => by_queue.push((q, vec![e])),
-            }
-        }
-        for (q, entries) in by_queue {
+            (q, e)
+        });
+        for (q, entries) in group_by_queue(received) {
             let gone = q.restore(entries);
             self.broker.forget(&q, &gone);
         }
