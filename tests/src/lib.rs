@@ -122,6 +122,15 @@ impl InProcessBroker {
             .unwrap_or_else(|e| panic!("connect to the in-process broker at {}: {e}", self.url))
     }
 
+    /// [`InProcessBroker::start`], then [`InProcessBroker::client`] and
+    /// [`create_default_queue`]: a broker holding an empty `queue`, and a client of it.
+    pub async fn start_with_queue(queue: &str) -> (InProcessBroker, Client) {
+        let broker = Self::start().await;
+        let client = broker.client().await;
+        create_default_queue(&client, queue).await;
+        (broker, client)
+    }
+
     /// Whether the broker task has ended (it should not before [`InProcessBroker::stop`]).
     pub fn has_stopped(&self) -> bool {
         self.task.as_ref().is_none_or(|t| t.is_finished())
@@ -662,6 +671,19 @@ impl MqdProcess {
             .unwrap_or_else(|e| panic!("connect to mqd at {}: {e}", self.url()))
     }
 
+    /// [`MqdProcess::launch`], then [`MqdProcess::connect`] and [`create_default_queue`]: a
+    /// running mqd holding an empty `queue`, and a client of it.
+    pub async fn launch_with_queue(
+        data_dir: &Path,
+        extra: &[&str],
+        queue: &str,
+    ) -> (MqdProcess, Client) {
+        let mqd = MqdProcess::launch(data_dir, extra);
+        let client = mqd.connect().await;
+        create_default_queue(&client, queue).await;
+        (mqd, client)
+    }
+
     /// SIGKILL, asserting that mqd died by the signal (not by exiting on its own first).
     pub fn kill9_checked(&mut self) {
         let pid = self.pid();
@@ -706,4 +728,12 @@ pub async fn drain_queue(client: &Client, queue: &str, wait: Duration) -> Vec<by
         "{queue} still holds messages: {left:?}"
     );
     out
+}
+
+/// Creates `queue` with the default options (not transactional, no quota); panics if that fails.
+pub async fn create_default_queue(client: &Client, queue: &str) {
+    client
+        .create_queue(queue, mq_client::QueueOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("create {queue}: {e}"));
 }

@@ -7,7 +7,7 @@
 use std::net::TcpListener;
 use std::time::Duration;
 
-use mq_client::{Message, QueueOptions};
+use mq_client::Message;
 use mq_proto::v1;
 use mq_tests::{mq, InProcessBroker, MqdProcess};
 use serde_json::Value;
@@ -224,12 +224,7 @@ fn out(body: &str) -> v1::OutMessage {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raw_protocol_abuse_is_refused_and_harmless() {
-    let broker = InProcessBroker::start().await;
-    let client = broker.client().await;
-    client
-        .create_queue(KEEP, QueueOptions::default())
-        .await
-        .unwrap();
+    let (broker, client) = InProcessBroker::start_with_queue(KEEP).await;
     let keep = client.queue(KEEP).unwrap();
     keep.send(Message::new("precious")).await.unwrap();
     let mut rpc = v1::message_queue_client::MessageQueueClient::connect(broker.url().to_string())

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use mq_client::{ConsumerOptions, Message, QueueOptions, SenderOptions};
-use mq_tests::{eventually, InProcessBroker};
+use mq_client::{ConsumerOptions, Message, SenderOptions};
+use mq_tests::{create_default_queue, eventually, InProcessBroker};
 
 const Q: &str = r".\private$\work";
 
@@ -22,12 +22,7 @@ fn body_number(body: &[u8]) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_consumers_and_two_receive_loops_get_each_message_once() {
     const N: usize = 5_000;
-    let broker = InProcessBroker::start().await;
-    let client = broker.client().await;
-    client
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    let (broker, client) = InProcessBroker::start_with_queue(Q).await;
     let q = client.queue(Q).unwrap();
     let total = Arc::new(AtomicUsize::new(0));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
@@ -113,10 +108,7 @@ async fn four_consumers_and_two_receive_loops_get_each_message_once() {
 
 async fn queue_with(broker: &InProcessBroker, n: usize) -> mq_client::Queue {
     let client = broker.client().await;
-    client
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    create_default_queue(&client, Q).await;
     let q = client.queue(Q).unwrap();
     let sender = q.sender(SenderOptions::default()).await.unwrap();
     for i in 0..n {
@@ -150,21 +142,27 @@ async fn drain(q: &mq_client::Queue) -> Vec<usize> {
     got
 }
 
+/// A consumer of `q` with `prefetch` and `limit`.
+async fn consumer(q: &mq_client::Queue, prefetch: u32, limit: Option<u64>) -> mq_client::Consumer {
+    q.consumer(ConsumerOptions { prefetch, limit })
+        .await
+        .unwrap()
+}
+
+/// Takes the next messages from `c`, asserting they are `m{want}` for each of `wants` in turn.
+async fn expect_next(c: &mut mq_client::Consumer, wants: std::ops::Range<usize>) {
+    for want in wants {
+        let m = c.next(Duration::from_secs(5)).await.unwrap().unwrap();
+        assert_eq!(body_number(&m.body), want);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_consumer_gives_back_unacknowledged_messages_in_order() {
     let broker = InProcessBroker::start().await;
     let q = queue_with(&broker, 20).await;
-    let mut a = q
-        .consumer(ConsumerOptions {
-            prefetch: 50,
-            limit: None,
-        })
-        .await
-        .unwrap();
-    for want in 0..3 {
-        let m = a.next(Duration::from_secs(5)).await.unwrap().unwrap();
-        assert_eq!(body_number(&m.body), want);
-    }
+    let mut a = consumer(&q, 50, None).await;
+    expect_next(&mut a, 0..3).await;
     // m0..m2 handed out, m3..m19 prefetched; nothing acknowledged (no further `next`, no
     // `ack`, no `close`).
     drop(a);
@@ -177,23 +175,11 @@ async fn a_dropped_consumer_gives_back_unacknowledged_messages_in_order() {
 async fn ack_then_drop_removes_the_acknowledged_and_gives_back_the_rest() {
     let broker = InProcessBroker::start().await;
     let q = queue_with(&broker, 20).await;
-    let mut a = q
-        .consumer(ConsumerOptions {
-            prefetch: 50,
-            limit: None,
-        })
-        .await
-        .unwrap();
-    for want in 0..2 {
-        let m = a.next(Duration::from_secs(5)).await.unwrap().unwrap();
-        assert_eq!(body_number(&m.body), want);
-    }
+    let mut a = consumer(&q, 50, None).await;
+    expect_next(&mut a, 0..2).await;
     // `ack` is documented as "the broker removes them for good".
     a.ack().await.unwrap();
-    for want in 2..5 {
-        let m = a.next(Duration::from_secs(5)).await.unwrap().unwrap();
-        assert_eq!(body_number(&m.body), want);
-    }
+    expect_next(&mut a, 2..5).await;
     drop(a);
     let settled = eventually(Duration::from_secs(10), || async {
         q.info().await.unwrap().in_flight == 0
@@ -213,17 +199,8 @@ async fn ack_then_drop_removes_the_acknowledged_and_gives_back_the_rest() {
 async fn close_acknowledges_what_was_consumed_and_returns_the_prefetch() {
     let broker = InProcessBroker::start().await;
     let q = queue_with(&broker, 20).await;
-    let mut a = q
-        .consumer(ConsumerOptions {
-            prefetch: 10,
-            limit: None,
-        })
-        .await
-        .unwrap();
-    for want in 0..3 {
-        let m = a.next(Duration::from_secs(5)).await.unwrap().unwrap();
-        assert_eq!(body_number(&m.body), want);
-    }
+    let mut a = consumer(&q, 10, None).await;
+    expect_next(&mut a, 0..3).await;
     a.close().await.unwrap();
     settle(&q, 17).await;
     assert_eq!(drain(&q).await, (3..20).collect::<Vec<_>>());
@@ -234,13 +211,7 @@ async fn close_acknowledges_what_was_consumed_and_returns_the_prefetch() {
 async fn a_consumer_with_a_limit_reserves_no_more_than_it_takes() {
     let broker = InProcessBroker::start().await;
     let q = queue_with(&broker, 10).await;
-    let mut a = q
-        .consumer(ConsumerOptions {
-            prefetch: 100,
-            limit: Some(3),
-        })
-        .await
-        .unwrap();
+    let mut a = consumer(&q, 100, Some(3)).await;
     let mut got = Vec::new();
     while let Some(m) = a.next(Duration::from_millis(300)).await.unwrap() {
         got.push(body_number(&m.body));

@@ -137,6 +137,79 @@ async fn send(client: &Client, dest: &str, message: Message) -> MessageId {
         .unwrap_or_else(|e| panic!("send to {dest}: {e}"))
 }
 
+/// A recoverable message `body` sent to `q` and a transactional one `{body}-tx` sent to `tq`,
+/// both with the same time limit.
+struct LimitedPair<'a> {
+    q: &'a str,
+    tq: &'a str,
+    body: &'a str,
+    id: MessageId,
+    tid: MessageId,
+}
+
+/// Sends the [`LimitedPair`] for `body`, `limit` setting the time limit on each message.
+async fn send_limited_pair<'a>(
+    client: &Client,
+    q: &'a str,
+    tq: &'a str,
+    body: &'a str,
+    limit: impl Fn(Message) -> Message,
+) -> LimitedPair<'a> {
+    let id = send(
+        client,
+        q,
+        limit(Message::new(body.to_string()).recoverable(true)),
+    )
+    .await;
+    let tid = send_tx(client, tq, limit(Message::new(format!("{body}-tx")))).await;
+    LimitedPair {
+        q,
+        tq,
+        body,
+        id,
+        tid,
+    }
+}
+
+/// Waits for `pair` to be dead-lettered as `class` by A (named `a`) from its outgoing queue: the
+/// plain message in DEADLETTER, the transactional one in DEADXACT, each checked and dead-lettered
+/// no earlier than [`SHORT_LIMIT`] after it was sent nor before its `deadline`. Returns each
+/// with the queue it is in.
+async fn wait_outgoing_dead_letters(
+    client: &Client,
+    a: &str,
+    pair: &LimitedPair<'_>,
+    class: DeadLetterClass,
+    deadline: fn(&ReceivedMessage) -> Option<SystemTime>,
+) -> Vec<(&'static str, ReceivedMessage)> {
+    let tx_body = format!("{}-tx", pair.body);
+    let mut dead = Vec::new();
+    for (dlq, id, body, dest, transactional) in [
+        (DEADLETTER, pair.id, pair.body, pair.q, false),
+        (DEADXACT, pair.tid, tx_body.as_str(), pair.tq, true),
+    ] {
+        let m = wait_dead_letters(client, dlq, 1).await.remove(0);
+        check(
+            &m,
+            &Expected {
+                id,
+                body,
+                class,
+                destination: dest,
+                transactional,
+                broker: Some(a),
+            },
+        );
+        let at = m.dead_letter.as_ref().unwrap().time;
+        assert!(
+            at >= m.sent_time + SHORT_LIMIT && deadline(&m).is_none_or(|deadline| at >= deadline),
+            "dead-lettered before its deadline: {m:#?}"
+        );
+        dead.push((dlq, m));
+    }
+    dead
+}
+
 // ---------------------------------------------------------------------------------------------
 
 /// No such queue on B: both messages come back to A's dead-letter queues (the recoverable one to
@@ -350,47 +423,20 @@ async fn reach_queue_timeout_in_outgoing_queue() {
     let (mut b, a, client) = b_down_with_queues().await;
     let (q, tq) = (b.queue("q"), b.queue("tq"));
 
-    let id = send(
-        &client,
-        &q,
-        Message::new("late")
-            .recoverable(true)
-            .time_to_reach_queue(SHORT_LIMIT),
-    )
-    .await;
-    let tid = send_tx(
-        &client,
-        &tq,
-        Message::new("late-tx").time_to_reach_queue(SHORT_LIMIT),
-    )
+    let late = send_limited_pair(&client, &q, &tq, "late", |m| {
+        m.time_to_reach_queue(SHORT_LIMIT)
+    })
     .await;
     send(&client, &q, Message::new("patient").recoverable(true)).await;
 
-    let mut dead = Vec::new();
-    for (dlq, id, body, dest, transactional) in [
-        (DEADLETTER, id, "late", &q, false),
-        (DEADXACT, tid, "late-tx", &tq, true),
-    ] {
-        let m = wait_dead_letters(&client, dlq, 1).await.remove(0);
-        check(
-            &m,
-            &Expected {
-                id,
-                body,
-                class: DeadLetterClass::ReachQueueTimeout,
-                destination: dest,
-                transactional,
-                broker: Some(a.name()),
-            },
-        );
-        let at = m.dead_letter.as_ref().unwrap().time;
-        assert!(
-            at >= m.sent_time + SHORT_LIMIT
-                && m.reach_queue_by.is_none_or(|deadline| at >= deadline),
-            "dead-lettered before its deadline: {m:#?}"
-        );
-        dead.push((dlq, m));
-    }
+    let dead = wait_outgoing_dead_letters(
+        &client,
+        a.name(),
+        &late,
+        DeadLetterClass::ReachQueueTimeout,
+        |m| m.reach_queue_by,
+    )
+    .await;
     let o = outgoing_to(&client, &b.dest()).await.unwrap();
     assert_eq!((o.messages, o.dead_lettered), (1, 2), "{o:?}");
 
@@ -421,20 +467,8 @@ async fn receive_timeout_in_destination_queue() {
     let client = a.client().await;
     let (q, tq) = (b.queue("q"), b.queue("tq"));
 
-    let id = send(
-        &client,
-        &q,
-        Message::new("short")
-            .recoverable(true)
-            .time_to_be_received(LIMIT),
-    )
-    .await;
-    let tid = send_tx(
-        &client,
-        &tq,
-        Message::new("short-tx").time_to_be_received(LIMIT),
-    )
-    .await;
+    let LimitedPair { id, tid, .. } =
+        send_limited_pair(&client, &q, &tq, "short", |m| m.time_to_be_received(LIMIT)).await;
 
     // Both reach their queue on B before the limit.
     wait_count(&bc, "q", 1).await;
@@ -515,45 +549,19 @@ async fn receive_timeout_in_outgoing_queue() {
     let (mut b, a, client) = b_down_with_queues().await;
     let (q, tq) = (b.queue("q"), b.queue("tq"));
 
-    let id = send(
-        &client,
-        &q,
-        Message::new("stale")
-            .recoverable(true)
-            .time_to_be_received(SHORT_LIMIT),
-    )
-    .await;
-    let tid = send_tx(
-        &client,
-        &tq,
-        Message::new("stale-tx").time_to_be_received(SHORT_LIMIT),
-    )
+    let stale = send_limited_pair(&client, &q, &tq, "stale", |m| {
+        m.time_to_be_received(SHORT_LIMIT)
+    })
     .await;
 
-    let mut dead = Vec::new();
-    for (dlq, id, body, dest, transactional) in [
-        (DEADLETTER, id, "stale", &q, false),
-        (DEADXACT, tid, "stale-tx", &tq, true),
-    ] {
-        let m = wait_dead_letters(&client, dlq, 1).await.remove(0);
-        check(
-            &m,
-            &Expected {
-                id,
-                body,
-                class: DeadLetterClass::ReceiveTimeout,
-                destination: dest,
-                transactional,
-                broker: Some(a.name()),
-            },
-        );
-        let at = m.dead_letter.as_ref().unwrap().time;
-        assert!(
-            at >= m.sent_time + SHORT_LIMIT && m.receive_by.is_none_or(|deadline| at >= deadline),
-            "dead-lettered before its deadline: {m:#?}"
-        );
-        dead.push((dlq, m));
-    }
+    let dead = wait_outgoing_dead_letters(
+        &client,
+        a.name(),
+        &stale,
+        DeadLetterClass::ReceiveTimeout,
+        |m| m.receive_by,
+    )
+    .await;
     let o = outgoing_to(&client, &b.dest()).await.unwrap();
     assert_eq!((o.messages, o.dead_lettered), (0, 2), "{o:?}");
 

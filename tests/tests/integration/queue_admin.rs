@@ -105,12 +105,7 @@ async fn delete_discards_messages_and_frees_the_express_quota() {
 
 #[tokio::test]
 async fn path_and_format_names_with_either_separator_address_one_queue() {
-    let broker = InProcessBroker::start().await;
-    let client = broker.client().await;
-    client
-        .create_queue(r".\private$\Orders", QueueOptions::default())
-        .await
-        .unwrap();
+    let (broker, client) = InProcessBroker::start_with_queue(r".\private$\Orders").await;
     let port = broker.addr().port();
 
     let by_os_slash = client.queue("DIRECT=OS:./private$/orders").unwrap();
@@ -155,12 +150,7 @@ async fn path_and_format_names_with_either_separator_address_one_queue() {
 
 #[tokio::test]
 async fn queue_names_ignore_case() {
-    let broker = InProcessBroker::start().await;
-    let client = broker.client().await;
-    client
-        .create_queue(r".\private$\MixedCase", QueueOptions::default())
-        .await
-        .unwrap();
+    let (broker, client) = InProcessBroker::start_with_queue(r".\private$\MixedCase").await;
     let err = client
         .create_queue(r".\PRIVATE$\mixedcase", QueueOptions::default())
         .await
@@ -199,12 +189,7 @@ async fn queue_names_ignore_case() {
 
 #[tokio::test]
 async fn purge_leaves_messages_in_flight_to_a_consumer() {
-    let broker = InProcessBroker::start().await;
-    let client = broker.client().await;
-    client
-        .create_queue(r".\private$\p", QueueOptions::default())
-        .await
-        .unwrap();
+    let (broker, client) = InProcessBroker::start_with_queue(r".\private$\p").await;
     let q = client.queue(r".\private$\p").unwrap();
     for i in 0..4 {
         q.send(Message::new(format!("{i}"))).await.unwrap();
@@ -234,12 +219,7 @@ async fn purge_leaves_messages_in_flight_to_a_consumer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_queue_ends_waiting_receivers_with_not_found() {
-    let broker = InProcessBroker::start().await;
-    let client = broker.client().await;
-    client
-        .create_queue(r".\private$\gone", QueueOptions::default())
-        .await
-        .unwrap();
+    let (broker, client) = InProcessBroker::start_with_queue(r".\private$\gone").await;
     let q = client.queue(r".\private$\gone").unwrap();
     let waiting = {
         let q = q.clone();

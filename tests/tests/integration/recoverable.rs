@@ -63,12 +63,7 @@ async fn recoverable_messages_survive_kill9() {
     const N: u64 = 2_000;
     const KILL_AFTER: u64 = 500;
     let dir = temp_data_dir("mq-recoverable-");
-    let mut mqd = MqdProcess::launch(dir.path(), &[]);
-    let client = mqd.connect().await;
-    client
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    let (mut mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
 
     // A small window keeps the producer close behind the acknowledgements, so the kill lands
     // while sends are in flight.
@@ -165,12 +160,7 @@ async fn recoverable_messages_survive_kill9() {
 async fn mq_send_count_reports_acknowledged_k_of_n() {
     const Q: &str = r".\private$\cli";
     let dir = temp_data_dir("mq-recoverable-");
-    let mut mqd = MqdProcess::launch(dir.path(), &[]);
-    let client = mqd.connect().await;
-    client
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    let (mut mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
 
     let mut child = Command::new(mq_path())
         .args(["send", "--recoverable", "--count", "200000", Q, "BODY{n}"])
@@ -326,12 +316,7 @@ async fn receives_are_durable_enough() {
     const Q: &str = r".\private$\acks";
     const N: u64 = 1_000;
     let dir = temp_data_dir("mq-recoverable-");
-    let mut mqd = MqdProcess::launch(dir.path(), &[]);
-    let client = mqd.connect().await;
-    client
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    let (mut mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
     let sender = client.sender(Q, SenderOptions::default()).await.unwrap();
     for i in 1..=N {
         sender
@@ -405,12 +390,7 @@ async fn receives_are_durable_enough() {
 async fn recovery_after_clean_restart_keeps_priorities() {
     const Q: &str = r".\private$\prio";
     let dir = temp_data_dir("mq-recoverable-");
-    let mut mqd = MqdProcess::launch(dir.path(), &[]);
-    let client = mqd.connect().await;
-    client
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    let (mut mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
     // 48 messages, priorities scrambled: (i * 5) % 8 visits every priority six times.
     let sent: Vec<(u8, String)> = (0..48u32)
         .map(|i| (((i * 5) % 8) as u8, format!("p{}-{i}", (i * 5) % 8)))
@@ -466,12 +446,8 @@ async fn restart_with_many_segments() {
         b
     };
     let dir = temp_data_dir("mq-recoverable-");
-    let mut mqd = MqdProcess::launch(dir.path(), &["--journal-segment-bytes", "65536"]);
-    let client = mqd.connect().await;
-    client
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    let (mut mqd, client) =
+        MqdProcess::launch_with_queue(dir.path(), &["--journal-segment-bytes", "65536"], Q).await;
     let mut sender = client.sender(Q, SenderOptions::default()).await.unwrap();
     let mut next_send = 1u64;
     let mut next_recv = 1u64;

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use mq_broker::journal::FaultyIo;
 use mq_client::{Client, Delivery, Error, Message, QueueOptions, SenderOptions};
-use mq_tests::InProcessBroker;
+use mq_tests::{create_default_queue, InProcessBroker};
 
 const Q: &str = r".\private$\faults";
 const WAIT: Duration = Duration::from_secs(10);
@@ -107,10 +107,7 @@ async fn a_failed_fdatasync_poisons_the_journal_until_restart() {
     let faulty = FaultyIo::new(7);
     let broker = start(dir.path(), &faulty, None).await;
     let client = broker.client().await;
-    client
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    create_default_queue(&client, Q).await;
     let q = client.queue(Q).unwrap();
     const ACKED: u64 = 20;
     for i in 1..=ACKED {
@@ -203,10 +200,7 @@ async fn enospc_preallocating_a_segment_fails_sends_and_loses_nothing_acknowledg
     let faulty = FaultyIo::new(11);
     let broker = start(dir.path(), &faulty, Some(SEGMENT)).await;
     let client = broker.client().await;
-    client
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    create_default_queue(&client, Q).await;
     let q = client.queue(Q).unwrap();
     // The first segment exists; the next one cannot be preallocated.
     faulty.fail_preallocate_with_enospc(true);
@@ -279,10 +273,7 @@ async fn enospc_under_pipelined_sends_keeps_nothing_unacknowledged() {
     let faulty = FaultyIo::new(13);
     let broker = start(dir.path(), &faulty, Some(SEGMENT)).await;
     let client = broker.client().await;
-    client
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    create_default_queue(&client, Q).await;
     faulty.fail_preallocate_with_enospc(true);
     let (acked, failed, first_err) = pipelined_send(&client, N, 1000).await;
     assert!(failed > 0, "all {N} KB fitted in one 64 KiB segment");

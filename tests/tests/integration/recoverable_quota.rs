@@ -185,12 +185,7 @@ async fn the_storage_quota_counts_recovered_messages_after_kill9() {
     let quota = (5 * CHARGE).to_string();
     let args = ["--storage-quota-bytes", quota.as_str()];
     let dir = data_dir();
-    let mut mqd = MqdProcess::start_with_args(dir.path(), &args).unwrap();
-    let client = Client::connect(mqd.url()).await.unwrap();
-    client
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    let (mut mqd, client) = MqdProcess::launch_with_queue(dir.path(), &args, Q).await;
     let q = client.queue(Q).unwrap();
     for n in 1..=5 {
         q.send(recoverable(n)).await.unwrap();

@@ -3,20 +3,28 @@
 
 use std::time::Duration;
 
-use mq_client::{ConsumerOptions, Error, Message, QueueOptions, SenderOptions};
+use mq_client::{Client, ConsumerOptions, Error, Message, QueueOptions, SenderOptions};
 use mq_tests::InProcessBroker;
 
 const Q: &str = r".\private$\pipe";
 
+/// Peeks at most `max` messages of `Q` and returns their bodies as text, in queue order.
+async fn peek_bodies(client: &Client, max: u32) -> Vec<String> {
+    client
+        .queue(Q)
+        .unwrap()
+        .peek_many(max, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| String::from_utf8(m.body.to_vec()).unwrap())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_thousand_pipelined_sends_all_acknowledged_and_in_order() {
     const N: u64 = 20_000;
-    let broker = InProcessBroker::start().await;
-    let client = broker.client().await;
-    client
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    let (broker, client) = InProcessBroker::start_with_queue(Q).await;
     let sender = client.sender(Q, SenderOptions::default()).await.unwrap();
     let mut last = None;
     for i in 0..N {
@@ -66,12 +74,7 @@ async fn twenty_thousand_pipelined_sends_all_acknowledged_and_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_windows_and_batches_still_deliver_everything_in_order() {
-    let broker = InProcessBroker::start().await;
-    let client = broker.client().await;
-    client
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    let (broker, client) = InProcessBroker::start_with_queue(Q).await;
     let options = SenderOptions {
         transactional: false,
         window_messages: 3,
@@ -84,27 +87,14 @@ async fn small_windows_and_batches_still_deliver_everything_in_order() {
         sender.send(Message::new(format!("{i}"))).await.unwrap();
     }
     assert_eq!(sender.close().await.unwrap().acknowledged, 500);
-    let got: Vec<String> = client
-        .queue(Q)
-        .unwrap()
-        .peek_many(1000, Duration::from_secs(5))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|m| String::from_utf8(m.body.to_vec()).unwrap())
-        .collect();
+    let got = peek_bodies(&client, 1000).await;
     assert_eq!(got, (0..500).map(|i| i.to_string()).collect::<Vec<_>>());
     broker.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_refused_message_fails_only_its_receipt() {
-    let broker = InProcessBroker::start().await;
-    let client = broker.client().await;
-    client
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    let (broker, client) = InProcessBroker::start_with_queue(Q).await;
     let mut sender = client.sender(Q, SenderOptions::default()).await.unwrap();
     let bad = [17usize, 500, 999];
     let mut receipts = Vec::new();
@@ -135,14 +125,7 @@ async fn one_refused_message_fails_only_its_receipt() {
     tail.await.unwrap();
     let _ = sender.close().await;
 
-    let q = client.queue(Q).unwrap();
-    let got: Vec<String> = q
-        .peek_many(2000, Duration::from_secs(5))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|m| String::from_utf8(m.body.to_vec()).unwrap())
-        .collect();
+    let got = peek_bodies(&client, 2000).await;
     let mut want: Vec<String> = (0..1000)
         .filter(|i| !bad.contains(i))
         .map(|i| i.to_string())

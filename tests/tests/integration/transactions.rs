@@ -75,6 +75,14 @@ fn pairs(v: &[(&str, u32)]) -> Vec<(String, u32)> {
     v.iter().map(|(b, n)| (b.to_string(), *n)).collect()
 }
 
+/// Waits (at most [`WAIT`]) until [`peek_all`] of `queue` gives `want`; panics with `what` and
+/// what the queue holds if it does not.
+async fn wait_for_peek(client: &Client, queue: &str, want: &[(&str, u32)], what: &str) {
+    let want = pairs(want);
+    let ok = eventually(WAIT, || async { peek_all(client, queue).await == want }).await;
+    assert!(ok, "{what}: {:?}", peek_all(client, queue).await);
+}
+
 /// A round trip on the transaction's stream: every staged send before it has been processed by
 /// the broker once this returns (the stream is handled in order). `empty` is an empty
 /// transactional queue.
@@ -226,15 +234,13 @@ async fn received_messages_are_hidden_until_commit_or_abort() {
     assert_eq!(text(&m), "1");
     tx.send(Q, Message::new("staged, then dropped")).unwrap();
     drop(tx);
-    let back = eventually(WAIT, || async {
-        peek_all(&other, Q).await == pairs(&[("1", 3), ("2", 2), ("3", 1), ("4", 0)])
-    })
+    wait_for_peek(
+        &other,
+        Q,
+        &[("1", 3), ("2", 2), ("3", 1), ("4", 0)],
+        "a dropped transaction did not give its message back",
+    )
     .await;
-    assert!(
-        back,
-        "a dropped transaction did not give its message back: {:?}",
-        peek_all(&other, Q).await
-    );
     assert_eq!(other.queue_info(Q).await.unwrap().messages, 4);
     broker.stop().await.unwrap();
 }
@@ -464,14 +470,13 @@ async fn an_open_transaction_times_out_and_aborts() {
     let mut tx = client.begin().await.unwrap();
     assert_eq!(text(&tx.receive(Q, WAIT).await.unwrap().unwrap()), "m");
     tx.send(OUT, Message::new("never")).unwrap();
-    let back = eventually(WAIT, || async {
-        peek_all(&client, Q).await == pairs(&[("m", 1)])
-    })
+    wait_for_peek(
+        &client,
+        Q,
+        &[("m", 1)],
+        "the timed-out transaction's message did not come back",
+    )
     .await;
-    assert!(
-        back,
-        "the timed-out transaction's message did not come back"
-    );
     let e = tx.commit().await.unwrap_err();
     assert!(
         e.to_string().contains("timeout"),
@@ -508,15 +513,13 @@ async fn a_vanished_client_aborts_its_transaction() {
     assert_eq!(peek_all(&client, Q).await, pairs(&[("m2", 0)]));
     task.abort();
     let _ = task.await;
-    let back = eventually(WAIT, || async {
-        peek_all(&client, Q).await == pairs(&[("m1", 1), ("m2", 0)])
-    })
+    wait_for_peek(
+        &client,
+        Q,
+        &[("m1", 1), ("m2", 0)],
+        "the vanished client's message did not come back",
+    )
     .await;
-    assert!(
-        back,
-        "the vanished client's message did not come back: {:?}",
-        peek_all(&client, Q).await
-    );
     assert_eq!(client.queue_info(OUT).await.unwrap().messages, 0);
     broker.stop().await.unwrap();
 }
