@@ -13,6 +13,9 @@ pub enum BrokerError {
     /// No such queue.
     #[error("queue \"{0}\" does not exist; create it with `mq queue create {0}`")]
     QueueNotFound(String),
+    /// Something other than a queue does not exist; the text says what and what to do.
+    #[error("{0}")]
+    NotFound(String),
     /// The queue exists already.
     #[error("queue \"{0}\" already exists")]
     QueueExists(String),
@@ -39,7 +42,7 @@ impl BrokerError {
     pub fn code(&self) -> ErrorCode {
         match self {
             BrokerError::InvalidArgument(_) => ErrorCode::InvalidArgument,
-            BrokerError::QueueNotFound(_) => ErrorCode::NotFound,
+            BrokerError::QueueNotFound(_) | BrokerError::NotFound(_) => ErrorCode::NotFound,
             BrokerError::QueueExists(_) => ErrorCode::AlreadyExists,
             BrokerError::QuotaExceeded(_) => ErrorCode::ResourceExhausted,
             BrokerError::FailedPrecondition(_) => ErrorCode::FailedPrecondition,

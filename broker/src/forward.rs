@@ -201,7 +201,8 @@ pub(crate) async fn run(broker: Weak<Broker>, o: Arc<Outgoing>) {
         o.set(OutgoingState::Connecting, None, 0);
         let error = match connect(&o.destination).await {
             Ok(client) => {
-                o.set(OutgoingState::Connected, None, 0);
+                // A working connection: the last failure is history.
+                o.set(OutgoingState::Connected, Some(String::new()), 0);
                 tracing::info!(destination = %o.destination, "forwarding: connected");
                 match session(&b, &o, client).await {
                     Ok(()) => {
@@ -456,8 +457,8 @@ impl Broker {
                     .keys()
                     .cloned()
                     .collect();
-                BrokerError::QueueNotFound(format!(
-                    "outgoing queue for {key} (there is none until something is sent there; outgoing queues: {})",
+                BrokerError::NotFound(format!(
+                    "there is no outgoing queue for {key}: one is created by the first send to a queue there (outgoing queues now: {})",
                     if known.is_empty() { "none".to_string() } else { known.join(", ") }
                 ))
             })?;

@@ -164,6 +164,17 @@ fn cli_errors_are_one_line_name_the_value_and_the_rule_and_lose_nothing() {
             1,
             vec!["multiple-element"],
         ),
+        // Outgoing queues: none exists for a broker nothing was sent to; not for this broker.
+        (
+            vec!["outgoing", "pause", "nosuch:1"],
+            1,
+            vec!["no outgoing queue", "nosuch:1"],
+        ),
+        (
+            vec!["outgoing", "resume", r".\private$\keep"],
+            1,
+            vec!["this broker"],
+        ),
         // A missing --file.
         (
             vec!["send", KEEP, "--file", "/nonexistent/body"],
