@@ -118,12 +118,23 @@ impl QueueDefRecord {
             created_ms: def.created_ms,
             role,
         };
-        Bytes::from(postcard::to_allocvec(&r).expect("encoding into a Vec cannot fail"))
+        let mut v = postcard::to_allocvec(&r).expect("encoding into a Vec cannot fail");
+        // Version 3: the ACL follows version 2's fields, only when there is one.
+        if !def.acl.0.is_empty() {
+            v.extend(postcard::to_allocvec(&def.acl).expect("encoding into a Vec cannot fail"));
+        }
+        Bytes::from(v)
     }
 
     fn decode(id: u64, bytes: &[u8]) -> Result<QueueDef, postcard::Error> {
-        let r = match postcard::from_bytes::<QueueDefRecordV2>(bytes) {
-            Ok(r) => r,
+        let mut acl = crate::auth::Acl::default();
+        let r = match postcard::take_from_bytes::<QueueDefRecordV2>(bytes) {
+            Ok((r, rest)) => {
+                if !rest.is_empty() {
+                    acl = postcard::from_bytes(rest)?;
+                }
+                r
+            }
             Err(_) => {
                 let v1: QueueDefRecord = postcard::from_bytes(bytes)?;
                 QueueDefRecordV2 {
@@ -161,6 +172,7 @@ impl QueueDefRecord {
             label: r.label,
             created_ms: r.created_ms,
             role,
+            acl,
         })
     }
 }
@@ -413,6 +425,16 @@ impl Broker {
         &self,
         req: v1::CreateQueueRequest,
     ) -> Result<Arc<Queue>, BrokerError> {
+        self.create_queue_with_acl(req, crate::auth::Acl::default())
+            .await
+    }
+
+    /// Creates a queue with its first ACL (the creator's rights).
+    pub(crate) async fn create_queue_with_acl(
+        &self,
+        req: v1::CreateQueueRequest,
+        acl: crate::auth::Acl,
+    ) -> Result<Arc<Queue>, BrokerError> {
         let addr = self.resolve(&req.name)?;
         let key = self.normal_queue_key(&req.name, &addr)?;
         if addr.kind != QueueKind::Normal {
@@ -434,14 +456,17 @@ impl Broker {
                 return Err(BrokerError::QueueExists(local_path_name(&addr)));
             }
             let id = self.next_queue_id.fetch_add(1, Ordering::AcqRel);
-            let def = QueueDef::new(
-                id,
-                local_path_name(&addr),
-                key.clone(),
-                req.transactional,
-                req.quota_bytes,
-                req.label,
-            );
+            let def = QueueDef {
+                acl,
+                ..QueueDef::new(
+                    id,
+                    local_path_name(&addr),
+                    key.clone(),
+                    req.transactional,
+                    req.quota_bytes,
+                    req.label,
+                )
+            };
             let commit = self.journal.submit(vec![Op::DefineQueue {
                 queue_id: id,
                 def: QueueDefRecord::encode(&def),
@@ -493,6 +518,24 @@ impl Broker {
             .map_err(|e| BrokerError::Unavailable(format!("cannot store the deletion: {e}")))?;
         tracing::info!(queue = %q.def().name, "queue deleted");
         Ok(())
+    }
+
+    /// Stores a changed definition of `q` (its ACL) unless `q` was deleted: checked and
+    /// submitted under the registry lock, so a deletion's record always comes after it.
+    pub(crate) fn redefine_queue(
+        &self,
+        q: &Arc<Queue>,
+        def: &QueueDef,
+    ) -> Result<crate::journal::Commit, BrokerError> {
+        let queues = self.queues.read().unwrap_or_else(|p| p.into_inner());
+        match queues.get(&q.def().key) {
+            Some(cur) if Arc::ptr_eq(cur, q) && !q.is_deleted() => {}
+            _ => return Err(BrokerError::QueueNotFound(q.def().name.clone())),
+        }
+        Ok(self.journal.submit(vec![Op::DefineQueue {
+            queue_id: def.id,
+            def: QueueDefRecord::encode(def),
+        }]))
     }
 
     /// The local queue `name` names.

@@ -47,6 +47,8 @@ pub struct BrokerConfig {
     pub forward_retry_min: std::time::Duration,
     /// Longest wait between forwarding connection attempts.
     pub forward_retry_max: std::time::Duration,
+    /// Security: users file, TLS, protected mode, forwarding credentials (see `auth`).
+    pub security: crate::tls::SecurityConfig,
 }
 
 impl BrokerConfig {
@@ -64,6 +66,7 @@ impl BrokerConfig {
             shutdown_grace: std::time::Duration::from_secs(5),
             forward_retry_min: DEFAULT_FORWARD_RETRY_MIN,
             forward_retry_max: DEFAULT_FORWARD_RETRY_MAX,
+            security: Default::default(),
         }
     }
 }
@@ -92,6 +95,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("forward_retry_min", &self.forward_retry_min)
             .field("forward_retry_max", &self.forward_retry_max)
+            .field("security", &self.security)
             .finish()
     }
 }

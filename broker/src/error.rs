@@ -35,6 +35,9 @@ pub enum BrokerError {
     /// Something went wrong inside the broker.
     #[error("internal error: {0}")]
     Internal(String),
+    /// The caller lacks a right; the text names the identity, the right and the queue.
+    #[error("{0}")]
+    PermissionDenied(String),
 }
 
 impl BrokerError {
@@ -48,6 +51,7 @@ impl BrokerError {
             BrokerError::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
             BrokerError::ShuttingDown | BrokerError::Unavailable(_) => ErrorCode::Unavailable,
             BrokerError::Internal(_) => ErrorCode::Internal,
+            BrokerError::PermissionDenied(_) => ErrorCode::PermissionDenied,
         }
     }
 }
@@ -67,6 +71,7 @@ impl From<BrokerError> for Status {
             ErrorCode::ResourceExhausted => Code::ResourceExhausted,
             ErrorCode::FailedPrecondition => Code::FailedPrecondition,
             ErrorCode::Unavailable => Code::Unavailable,
+            ErrorCode::PermissionDenied => Code::PermissionDenied,
             ErrorCode::Internal | ErrorCode::ErrorUnspecified => Code::Internal,
         };
         Status::new(code, e.to_string())

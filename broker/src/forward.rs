@@ -27,7 +27,6 @@ use mq_proto::format_name::FormatName;
 use mq_proto::v1::{self, message_queue_client::MessageQueueClient, OutgoingState};
 use tokio::sync::{mpsc, Notify};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
 
 use crate::broker::Broker;
 use crate::deadletter::DeadLetterItem;
@@ -199,7 +198,8 @@ pub(crate) async fn run(broker: Weak<Broker>, o: Arc<Outgoing>) {
             continue;
         }
         o.set(OutgoingState::Connecting, None, 0);
-        let error = match connect(&o.destination).await {
+        let creds = b.config().security.forward.get(&o.destination).cloned();
+        let error = match connect(&o.destination, creds.as_ref()).await {
             Ok(client) => {
                 // A working connection: the last failure is history.
                 o.set(OutgoingState::Connected, Some(String::new()), 0);
@@ -234,9 +234,12 @@ pub(crate) async fn run(broker: Weak<Broker>, o: Arc<Outgoing>) {
     }
 }
 
-async fn connect(destination: &str) -> Result<MessageQueueClient<Channel>, String> {
-    let endpoint = Endpoint::from_shared(format!("http://{destination}"))
-        .map_err(|e| format!("bad destination address {destination}: {e}"))?
+async fn connect(
+    destination: &str,
+    creds: Option<&crate::tls::ForwardCredentials>,
+) -> Result<crate::tls::PeerClient, String> {
+    let (endpoint, credentials) = crate::tls::peer_endpoint(destination, creds)?;
+    let endpoint = endpoint
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)
         .initial_stream_window_size(Some(8 * 1024 * 1024))
@@ -247,7 +250,7 @@ async fn connect(destination: &str) -> Result<MessageQueueClient<Channel>, Strin
         .connect()
         .await
         .map_err(|e| format!("cannot connect to {destination}: {}", error_chain(&e)))?;
-    Ok(MessageQueueClient::new(channel)
+    Ok(MessageQueueClient::with_interceptor(channel, credentials)
         .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
         .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE))
 }
@@ -268,7 +271,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 async fn session(
     b: &Arc<Broker>,
     o: &Outgoing,
-    mut client: MessageQueueClient<Channel>,
+    mut client: crate::tls::PeerClient,
 ) -> Result<(), (String, bool)> {
     let (tx, rx) = mpsc::channel::<v1::ForwardBatch>(WINDOW_BATCHES);
     let mut acks = match client.forward(ReceiverStream::new(rx)).await {

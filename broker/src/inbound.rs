@@ -10,6 +10,9 @@
 //! (a record in the internal `SYSTEM$;STREAMS` queue, replaced by every batch, written in the
 //! same journal record as the batch's messages). A message at or below it is a duplicate from a
 //! resend and is dropped. One connection per stream is served at a time.
+//!
+//! A stream belongs to the identity that created it (kept with its high-water mark): another
+//! identity that names it is refused with PERMISSION_DENIED before anything changes.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -62,6 +65,8 @@ pub(crate) struct InboundStream {
     /// Connections opened for this stream; a new one tells the one serving to stop.
     generation: AtomicU64,
     preempt: tokio::sync::Notify,
+    /// The identity that owns the stream; `None` for a stream recorded before owners were.
+    owner: std::sync::Mutex<Option<Arc<str>>>,
 }
 
 /// Refusals remembered per stream.
@@ -77,7 +82,32 @@ impl InboundStream {
             refused: std::sync::Mutex::new(std::collections::VecDeque::new()),
             generation: AtomicU64::new(0),
             preempt: tokio::sync::Notify::new(),
+            owner: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Takes the stream for `who` if it has no owner yet (or one from protected mode, before
+    /// a users file: `anonymous`), else checks that `who` owns it.
+    fn claim(&self, who: &crate::auth::Identity) -> Result<(), Status> {
+        let mut owner = self.owner.lock().unwrap_or_else(|p| p.into_inner());
+        match owner.as_deref() {
+            Some(o) if *o == *who.name => Ok(()),
+            Some(o) if o != crate::auth::ANONYMOUS || who.anonymous => {
+                Err(Status::permission_denied(format!(
+                    "identity \"{}\" lacks the right \"forward\" on forwarding stream {}: it belongs to another identity",
+                    crate::auth::quote(&who.name),
+                    self.id
+                )))
+            }
+            _ => {
+                *owner = Some(who.name.clone());
+                Ok(())
+            }
+        }
+    }
+
+    fn owner(&self) -> Option<Arc<str>> {
+        self.owner.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn remember_refusal(&self, seq: u64, r: &v1::ForwardRejection) {
@@ -114,14 +144,22 @@ impl Streams {
     ) -> Result<Streams, BrokerError> {
         let mut by_id = HashMap::new();
         for r in records {
-            let rec: StreamRecord = postcard::from_bytes(&r.header).map_err(|e| {
+            let unreadable = |e: postcard::Error| {
                 BrokerError::Internal(format!(
                     "forwarding stream record {} in the journal is unreadable: {e}",
                     r.seq
                 ))
-            })?;
+            };
+            let (rec, rest) =
+                postcard::take_from_bytes::<StreamRecord>(&r.header).map_err(unreadable)?;
             let id = uuid::Uuid::from_bytes(rec.stream_id);
-            by_id.insert(id, Arc::new(InboundStream::new(id, r.seq, rec.last_seq)));
+            let stream = InboundStream::new(id, r.seq, rec.last_seq);
+            // Version 2 appends the owner.
+            if !rest.is_empty() {
+                let owner: &str = postcard::from_bytes(rest).map_err(unreadable)?;
+                *stream.owner.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::from(owner));
+            }
+            by_id.insert(id, Arc::new(stream));
         }
         Ok(Streams {
             queue_id,
@@ -147,6 +185,7 @@ type Pending = Pin<Box<dyn Future<Output = Result<v1::ForwardAck, Status>> + Sen
 /// Serves one `Forward` stream: stores batches in order and answers each once stored.
 pub(crate) async fn forward_stream(
     broker: Arc<Broker>,
+    who: crate::auth::Identity,
     mut inbound: Streaming<v1::ForwardBatch>,
     out: mpsc::Sender<Result<v1::ForwardAck, Status>>,
 ) {
@@ -166,6 +205,11 @@ pub(crate) async fn forward_stream(
         let mut streams = broker.streams.lock().unwrap_or_else(|p| p.into_inner());
         streams.get_or_create(id)
     };
+    if let Err(status) = stream.claim(&who) {
+        tracing::warn!(identity = %crate::auth::quote(&who.name), peer = ?who.peer, stream = %id, "refused a forwarding stream owned by another identity");
+        let _ = out.send(Err(status)).await;
+        return;
+    }
     // One connection per stream at a time. The sender only reconnects once it has given up on
     // its previous connection, so a new one takes over: the old one (perhaps half-open, its
     // peer gone without a word) is told to stop, finishes what it accepted, and lets go.
@@ -381,9 +425,14 @@ impl Broker {
             ops.push(Op::Put {
                 queue_id: streams_queue,
                 seq: stream.slot,
-                header: Bytes::from(
-                    postcard::to_allocvec(&rec).expect("encoding into a Vec cannot fail"),
-                ),
+                header: {
+                    let mut v =
+                        postcard::to_allocvec(&rec).expect("encoding into a Vec cannot fail");
+                    if let Some(owner) = stream.owner() {
+                        v.extend(postcard::to_allocvec(&*owner).expect("encoding cannot fail"));
+                    }
+                    Bytes::from(v)
+                },
                 body: Bytes::new(),
             });
         }

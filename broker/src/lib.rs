@@ -14,6 +14,8 @@
 //! - `transaction`: [`Transaction`]: staged sends, hidden receives, one atomic commit record.
 //! - `service`: the gRPC service.
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
+//! - `auth`: identities (users file, tokens, certificates), rights, queue ACLs, `authorize`.
+//! - `tls`: [`SecurityConfig`]: TLS, protected mode, forwarding credentials.
 //!
 //! # Example
 //! ```no_run
@@ -24,6 +26,7 @@
 //! # Ok(()) }
 //! ```
 
+mod auth;
 mod broker;
 mod config;
 mod deadletter;
@@ -35,8 +38,10 @@ mod message;
 mod queue;
 mod server;
 mod service;
+mod tls;
 mod transaction;
 
+pub use auth::{add_user, hash_password, Acl, Identity, Right, Rights};
 pub use broker::{Broker, RecoveryReport, Target};
 pub use config::{
     default_name, BrokerConfig, DEFAULT_EXPRESS_QUOTA_BYTES, DEFAULT_JOURNAL_SEGMENT_BYTES,
@@ -47,4 +52,5 @@ pub use error::BrokerError;
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};
 pub use queue::{Queue, QueueStats};
 pub use server::{run, run_with_ready, RunError};
+pub use tls::{Credentials, ForwardCredentials, SecurityConfig};
 pub use transaction::{Committed, Transaction};

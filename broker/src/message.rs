@@ -57,6 +57,8 @@ pub struct StoredMessage {
     pub route: Option<Arc<str>>,
     /// In a dead-letter queue: why it is there.
     pub dead_letter: Option<Arc<DeadLetterInfo>>,
+    /// The identity that sent it into the first broker (MSMQ's SenderId), kept across hops.
+    pub sender: Option<Arc<str>>,
 }
 
 /// Why a message is in a dead-letter queue.
@@ -149,6 +151,7 @@ impl StoredMessage {
             transactional: false,
             route: None,
             dead_letter: None,
+            sender: (!m.sender.is_empty()).then(|| Arc::from(m.sender.as_str())),
         })
     }
 
@@ -177,7 +180,17 @@ impl StoredMessage {
             response_queue: m.response_queue,
             time_to_reach_queue_ms: 0,
             time_to_be_received_ms: 0,
+            sender: m.sender,
         };
+        if transactional && (m.delivery != v1::Delivery::Recoverable as i32 || m.priority != 0) {
+            // A broker sends transactional messages recoverable at priority 0 (as MSMQ); anything
+            // else was not sent by one.
+            return Err(BrokerError::InvalidArgument(format!(
+                "a transactional message must be recoverable with priority 0; this one is {} with priority {}",
+                if m.delivery == v1::Delivery::Recoverable as i32 { "recoverable" } else { "express" },
+                m.priority
+            )));
+        }
         let mut sm = StoredMessage::accept(out, id, config)?;
         sm.reach_queue_by_ms = m.reach_queue_by_ms;
         sm.receive_by_ms = m.receive_by_ms;
@@ -232,7 +245,12 @@ impl StoredMessage {
                 broker: &d.broker,
             }),
         };
-        Bytes::from(postcard::to_allocvec(&h).expect("encoding a header into a Vec cannot fail"))
+        let mut v = postcard::to_allocvec(&h).expect("encoding a header into a Vec cannot fail");
+        // Version 3: the sender follows version 2's fields, only when there is one.
+        if let Some(s) = self.sender.as_deref() {
+            v.extend(postcard::to_allocvec(s).expect("encoding into a Vec cannot fail"));
+        }
+        Bytes::from(v)
     }
 
     /// The journal op that stores this message (header and in-memory body) at `seq` of a queue.
@@ -248,9 +266,17 @@ impl StoredMessage {
     /// A recoverable message from its journal header; the body stays on disk.
     pub fn decode_header(bytes: &[u8], body_len: u32) -> Result<StoredMessage, postcard::Error> {
         // Version 2 appends fields to version 1; a version-1 header ends early.
-        let (h, v2) = match postcard::from_bytes::<HeaderRecordV2<'_>>(bytes) {
-            Ok(v2) => (v2.v1(), Some(v2)),
-            Err(_) => (postcard::from_bytes::<HeaderRecord<'_>>(bytes)?, None),
+        let (h, v2, sender) = match postcard::take_from_bytes::<HeaderRecordV2<'_>>(bytes) {
+            Ok((v2, rest)) => {
+                // Version 3 appends the sender.
+                let sender = if rest.is_empty() {
+                    None
+                } else {
+                    Some(Arc::from(postcard::from_bytes::<&str>(rest)?))
+                };
+                (v2.v1(), Some(v2), sender)
+            }
+            Err(_) => (postcard::from_bytes::<HeaderRecord<'_>>(bytes)?, None, None),
         };
         Ok(StoredMessage {
             id: uuid::Uuid::from_bytes(h.id),
@@ -279,6 +305,7 @@ impl StoredMessage {
                     broker: d.broker.to_string(),
                 })
             }),
+            sender,
         })
     }
 
@@ -311,6 +338,7 @@ impl StoredMessage {
                 time_ms: d.time_ms,
                 broker: d.broker.clone(),
             }),
+            sender: self.sender.as_deref().unwrap_or_default().to_string(),
         }
     }
 }
@@ -401,6 +429,7 @@ mod tests {
                 response_queue: "r".into(),
                 time_to_reach_queue_ms: 5_000,
                 time_to_be_received_ms: 2_000,
+                sender: "alice".into(),
             },
             uuid::Uuid::now_v7(),
             &config,
@@ -438,6 +467,10 @@ mod tests {
         assert_eq!(back.route, m.route);
         assert_eq!(back.dead_letter, m.dead_letter);
         assert_eq!(back.label, "l");
+        assert_eq!(back.sender.as_deref(), Some("alice"));
+        let anon = StoredMessage { sender: None, ..m };
+        let back = StoredMessage::decode_header(&anon.encode_header(), anon.body_len).unwrap();
+        assert!(back.sender.is_none() && back.dead_letter.is_some());
     }
 
     #[test]

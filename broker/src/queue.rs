@@ -49,6 +49,9 @@ pub struct QueueDef {
     pub label: String,
     pub created_ms: u64,
     pub role: QueueRole,
+    /// Who may do what with the queue, as stored with the definition (the live one is
+    /// [`Queue::acl`]).
+    pub acl: crate::auth::Acl,
 }
 
 /// What a queue is for.
@@ -118,12 +121,14 @@ pub struct Queue {
     def: QueueDef,
     state: Mutex<State>,
     notify: Notify,
+    acl: std::sync::RwLock<Arc<crate::auth::Acl>>,
 }
 
 impl Queue {
     /// A new, empty queue.
     pub fn new(def: QueueDef) -> Self {
         Queue {
+            acl: std::sync::RwLock::new(Arc::new(def.acl.clone())),
             def,
             state: Mutex::new(State {
                 next_seq: 1,
@@ -136,6 +141,16 @@ impl Queue {
 
     pub fn def(&self) -> &QueueDef {
         &self.def
+    }
+
+    /// Who may do what with the queue now.
+    pub fn acl(&self) -> Arc<crate::auth::Acl> {
+        self.acl.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The live ACL, locked for a change (the caller journals it before releasing).
+    pub(crate) fn acl_lock(&self) -> std::sync::RwLockWriteGuard<'_, Arc<crate::auth::Acl>> {
+        self.acl.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The priority level an entry is kept at: its priority, or 0 in a FIFO outgoing queue.
@@ -580,6 +595,7 @@ impl QueueDef {
             label,
             created_ms: now_ms(),
             role: QueueRole::Normal,
+            acl: crate::auth::Acl::default(),
         }
     }
 }
@@ -609,6 +625,7 @@ mod tests {
             transactional: false,
             route: None,
             dead_letter: None,
+            sender: None,
         })
     }
 

@@ -27,6 +27,13 @@ pub enum RunError {
     Listener(std::io::Error),
     #[error("the gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("{0}")]
+    Users(String),
+    #[error("{0}")]
+    Tls(String),
+    /// Protected mode: a non-loopback address without TLS and a users file.
+    #[error("{0}")]
+    Protected(String),
 }
 
 /// Serves a broker on `listener` until `shutdown` resolves, then stops accepting, lets open
@@ -50,6 +57,23 @@ pub async fn run_with_ready(
     ready: impl FnOnce(),
 ) -> Result<(), RunError> {
     let local = listener.local_addr().map_err(RunError::Listener)?;
+    let sec = config.security.clone();
+    let secured = sec.tls_enabled() && sec.users_file.is_some();
+    if !(local.ip().is_loopback() || sec.insecure || secured) {
+        return Err(RunError::Protected(format!(
+            "refusing to serve {local}: a non-loopback address needs TLS and a users file (--tls-cert, --tls-key, --users){}; pass --insecure to serve it anyway",
+            match (sec.tls_enabled(), sec.users_file.is_some()) {
+                (false, false) => ", and neither is set",
+                (true, false) => ", and no users file is set",
+                _ => ", and TLS is not set",
+            }
+        )));
+    }
+    let tls = sec.server_tls().map_err(RunError::Tls)?;
+    let auth = Arc::new(match &sec.users_file {
+        Some(path) => crate::auth::Auth::from_file(path).map_err(RunError::Users)?,
+        None => crate::auth::Auth::open(),
+    });
     let _lock = lock_data_dir(&config)?;
     let grace = config.shutdown_grace;
     let (broker, rec) = Broker::open(config, vec![local]).map_err(RunError::Journal)?;
@@ -64,9 +88,15 @@ pub async fn run_with_ready(
     );
     let broker = Arc::new(broker);
     broker.start_background();
-    let svc = MessageQueueServer::new(Service::new(broker.clone()))
+    let svc = MessageQueueServer::new(Service::new(broker.clone(), auth.clone()))
         .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
         .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
+    // The identity of every call is established here, once per call (a stream is one call).
+    let svc = tonic::service::interceptor::InterceptedService::new(svc, {
+        let auth = auth.clone();
+        move |req| auth.authenticate(req)
+    });
+    let _reloader = auth.has_users().then(|| spawn_reloader(auth.clone()));
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
         if let Ok(s) = &s {
             let _ = s.set_nodelay(true);
@@ -74,7 +104,11 @@ pub async fn run_with_ready(
         s
     });
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    let server = builder
         // Notices peers that vanished without closing (a forwarding broker behind a dead
         // network), so their streams end and give back what they hold.
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
@@ -107,6 +141,28 @@ pub async fn run_with_ready(
     }
     tracing::info!("broker stopped");
     Ok(())
+}
+
+/// Rereads the users file on SIGHUP (the old one stays in force if the new one is bad).
+fn spawn_reloader(auth: Arc<crate::auth::Auth>) -> Option<tokio::task::JoinHandle<()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(
+                "cannot install the SIGHUP handler; the users file is read at start only: {e}"
+            );
+            return None;
+        }
+    };
+    Some(tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match auth.reload() {
+                Ok(n) => tracing::info!(users = n, "SIGHUP: reread the users file"),
+                Err(e) => tracing::error!("SIGHUP: {e}; the previous users file stays in force"),
+            }
+        }
+    }))
 }
 
 fn lock_data_dir(config: &BrokerConfig) -> Result<std::fs::File, RunError> {

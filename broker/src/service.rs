@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::{Acl, Auth, Identity, Right};
 use crate::broker::Broker;
 use crate::error::BrokerError;
 use crate::queue::{Entry, Queue};
@@ -30,11 +31,20 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 #[derive(Debug, Clone)]
 pub struct Service {
     broker: Arc<Broker>,
+    auth: Arc<Auth>,
 }
 
 impl Service {
-    pub fn new(broker: Arc<Broker>) -> Self {
-        Service { broker }
+    pub fn new(broker: Arc<Broker>, auth: Arc<Auth>) -> Self {
+        Service { broker, auth }
+    }
+
+    /// The local queue `name` names, if `who` holds `right` on it.
+    #[allow(clippy::result_large_err)]
+    fn queue_for(&self, who: &Identity, right: Right, name: &str) -> Result<Arc<Queue>, Status> {
+        let q = self.broker.queue(name)?;
+        self.auth.authorize(who, right, Some(&q))?;
+        Ok(q)
     }
 }
 
@@ -44,7 +54,12 @@ impl MessageQueue for Service {
         &self,
         req: Request<v1::CreateQueueRequest>,
     ) -> Result<Response<v1::QueueInfo>, Status> {
-        let q = self.broker.create_queue(req.into_inner()).await?;
+        let who = Identity::of(&req);
+        self.auth.authorize(&who, Right::CreateQueue, None)?;
+        let q = self
+            .broker
+            .create_queue_with_acl(req.into_inner(), Acl::for_creator(&who))
+            .await?;
         Ok(Response::new(q.info()))
     }
 
@@ -52,7 +67,10 @@ impl MessageQueue for Service {
         &self,
         req: Request<v1::QueueRequest>,
     ) -> Result<Response<v1::Empty>, Status> {
-        self.broker.delete_queue(&req.into_inner().name).await?;
+        let who = Identity::of(&req);
+        let name = req.into_inner().name;
+        self.queue_for(&who, Right::Admin, &name)?;
+        self.broker.delete_queue(&name).await?;
         Ok(Response::new(v1::Empty {}))
     }
 
@@ -60,15 +78,26 @@ impl MessageQueue for Service {
         &self,
         req: Request<v1::QueueRequest>,
     ) -> Result<Response<v1::QueueInfo>, Status> {
+        let who = Identity::of(&req);
         let q = self.broker.queue(&req.into_inner().name)?;
+        if !self.auth.sees(&who, &q) {
+            self.auth.authorize(&who, Right::Peek, Some(&q))?;
+        }
         Ok(Response::new(q.info()))
     }
 
     async fn list_queues(
         &self,
-        _req: Request<v1::ListQueuesRequest>,
+        req: Request<v1::ListQueuesRequest>,
     ) -> Result<Response<v1::ListQueuesResponse>, Status> {
-        let queues = self.broker.list().iter().map(|q| q.info()).collect();
+        let who = Identity::of(&req);
+        let queues = self
+            .broker
+            .list()
+            .iter()
+            .filter(|q| self.auth.sees(&who, q))
+            .map(|q| q.info())
+            .collect();
         Ok(Response::new(v1::ListQueuesResponse { queues }))
     }
 
@@ -76,7 +105,10 @@ impl MessageQueue for Service {
         &self,
         req: Request<v1::QueueRequest>,
     ) -> Result<Response<v1::PurgeResponse>, Status> {
-        let purged = self.broker.purge(&req.into_inner().name)?;
+        let who = Identity::of(&req);
+        let name = req.into_inner().name;
+        self.queue_for(&who, Right::Admin, &name)?;
+        let purged = self.broker.purge(&name)?;
         Ok(Response::new(v1::PurgeResponse { purged }))
     }
 
@@ -86,9 +118,10 @@ impl MessageQueue for Service {
         &self,
         req: Request<Streaming<v1::SendBatch>>,
     ) -> Result<Response<Self::SendStream>, Status> {
-        let (broker, inbound) = (self.broker.clone(), req.into_inner());
+        let who = Identity::of(&req);
+        let (broker, auth, inbound) = (self.broker.clone(), self.auth.clone(), req.into_inner());
         Ok(spawn_stream(SEND_ACK_WINDOW, |tx| {
-            send_stream(broker, inbound, tx)
+            send_stream(broker, auth, who, inbound, tx)
         }))
     }
 
@@ -98,11 +131,12 @@ impl MessageQueue for Service {
         &self,
         req: Request<Streaming<v1::ReceiveRequest>>,
     ) -> Result<Response<Self::ReceiveStream>, Status> {
+        let who = Identity::of(&req);
         let mut inbound = req.into_inner();
         let first = inbound.message().await?.ok_or_else(|| {
             Status::invalid_argument("a receive stream must start with a request naming the queue")
         })?;
-        let queue = self.broker.queue(&first.queue)?;
+        let queue = self.queue_for(&who, Right::Receive, &first.queue)?;
         let broker = self.broker.clone();
         Ok(spawn_stream(4, |tx| {
             consume(broker, queue, inbound, first.credit as u64, tx)
@@ -113,8 +147,14 @@ impl MessageQueue for Service {
         &self,
         req: Request<v1::ReceiveOneRequest>,
     ) -> Result<Response<v1::ReceiveOneResponse>, Status> {
+        let who = Identity::of(&req);
         let req = req.into_inner();
-        let queue = self.broker.queue(&req.queue)?;
+        let right = if req.peek {
+            Right::Peek
+        } else {
+            Right::Receive
+        };
+        let queue = self.queue_for(&who, right, &req.queue)?;
         let peek = req.peek;
         let found = wait_for(&self.broker, &queue, req.timeout_ms, |q| {
             if peek {
@@ -163,8 +203,11 @@ impl MessageQueue for Service {
         &self,
         req: Request<Streaming<v1::TxRequest>>,
     ) -> Result<Response<Self::TransactStream>, Status> {
-        let (broker, inbound) = (self.broker.clone(), req.into_inner());
-        Ok(spawn_stream(4, |tx| transact(broker, inbound, tx)))
+        let who = Identity::of(&req);
+        let (broker, auth, inbound) = (self.broker.clone(), self.auth.clone(), req.into_inner());
+        Ok(spawn_stream(4, |tx| {
+            transact(broker, auth, who, inbound, tx)
+        }))
     }
 
     type ForwardStream = BoxStream<v1::ForwardAck>;
@@ -173,16 +216,20 @@ impl MessageQueue for Service {
         &self,
         req: Request<Streaming<v1::ForwardBatch>>,
     ) -> Result<Response<Self::ForwardStream>, Status> {
+        let who = Identity::of(&req);
+        self.auth.authorize(&who, Right::Forward, None)?;
         let (broker, inbound) = (self.broker.clone(), req.into_inner());
         Ok(spawn_stream(32, |tx| {
-            crate::inbound::forward_stream(broker, inbound, tx)
+            crate::inbound::forward_stream(broker, who, inbound, tx)
         }))
     }
 
     async fn list_outgoing(
         &self,
-        _req: Request<v1::Empty>,
+        req: Request<v1::Empty>,
     ) -> Result<Response<v1::ListOutgoingResponse>, Status> {
+        self.auth
+            .authorize(&Identity::of(&req), Right::Outgoing, None)?;
         Ok(Response::new(v1::ListOutgoingResponse {
             queues: self.broker.outgoing_list(),
         }))
@@ -192,6 +239,8 @@ impl MessageQueue for Service {
         &self,
         req: Request<v1::OutgoingRequest>,
     ) -> Result<Response<v1::OutgoingQueueInfo>, Status> {
+        self.auth
+            .authorize(&Identity::of(&req), Right::Outgoing, None)?;
         let dest = req.into_inner().destination;
         Ok(Response::new(
             self.broker.set_outgoing_paused(&dest, true).await?,
@@ -202,6 +251,8 @@ impl MessageQueue for Service {
         &self,
         req: Request<v1::OutgoingRequest>,
     ) -> Result<Response<v1::OutgoingQueueInfo>, Status> {
+        self.auth
+            .authorize(&Identity::of(&req), Right::Outgoing, None)?;
         let dest = req.into_inner().destination;
         Ok(Response::new(
             self.broker.set_outgoing_paused(&dest, false).await?,
@@ -212,8 +263,9 @@ impl MessageQueue for Service {
         &self,
         req: Request<v1::PeekRequest>,
     ) -> Result<Response<v1::PeekResponse>, Status> {
+        let who = Identity::of(&req);
         let req = req.into_inner();
-        let queue = self.broker.queue(&req.queue)?;
+        let queue = self.queue_for(&who, Right::Peek, &req.queue)?;
         let max = req.max.max(1) as usize;
         let found = wait_for(&self.broker, &queue, req.timeout_ms, |q| q.peek(max)).await?;
         let dest = queue.info().format_name;
@@ -222,6 +274,46 @@ impl MessageQueue for Service {
             messages.push(e.msg.to_wire(&dest, self.broker.body(&queue, e)?, e.aborts));
         }
         Ok(Response::new(v1::PeekResponse { messages }))
+    }
+
+    async fn change_acl(
+        &self,
+        req: Request<v1::AclChange>,
+    ) -> Result<Response<v1::QueueAcl>, Status> {
+        let who = Identity::of(&req);
+        let req = req.into_inner();
+        let q = self.queue_for(&who, Right::Admin, &req.queue)?;
+        let rights = crate::auth::Rights::parse_list(&req.rights.join(","), true)
+            .map_err(Status::invalid_argument)?;
+        let acl = self
+            .broker
+            .change_acl(&q, &req.principal, rights, req.grant)
+            .await?;
+        tracing::info!(queue = %q.def().name, by = %who.name, principal = %crate::auth::quote(&req.principal), rights = ?rights.names(), grant = req.grant, "queue rights changed");
+        Ok(Response::new(wire_acl(&q, &acl)))
+    }
+
+    async fn get_acl(
+        &self,
+        req: Request<v1::QueueRequest>,
+    ) -> Result<Response<v1::QueueAcl>, Status> {
+        let who = Identity::of(&req);
+        let q = self.queue_for(&who, Right::Admin, &req.into_inner().name)?;
+        Ok(Response::new(wire_acl(&q, &q.acl())))
+    }
+}
+
+fn wire_acl(q: &Queue, acl: &Acl) -> v1::QueueAcl {
+    v1::QueueAcl {
+        queue: q.def().name.clone(),
+        entries: acl
+            .0
+            .iter()
+            .map(|(p, r)| v1::AclEntry {
+                principal: p.clone(),
+                rights: r.names().into_iter().map(String::from).collect(),
+            })
+            .collect(),
     }
 }
 
@@ -266,6 +358,8 @@ pub(crate) async fn wait_for(
 /// later ones are already being written.
 async fn send_stream(
     broker: Arc<Broker>,
+    auth: Arc<Auth>,
+    who: Identity,
     mut inbound: Streaming<v1::SendBatch>,
     tx: mpsc::Sender<Result<v1::SendAck, Status>>,
 ) {
@@ -289,7 +383,7 @@ async fn send_stream(
             b = inbound.message() => b,
             _ = broker.shutting_down() => break,
         };
-        let batch = match batch {
+        let mut batch = match batch {
             Ok(Some(b)) => b,
             Ok(None) => break,
             Err(status) => {
@@ -297,6 +391,9 @@ async fn send_stream(
                 break;
             }
         };
+        for m in &mut batch.messages {
+            m.sender = who.name.to_string();
+        }
         let n = batch.messages.len();
         let first_seq = batch.first_seq;
         let tx = batch.transactional;
@@ -308,9 +405,12 @@ async fn send_stream(
             {
                 Ok(d.clone())
             }
-            _ => broker.destinations(&batch.destination, tx).inspect(|d| {
-                cached = Some((batch.destination.clone(), tx, d.clone()));
-            }),
+            _ => broker
+                .destinations(&batch.destination, tx)
+                .and_then(|d| authorize_send(&auth, &who, &d).map(|()| d))
+                .inspect(|d| {
+                    cached = Some((batch.destination.clone(), tx, d.clone()));
+                }),
         };
         let ack: Pending = match dests {
             Ok(dests) => {
@@ -350,6 +450,21 @@ async fn send_stream(
     // Answer everything already accepted, then end the stream.
     drop(pending_tx);
     let _ = acker.await;
+}
+
+/// `send` on every local target; a remote one is checked by its broker (any authenticated
+/// identity may send there).
+fn authorize_send(
+    auth: &Auth,
+    who: &Identity,
+    dests: &[crate::broker::Target],
+) -> Result<(), BrokerError> {
+    for t in dests {
+        let queue = t.route.is_none().then_some(&*t.queue);
+        auth.authorize(who, Right::Send, queue)
+            .map_err(|s| BrokerError::PermissionDenied(s.message().to_string()))?;
+    }
+    Ok(())
 }
 
 fn failure(seq: u64, e: &BrokerError) -> v1::SendFailure {
@@ -477,6 +592,8 @@ fn apply(
 /// [`Transaction`] rolls back when dropped): abort, client gone, timeout, shutdown, error.
 async fn transact(
     broker: Arc<Broker>,
+    auth: Arc<Auth>,
+    who: Identity,
     mut inbound: Streaming<v1::TxRequest>,
     out: mpsc::Sender<Result<v1::TxResponse, Status>>,
 ) {
@@ -517,11 +634,36 @@ async fn transact(
             Ok(None) | Err(_) => return,
         };
         let reply = match op {
-            Req::Send(s) => {
-                tx.send(&s.destination, s.messages);
+            Req::Send(mut s) => {
+                // Refused sends fail the commit, as any send that cannot be staged.
+                match broker
+                    .destinations(&s.destination, true)
+                    .and_then(|d| authorize_send(&auth, &who, &d))
+                {
+                    Err(BrokerError::PermissionDenied(m)) => {
+                        let _ = out.send(Err(Status::permission_denied(m))).await;
+                        return;
+                    }
+                    _ => {
+                        for m in &mut s.messages {
+                            m.sender = who.name.to_string();
+                        }
+                        tx.send(&s.destination, s.messages);
+                    }
+                }
                 continue;
             }
             Req::Receive(r) => {
+                if let Err(status) = broker
+                    .queue(&r.queue)
+                    .map_err(Status::from)
+                    .and_then(|q| auth.authorize(&who, Right::Receive, Some(&q)))
+                {
+                    if status.code() == tonic::Code::PermissionDenied {
+                        let _ = out.send(Err(status)).await;
+                        return;
+                    }
+                }
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 let wait = Duration::from_millis(r.timeout_ms).min(left);
                 match tx.receive(&r.queue, wait).await {

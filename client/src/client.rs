@@ -1,10 +1,8 @@
 //! [`Client`]: a connection to one broker, queue administration, and handles to queues.
 
-use std::time::Duration;
-
+use crate::builder::{ClientBuilder, Rpc};
 use mq_proto::format_name::FormatName;
-use mq_proto::v1::{self, message_queue_client::MessageQueueClient};
-use tonic::transport::{Channel, Endpoint};
+use mq_proto::v1;
 
 use crate::error::{Error, Result};
 use crate::outgoing::OutgoingQueue;
@@ -18,7 +16,7 @@ pub const DEFAULT_BROKER_URL: &str = "http://127.0.0.1:1801";
 /// A connection to a broker. Cheap to clone; clones share the connection.
 #[derive(Debug, Clone)]
 pub struct Client {
-    pub(crate) rpc: MessageQueueClient<Channel>,
+    pub(crate) rpc: Rpc,
     url: String,
 }
 
@@ -63,33 +61,88 @@ impl From<v1::QueueInfo> for QueueInfo {
     }
 }
 
+/// A queue's access control list: principal -> rights.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct QueueAcl {
+    pub queue: String,
+    /// (principal, rights), sorted by principal.
+    pub entries: Vec<(String, Vec<String>)>,
+}
+
+impl From<v1::QueueAcl> for QueueAcl {
+    fn from(a: v1::QueueAcl) -> Self {
+        QueueAcl {
+            queue: a.queue,
+            entries: a
+                .entries
+                .into_iter()
+                .map(|e| (e.principal, e.rights))
+                .collect(),
+        }
+    }
+}
+
 impl Client {
-    /// Connects to the broker at `url` (e.g. `http://127.0.0.1:1801`).
+    /// Connects to the broker at `url` (e.g. `http://127.0.0.1:1801`) without credentials.
+    /// For TLS and credentials use [`Client::builder`].
     pub async fn connect(url: impl Into<String>) -> Result<Client> {
-        let url = url.into();
-        let connect_err = |reason: String| Error::Connect {
-            url: url.clone(),
-            reason,
-        };
-        let endpoint = Endpoint::from_shared(url.clone())
-            .map_err(|e| connect_err(format!("not a valid URL ({e})")))?
-            .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(5))
-            .initial_stream_window_size(Some(8 * 1024 * 1024))
-            .initial_connection_window_size(Some(16 * 1024 * 1024));
-        let channel = endpoint.connect().await.map_err(|e| {
-            let mut reason = e.to_string();
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                reason = s.to_string();
-                src = s.source();
-            }
-            connect_err(reason)
-        })?;
-        let rpc = MessageQueueClient::new(channel)
-            .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
-            .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
-        Ok(Client { rpc, url })
+        ClientBuilder::new(url).connect().await
+    }
+
+    /// Settings for a connection: TLS CA, client certificate, user or token.
+    pub fn builder(url: impl Into<String>) -> ClientBuilder {
+        ClientBuilder::new(url)
+    }
+
+    pub(crate) fn from_parts(rpc: Rpc, url: String) -> Client {
+        Client { rpc, url }
+    }
+
+    /// Grants `rights` (send, receive, peek, admin, or all) on queue `name` to `principal`
+    /// (a user, `group:NAME`, `everyone` or `anonymous`); returns the queue's ACL.
+    pub async fn grant(&self, name: &str, principal: &str, rights: &[&str]) -> Result<QueueAcl> {
+        self.change_acl(name, principal, rights, true).await
+    }
+
+    /// Revokes `rights` on queue `name` from `principal`; returns the queue's ACL.
+    pub async fn revoke(&self, name: &str, principal: &str, rights: &[&str]) -> Result<QueueAcl> {
+        self.change_acl(name, principal, rights, false).await
+    }
+
+    async fn change_acl(
+        &self,
+        name: &str,
+        principal: &str,
+        rights: &[&str],
+        grant: bool,
+    ) -> Result<QueueAcl> {
+        FormatName::parse(name)?;
+        let acl = self
+            .rpc
+            .clone()
+            .change_acl(v1::AclChange {
+                queue: name.to_string(),
+                principal: principal.to_string(),
+                rights: rights.iter().map(|r| r.to_string()).collect(),
+                grant,
+            })
+            .await?
+            .into_inner();
+        Ok(acl.into())
+    }
+
+    /// Who may do what with queue `name` (needs `admin` on it).
+    pub async fn acl(&self, name: &str) -> Result<QueueAcl> {
+        FormatName::parse(name)?;
+        let acl = self
+            .rpc
+            .clone()
+            .get_acl(v1::QueueRequest {
+                name: name.to_string(),
+            })
+            .await?
+            .into_inner();
+        Ok(acl.into())
     }
 
     /// The URL this client connected to.

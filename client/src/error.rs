@@ -36,6 +36,12 @@ pub enum Error {
     /// The broker failed internally, or answered something this client does not understand.
     #[error("{0}")]
     Internal(String),
+    /// No or bad credentials.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The identity lacks a right; the text names the identity, the right and the queue.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// A body could not be encoded or decoded.
     #[error(transparent)]
     Format(#[from] crate::formatter::FormatError),
@@ -50,6 +56,8 @@ impl From<Status> for Error {
             Code::AlreadyExists => Error::AlreadyExists(msg),
             Code::ResourceExhausted => Error::QuotaExceeded(msg),
             Code::FailedPrecondition => Error::FailedPrecondition(msg),
+            Code::Unauthenticated => Error::Unauthenticated(msg),
+            Code::PermissionDenied => Error::PermissionDenied(msg),
             Code::Unavailable | Code::Cancelled | Code::Aborted => {
                 Error::Unavailable(if msg.is_empty() {
                     "the connection to the broker was lost".to_string()
@@ -81,6 +89,7 @@ impl Error {
             C::ResourceExhausted => Error::QuotaExceeded(msg),
             C::FailedPrecondition => Error::FailedPrecondition(msg),
             C::Unavailable => Error::Unavailable(msg),
+            C::PermissionDenied => Error::PermissionDenied(msg),
             C::Internal | C::ErrorUnspecified => Error::Internal(msg),
         }
     }

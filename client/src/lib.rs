@@ -5,7 +5,8 @@
 //! receives stream with a prefetch window ([`Consumer`]). It is not a broker: see `mq-broker`.
 //!
 //! # Layout
-//! - `client`: [`Client`]: connect, queue administration, outgoing queues.
+//! - `client`: [`Client`]: connect, queue administration, outgoing queues, queue rights.
+//! - `builder`: [`ClientBuilder`]: TLS (CA, client certificate) and credentials.
 //! - `queue`: [`Queue`]: send, receive, peek, purge one queue.
 //! - `sender`: [`Sender`]: pipelined sends with acknowledgements.
 //! - `transaction`: [`Transaction`]: atomic sends and receives across transactional queues.
@@ -30,6 +31,7 @@
 //! # Ok(()) }
 //! ```
 
+mod builder;
 mod client;
 mod consumer;
 mod error;
@@ -40,7 +42,8 @@ mod queue;
 mod sender;
 mod transaction;
 
-pub use client::{Client, QueueInfo, QueueOptions, DEFAULT_BROKER_URL};
+pub use builder::ClientBuilder;
+pub use client::{Client, QueueAcl, QueueInfo, QueueOptions, DEFAULT_BROKER_URL};
 pub use consumer::{Consumer, ConsumerOptions};
 pub use error::{Error, Result};
 pub use message::{DeadLetterClass, DeadLetterInfo, Delivery, Message, MessageId, ReceivedMessage};

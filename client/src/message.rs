@@ -141,6 +141,8 @@ impl Message {
             response_queue: self.response_queue,
             time_to_reach_queue_ms: self.time_to_reach_queue_ms,
             time_to_be_received_ms: self.time_to_be_received_ms,
+            // Set by the broker.
+            sender: String::new(),
         }
     }
 }
@@ -172,6 +174,9 @@ pub struct ReceivedMessage {
     /// Set for messages read from a dead-letter queue: why the message is there and where it
     /// was going.
     pub dead_letter: Option<DeadLetterInfo>,
+    /// The identity that sent it into the first broker (`anonymous` without credentials),
+    /// kept across forwarding; empty if the broker did not record one.
+    pub sender: String,
 }
 
 /// Why a message is in a dead-letter queue, and where it was going.
@@ -315,6 +320,7 @@ impl ReceivedMessage {
             reach_queue_by: deadline(m.reach_queue_by_ms),
             receive_by: deadline(m.receive_by_ms),
             dead_letter: m.dead_letter.map(DeadLetterInfo::from_wire),
+            sender: m.sender,
         })
     }
 }

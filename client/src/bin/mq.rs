@@ -48,6 +48,27 @@ struct Cli {
     /// Broker URL.
     #[arg(long, global = true, env = "MQ_BROKER", default_value = mq_client::DEFAULT_BROKER_URL)]
     broker: String,
+    /// Authenticate as this user; the password is read from MQ_PASSWORD or a prompt.
+    #[arg(long, global = true, env = "MQ_USER")]
+    user: Option<String>,
+    /// Authenticate with this bearer token.
+    #[arg(
+        long,
+        global = true,
+        env = "MQ_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "user"
+    )]
+    token: Option<String>,
+    /// The CA certificate (PEM) that signed the broker's certificate (for https:// brokers).
+    #[arg(long, global = true, env = "MQ_CA")]
+    ca: Option<std::path::PathBuf>,
+    /// A client certificate (PEM) for brokers that require one (mTLS); needs --key.
+    #[arg(long, global = true, env = "MQ_CERT", requires = "key")]
+    cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --cert.
+    #[arg(long, global = true, env = "MQ_KEY")]
+    key: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -131,6 +152,27 @@ enum QueueCommand {
     Purge { name: String },
     /// List every queue.
     List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Grant rights on a queue (needs admin on it). WHO is a user, group:NAME, everyone
+    /// (every authenticated caller) or anonymous; RIGHTS are send, receive, peek, admin, all.
+    Grant {
+        name: String,
+        who: String,
+        #[arg(value_name = "RIGHT[,RIGHT..]")]
+        rights: String,
+    },
+    /// Revoke rights on a queue (needs admin on it).
+    Revoke {
+        name: String,
+        who: String,
+        #[arg(value_name = "RIGHT[,RIGHT..]")]
+        rights: String,
+    },
+    /// Show who may do what with a queue (needs admin on it).
+    Acl {
+        name: String,
         #[arg(long)]
         json: bool,
     },
@@ -257,7 +299,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             QueueCommand::Create { name, .. }
             | QueueCommand::Delete { name }
             | QueueCommand::Info { name, .. }
-            | QueueCommand::Purge { name },
+            | QueueCommand::Purge { name }
+            | QueueCommand::Grant { name, .. }
+            | QueueCommand::Revoke { name, .. }
+            | QueueCommand::Acl { name, .. },
         ) => check_name(name)?,
         Command::Queue(QueueCommand::List { .. }) => {}
         Command::Outgoing(
@@ -270,7 +315,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Outgoing(OutgoingCommand::List { .. }) => {}
     }
-    let client = Client::connect(&cli.broker).await?;
+    let client = connect(&cli).await?;
     let mut out = std::io::stdout().lock();
     match cli.command {
         Command::Queue(q) => queue_command(&client, q, &mut out).await,
@@ -279,6 +324,31 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Peek(a) => receive(&client, a, true, &mut out).await,
         Command::Outgoing(o) => outgoing_command(&client, o, &mut out).await,
     }
+}
+
+/// Connects with the TLS and credential options.
+async fn connect(cli: &Cli) -> Result<Client, Failure> {
+    let mut b = Client::builder(&cli.broker);
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| Failure::from(format!("cannot read {}: {e}", p.display())))
+    };
+    if let Some(ca) = &cli.ca {
+        b = b.ca_pem(read(ca)?);
+    }
+    if let (Some(cert), Some(key)) = (&cli.cert, &cli.key) {
+        b = b.client_cert_pem(read(cert)?, read(key)?);
+    }
+    if let Some(user) = &cli.user {
+        let password = match std::env::var("MQ_PASSWORD") {
+            Ok(p) => p,
+            Err(_) => rpassword::prompt_password(format!("password for {user}: "))
+                .map_err(|e| format!("cannot read the password (set MQ_PASSWORD): {e}"))?,
+        };
+        b = b.user(user, &password);
+    } else if let Some(token) = &cli.token {
+        b = b.token(token);
+    }
+    Ok(b.connect().await?)
 }
 
 fn check_name(name: &str) -> Result<(), Failure> {
@@ -336,6 +406,37 @@ async fn queue_command(
                 let quota = q.quota_bytes.map_or("none".to_string(), |b| b.to_string());
                 writeln!(out, "quota (bytes):  {quota}")?;
                 writeln!(out, "label:          {}", q.label)?;
+            }
+        }
+        QueueCommand::Grant { name, who, rights } => {
+            let list: Vec<&str> = rights.split(',').map(str::trim).collect();
+            let acl = client.grant(&name, &who, &list).await?;
+            writeln!(out, "granted {rights} on {} to {who}", acl.queue)?;
+        }
+        QueueCommand::Revoke { name, who, rights } => {
+            let list: Vec<&str> = rights.split(',').map(str::trim).collect();
+            let acl = client.revoke(&name, &who, &list).await?;
+            writeln!(out, "revoked {rights} on {} from {who}", acl.queue)?;
+        }
+        QueueCommand::Acl { name, json } => {
+            let acl = client.acl(&name).await?;
+            if json {
+                let v: serde_json::Map<String, serde_json::Value> = acl
+                    .entries
+                    .iter()
+                    .map(|(p, r)| (p.clone(), serde_json::json!(r)))
+                    .collect();
+                writeln!(out, "{}", serde_json::json!({"queue": acl.queue, "acl": v}))?;
+            } else if acl.entries.is_empty() {
+                writeln!(
+                    out,
+                    "{}: no entries (only identities with broker-wide rights)",
+                    acl.queue
+                )?;
+            } else {
+                for (p, r) in &acl.entries {
+                    writeln!(out, "{p}\t{}", r.join(","))?;
+                }
             }
         }
         QueueCommand::List { json } => {
@@ -801,6 +902,7 @@ fn message_json(m: &ReceivedMessage) -> serde_json::Value {
         })
     });
     o.insert("dead_letter".into(), dead_letter.into());
+    o.insert("sender".into(), m.sender.clone().into());
     serde_json::Value::Object(o)
 }
 
@@ -828,6 +930,7 @@ mod tests {
             arrived_time: at(1_700_000_000_010),
             response_queue: String::new(),
             destination: r"DIRECT=OS:alpha\SYSTEM$;DEADLETTER".into(),
+            sender: "alice".into(),
             abort_count: 0,
             transactional: false,
             reach_queue_by: None,

@@ -1,0 +1,143 @@
+//! [`ClientBuilder`]: how to reach and authenticate to a broker (TLS CA, client certificate,
+//! user and password or bearer token).
+
+use std::time::Duration;
+
+use mq_proto::v1::message_queue_client::MessageQueueClient;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+
+/// The gRPC client with this client's credentials on every call.
+pub(crate) type Rpc = MessageQueueClient<InterceptedService<Channel, Credentials>>;
+
+/// Adds the `authorization` header (Basic user:password, or Bearer token) to every call.
+#[derive(Debug, Clone, Default)]
+pub struct Credentials(Option<MetadataValue<Ascii>>);
+
+impl tonic::service::Interceptor for Credentials {
+    fn call(
+        &mut self,
+        mut req: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// Settings for [`Client`]: `Client::builder(url).ca_pem(..).user(..).connect()`.
+///
+/// An `https://` URL connects with TLS; the broker's certificate must be signed by the CA
+/// given with [`ClientBuilder::ca_pem`].
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    url: String,
+    ca: Option<Vec<u8>>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+    domain: Option<String>,
+    credentials: Credentials,
+}
+
+impl ClientBuilder {
+    pub fn new(url: impl Into<String>) -> Self {
+        ClientBuilder {
+            url: url.into(),
+            ca: None,
+            identity: None,
+            domain: None,
+            credentials: Credentials::default(),
+        }
+    }
+
+    /// Trust brokers whose certificate this CA (PEM) signed.
+    pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca = Some(pem.into());
+        self
+    }
+
+    /// Present this client certificate and key (PEM) for mTLS.
+    pub fn client_cert_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+        self.identity = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// The name to expect in the broker's certificate, if not the URL's host.
+    pub fn domain(mut self, name: impl Into<String>) -> Self {
+        self.domain = Some(name.into());
+        self
+    }
+
+    /// Authenticate as `user` with `password` (checked by the broker once per stream).
+    pub fn user(mut self, user: &str, password: &str) -> Self {
+        let raw = base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            format!("{user}:{password}"),
+        );
+        self.credentials = Credentials(format!("Basic {raw}").parse().ok());
+        self
+    }
+
+    /// Authenticate with a bearer token.
+    pub fn token(mut self, token: &str) -> Self {
+        self.credentials = Credentials(format!("Bearer {}", token.trim()).parse().ok());
+        self
+    }
+
+    /// Connects.
+    pub async fn connect(self) -> Result<Client> {
+        let url = self.url.clone();
+        let connect_err = |reason: String| Error::Connect {
+            url: url.clone(),
+            reason,
+        };
+        let mut endpoint = Endpoint::from_shared(url.clone())
+            .map_err(|e| connect_err(format!("not a valid URL ({e})")))?
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(5))
+            .initial_stream_window_size(Some(8 * 1024 * 1024))
+            .initial_connection_window_size(Some(16 * 1024 * 1024));
+        let https = url.starts_with("https://");
+        if !https && (self.ca.is_some() || self.identity.is_some()) {
+            return Err(connect_err(
+                "a CA or client certificate was given but the URL is not https://".into(),
+            ));
+        }
+        if https {
+            let mut tls = ClientTlsConfig::new();
+            match &self.ca {
+                Some(ca) => tls = tls.ca_certificate(Certificate::from_pem(ca)),
+                None => return Err(connect_err(
+                    "an https:// broker needs the CA that signed its certificate (--ca or MQ_CA)"
+                        .into(),
+                )),
+            }
+            if let Some((cert, key)) = &self.identity {
+                tls = tls.identity(Identity::from_pem(cert, key));
+            }
+            if let Some(d) = &self.domain {
+                tls = tls.domain_name(d.clone());
+            }
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| connect_err(format!("bad TLS settings ({e})")))?;
+        }
+        let channel = endpoint.connect().await.map_err(|e| {
+            let mut reason = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                reason = format!("{reason}: {s}");
+                src = s.source();
+            }
+            connect_err(reason)
+        })?;
+        let rpc = MessageQueueClient::with_interceptor(channel, self.credentials)
+            .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
+            .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
+        Ok(Client::from_parts(rpc, url))
+    }
+}
