@@ -737,3 +737,80 @@ pub async fn create_default_queue(client: &Client, queue: &str) {
         .await
         .unwrap_or_else(|e| panic!("create {queue}: {e}"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Security: certificates and users
+
+/// A test PKI: a CA made with `rcgen` and certificates it signs, as PEM files in a temporary
+/// directory.
+#[derive(Debug)]
+pub struct TestPki {
+    dir: tempfile::TempDir,
+    ca_params: rcgen::CertificateParams,
+    ca_key: rcgen::KeyPair,
+    /// The CA certificate (PEM file).
+    pub ca: PathBuf,
+}
+
+impl TestPki {
+    /// A new CA named `name`.
+    pub fn new(name: &str) -> TestPki {
+        let dir = temp_data_dir("mq-pki-");
+        let ca_key = rcgen::KeyPair::generate().expect("CA key");
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        ca_params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let ca_cert = ca_params.self_signed(&ca_key).expect("self-signed CA");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, ca_cert.pem()).expect("write ca.pem");
+        TestPki {
+            dir,
+            ca_params,
+            ca_key,
+            ca,
+        }
+    }
+
+    /// A certificate for `127.0.0.1` and `localhost` with subject CN=`cn`, signed by the CA:
+    /// (certificate file, key file).
+    pub fn issue(&self, cn: &str) -> (PathBuf, PathBuf) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut p = rcgen::CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])
+            .expect("params");
+        p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        let issuer = rcgen::Issuer::from_params(&self.ca_params, &self.ca_key);
+        let cert = p.signed_by(&key, &issuer).expect("sign");
+        let c = self.dir.path().join(format!("{cn}.pem"));
+        let k = self.dir.path().join(format!("{cn}.key"));
+        std::fs::write(&c, cert.pem()).expect("write cert");
+        std::fs::write(&k, key.serialize_pem()).expect("write key");
+        (c, k)
+    }
+
+    /// The CA certificate's PEM.
+    pub fn ca_pem(&self) -> Vec<u8> {
+        std::fs::read(&self.ca).expect("read ca.pem")
+    }
+
+    /// A file in the PKI's directory, for other test files (users, credentials).
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+/// Writes a users file at `path` with `mqd user add`'s code: (name, password, groups, rights).
+pub fn users_file(path: &Path, users: &[(&str, &str, &[&str], &[&str])]) -> PathBuf {
+    for (name, password, groups, rights) in users {
+        let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
+        let rights: Vec<String> = rights.iter().map(|r| r.to_string()).collect();
+        mq_broker::add_user(path, name, Some(password), &groups, &rights, false)
+            .unwrap_or_else(|e| panic!("add user {name}: {e}"));
+    }
+    path.to_path_buf()
+}

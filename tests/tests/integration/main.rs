@@ -41,6 +41,9 @@
 //!   destination queue, transactional mismatch both ways, quota, time-to-reach-queue and
 //!   time-to-be-received in an outgoing queue, time-to-be-received in the destination queue);
 //!   read-only; `mq peek` and `mq receive --json` show why.
+//! - `security`: identities (password, token, certificate, anonymous), every right allowed
+//!   and denied (client and `mq`), rights after a restart, protected mode, TLS and mTLS,
+//!   authenticated forwarding between two TLS brokers (stream hijack refused, `sender`).
 
 mod bad_input;
 mod cli;
@@ -54,6 +57,7 @@ mod queue_admin;
 mod recoverable;
 mod recoverable_faults;
 mod recoverable_quota;
+mod security;
 mod send_pipelining;
 mod store_and_forward;
 mod transactions;
