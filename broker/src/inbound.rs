@@ -649,6 +649,53 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn forwarded_transactional_messages_must_be_recoverable_at_priority_0() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path()).await;
+        b.create_queue(v1::CreateQueueRequest {
+            name: r".\private$\tx".into(),
+            transactional: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let stream = b
+            .streams
+            .lock()
+            .unwrap()
+            .get_or_create(uuid::Uuid::now_v7());
+        let mut accepted = 0;
+        let dest = r"DIRECT=TCP:127.0.0.1:4000\private$\tx";
+        let mut express = wire("e", 1, dest, v1::Delivery::Express);
+        express.transactional = true;
+        express.message.as_mut().unwrap().priority = 0;
+        let mut high = wire("p", 2, dest, v1::Delivery::Recoverable);
+        high.transactional = true;
+        high.message.as_mut().unwrap().priority = 7;
+        let mut ok = wire("ok", 3, dest, v1::Delivery::Recoverable);
+        ok.transactional = true;
+        ok.message.as_mut().unwrap().priority = 0;
+        let ack = b
+            .store_forwarded(&stream, &mut accepted, batch(1, vec![express, high, ok]))
+            .await
+            .unwrap();
+        let refused: Vec<(u32, i32)> = ack.rejected.iter().map(|r| (r.index, r.class)).collect();
+        assert_eq!(
+            refused,
+            [
+                (0, DeadLetterClass::BadMessage as i32),
+                (1, DeadLetterClass::BadMessage as i32)
+            ]
+        );
+        assert!(
+            ack.rejected[0].reason.contains("express"),
+            "{:?}",
+            ack.rejected
+        );
+        assert_eq!(bodies(&b, r".\private$\tx"), ["ok"]);
+    }
+
+    #[tokio::test]
     async fn forwarded_messages_are_checked_like_local_sends() {
         let dir = tempfile::tempdir().unwrap();
         let b = open(dir.path()).await;

@@ -385,3 +385,206 @@ fn protected_mode_refuses_a_public_address_without_tls_and_users() {
     let mut mqd = MqdProcess::launch(dir.path(), &["--insecure"]);
     mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
 }
+
+type Raw = mq_proto::v1::message_queue_client::MessageQueueClient<
+    tonic::service::interceptor::InterceptedService<
+        tonic::transport::Channel,
+        mq_broker::Credentials,
+    >,
+>;
+
+/// A raw gRPC client over TLS as `user`: for what the client crate does not do (Forward).
+async fn raw(addr: std::net::SocketAddr, pki: &TestPki, user: &str, password: &str) -> Raw {
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(pki.ca_pem()));
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    mq_proto::v1::message_queue_client::MessageQueueClient::with_interceptor(
+        channel,
+        mq_broker::Credentials::basic(user, password),
+    )
+}
+
+/// Two `mqd` processes with TLS and users. A forwards to B as `broker-a` (forward right on B).
+/// Forwarding works and keeps `sender`; `mallory`, who also holds `forward` on B, opens B's
+/// Forward with A's stream id and a message numbered 2^64-1 to a missing queue: refused with
+/// PERMISSION_DENIED, and every later message of A's stream still arrives. An express message
+/// to a transactional queue on B is dead-lettered at A with its reason.
+#[tokio::test]
+async fn authenticated_forwarding_between_two_tls_brokers() {
+    use mq_proto::v1;
+    let pki = TestPki::new("test CA");
+    let (a_cert, a_key) = pki.issue("broker-a");
+    let (b_cert, b_key) = pki.issue("broker-b");
+    let users_b = mq_tests::users_file(
+        &pki.path("users-b.toml"),
+        &[
+            ("admin", "admin-pw", &[], &["create-queue", "dead-letter"]),
+            ("broker-a", "a-pw", &[], &["forward"]),
+            ("mallory", "m-pw", &[], &["forward"]),
+        ],
+    );
+    let users_a = mq_tests::users_file(
+        &pki.path("users-a.toml"),
+        &[
+            ("carol", "carol-pw", &[], &[]),
+            ("admin", "admin-pw", &[], &["outgoing", "dead-letter"]),
+        ],
+    );
+    let b_addr = mq_tests::loopback(mq_tests::free_port());
+    let creds = pki.path("forward.toml");
+    std::fs::write(
+        &creds,
+        format!(
+            "[\"{b_addr}\"]\nuser = \"broker-a\"\npassword = \"a-pw\"\nca = \"{}\"\n",
+            pki.ca.display()
+        ),
+    )
+    .unwrap();
+    let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let dir_a = mq_tests::temp_data_dir("mq-sec-a-");
+    let dir_b = mq_tests::temp_data_dir("mq-sec-b-");
+    let (ub, bc, bk) = (s(&users_b), s(&b_cert), s(&b_key));
+    let b = MqdProcess::launch_on(
+        dir_b.path(),
+        b_addr,
+        &[
+            "--name",
+            "b",
+            "--users",
+            &ub,
+            "--tls-cert",
+            &bc,
+            "--tls-key",
+            &bk,
+        ],
+    );
+    let (ua, ac, ak, cr) = (s(&users_a), s(&a_cert), s(&a_key), s(&creds));
+    let a = MqdProcess::launch(
+        dir_a.path(),
+        &[
+            "--name",
+            "a",
+            "--users",
+            &ua,
+            "--tls-cert",
+            &ac,
+            "--tls-key",
+            &ak,
+            "--forward-credentials",
+            &cr,
+            "--forward-retry-max",
+            "200ms",
+        ],
+    );
+    let connect = |addr: std::net::SocketAddr, user: &'static str, pw: &'static str| {
+        let ca = pki.ca_pem();
+        async move {
+            Client::builder(format!("https://{addr}"))
+                .ca_pem(ca)
+                .user(user, pw)
+                .connect()
+                .await
+                .unwrap()
+        }
+    };
+    let b_admin = connect(b.addr(), "admin", "admin-pw").await;
+    let a_admin = connect(a.addr(), "admin", "admin-pw").await;
+    let carol = connect(a.addr(), "carol", "carol-pw").await;
+    b_admin
+        .create_queue(Q, QueueOptions::default())
+        .await
+        .unwrap();
+    let txq = r".\private$\tx";
+    b_admin
+        .create_queue(
+            txq,
+            QueueOptions {
+                transactional: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let remote = format!(r"DIRECT=TCP:{b_addr}\private$\secured");
+    let rq = carol.queue(&remote).unwrap();
+    rq.send(Message::new("m1").recoverable(true)).await.unwrap();
+    let bq = b_admin.queue(Q).unwrap();
+    let got = bq
+        .receive(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("m1 forwarded");
+    assert_eq!(&got.body[..], b"m1");
+    assert_eq!(got.sender, "carol", "sender survives forwarding");
+
+    // The hijack: A's stream id, as `ListOutgoing` on A shows it.
+    let mut a_raw = raw(a.addr(), &pki, "admin", "admin-pw").await;
+    let outgoing = a_raw
+        .list_outgoing(v1::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    let stream_id = outgoing.queues[0].stream_id.clone();
+    let mut mallory = raw(b_addr, &pki, "mallory", "m-pw").await;
+    let attack = v1::ForwardBatch {
+        stream_id,
+        source: "a".into(),
+        batch: 1,
+        messages: vec![v1::ForwardedMessage {
+            seq: u64::MAX,
+            destination: format!(r"DIRECT=TCP:{b_addr}\private$\missing"),
+            transactional: false,
+            message: Some(v1::Message {
+                id: bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
+                body: bytes::Bytes::from_static(b"evil"),
+                delivery: v1::Delivery::Recoverable as i32,
+                ..Default::default()
+            }),
+        }],
+    };
+    let r = match mallory.forward(futures::stream::iter(vec![attack])).await {
+        Ok(resp) => {
+            let mut acks = resp.into_inner();
+            acks.message().await.map(|_| ())
+        }
+        Err(s) => Err(s),
+    };
+    let status = r.expect_err("the hijack must be refused");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    assert!(status.message().contains("mallory"), "{status:?}");
+
+    // Later messages of A's real stream still arrive.
+    for body in ["m2", "m3"] {
+        rq.send(Message::new(body).recoverable(true)).await.unwrap();
+    }
+    for body in ["m2", "m3"] {
+        let got = bq
+            .receive(Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{body} was lost"));
+        assert_eq!(&got.body[..], body.as_bytes());
+    }
+
+    // Express into a transactional queue: refused by B, dead-lettered at A with the reason.
+    let rtx = carol
+        .queue(&format!(r"DIRECT=TCP:{b_addr}\private$\tx"))
+        .unwrap();
+    rtx.send(Message::new("express")).await.unwrap();
+    let dlq = a_admin.queue(r"DIRECT=OS:.\SYSTEM$;DEADLETTER").unwrap();
+    let dead = dlq
+        .receive(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("dead-lettered at A");
+    let info = dead.dead_letter.expect("dead-letter info");
+    assert!(info.reason.contains("transactional"), "{info:?}");
+    assert_eq!(dead.sender, "carol");
+    drop((a, b));
+}
