@@ -443,25 +443,19 @@ impl Broker {
     ) -> Result<v1::OutgoingQueueInfo, crate::error::BrokerError> {
         use crate::error::BrokerError;
         let key = outgoing_key(|a| self.is_local(a), destination)?;
-        let o = self
+        // One read-lock guard, dropped at the end of this statement: taking the lock a second
+        // time while it is held deadlocks against a writer queued in between.
+        let found = self
             .outgoing
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&key)
-            .cloned()
-            .ok_or_else(|| {
-                let known: Vec<String> = self
-                    .outgoing
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .keys()
-                    .cloned()
-                    .collect();
-                BrokerError::NotFound(format!(
-                    "there is no outgoing queue for {key}: one is created by the first send to a queue there (outgoing queues now: {})",
-                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
-                ))
-            })?;
+            .cloned();
+        let o = found.ok_or_else(|| {
+            BrokerError::NotFound(format!(
+                "there is no outgoing queue for {key}: one is created by the first send to a queue there"
+            ))
+        })?;
         if o.set_paused(paused) {
             let mut def = o.queue().def().clone();
             if let QueueRole::Outgoing { paused: p, .. } = &mut def.role {
@@ -543,5 +537,63 @@ mod tests {
         assert!(key(r".\private$\q").unwrap_err().contains("this broker"));
         assert!(key("").is_err());
         assert!(key(r"DIRECT=TCP:bad name\q").is_err());
+    }
+}
+
+#[cfg(test)]
+mod lock_tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use crate::broker::Broker;
+    use crate::config::BrokerConfig;
+
+    /// A pause of an unknown destination used to take the outgoing table's read lock twice in
+    /// one statement; a first send to a new destination (write lock) queued between the two
+    /// then hung both, and every later use of the table.
+    #[test]
+    fn pausing_an_unknown_destination_beside_new_destinations_does_not_deadlock() {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, _) = Broker::open(
+            BrokerConfig::new(dir.path()),
+            vec!["127.0.0.1:4000".parse().unwrap()],
+        )
+        .unwrap();
+        let b = Arc::new(b);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let (done, finished) = std::sync::mpsc::channel();
+        let creator = {
+            let (b, done) = (b.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u32;
+                while Instant::now() < deadline && n < 20_000 {
+                    b.outgoing_for(&format!("10.1.{}.{}:1801", n / 250, n % 250))
+                        .unwrap();
+                    n += 1;
+                }
+                done.send(()).unwrap();
+            })
+        };
+        let pauser = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let unknown = format!("{}:1801", "u".repeat(100_000));
+            while Instant::now() < deadline {
+                let e = rt
+                    .block_on(b.set_outgoing_paused(&unknown, true))
+                    .unwrap_err();
+                assert!(e.to_string().contains("no outgoing queue"), "{e}");
+            }
+            done.send(()).unwrap();
+        });
+        for _ in 0..2 {
+            // Both threads stop by themselves within about 3 s; a minute means a deadlock.
+            finished
+                .recv_timeout(Duration::from_secs(60))
+                .expect("pause and outgoing-queue creation deadlocked on the outgoing table");
+        }
+        creator.join().unwrap();
+        pauser.join().unwrap();
     }
 }
