@@ -696,7 +696,7 @@ impl Broker {
             .clone();
         if let Some(handle) = handle {
             if o.mark_started() {
-                handle.spawn(crate::forward::run(Arc::downgrade(self), o.clone()));
+                handle.spawn(crate::forward::supervise(Arc::downgrade(self), o.clone()));
             }
         }
     }
