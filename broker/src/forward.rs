@@ -65,6 +65,9 @@ pub struct Outgoing {
     dead_lettered: AtomicU64,
     /// Wakes the forwarder: paused, resumed.
     wake: Notify,
+    /// Held while the paused flag changes and its definition record is handed to the journal,
+    /// so the journal's order of pause/resume records is the order the flag took its values.
+    pause_order: Mutex<()>,
 }
 
 impl Outgoing {
@@ -95,6 +98,7 @@ impl Outgoing {
             forwarded: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
             wake: Notify::new(),
+            pause_order: Mutex::new(()),
         }
     }
 
@@ -534,18 +538,21 @@ impl Broker {
                 "there is no outgoing queue for {key}: one is created by the first send to a queue there"
             ))
         })?;
-        if o.set_paused(paused) {
-            let mut def = o.queue().def().clone();
-            if let QueueRole::Outgoing { paused: p, .. } = &mut def.role {
-                *p = paused;
-            }
-            self.journal()
-                .submit(vec![crate::journal::Op::DefineQueue {
+        let commit = {
+            let _order = o.pause_order.lock().unwrap_or_else(|p| p.into_inner());
+            o.set_paused(paused).then(|| {
+                let mut def = o.queue().def().clone();
+                if let QueueRole::Outgoing { paused: p, .. } = &mut def.role {
+                    *p = paused;
+                }
+                self.journal().submit(vec![crate::journal::Op::DefineQueue {
                     queue_id: def.id,
                     def: crate::broker::QueueDefRecord::encode(&def),
                 }])
-                .await
-                .map_err(crate::broker::journal_failed)?;
+            })
+        };
+        if let Some(commit) = commit {
+            commit.await.map_err(crate::broker::journal_failed)?;
             tracing::info!(destination = %key, paused, "outgoing queue {}", if paused { "paused" } else { "resumed" });
         }
         Ok(o.info())
@@ -696,6 +703,53 @@ mod lock_tests {
 
     use crate::broker::Broker;
     use crate::config::BrokerConfig;
+
+    /// Pauses and resumes racing each other: after a restart the outgoing queue is in the state
+    /// it last showed (the journal got the records in the order the flag changed).
+    #[test]
+    fn racing_pause_and_resume_persist_the_last_state_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || {
+            let (b, _) = Broker::open(
+                BrokerConfig::new(dir.path()),
+                vec!["127.0.0.1:4000".parse().unwrap()],
+            )
+            .unwrap();
+            Arc::new(b)
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let dest = "10.2.0.1:1801";
+        for round in 0..20 {
+            let b = open();
+            let o = b.outgoing_for(dest).unwrap();
+            rt.block_on(async {
+                let mut tasks = Vec::new();
+                for i in 0..200 {
+                    let b = b.clone();
+                    tasks.push(tokio::spawn(async move {
+                        b.set_outgoing_paused(dest, i % 2 == 0).await.unwrap();
+                    }));
+                }
+                for t in tasks {
+                    t.await.unwrap();
+                }
+            });
+            let shown = o.is_paused();
+            b.close();
+            drop((o, b));
+            let b = open();
+            let o = b.outgoing_for(dest).unwrap();
+            assert_eq!(
+                o.is_paused(),
+                shown,
+                "round {round}: the journal kept the other state"
+            );
+            b.close();
+        }
+    }
 
     /// A pause of an unknown destination used to take the outgoing table's read lock twice in
     /// one statement; a first send to a new destination (write lock) queued between the two
