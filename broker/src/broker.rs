@@ -24,6 +24,8 @@ use crate::queue::{group_by_queue, Entry, Queue, QueueDef, QueueRole};
 pub struct Broker {
     config: BrokerConfig,
     local_addrs: Vec<SocketAddr>,
+    /// `config.name` and `config.aliases`: the host names (and IP aliases) that are local.
+    local_names: Vec<String>,
     queues: RwLock<HashMap<String, Arc<Queue>>>,
     journal: Journal,
     /// Held while transactional messages get their queue positions and their journal record is
@@ -328,8 +330,12 @@ impl Broker {
                 (o.destination().to_string(), o)
             })
             .collect();
+        let local_names = std::iter::once(config.name.clone())
+            .chain(config.aliases.iter().cloned())
+            .collect();
         let broker = Broker {
             config,
+            local_names,
             local_addrs,
             queues: RwLock::new(queues),
             journal,
@@ -409,7 +415,7 @@ impl Broker {
 
     /// Whether `addr` is a queue of this broker.
     pub fn is_local(&self, addr: &QueueAddress) -> bool {
-        addr.is_local_to(std::slice::from_ref(&self.config.name), &self.local_addrs)
+        addr.is_local_to(&self.local_names, &self.local_addrs)
     }
 
     fn normal_queue_key(&self, name: &str, addr: &QueueAddress) -> Result<String, BrokerError> {
@@ -1075,6 +1081,40 @@ mod tests {
         let _ = sending.await;
         assert_eq!(b.stored_used.load(Ordering::Acquire), 0);
         assert_eq!(b.express_used.load(Ordering::Acquire), 0);
+    }
+
+    /// `--listen 0.0.0.0` and `--alias`: the machine's own addresses and the broker's aliases
+    /// (names or IPs) are this broker; forwarded messages to them are not refused.
+    #[test]
+    fn interface_addresses_and_aliases_are_local() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = BrokerConfig::new(dir.path());
+        config.aliases = vec!["mq.example.net".into(), "203.0.113.7".into()];
+        let (b, _) = Broker::open(
+            config,
+            crate::server::local_addresses("0.0.0.0:1801".parse().unwrap()),
+        )
+        .unwrap();
+        let local = |name: &str| {
+            let parsed = mq_proto::format_name::FormatName::parse(name).unwrap();
+            b.is_local(parsed.single().unwrap())
+        };
+        for i in if_addrs::get_if_addrs().unwrap() {
+            if i.ip().is_ipv4() {
+                assert!(
+                    local(&format!(r"DIRECT=TCP:{}\private$\q", i.ip())),
+                    "{}",
+                    i.ip()
+                );
+                assert!(!local(&format!(r"DIRECT=TCP:{}:1802\private$\q", i.ip())));
+            }
+        }
+        assert!(local(r"DIRECT=OS:MQ.example.net\private$\q"));
+        assert!(local(r"mq.example.net\private$\q"));
+        assert!(local(r"DIRECT=TCP:203.0.113.7\private$\q"));
+        assert!(!local(r"DIRECT=TCP:203.0.113.8\private$\q"));
+        assert!(!local(r"DIRECT=OS:other.example.net\private$\q"));
+        b.close();
     }
 
     /// A Put for a queue with no definition (a send that raced the queue's deletion) is

@@ -26,6 +26,9 @@ pub const MESSAGE_OVERHEAD_BYTES: u64 = 128;
 pub struct BrokerConfig {
     /// The broker's own name; format names with this host are local. Defaults to the host name.
     pub name: String,
+    /// Other names and addresses of this broker (host names or IP addresses: a DNS alias, a
+    /// NAT address); format names with these hosts are local too, like `name`.
+    pub aliases: Vec<String>,
     /// Directory for durable state. Created if missing; one broker per directory (locked).
     pub data_dir: PathBuf,
     /// Largest accepted message body, in bytes.
@@ -54,6 +57,7 @@ impl BrokerConfig {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         BrokerConfig {
             name: default_name(),
+            aliases: Vec::new(),
             data_dir: data_dir.into(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             express_quota_bytes: DEFAULT_EXPRESS_QUOTA_BYTES,

@@ -25,6 +25,16 @@ struct Args {
     /// This broker's name: format names with this host are local. Default: the host name.
     #[arg(long, env = "MQD_NAME")]
     name: Option<String>,
+    /// Another name or IP address of this broker (a DNS alias, a NAT address); format names
+    /// with it are local. Repeat for several (MQD_ALIAS: comma-separated). With --listen 0.0.0.0
+    /// or [::], the machine's interface addresses are local without this.
+    #[arg(
+        long = "alias",
+        value_name = "NAME",
+        env = "MQD_ALIAS",
+        value_delimiter = ','
+    )]
+    aliases: Vec<String>,
     /// Largest message body accepted, in bytes.
     #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
@@ -63,6 +73,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(name) = args.name {
         config.name = name;
     }
+    config.aliases = args.aliases;
     config.max_body_bytes = args.max_body_bytes;
     config.express_quota_bytes = args.express_quota_bytes;
     config.storage_quota_bytes = args.storage_quota_bytes;
