@@ -14,6 +14,7 @@ fn opts() -> JournalOptions {
         segment_size: 4096,
         compact_live_ratio: 0.0,
         max_batch_bytes: 1 << 20,
+        ..JournalOptions::default()
     }
 }
 
