@@ -92,10 +92,15 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = shutdown_signal()?;
     // The handshake with scripts and tests: the first line on stdout, printed once the journal
     // is recovered and requests are served.
-    mq_broker::run_with_ready(listener, config, shutdown, || {
+    let run = mq_broker::run_with_ready(listener, config, shutdown, || {
         println!("listening on {addr}")
-    })
-    .await?;
+    });
+    if let Err(e) = run.await {
+        // One line an operator can act on (a damaged journal names file and offset), no
+        // backtrace, exit status 1.
+        eprintln!("mqd: {e}");
+        std::process::exit(1);
+    }
     Ok(())
 }
 

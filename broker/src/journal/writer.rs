@@ -628,8 +628,9 @@ impl Writer {
     ///   oldest segment would pin every dead segment behind it and disk use would not follow
     ///   live data.
     ///
-    /// While the disk is full only the first (it needs no space but a small watermark), and
-    /// not at all for a while after a step failed for want of space.
+    /// While the disk is full only a segment whose live bytes fit in half of the active
+    /// segment's free space (the copy must not need a new segment), and not at all for a
+    /// while after a step failed for want of space.
     fn compaction_target(&self) -> Option<u64> {
         if self.shared.is_poisoned() {
             return None;
@@ -643,7 +644,12 @@ impl Writer {
             return None;
         }
         if self.disk_full() {
-            return (meta.live == 0).then_some(oldest);
+            // Dropping the segment frees a whole one; copying its few live bytes (a queue
+            // definition, a long-lived message) is worth it if they fit in half of what is
+            // left in the active segment, the rest staying for removals.
+            let room = self.active.cap.saturating_sub(self.active.pos);
+            let fits = meta.live + 64 <= room / 2;
+            return (meta.live == 0 || fits).then_some(oldest);
         }
         let ratio = self.opts.compact_live_ratio;
         let used = |m: &SegMeta| m.end.saturating_sub(HEADER_LEN);

@@ -134,6 +134,13 @@ fn full_disk_removals_use_the_reserve_and_space_comes_back_by_itself() {
     let io = FaultyIo::new(5);
     let (j, _) = open(&io, small_opts(SEG));
     assert_eq!(io.reserve(), Some(SEG), "a reserve of one segment is kept");
+    // A queue definition stays live in the oldest segment: it must not pin the dead ones.
+    j.submit(vec![Op::DefineQueue {
+        queue_id: 1,
+        def: "queue one".into(),
+    }])
+    .wait()
+    .unwrap();
     io.set_capacity(Some(io.used() + 6 * SEG));
     let (acked, err) = fill(&j, 1, 500);
     assert_no_space(&err);
@@ -164,6 +171,7 @@ fn full_disk_removals_use_the_reserve_and_space_comes_back_by_itself() {
     let (j, r) = open(&io.restart(), small_opts(SEG));
     let want: Vec<u64> = (acked + 1..acked + 50).collect();
     assert_eq!(seqs(&r, 1), want);
+    assert_eq!(r.queues.len(), 1, "the definition was copied, not lost");
     check_bodies(&j, &r, 1, |s| if s == acked + 1 { 100 } else { 500 });
     assert!(used <= io.used().max(used), "sanity");
 }
