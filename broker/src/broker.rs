@@ -194,6 +194,7 @@ impl Broker {
     ) -> Result<(Self, RecoveryReport), BrokerError> {
         let opts = JournalOptions {
             segment_size: config.journal_segment_bytes,
+            truncate_damaged: config.truncate_damaged_journal,
             ..JournalOptions::default()
         };
         let dir = config.data_dir.join("journal");
@@ -201,8 +202,13 @@ impl Broker {
             Some(io) => Journal::open_with_io(&dir, opts, io.clone()),
             None => Journal::open(&dir, opts),
         };
-        let (journal, mut rec) =
-            opened.map_err(|e| BrokerError::Internal(format!("cannot open the journal: {e}")))?;
+        let (journal, mut rec) = opened.map_err(|e| match e {
+            crate::journal::JournalError::Damaged { .. }
+            | crate::journal::JournalError::Corrupt { .. } => {
+                BrokerError::FailedPrecondition(format!("cannot open the journal: {e}"))
+            }
+            e => BrokerError::Internal(format!("cannot open the journal: {e}")),
+        })?;
         let mut report = RecoveryReport {
             segments: rec.segments,
             truncated: rec.truncated.is_some(),
@@ -295,10 +301,10 @@ impl Broker {
                 String::new(),
             );
             def.role = role;
-            drop(journal.submit(vec![Op::DefineQueue {
+            journal.submit_detached(vec![Op::DefineQueue {
                 queue_id: id,
                 def: QueueDefRecord::encode(&def),
-            }]));
+            }]);
             let q = Arc::new(Queue::new(def));
             if key != STREAMS_KEY {
                 queues.insert(key.to_string(), q.clone());
@@ -647,6 +653,11 @@ impl Broker {
                 "the journal refuses writes; cannot create an outgoing queue; restart mqd after fixing the disk".into(),
             ));
         }
+        if self.journal.is_disk_full() {
+            return Err(BrokerError::QuotaExceeded(
+                "the disk under the journal is full: cannot create an outgoing queue; sends are refused until space is freed".into(),
+            ));
+        }
         let id = self.next_queue_id.fetch_add(1, Ordering::AcqRel);
         let key = format!("outgoing$;{destination}");
         let mut def = QueueDef::new(
@@ -663,11 +674,11 @@ impl Broker {
             paused: false,
         };
         // Not awaited: every later record that uses the queue comes after this one in the
-        // journal, and a failed write poisons the journal for all of them.
-        drop(self.journal.submit(vec![Op::DefineQueue {
+        // journal, and a failed detached write poisons the journal for all of them.
+        self.journal.submit_detached(vec![Op::DefineQueue {
             queue_id: id,
             def: QueueDefRecord::encode(&def),
-        }]));
+        }]);
         let q = Arc::new(Queue::new(def));
         self.queues
             .write()
@@ -1018,6 +1029,11 @@ fn local_path_name(addr: &QueueAddress) -> String {
 
 /// A journal failure as the broker reports it.
 pub(crate) fn journal_failed(e: crate::journal::JournalError) -> BrokerError {
+    if let crate::journal::JournalError::NoSpace { .. } = e {
+        return BrokerError::QuotaExceeded(format!(
+            "the disk under the journal is full, nothing was stored: {e}"
+        ));
+    }
     if e.is_poisoned() {
         BrokerError::Unavailable(format!(
             "the journal refuses writes: {e}; restart mqd after fixing the disk"
