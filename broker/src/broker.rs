@@ -41,6 +41,8 @@ pub struct Broker {
     pub(crate) streams: std::sync::Mutex<crate::inbound::Streams>,
     /// The runtime background tasks (forwarders, expiry sweep) run on, once started.
     background: std::sync::Mutex<Option<tokio::runtime::Handle>>,
+    /// Bytes staged by all open transactions (`mqd --max-tx-total-bytes`).
+    pub(crate) tx_staged: crate::flow::Budget,
 }
 
 /// Keys of the system queues.
@@ -315,7 +317,9 @@ impl Broker {
                 (o.destination().to_string(), o)
             })
             .collect();
+        let tx_staged = crate::flow::Budget::new(config.flow.max_tx_total_bytes);
         let broker = Broker {
+            tx_staged,
             config,
             local_addrs,
             queues: RwLock::new(queues),
