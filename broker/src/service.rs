@@ -312,7 +312,9 @@ async fn send_stream(
                 client_gone = true;
             }
         }
+        tx
     });
+    let mut refused = None;
     // The last destination's resolution, so a stream of batches to one queue parses it once.
     let mut cached: Option<(String, bool, Vec<crate::broker::Target>)> = None;
     loop {
@@ -324,7 +326,10 @@ async fn send_stream(
             Ok(Some(b)) => b,
             Ok(None) => break,
             Err(status) => {
-                tracing::debug!(%status, "send stream ended by the client");
+                refused = refused_input(status);
+                if refused.is_none() {
+                    tracing::debug!("send stream ended by the client");
+                }
                 break;
             }
         };
@@ -380,7 +385,20 @@ async fn send_stream(
     }
     // Answer everything already accepted, then end the stream.
     drop(pending_tx);
-    let _ = acker.await;
+    if let (Ok(tx), Some(status)) = (acker.await, refused) {
+        let _ = tx.send(Err(status)).await;
+    }
+}
+
+/// A request stream's error as its client should hear it: a message above the size limit is
+/// refused naming the limit (`Some`); anything else means the client is gone (`None`).
+fn refused_input(status: Status) -> Option<Status> {
+    (status.code() == tonic::Code::OutOfRange).then(|| {
+        Status::out_of_range(format!(
+            "{}; one gRPC message may hold at most the body limit (mqd --max-body-bytes) plus 8 MiB",
+            status.message()
+        ))
+    })
 }
 
 fn failure(seq: u64, e: &BrokerError) -> v1::SendFailure {
@@ -579,8 +597,15 @@ async fn transact(
                     .await;
                 return;
             }
+            Err(status) => {
+                if let Some(status) = refused_input(status) {
+                    drop(tx);
+                    let _ = out.send(Err(status)).await;
+                }
+                return;
+            }
             // The client went away: abort.
-            Ok(None) | Err(_) => return,
+            Ok(None) => return,
         };
         let reply = match op {
             Req::Send(s) => {
