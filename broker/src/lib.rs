@@ -14,6 +14,7 @@
 //! - `transaction`: [`Transaction`]: staged sends, hidden receives, one atomic commit record.
 //! - `service`: the gRPC service.
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
+//! - `fuzzing` (tests and the `fuzzing` feature): entry points of the fuzz targets in `fuzz/`.
 //!
 //! # Example
 //! ```no_run
@@ -29,6 +30,9 @@ mod config;
 mod deadletter;
 mod error;
 mod forward;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod inbound;
 pub mod journal;
 mod message;
