@@ -263,6 +263,19 @@ impl Broker {
             }
             queues.insert(q.def().key.clone(), q);
         }
+        // Messages of a queue that has no definition: a send that raced the queue's deletion
+        // wrote its Put after the DeleteQueue (before it was given back). They belong to no
+        // queue; a fresh tombstone makes them dead so compaction stops copying them.
+        for (id, orphans) in std::mem::take(&mut rec.messages) {
+            if !orphans.is_empty() {
+                tracing::warn!(
+                    queue_id = id,
+                    messages = orphans.len(),
+                    "recovery: messages of a deleted queue; dropping them"
+                );
+                drop(journal.submit(vec![Op::DeleteQueue { queue_id: id }]));
+            }
+        }
         report.queues = queues.values().filter(|q| q.def().role.is_normal()).count();
         let mut next_queue_id = rec.max_queue_id + 1;
         // The system queues exist on every broker; a new data directory gets them now. Their
@@ -459,7 +472,7 @@ impl Broker {
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&key);
-            q.mark_deleted();
+            let _ = q.mark_deleted(); // Nothing was stored in it yet.
             return Err(BrokerError::Unavailable(format!(
                 "cannot store the queue definition: {e}"
             )));
@@ -485,8 +498,7 @@ impl Broker {
             }
             queues.remove(&key).expect("checked above")
         };
-        let (express, stored) = q.charged_by_delivery();
-        q.mark_deleted();
+        let (express, stored) = q.mark_deleted();
         self.release(Delivery::Express, express);
         self.release(Delivery::Recoverable, stored);
         self.journal
@@ -700,7 +712,7 @@ impl Broker {
             .clone();
         if let Some(handle) = handle {
             if o.mark_started() {
-                handle.spawn(crate::forward::run(Arc::downgrade(self), o.clone()));
+                handle.spawn(crate::forward::supervise(Arc::downgrade(self), o.clone()));
             }
         }
     }
@@ -817,7 +829,7 @@ impl Broker {
                     durable.push((q.clone(), j, Entry::new(seq, bodyless)));
                 }
             }
-            q.insert(express);
+            self.insert_or_forget(q, express);
         }
         let commit = (!ops.is_empty()).then(|| self.journal.submit(ops));
         drop(order_guard);
@@ -828,7 +840,7 @@ impl Broker {
                     Ok(()) => {
                         let placed = durable.into_iter().map(|(q, _, e)| (q, e));
                         for (q, entries) in group_by_queue(placed) {
-                            q.insert(entries);
+                            broker.insert_or_forget(&q, entries);
                         }
                     }
                     Err(e) => {
@@ -927,6 +939,16 @@ impl Broker {
         }
     }
 
+    /// Makes admitted entries receivable; if their queue was deleted meanwhile, forgets them
+    /// instead (gives back their quota, and journals the removal of recoverable ones so no
+    /// Put of a deleted queue stays live in the journal).
+    pub(crate) fn insert_or_forget(&self, queue: &Queue, entries: Vec<Entry>) {
+        let gone = queue.insert(entries);
+        if !gone.is_empty() {
+            self.forget(queue, &gone);
+        }
+    }
+
     /// Removes taken entries for good and waits until their removal is on disk (transactional
     /// queues: a receive is a committed single-message transaction before the message is
     /// handed out). If the journal fails, the entries go back to the queue.
@@ -1007,4 +1029,84 @@ pub(crate) fn journal_failed(e: crate::journal::JournalError) -> BrokerError {
 pub(crate) fn force_transactional(m: &mut v1::OutMessage) {
     m.priority = Some(0);
     m.delivery = v1::Delivery::Recoverable as i32;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use mq_proto::v1;
+
+    use super::Broker;
+    use crate::config::BrokerConfig;
+    use crate::journal::{Journal, JournalOptions, Op};
+
+    fn open(dir: &std::path::Path) -> Arc<Broker> {
+        let (b, _) = Broker::open(
+            BrokerConfig::new(dir),
+            vec!["127.0.0.1:4000".parse().unwrap()],
+        )
+        .unwrap();
+        Arc::new(b)
+    }
+
+    /// Deleting a queue while a recoverable send to it is being stored used to leak that
+    /// send's share of the storage quota for good (the late insert was dropped silently).
+    #[tokio::test]
+    async fn deleting_a_queue_with_sends_in_flight_gives_their_quota_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path());
+        b.create_queue(v1::CreateQueueRequest {
+            name: r".\private$\q".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let dests = b.destinations(r".\private$\q", false).unwrap();
+        let msgs = (0..10)
+            .map(|i| v1::OutMessage {
+                body: Bytes::from(format!("m{i}")),
+                label: "a label".into(),
+                delivery: v1::Delivery::Recoverable as i32,
+                ..Default::default()
+            })
+            .collect();
+        let sending = b.send_batch(&dests, msgs, false);
+        assert!(b.stored_used.load(Ordering::Acquire) > 0);
+        b.delete_queue(r".\private$\q").await.unwrap();
+        let _ = sending.await;
+        assert_eq!(b.stored_used.load(Ordering::Acquire), 0);
+        assert_eq!(b.express_used.load(Ordering::Acquire), 0);
+    }
+
+    /// A Put for a queue with no definition (a send that raced the queue's deletion) is
+    /// dropped by recovery with a tombstone, so it is not recovered and copied again forever.
+    #[tokio::test]
+    async fn recovery_drops_messages_of_deleted_queues_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path());
+        b.journal()
+            .submit(vec![Op::Put {
+                queue_id: 9_999,
+                seq: 1,
+                header: Bytes::from_static(b"orphan"),
+                body: Bytes::from_static(b"body"),
+            }])
+            .await
+            .unwrap();
+        b.close();
+        drop(b);
+        let b = open(dir.path());
+        b.close();
+        drop(b);
+        let (j, rec) =
+            Journal::open(&dir.path().join("journal"), JournalOptions::default()).unwrap();
+        assert!(
+            !rec.messages.contains_key(&9_999),
+            "the orphan Put is still live"
+        );
+        j.shutdown();
+    }
 }

@@ -291,7 +291,7 @@ impl Transaction {
             }
         }
         for (q, entries) in group_by_queue(placed) {
-            q.insert(entries);
+            broker.insert_or_forget(&q, entries);
         }
         let received = std::mem::take(&mut self.received);
         for (q, e) in &received {
