@@ -456,6 +456,30 @@ async fn consumer_close_fails_with_timeout_when_the_broker_does_not_confirm() {
     mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sender_close_fails_with_timeout_when_the_broker_does_not_acknowledge() {
+    let dir = temp_data_dir("mq-flow-sendto-");
+    let (mut mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
+    let mut sender = client
+        .queue(Q)
+        .unwrap()
+        .sender(Default::default())
+        .await
+        .unwrap();
+    sender.set_ack_timeout(Some(Duration::from_millis(500)));
+    sender.send(Message::new("first")).await.unwrap();
+    assert_eq!(sender.flush().await.unwrap().acknowledged, 1);
+    signal(mqd.pid(), "-STOP");
+    sender.send(Message::new("unanswered")).await.unwrap();
+    let r = tokio::time::timeout(WAIT, sender.close()).await;
+    signal(mqd.pid(), "-CONT");
+    match r {
+        Ok(Err(Error::Timeout(m))) => assert!(m.contains("1 of the 2"), "{m}"),
+        other => panic!("Sender::close without the broker's answer: {other:?}"),
+    }
+    mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
+}
+
 // ---- point 14: receivers that never read; the ack timeout ------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
