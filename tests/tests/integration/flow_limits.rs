@@ -166,6 +166,26 @@ async fn grpc_messages_above_body_limit_plus_headroom_are_refused() {
     broker.stop().await.unwrap();
 }
 
+#[test]
+fn mqd_refuses_zero_flow_limits() {
+    let dir = temp_data_dir("mq-flow-flags-");
+    for flag in [
+        ["--max-connections", "0"],
+        ["--ack-timeout", "0s"],
+        ["--max-unacked-per-stream", "0"],
+    ] {
+        let out = mq_tests::run_with_timeout(
+            mq_tests::mqd_command(dir.path(), &flag),
+            None,
+            mq_tests::START_TIMEOUT,
+        )
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "mqd {flag:?} started");
+        assert!(stderr.contains(flag[0]), "mqd {flag:?}: {stderr}");
+    }
+}
+
 // ---- point 6: transactions -------------------------------------------------------------------
 
 async fn create_tx_queue(client: &Client, name: &str, quota: Option<u64>) {
