@@ -24,6 +24,8 @@ use crate::queue::{group_by_queue, Entry, Queue, QueueDef, QueueRole};
 pub struct Broker {
     config: BrokerConfig,
     local_addrs: Vec<SocketAddr>,
+    /// `config.name` and `config.aliases`: the host names (and IP aliases) that are local.
+    local_names: Vec<String>,
     queues: RwLock<HashMap<String, Arc<Queue>>>,
     journal: Journal,
     /// Held while transactional messages get their queue positions and their journal record is
@@ -194,6 +196,7 @@ impl Broker {
     ) -> Result<(Self, RecoveryReport), BrokerError> {
         let opts = JournalOptions {
             segment_size: config.journal_segment_bytes,
+            truncate_damaged: config.truncate_damaged_journal,
             ..JournalOptions::default()
         };
         let dir = config.data_dir.join("journal");
@@ -201,8 +204,13 @@ impl Broker {
             Some(io) => Journal::open_with_io(&dir, opts, io.clone()),
             None => Journal::open(&dir, opts),
         };
-        let (journal, mut rec) =
-            opened.map_err(|e| BrokerError::Internal(format!("cannot open the journal: {e}")))?;
+        let (journal, mut rec) = opened.map_err(|e| match e {
+            crate::journal::JournalError::Damaged { .. }
+            | crate::journal::JournalError::Corrupt { .. } => {
+                BrokerError::FailedPrecondition(format!("cannot open the journal: {e}"))
+            }
+            e => BrokerError::Internal(format!("cannot open the journal: {e}")),
+        })?;
         let mut report = RecoveryReport {
             segments: rec.segments,
             truncated: rec.truncated.is_some(),
@@ -295,10 +303,10 @@ impl Broker {
                 String::new(),
             );
             def.role = role;
-            drop(journal.submit(vec![Op::DefineQueue {
+            journal.submit_detached(vec![Op::DefineQueue {
                 queue_id: id,
                 def: QueueDefRecord::encode(&def),
-            }]));
+            }]);
             let q = Arc::new(Queue::new(def));
             if key != STREAMS_KEY {
                 queues.insert(key.to_string(), q.clone());
@@ -330,10 +338,14 @@ impl Broker {
                 (o.destination().to_string(), o)
             })
             .collect();
+        let local_names = std::iter::once(config.name.clone())
+            .chain(config.aliases.iter().cloned())
+            .collect();
         let tx_staged = crate::flow::Budget::new(config.flow.max_tx_total_bytes);
         let broker = Broker {
             tx_staged,
             config,
+            local_names,
             local_addrs,
             queues: RwLock::new(queues),
             journal,
@@ -413,7 +425,7 @@ impl Broker {
 
     /// Whether `addr` is a queue of this broker.
     pub fn is_local(&self, addr: &QueueAddress) -> bool {
-        addr.is_local_to(std::slice::from_ref(&self.config.name), &self.local_addrs)
+        addr.is_local_to(&self.local_names, &self.local_addrs)
     }
 
     fn normal_queue_key(&self, name: &str, addr: &QueueAddress) -> Result<String, BrokerError> {
@@ -645,6 +657,11 @@ impl Broker {
                 "the journal refuses writes; cannot create an outgoing queue; restart mqd after fixing the disk".into(),
             ));
         }
+        if self.journal.is_disk_full() {
+            return Err(BrokerError::QuotaExceeded(
+                "the disk under the journal is full: cannot create an outgoing queue; sends are refused until space is freed".into(),
+            ));
+        }
         let id = self.next_queue_id.fetch_add(1, Ordering::AcqRel);
         let key = format!("outgoing$;{destination}");
         let mut def = QueueDef::new(
@@ -661,11 +678,11 @@ impl Broker {
             paused: false,
         };
         // Not awaited: every later record that uses the queue comes after this one in the
-        // journal, and a failed write poisons the journal for all of them.
-        drop(self.journal.submit(vec![Op::DefineQueue {
+        // journal, and a failed detached write poisons the journal for all of them.
+        self.journal.submit_detached(vec![Op::DefineQueue {
             queue_id: id,
             def: QueueDefRecord::encode(&def),
-        }]));
+        }]);
         let q = Arc::new(Queue::new(def));
         self.queues
             .write()
@@ -1016,6 +1033,11 @@ fn local_path_name(addr: &QueueAddress) -> String {
 
 /// A journal failure as the broker reports it.
 pub(crate) fn journal_failed(e: crate::journal::JournalError) -> BrokerError {
+    if let crate::journal::JournalError::NoSpace { .. } = e {
+        return BrokerError::QuotaExceeded(format!(
+            "the disk under the journal is full, nothing was stored: {e}"
+        ));
+    }
     if e.is_poisoned() {
         BrokerError::Unavailable(format!(
             "the journal refuses writes: {e}; restart mqd after fixing the disk"
@@ -1079,6 +1101,40 @@ mod tests {
         let _ = sending.await;
         assert_eq!(b.stored_used.load(Ordering::Acquire), 0);
         assert_eq!(b.express_used.load(Ordering::Acquire), 0);
+    }
+
+    /// `--listen 0.0.0.0` and `--alias`: the machine's own addresses and the broker's aliases
+    /// (names or IPs) are this broker; forwarded messages to them are not refused.
+    #[test]
+    fn interface_addresses_and_aliases_are_local() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = BrokerConfig::new(dir.path());
+        config.aliases = vec!["mq.example.net".into(), "203.0.113.7".into()];
+        let (b, _) = Broker::open(
+            config,
+            crate::server::local_addresses("0.0.0.0:1801".parse().unwrap()),
+        )
+        .unwrap();
+        let local = |name: &str| {
+            let parsed = mq_proto::format_name::FormatName::parse(name).unwrap();
+            b.is_local(parsed.single().unwrap())
+        };
+        for i in if_addrs::get_if_addrs().unwrap() {
+            if i.ip().is_ipv4() {
+                assert!(
+                    local(&format!(r"DIRECT=TCP:{}\private$\q", i.ip())),
+                    "{}",
+                    i.ip()
+                );
+                assert!(!local(&format!(r"DIRECT=TCP:{}:1802\private$\q", i.ip())));
+            }
+        }
+        assert!(local(r"DIRECT=OS:MQ.example.net\private$\q"));
+        assert!(local(r"mq.example.net\private$\q"));
+        assert!(local(r"DIRECT=TCP:203.0.113.7\private$\q"));
+        assert!(!local(r"DIRECT=TCP:203.0.113.8\private$\q"));
+        assert!(!local(r"DIRECT=OS:other.example.net\private$\q"));
+        b.close();
     }
 
     /// A Put for a queue with no definition (a send that raced the queue's deletion) is
