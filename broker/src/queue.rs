@@ -266,7 +266,7 @@ impl Queue {
         }
         let seq = st.next_seq;
         st.next_seq += 1;
-        if self.is_outgoing() {
+        if self.keeps_strict_order() {
             st.pending.insert(seq);
         }
         Ok(seq)
@@ -528,6 +528,8 @@ impl Queue {
             return Err(BrokerError::QueueNotFound(self.def.name.clone()));
         }
         let now = now_ms();
+        // As `peek`: nothing at or past a position whose send is still being stored.
+        let limit = st.pending.first().copied().unwrap_or(u64::MAX);
         let mut out = Vec::with_capacity(max.min(st.ready).min(1024));
         let mut bytes = 0usize;
         for lane in (0..8u8).rev() {
@@ -537,7 +539,7 @@ impl Queue {
                 Some(c) if lane == c.lane => level.partition_point(|e| e.seq <= c.seq),
                 _ => 0,
             };
-            for e in level.iter().skip(start) {
+            for e in level.iter().skip(start).take_while(|e| e.seq < limit) {
                 if out.len() >= max || bytes >= max_bytes {
                     let last: &Entry = out.last().expect("max and max_bytes are above zero");
                     let cursor = PeekCursor {
