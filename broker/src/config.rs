@@ -18,8 +18,18 @@ pub const DEFAULT_FORWARD_RETRY_MAX: std::time::Duration = std::time::Duration::
 pub const MAX_LABEL_CHARS: usize = 250;
 /// Largest correlation id, in characters.
 pub const MAX_CORRELATION_ID_CHARS: usize = 255;
-/// Bytes charged against quotas for each message besides its body and label.
+/// Bytes charged against quotas for each message besides its body, label, correlation id and
+/// response queue.
 pub const MESSAGE_OVERHEAD_BYTES: u64 = 128;
+/// Default: an empty outgoing queue unused this long is deleted.
+pub const DEFAULT_OUTGOING_IDLE_EXPIRY: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Default most incoming forwarding streams kept per peer (sending address).
+pub const DEFAULT_MAX_FORWARD_STREAMS_PER_PEER: usize = 256;
+/// Default most incoming forwarding streams kept in all.
+pub const DEFAULT_MAX_FORWARD_STREAMS: usize = 4096;
+/// Default: an incoming forwarding stream unused this long is forgotten (with its mark).
+pub const DEFAULT_FORWARD_STREAM_IDLE: std::time::Duration =
+    std::time::Duration::from_secs(24 * 3600);
 
 /// What a broker needs to know to run.
 #[derive(Clone)]
@@ -47,6 +57,16 @@ pub struct BrokerConfig {
     pub forward_retry_min: std::time::Duration,
     /// Longest wait between forwarding connection attempts.
     pub forward_retry_max: std::time::Duration,
+    /// Most elements in a multiple-element format name a send may use.
+    pub max_format_name_elements: usize,
+    /// An empty, unpaused outgoing queue unused this long is deleted.
+    pub outgoing_idle_expiry: std::time::Duration,
+    /// Most incoming forwarding streams kept per peer address.
+    pub max_forward_streams_per_peer: usize,
+    /// Most incoming forwarding streams kept in all.
+    pub max_forward_streams: usize,
+    /// An incoming forwarding stream unused this long is forgotten.
+    pub forward_stream_idle: std::time::Duration,
 }
 
 impl BrokerConfig {
@@ -64,6 +84,11 @@ impl BrokerConfig {
             shutdown_grace: std::time::Duration::from_secs(5),
             forward_retry_min: DEFAULT_FORWARD_RETRY_MIN,
             forward_retry_max: DEFAULT_FORWARD_RETRY_MAX,
+            max_format_name_elements: mq_proto::limits::DEFAULT_MAX_FORMAT_NAME_ELEMENTS,
+            outgoing_idle_expiry: DEFAULT_OUTGOING_IDLE_EXPIRY,
+            max_forward_streams_per_peer: DEFAULT_MAX_FORWARD_STREAMS_PER_PEER,
+            max_forward_streams: DEFAULT_MAX_FORWARD_STREAMS,
+            forward_stream_idle: DEFAULT_FORWARD_STREAM_IDLE,
         }
     }
 }
@@ -92,6 +117,14 @@ impl std::fmt::Debug for BrokerConfig {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("forward_retry_min", &self.forward_retry_min)
             .field("forward_retry_max", &self.forward_retry_max)
+            .field("max_format_name_elements", &self.max_format_name_elements)
+            .field("outgoing_idle_expiry", &self.outgoing_idle_expiry)
+            .field(
+                "max_forward_streams_per_peer",
+                &self.max_forward_streams_per_peer,
+            )
+            .field("max_forward_streams", &self.max_forward_streams)
+            .field("forward_stream_idle", &self.forward_stream_idle)
             .finish()
     }
 }

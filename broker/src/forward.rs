@@ -18,7 +18,9 @@
 //! forwarder retries with exponential back-off (`--forward-retry-min` to
 //! `--forward-retry-max`), resuming where the last acknowledgement left off.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
+
+use mq_proto::limits::{quote, truncate, MAX_REASON_BYTES};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -65,6 +67,8 @@ pub struct Outgoing {
     dead_lettered: AtomicU64,
     /// Wakes the forwarder: paused, resumed.
     wake: Notify,
+    /// Unix ms of the last send to it or acknowledgement from its destination (idle expiry).
+    last_used_ms: AtomicU64,
 }
 
 impl Outgoing {
@@ -95,7 +99,23 @@ impl Outgoing {
             forwarded: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
             wake: Notify::new(),
+            last_used_ms: AtomicU64::new(now_ms()),
         }
+    }
+
+    /// Notes a use (a send to it, an acknowledgement): it is not idle.
+    pub(crate) fn touch(&self) {
+        self.last_used_ms.fetch_max(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Unix ms of the last use.
+    pub(crate) fn last_used_ms(&self) -> u64 {
+        self.last_used_ms.load(Ordering::Relaxed)
+    }
+
+    /// Wakes the forwarder (it ends once its queue is deleted).
+    pub(crate) fn wake(&self) {
+        self.wake.notify_one();
     }
 
     /// `host:port` of the destination broker.
@@ -177,7 +197,7 @@ pub(crate) async fn run(broker: Weak<Broker>, o: Arc<Outgoing>) {
     let mut backoff = min;
     loop {
         let Some(b) = broker.upgrade() else { return };
-        if b.is_shutting_down() {
+        if b.is_shutting_down() || o.queue.is_deleted() {
             return;
         }
         // Nothing to do while paused or empty.
@@ -294,6 +314,9 @@ async fn session(
         let notified = queue.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        if queue.is_deleted() && in_flight.is_empty() {
+            break Ok(());
+        }
         let paused = o.is_paused();
         let room = !paused && in_flight.len() < WINDOW_BATCHES && in_flight_bytes < WINDOW_BYTES;
         if room {
@@ -386,6 +409,7 @@ async fn settle(
     rejected: Vec<v1::ForwardRejection>,
 ) {
     let queue = &o.queue;
+    o.touch();
     if rejected.is_empty() {
         o.forwarded
             .fetch_add(entries.len() as u64, Ordering::Relaxed);
@@ -393,21 +417,26 @@ async fn settle(
         b.forget(queue, &entries);
         return;
     }
-    let refused: HashSet<usize> = rejected.iter().map(|r| r.index as usize).collect();
-    let mut reasons = rejected.into_iter();
+    // The peer's reasons are cut to a bounded length before they are kept in a dead letter.
+    let refused: HashMap<usize, (i32, String)> = rejected
+        .into_iter()
+        .map(|r| {
+            (
+                r.index as usize,
+                (r.class, truncate(&r.reason, MAX_REASON_BYTES)),
+            )
+        })
+        .collect();
     let mut stored = Vec::with_capacity(entries.len());
     let mut dead = Vec::new();
     for (i, e) in entries.into_iter().enumerate() {
-        if refused.contains(&i) {
-            let r = reasons
-                .find(|r| r.index as usize == i)
-                .expect("every refused index has its rejection");
+        if let Some((class, reason)) = refused.get(&i) {
             let class =
-                v1::DeadLetterClass::try_from(r.class).unwrap_or(v1::DeadLetterClass::BadMessage);
+                v1::DeadLetterClass::try_from(*class).unwrap_or(v1::DeadLetterClass::BadMessage);
             dead.push(DeadLetterItem {
                 entry: e,
                 class,
-                reason: format!("{} refused it: {}", o.destination, r.reason),
+                reason: format!("{} refused it: {reason}", o.destination),
             });
         } else {
             stored.push(e);
@@ -441,7 +470,6 @@ impl Broker {
         destination: &str,
         paused: bool,
     ) -> Result<v1::OutgoingQueueInfo, crate::error::BrokerError> {
-        use crate::error::BrokerError;
         let key = outgoing_key(|a| self.is_local(a), destination)?;
         let o = self
             .outgoing
@@ -449,19 +477,7 @@ impl Broker {
             .unwrap_or_else(|p| p.into_inner())
             .get(&key)
             .cloned()
-            .ok_or_else(|| {
-                let known: Vec<String> = self
-                    .outgoing
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .keys()
-                    .cloned()
-                    .collect();
-                BrokerError::NotFound(format!(
-                    "there is no outgoing queue for {key}: one is created by the first send to a queue there (outgoing queues now: {})",
-                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
-                ))
-            })?;
+            .ok_or_else(|| no_outgoing_queue(&key))?;
         if o.set_paused(paused) {
             let mut def = o.queue().def().clone();
             if let QueueRole::Outgoing { paused: p, .. } = &mut def.role {
@@ -480,24 +496,42 @@ impl Broker {
     }
 }
 
+/// The answer for a DEST without an outgoing queue (never a list of the others).
+pub(crate) fn no_outgoing_queue(key: &str) -> crate::error::BrokerError {
+    crate::error::BrokerError::NotFound(format!(
+        "there is no outgoing queue for {}: one is created by the first send to a queue there (`mq outgoing list` shows them)",
+        quote(key)
+    ))
+}
+
 /// The outgoing queue key (`host:port`) an operator's DEST names.
-fn outgoing_key(
+pub(crate) fn outgoing_key(
     is_local: impl Fn(&mq_proto::format_name::QueueAddress) -> bool,
     dest: &str,
 ) -> Result<String, crate::error::BrokerError> {
     use crate::error::BrokerError;
     let dest = dest.trim();
+    if dest.len() > mq_proto::limits::MAX_DESTINATION_BYTES {
+        return Err(BrokerError::InvalidArgument(format!(
+            "the destination \"{}\" is {} bytes; the limit is {} (host:port, or a queue's format name)",
+            quote(dest),
+            dest.len(),
+            mq_proto::limits::MAX_DESTINATION_BYTES
+        )));
+    }
     if dest.contains('\\') || dest.contains('/') || dest.to_ascii_uppercase().starts_with("DIRECT=")
     {
         let parsed = FormatName::parse(dest)?;
         let addr = parsed.single().ok_or_else(|| {
             BrokerError::InvalidArgument(format!(
-                "\"{dest}\" is a multiple-element format name; name one queue or host:port"
+                "\"{}\" is a multiple-element format name; name one queue or host:port",
+                quote(dest)
             ))
         })?;
         if is_local(addr) {
             return Err(BrokerError::InvalidArgument(format!(
-                "\"{dest}\" is a queue of this broker; outgoing queues are for other brokers"
+                "\"{}\" is a queue of this broker; outgoing queues are for other brokers",
+                quote(dest)
             )));
         }
         return Ok(crate::broker::remote_destination(addr));
