@@ -36,6 +36,9 @@ pub const DEFAULT_FORWARD_STREAM_IDLE: std::time::Duration =
 pub struct BrokerConfig {
     /// The broker's own name; format names with this host are local. Defaults to the host name.
     pub name: String,
+    /// Other names and addresses of this broker (host names or IP addresses: a DNS alias, a
+    /// NAT address); format names with these hosts are local too, like `name`.
+    pub aliases: Vec<String>,
     /// Directory for durable state. Created if missing; one broker per directory (locked).
     pub data_dir: PathBuf,
     /// Largest accepted message body, in bytes.
@@ -46,6 +49,9 @@ pub struct BrokerConfig {
     pub storage_quota_bytes: u64,
     /// Size of each preallocated journal segment file.
     pub journal_segment_bytes: u64,
+    /// Open even when the journal's last segment is damaged before records written after the
+    /// damage, dropping them (logged). Off: the broker refuses to start.
+    pub truncate_damaged_journal: bool,
     /// Storage under the journal; `None` = real files. Tests pass a
     /// [`crate::journal::FaultyIo`] to fail or "crash" at a chosen sync.
     pub journal_io: Option<std::sync::Arc<dyn crate::journal::Io>>,
@@ -74,11 +80,13 @@ impl BrokerConfig {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         BrokerConfig {
             name: default_name(),
+            aliases: Vec::new(),
             data_dir: data_dir.into(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             express_quota_bytes: DEFAULT_EXPRESS_QUOTA_BYTES,
             storage_quota_bytes: DEFAULT_STORAGE_QUOTA_BYTES,
             journal_segment_bytes: DEFAULT_JOURNAL_SEGMENT_BYTES,
+            truncate_damaged_journal: false,
             journal_io: None,
             tx_timeout: std::time::Duration::from_secs(60),
             shutdown_grace: std::time::Duration::from_secs(5),
@@ -112,6 +120,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("express_quota_bytes", &self.express_quota_bytes)
             .field("storage_quota_bytes", &self.storage_quota_bytes)
             .field("journal_segment_bytes", &self.journal_segment_bytes)
+            .field("truncate_damaged_journal", &self.truncate_damaged_journal)
             .field("faulty_journal_io", &self.journal_io.is_some())
             .field("tx_timeout", &self.tx_timeout)
             .field("shutdown_grace", &self.shutdown_grace)

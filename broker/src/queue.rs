@@ -193,7 +193,7 @@ impl Queue {
                 })
             })
             .collect();
-        self.insert(entries);
+        assert!(self.insert(entries).is_empty());
         Ok(out)
     }
 
@@ -224,7 +224,7 @@ impl Queue {
             let seq = st.next_seq;
             st.next_seq += 1;
             st.charged += charge;
-            if self.is_outgoing() {
+            if self.keeps_strict_order() {
                 st.pending.insert(seq);
             }
             out.push(Ok(seq));
@@ -247,14 +247,24 @@ impl Queue {
         matches!(self.def.role, QueueRole::Outgoing { .. })
     }
 
+    /// Outgoing queues (the stream sequence) and transactional queues (commit order) hand out
+    /// nothing past a position that is admitted but not yet inserted: sends and commits whose
+    /// journal writes finish out of order still become visible in queue order.
+    fn keeps_strict_order(&self) -> bool {
+        self.is_outgoing() || self.def.transactional
+    }
+
     /// Second half of a send: makes admitted messages receivable, each in its `seq` position.
-    pub fn insert(&self, entries: Vec<Entry>) {
+    /// If the queue was deleted since they were admitted, returns them: their quota (and, for
+    /// recoverable ones, their journal record) is the caller's to give back.
+    #[must_use = "entries of a deleted queue come back and must be forgotten"]
+    pub fn insert(&self, entries: Vec<Entry>) -> Vec<Entry> {
         if entries.is_empty() {
-            return;
+            return entries;
         }
         let mut st = self.lock();
         if st.deleted {
-            return;
+            return entries;
         }
         for e in entries {
             if !st.pending.is_empty() {
@@ -278,6 +288,7 @@ impl Queue {
         }
         drop(st);
         self.notify.notify_waiters();
+        Vec::new()
     }
 
     /// Loads messages found by recovery (sorted by seq) and sets the next seq.
@@ -287,7 +298,8 @@ impl Queue {
             st.next_seq = st.next_seq.max(next_seq);
             st.charged += entries.iter().map(|e| e.msg.charged_bytes()).sum::<u64>();
         }
-        self.insert(entries);
+        let gone = self.insert(entries);
+        debug_assert!(gone.is_empty(), "recovery loads into a live queue");
     }
 
     /// Takes up to `max` ready messages, highest priority first, for delivery. They stay counted
@@ -451,9 +463,10 @@ impl Queue {
             return Err(BrokerError::QueueNotFound(self.def.name.clone()));
         }
         let now = now_ms();
+        let limit = st.pending.first().copied().unwrap_or(u64::MAX);
         Ok((0..8)
             .rev()
-            .flat_map(|p| st.levels[p].iter())
+            .flat_map(|p| st.levels[p].iter().take_while(move |e| e.seq < limit))
             .filter(|e| st.timed == 0 || !self.deadline(e, now).1)
             .take(max)
             .cloned()
@@ -496,9 +509,26 @@ impl Queue {
         true
     }
 
-    /// Marks the queue deleted: pushes and takes fail, waiters wake.
-    pub fn mark_deleted(&self) {
+    /// Marks the queue deleted: pushes and takes fail, waiters wake. Returns the quota bytes the
+    /// dropped ready (and expired, not yet swept) messages held, by delivery:
+    /// `(express, recoverable)`, counted under the same lock so that nothing inserted meanwhile
+    /// is missed. Messages in flight are given back by their receivers ([`Queue::restore`]),
+    /// and ones admitted but not yet inserted by their senders ([`Queue::insert`]).
+    #[must_use = "the broker-wide quota of the dropped messages must be given back"]
+    pub fn mark_deleted(&self) -> (u64, u64) {
         let mut st = self.lock();
+        let mut charged = (0, 0);
+        for e in st
+            .levels
+            .iter()
+            .flat_map(|l| l.iter())
+            .chain(st.expired.iter())
+        {
+            match e.msg.delivery {
+                crate::message::Delivery::Express => charged.0 += e.msg.charged_bytes(),
+                crate::message::Delivery::Recoverable => charged.1 += e.msg.charged_bytes(),
+            }
+        }
         st.deleted = true;
         for level in st.levels.iter_mut() {
             level.clear();
@@ -508,29 +538,11 @@ impl Queue {
         st.timed = 0;
         st.next_deadline = u64::MAX;
         st.expired.clear();
+        st.pending.clear();
         st.stats = QueueStats::default();
         drop(st);
         self.notify.notify_waiters();
-    }
-
-    /// Quota bytes held by the ready messages, by delivery: `(express, recoverable)`. For giving
-    /// quota back when the queue is deleted (messages in flight are given back by their
-    /// receivers, see [`Queue::restore`]).
-    pub fn charged_by_delivery(&self) -> (u64, u64) {
-        let st = self.lock();
-        let mut out = (0, 0);
-        for e in st
-            .levels
-            .iter()
-            .flat_map(|l| l.iter())
-            .chain(st.expired.iter())
-        {
-            match e.msg.delivery {
-                crate::message::Delivery::Express => out.0 += e.msg.charged_bytes(),
-                crate::message::Delivery::Recoverable => out.1 += e.msg.charged_bytes(),
-            }
-        }
-        out
+        charged
     }
 
     pub fn is_deleted(&self) -> bool {
@@ -639,6 +651,59 @@ mod tests {
             quota,
             String::new(),
         ))
+    }
+
+    /// Two commits to one transactional queue: the later one's journal write finished first.
+    /// Nothing may be handed out (or peeked) past the earlier one's positions until it is in.
+    #[test]
+    fn transactional_queues_show_commits_in_commit_order() {
+        let q = Queue::new(QueueDef::new(
+            1,
+            ".\\tx".into(),
+            "tx".into(),
+            true,
+            None,
+            String::new(),
+        ));
+        let (a, b) = (vec![msg(0, "a1"), msg(0, "a2")], vec![msg(0, "b1")]);
+        let sa: Vec<u64> = q
+            .admit(&a)
+            .unwrap()
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let sb: Vec<u64> = q
+            .admit(&b)
+            .unwrap()
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert!(q.insert(vec![Entry::new(sb[0], b[0].clone())]).is_empty());
+        assert!(q.peek(10).unwrap().is_empty());
+        assert!(q.take(10).unwrap().is_empty());
+        let first: Vec<Entry> = sa
+            .iter()
+            .zip(&a)
+            .map(|(s, m)| Entry::new(*s, m.clone()))
+            .collect();
+        assert!(q.insert(first).is_empty());
+        assert_eq!(bodies(&q.peek(10).unwrap()), ["a1", "a2", "b1"]);
+        assert_eq!(bodies(&q.take(10).unwrap()), ["a1", "a2", "b1"]);
+    }
+
+    /// A queue deleted between a send's admission and its insertion hands the entries back
+    /// (their quota is still charged), and says what the dropped ready messages held.
+    #[test]
+    fn a_deleted_queue_returns_late_inserts_and_its_charges() {
+        let q = queue(None);
+        let ready = msg(3, "ready");
+        let late = msg(3, "late");
+        let s = q.admit(&[ready.clone(), late.clone()]).unwrap();
+        let (s0, s1) = (*s[0].as_ref().unwrap(), *s[1].as_ref().unwrap());
+        assert!(q.insert(vec![Entry::new(s0, ready.clone())]).is_empty());
+        assert_eq!(q.mark_deleted(), (ready.charged_bytes(), 0));
+        let back = q.insert(vec![Entry::new(s1, late)]);
+        assert_eq!(bodies(&back), ["late"]);
     }
 
     fn bodies(es: &[Entry]) -> Vec<String> {
@@ -784,9 +849,9 @@ mod tests {
         let sc = q.admit(std::slice::from_ref(&c)).unwrap()[0]
             .clone()
             .unwrap();
-        q.insert(vec![Entry::new(sb, b)]);
+        assert!(q.insert(vec![Entry::new(sb, b)]).is_empty());
         assert!(q.take(10).unwrap().is_empty(), "b must wait for a");
-        q.insert(vec![Entry::new(sa, a)]);
+        assert!(q.insert(vec![Entry::new(sa, a)]).is_empty());
         assert_eq!(bodies(&q.take(10).unwrap()), ["a", "b"]);
         // A failed write gives its position back and releases what follows.
         q.push(&[msg(3, "d")]).unwrap();
@@ -813,7 +878,7 @@ mod tests {
         assert_eq!(q.stats().messages, 1);
         q.complete(&inflight);
         assert_eq!(q.stats(), QueueStats::default());
-        q.mark_deleted();
+        let _ = q.mark_deleted();
         assert!(q.push(&[msg(3, "x")]).is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! Running a broker: bind, serve the gRPC service, shut down gracefully.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use mq_proto::v1::message_queue_server::MessageQueueServer;
@@ -52,7 +53,7 @@ pub async fn run_with_ready(
     let local = listener.local_addr().map_err(RunError::Listener)?;
     let _lock = lock_data_dir(&config)?;
     let grace = config.shutdown_grace;
-    let (broker, rec) = Broker::open(config, vec![local]).map_err(RunError::Journal)?;
+    let (broker, rec) = Broker::open(config, local_addresses(local)).map_err(RunError::Journal)?;
     tracing::info!(
         queues = rec.queues,
         messages = rec.messages,
@@ -126,5 +127,61 @@ fn lock_data_dir(config: &BrokerConfig) -> Result<std::fs::File, RunError> {
         Ok(()) => Ok(f),
         Err(std::fs::TryLockError::WouldBlock) => Err(RunError::Locked(dir.display().to_string())),
         Err(std::fs::TryLockError::Error(e)) => Err(err(e)),
+    }
+}
+
+/// The addresses this broker answers on: the bound address, and for an unspecified one
+/// (`0.0.0.0`, `::`) every address of the machine's interfaces on that port, so that format
+/// names with the machine's own IP address are local (not forwarded to itself).
+pub(crate) fn local_addresses(bound: SocketAddr) -> Vec<SocketAddr> {
+    let mut out = vec![bound];
+    if bound.ip().is_unspecified() {
+        match if_addrs::get_if_addrs() {
+            Ok(ifs) => {
+                for i in ifs {
+                    // `::` usually accepts IPv4 as well (dual stack); `0.0.0.0` only IPv4.
+                    if bound.is_ipv4() && !i.ip().is_ipv4() {
+                        continue;
+                    }
+                    let a = SocketAddr::new(i.ip(), bound.port());
+                    if !out.contains(&a) {
+                        out.push(a);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "cannot list the network interfaces; only loopback and --alias names count as this broker"
+            ),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_addresses;
+
+    /// `--listen 0.0.0.0:P` answers on every interface address at P: those are local.
+    #[test]
+    fn an_unspecified_listen_address_counts_every_interface_address() {
+        let addrs = local_addresses("0.0.0.0:1801".parse().unwrap());
+        assert!(
+            addrs.contains(&"127.0.0.1:1801".parse().unwrap()),
+            "{addrs:?}"
+        );
+        for i in if_addrs::get_if_addrs().unwrap() {
+            if i.ip().is_ipv4() {
+                assert!(
+                    addrs.contains(&std::net::SocketAddr::new(i.ip(), 1801)),
+                    "{} missing from {addrs:?}",
+                    i.ip()
+                );
+            }
+        }
+        assert_eq!(
+            local_addresses("127.0.0.1:1801".parse().unwrap()),
+            vec!["127.0.0.1:1801".parse().unwrap()]
+        );
     }
 }

@@ -226,7 +226,7 @@ impl Transaction {
             }
         }
         for (q, entries) in group_by_queue(placed.into_iter().map(|(q, e, _)| (q, e))) {
-            q.insert(entries);
+            broker.insert_or_forget(&q, entries);
         }
         let received = std::mem::take(&mut self.received);
         for (q, e) in &received {

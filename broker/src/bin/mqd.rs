@@ -25,6 +25,16 @@ struct Args {
     /// This broker's name: format names with this host are local. Default: the host name.
     #[arg(long, env = "MQD_NAME")]
     name: Option<String>,
+    /// Another name or IP address of this broker (a DNS alias, a NAT address); format names
+    /// with it are local. Repeat for several (MQD_ALIAS: comma-separated). With --listen 0.0.0.0
+    /// or [::], the machine's interface addresses are local without this.
+    #[arg(
+        long = "alias",
+        value_name = "NAME",
+        env = "MQD_ALIAS",
+        value_delimiter = ','
+    )]
+    aliases: Vec<String>,
     /// Largest message body accepted, in bytes.
     #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
@@ -37,6 +47,11 @@ struct Args {
     /// Size of each preallocated journal segment file, in bytes.
     #[arg(long, default_value_t = mq_broker::DEFAULT_JOURNAL_SEGMENT_BYTES)]
     journal_segment_bytes: u64,
+    /// Start even if the journal's last segment is damaged before records that were written
+    /// after the damage: drop everything from the damage to the end of that segment, and log
+    /// what is dropped. Without it mqd refuses to start and names the file and offset.
+    #[arg(long)]
+    truncate_damaged_journal: bool,
     /// A transaction open longer than this many seconds is aborted.
     #[arg(long, default_value_t = 60)]
     tx_timeout_secs: u64,
@@ -80,10 +95,12 @@ async fn main() -> anyhow::Result<()> {
     if let Some(name) = args.name {
         config.name = name;
     }
+    config.aliases = args.aliases;
     config.max_body_bytes = args.max_body_bytes;
     config.express_quota_bytes = args.express_quota_bytes;
     config.storage_quota_bytes = args.storage_quota_bytes;
     config.journal_segment_bytes = args.journal_segment_bytes;
+    config.truncate_damaged_journal = args.truncate_damaged_journal;
     config.tx_timeout = std::time::Duration::from_secs(args.tx_timeout_secs.max(1));
     if args.forward_retry_min.is_zero() || args.forward_retry_max < args.forward_retry_min {
         anyhow::bail!(
@@ -122,10 +139,15 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = shutdown_signal()?;
     // The handshake with scripts and tests: the first line on stdout, printed once the journal
     // is recovered and requests are served.
-    mq_broker::run_with_ready(listener, config, shutdown, || {
+    let run = mq_broker::run_with_ready(listener, config, shutdown, || {
         println!("listening on {addr}")
-    })
-    .await?;
+    });
+    if let Err(e) = run.await {
+        // One line an operator can act on (a damaged journal names file and offset), no
+        // backtrace, exit status 1.
+        eprintln!("mqd: {e}");
+        std::process::exit(1);
+    }
     Ok(())
 }
 

@@ -339,6 +339,22 @@ async fn multiple_element_names_have_a_configurable_limit() {
     broker.stop().await.unwrap();
 }
 
+/// Without any configuration: the default limit (100) applies.
+#[tokio::test]
+async fn more_elements_than_the_default_limit_are_refused() {
+    let broker = InProcessBroker::start().await;
+    let client = broker.client().await;
+    let err = client
+        .queue(&multi(101, free_port()))
+        .unwrap()
+        .send(Message::new("x"))
+        .await
+        .expect_err("101 elements with the default limit of 100");
+    assert!(err.to_string().contains("limit is 100"), "{err}");
+    assert_eq!(client.outgoing().await.unwrap(), vec![]);
+    broker.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_refused_send_creates_no_outgoing_queue() {
     let (broker, client) = InProcessBroker::start_with_queue(r".\private$\local").await;

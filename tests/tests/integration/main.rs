@@ -21,6 +21,9 @@
 //! - `recoverable_faults`: the journal's disk fails (in-process brokers on `FaultyIo`): a failed
 //!   fdatasync poisons until restart, ENOSPC on a new segment, a crash at the Nth sync; every
 //!   acknowledged send survives, in order, once.
+//! - `journal_disk`: `mqd` on a damaged journal refuses to start (and
+//!   `--truncate-damaged-journal`), and on a full disk (a small tmpfs mounted as root) refuses
+//!   sends, keeps receiving, and recovers by itself.
 //! - `recoverable_quota`: the per-queue and broker-wide storage quotas with recoverable
 //!   messages: refused, nothing stored touched, free again after receiving, right after a
 //!   restart; `mq send --recoverable` over quota.
@@ -52,6 +55,7 @@ mod competing_receivers;
 mod dead_letter;
 mod express_quota;
 mod hardening;
+mod journal_disk;
 mod message_properties;
 mod mqd_process;
 mod multiple_element_names;
