@@ -719,6 +719,13 @@ impl Broker {
                 "the journal refuses writes; cannot create an outgoing queue; restart mqd after fixing the disk".into(),
             ));
         }
+        if map.len() >= self.config.max_outgoing_queues {
+            return Err(BrokerError::QuotaExceeded(format!(
+                "this broker has {} outgoing queues; the limit is {} (mqd --max-outgoing-queues); empty ones can be deleted with `mq outgoing delete DEST`",
+                map.len(),
+                self.config.max_outgoing_queues
+            )));
+        }
         if self.journal.is_disk_full() {
             return Err(BrokerError::QuotaExceeded(
                 "the disk under the journal is full: cannot create an outgoing queue; sends are refused until space is freed".into(),

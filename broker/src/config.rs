@@ -23,6 +23,8 @@ pub const MAX_CORRELATION_ID_CHARS: usize = 255;
 pub const MESSAGE_OVERHEAD_BYTES: u64 = 128;
 /// Default: an empty outgoing queue unused this long is deleted.
 pub const DEFAULT_OUTGOING_IDLE_EXPIRY: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Default most outgoing queues (destination brokers) at once.
+pub const DEFAULT_MAX_OUTGOING_QUEUES: usize = 10_000;
 /// Default most incoming forwarding streams kept per peer (sending address).
 pub const DEFAULT_MAX_FORWARD_STREAMS_PER_PEER: usize = 256;
 /// Default most incoming forwarding streams kept in all.
@@ -67,6 +69,8 @@ pub struct BrokerConfig {
     pub max_format_name_elements: usize,
     /// An empty, unpaused outgoing queue unused this long is deleted.
     pub outgoing_idle_expiry: std::time::Duration,
+    /// Most outgoing queues (destination brokers) at once.
+    pub max_outgoing_queues: usize,
     /// Most incoming forwarding streams kept per peer address.
     pub max_forward_streams_per_peer: usize,
     /// Most incoming forwarding streams kept in all.
@@ -94,6 +98,7 @@ impl BrokerConfig {
             forward_retry_max: DEFAULT_FORWARD_RETRY_MAX,
             max_format_name_elements: mq_proto::limits::DEFAULT_MAX_FORMAT_NAME_ELEMENTS,
             outgoing_idle_expiry: DEFAULT_OUTGOING_IDLE_EXPIRY,
+            max_outgoing_queues: DEFAULT_MAX_OUTGOING_QUEUES,
             max_forward_streams_per_peer: DEFAULT_MAX_FORWARD_STREAMS_PER_PEER,
             max_forward_streams: DEFAULT_MAX_FORWARD_STREAMS,
             forward_stream_idle: DEFAULT_FORWARD_STREAM_IDLE,
@@ -128,6 +133,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("forward_retry_max", &self.forward_retry_max)
             .field("max_format_name_elements", &self.max_format_name_elements)
             .field("outgoing_idle_expiry", &self.outgoing_idle_expiry)
+            .field("max_outgoing_queues", &self.max_outgoing_queues)
             .field(
                 "max_forward_streams_per_peer",
                 &self.max_forward_streams_per_peer,

@@ -68,6 +68,10 @@ struct Args {
     /// An empty, unpaused outgoing queue unused this long is deleted (e.g. 1h, 10m).
     #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
     outgoing_idle_expiry: std::time::Duration,
+    /// Most outgoing queues (destination brokers) at once; a send that needs one more is
+    /// refused.
+    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_OUTGOING_QUEUES)]
+    max_outgoing_queues: usize,
     /// Most incoming forwarding streams kept per sending address; beyond it the least recently
     /// used idle one is forgotten, and a new stream is refused if all are busy.
     #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS_PER_PEER)]
@@ -127,6 +131,7 @@ async fn main() -> anyhow::Result<()> {
     }
     config.max_format_name_elements = args.max_format_name_elements;
     config.outgoing_idle_expiry = args.outgoing_idle_expiry;
+    config.max_outgoing_queues = args.max_outgoing_queues;
     config.max_forward_streams_per_peer = args.max_forward_streams_per_peer;
     config.max_forward_streams = args.max_forward_streams;
     config.forward_stream_idle = args.forward_stream_idle;

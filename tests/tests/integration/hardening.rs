@@ -468,6 +468,33 @@ async fn empty_outgoing_queues_can_be_deleted() {
     b.stop().await.unwrap();
 }
 
+#[tokio::test]
+async fn outgoing_queues_are_limited_in_number() {
+    let broker = InProcessBroker::start_with(|c| c.max_outgoing_queues = 3).await;
+    let client = broker.client().await;
+    // Ports nothing listens on, distinct by construction.
+    for port in 1..=3 {
+        client
+            .queue(&unreachable_queue(port, "q"))
+            .unwrap()
+            .send(Message::new("x"))
+            .await
+            .unwrap();
+    }
+    let err = client
+        .queue(&unreachable_queue(4, "q"))
+        .unwrap()
+        .send(Message::new("x"))
+        .await
+        .expect_err("a fourth destination broker");
+    assert!(
+        matches!(&err, Error::QuotaExceeded(m) if m.contains("--max-outgoing-queues")),
+        "{err:?}"
+    );
+    assert_eq!(client.outgoing().await.unwrap().len(), 3);
+    broker.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_empty_outgoing_queues_expire() {
     let b = InProcessBroker::start().await;
