@@ -178,9 +178,12 @@ pub fn wire_requests(data: &[u8]) -> Vec<Option<String>> {
                 }
             }
         });
-        let mut server = MessageQueueServer::new(crate::service::Service::new(broker.clone()))
-            .max_decoding_message_size(1 << 20)
-            .max_encoding_message_size(1 << 20);
+        let mut server = MessageQueueServer::new(crate::service::Service::new(
+            broker.clone(),
+            Arc::new(crate::flow::Connections::new(16)),
+        ))
+        .max_decoding_message_size(1 << 20)
+        .max_encoding_message_size(1 << 20);
         for call in &calls {
             let (name, stream) = METHODS[call.method as usize % METHODS.len()];
             let mut frames = BytesMut::new();
@@ -335,6 +338,7 @@ mod tests {
                         queue: name,
                         timeout_ms: small,
                         max: (n % 7) as u32,
+                        ..Default::default()
                     }
                     .encode_to_vec()],
                     "Transact" => {
