@@ -802,6 +802,22 @@ mod tests {
     }
 
     #[test]
+    fn the_example_users_file_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/users.toml");
+        let auth = Auth::from_file(&path).unwrap();
+        let users = auth.users().unwrap();
+        assert!(auth
+            .verify_password(&users, "alice", "example-only-change-me")
+            .is_ok());
+        let creds = crate::tls::SecurityConfig::load_forward_credentials(
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../docs/examples/forward-credentials.toml"),
+        )
+        .unwrap();
+        assert!(creds.contains_key("broker-b.example.net:1801"));
+    }
+
+    #[test]
     fn users_file_round_trip_and_password_check() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("users.toml");

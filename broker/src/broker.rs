@@ -1,7 +1,7 @@
 //! The broker: its queues by name, the express memory quota, and name resolution
 //! ("is this format name one of my queues?").
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 use bytes::Bytes;
 
 use mq_proto::format_name::{FormatName, QueueAddress, QueueKind};
+use mq_proto::limits::quote;
 use mq_proto::v1;
 
 use crate::config::BrokerConfig;
@@ -24,6 +25,8 @@ use crate::queue::{group_by_queue, Entry, Queue, QueueDef, QueueRole};
 pub struct Broker {
     config: BrokerConfig,
     local_addrs: Vec<SocketAddr>,
+    /// `config.name` and `config.aliases`: the host names (and IP aliases) that are local.
+    local_names: Vec<String>,
     queues: RwLock<HashMap<String, Arc<Queue>>>,
     journal: Journal,
     /// Held while transactional messages get their queue positions and their journal record is
@@ -41,6 +44,8 @@ pub struct Broker {
     pub(crate) streams: std::sync::Mutex<crate::inbound::Streams>,
     /// The runtime background tasks (forwarders, expiry sweep) run on, once started.
     background: std::sync::Mutex<Option<tokio::runtime::Handle>>,
+    /// Bytes staged by all open transactions (`mqd --max-tx-total-bytes`).
+    pub(crate) tx_staged: crate::flow::Budget,
 }
 
 /// Keys of the system queues.
@@ -54,6 +59,47 @@ const STREAMS_KEY: &str = "system$;streams";
 pub struct Target {
     pub queue: Arc<Queue>,
     pub route: Option<Arc<str>>,
+}
+
+/// Where a send will go, checked as a whole before anything is created: local queues, and the
+/// brokers whose outgoing queues are looked up (or created) only once a message is stored.
+#[derive(Debug, Clone, Default)]
+pub struct Destinations {
+    planned: Vec<Planned>,
+}
+
+#[derive(Debug, Clone)]
+enum Planned {
+    Local(Arc<Queue>),
+    /// `host:port` of the broker, and the queue's format name there.
+    Remote(String, Arc<str>),
+}
+
+impl Destinations {
+    /// How many queues get a copy of each message.
+    pub fn len(&self) -> usize {
+        self.planned.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.planned.is_empty()
+    }
+
+    /// Each destination: its local queue, or `None` for another broker's queue (for rights).
+    pub(crate) fn local_queues(&self) -> impl Iterator<Item = Option<&Arc<Queue>>> {
+        self.planned.iter().map(|p| match p {
+            Planned::Local(q) => Some(q),
+            Planned::Remote(..) => None,
+        })
+    }
+
+    /// Whether every local queue still exists (so the resolution can be reused).
+    pub(crate) fn is_current(&self) -> bool {
+        self.planned.iter().all(|p| match p {
+            Planned::Local(q) => !q.is_deleted(),
+            Planned::Remote(..) => true,
+        })
+    }
 }
 
 /// A queue definition as stored in the journal (postcard), version 1. Field order is the format.
@@ -204,6 +250,7 @@ impl Broker {
     ) -> Result<(Self, RecoveryReport), BrokerError> {
         let opts = JournalOptions {
             segment_size: config.journal_segment_bytes,
+            truncate_damaged: config.truncate_damaged_journal,
             ..JournalOptions::default()
         };
         let dir = config.data_dir.join("journal");
@@ -211,8 +258,13 @@ impl Broker {
             Some(io) => Journal::open_with_io(&dir, opts, io.clone()),
             None => Journal::open(&dir, opts),
         };
-        let (journal, mut rec) =
-            opened.map_err(|e| BrokerError::Internal(format!("cannot open the journal: {e}")))?;
+        let (journal, mut rec) = opened.map_err(|e| match e {
+            crate::journal::JournalError::Damaged { .. }
+            | crate::journal::JournalError::Corrupt { .. } => {
+                BrokerError::FailedPrecondition(format!("cannot open the journal: {e}"))
+            }
+            e => BrokerError::Internal(format!("cannot open the journal: {e}")),
+        })?;
         let mut report = RecoveryReport {
             segments: rec.segments,
             truncated: rec.truncated.is_some(),
@@ -273,6 +325,19 @@ impl Broker {
             }
             queues.insert(q.def().key.clone(), q);
         }
+        // Messages of a queue that has no definition: a send that raced the queue's deletion
+        // wrote its Put after the DeleteQueue (before it was given back). They belong to no
+        // queue; a fresh tombstone makes them dead so compaction stops copying them.
+        for (id, orphans) in std::mem::take(&mut rec.messages) {
+            if !orphans.is_empty() {
+                tracing::warn!(
+                    queue_id = id,
+                    messages = orphans.len(),
+                    "recovery: messages of a deleted queue; dropping them"
+                );
+                drop(journal.submit(vec![Op::DeleteQueue { queue_id: id }]));
+            }
+        }
         report.queues = queues.values().filter(|q| q.def().role.is_normal()).count();
         let mut next_queue_id = rec.max_queue_id + 1;
         // The system queues exist on every broker; a new data directory gets them now. Their
@@ -292,10 +357,10 @@ impl Broker {
                 String::new(),
             );
             def.role = role;
-            drop(journal.submit(vec![Op::DefineQueue {
+            journal.submit_detached(vec![Op::DefineQueue {
                 queue_id: id,
                 def: QueueDefRecord::encode(&def),
-            }]));
+            }]);
             let q = Arc::new(Queue::new(def));
             if key != STREAMS_KEY {
                 queues.insert(key.to_string(), q.clone());
@@ -327,15 +392,24 @@ impl Broker {
                 (o.destination().to_string(), o)
             })
             .collect();
+        let local_names = std::iter::once(config.name.clone())
+            .chain(config.aliases.iter().cloned())
+            .collect();
+        let tx_staged = crate::flow::Budget::new(config.flow.max_tx_total_bytes);
         let broker = Broker {
+            tx_staged,
             config,
+            local_names,
             local_addrs,
             queues: RwLock::new(queues),
             journal,
             commit_order: std::sync::Mutex::new(()),
             next_queue_id: AtomicU64::new(next_queue_id),
             express_used: AtomicU64::new(0),
-            stored_used: AtomicU64::new(stored),
+            // Every kept forwarding stream's record counts against the storage quota.
+            stored_used: AtomicU64::new(
+                stored + streams.len() as u64 * crate::stream_bounds::STREAM_RECORD_CHARGE,
+            ),
             shutdown: tokio::sync::watch::channel(false).0,
             dead_letter,
             dead_xact,
@@ -383,10 +457,12 @@ impl Broker {
 
     /// Parses `name` and checks that it is one queue on this broker.
     pub fn resolve(&self, name: &str) -> Result<QueueAddress, BrokerError> {
-        let parsed = FormatName::parse(name)?;
+        let parsed =
+            FormatName::parse_with_max_elements(name, self.config.max_format_name_elements)?;
         let addr = parsed.single().cloned().ok_or_else(|| {
             BrokerError::InvalidArgument(format!(
-                "\"{name}\" is a multiple-element format name; those can only be sent to, not received from, peeked at or administered"
+                "\"{}\" is a multiple-element format name; those can only be sent to, not received from, peeked at or administered",
+                quote(name)
             ))
         })?;
         self.check_local(name, &addr)?;
@@ -398,7 +474,8 @@ impl Broker {
             Ok(())
         } else {
             Err(BrokerError::FailedPrecondition(format!(
-                "\"{name}\" names a queue on another broker ({}); this broker is \"{}\" at {:?}. Remote queues can only be sent to (the message waits in this broker's outgoing queue and is forwarded); receive, peek and administer them on their own broker",
+                "\"{}\" names a queue on another broker ({}); this broker is \"{}\" at {:?}. Remote queues can only be sent to (the message waits in this broker's outgoing queue and is forwarded); receive, peek and administer them on their own broker",
+                quote(name),
                 remote_destination(addr),
                 self.config.name,
                 self.local_addrs
@@ -408,14 +485,15 @@ impl Broker {
 
     /// Whether `addr` is a queue of this broker.
     pub fn is_local(&self, addr: &QueueAddress) -> bool {
-        addr.is_local_to(std::slice::from_ref(&self.config.name), &self.local_addrs)
+        addr.is_local_to(&self.local_names, &self.local_addrs)
     }
 
     fn normal_queue_key(&self, name: &str, addr: &QueueAddress) -> Result<String, BrokerError> {
         match addr.kind {
             QueueKind::Normal | QueueKind::DeadLetter | QueueKind::DeadXact => Ok(addr.key()),
             QueueKind::Journal => Err(BrokerError::FailedPrecondition(format!(
-                "\"{name}\" is a queue journal; journal queues are not kept by this broker yet"
+                "\"{}\" is a queue journal; journal queues are not kept by this broker yet",
+                quote(name)
             ))),
         }
     }
@@ -480,7 +558,7 @@ impl Broker {
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&key);
-            q.mark_deleted();
+            let _ = q.mark_deleted(); // Nothing was stored in it yet.
             return Err(BrokerError::Unavailable(format!(
                 "cannot store the queue definition: {e}"
             )));
@@ -495,7 +573,8 @@ impl Broker {
         let key = self.normal_queue_key(name, &addr)?;
         if addr.kind != QueueKind::Normal {
             return Err(BrokerError::FailedPrecondition(format!(
-                "\"{name}\" is a dead-letter queue; those cannot be deleted (purge it instead)"
+                "\"{}\" is a dead-letter queue; those cannot be deleted (purge it instead)",
+                quote(name)
             )));
         }
         let q = {
@@ -506,8 +585,7 @@ impl Broker {
             }
             queues.remove(&key).expect("checked above")
         };
-        let (express, stored) = q.charged_by_delivery();
-        q.mark_deleted();
+        let (express, stored) = q.mark_deleted();
         self.release(Delivery::Express, express);
         self.release(Delivery::Recoverable, stored);
         self.journal
@@ -596,24 +674,33 @@ impl Broker {
             .collect()
     }
 
-    /// Where a send destination goes: one target, or several for a multiple-element name. A
-    /// local queue is checked now (exists, transactional or not); a remote one goes to the
-    /// outgoing queue for its broker (created on demand) and is checked by that broker.
+    /// Where a send destination goes: one queue, or several for a multiple-element name (at
+    /// most `max_format_name_elements`). Everything is checked before anything is created: a
+    /// local queue exists and matches transactional or not; a remote one is checked by its
+    /// broker, and its outgoing queue is created only when a message is stored in it
+    /// ([`Broker::targets`]).
     pub fn destinations(
         self: &Arc<Self>,
         name: &str,
         transactional: bool,
-    ) -> Result<Vec<Target>, BrokerError> {
-        let parsed = FormatName::parse(name)?;
-        let mut out: Vec<Target> = Vec::with_capacity(parsed.addresses().len());
+    ) -> Result<Destinations, BrokerError> {
+        let parsed =
+            FormatName::parse_with_max_elements(name, self.config.max_format_name_elements)?;
+        let mut out = Destinations {
+            planned: Vec::with_capacity(parsed.addresses().len()),
+        };
+        // The same queue twice in one multiple-element name gets one copy.
+        let mut seen_local: HashSet<*const Queue> = HashSet::new();
+        let mut seen_remote: HashSet<String> = HashSet::new();
         for addr in parsed.addresses() {
             if addr.is_read_only() {
                 return Err(BrokerError::FailedPrecondition(format!(
-                    "\"{name}\" names a read-only queue ({}); journal and dead-letter queues cannot be sent to",
+                    "\"{}\" names a read-only queue ({}); journal and dead-letter queues cannot be sent to",
+                    quote(name),
                     addr.path_name()
                 )));
             }
-            let target = if self.is_local(addr) {
+            if self.is_local(addr) {
                 let q = self.local_queue(name, addr)?;
                 if q.def().transactional && !transactional {
                     return Err(BrokerError::FailedPrecondition(format!(
@@ -627,26 +714,41 @@ impl Broker {
                         q.def().name
                     )));
                 }
-                Target {
-                    queue: q,
-                    route: None,
+                if seen_local.insert(Arc::as_ptr(&q)) {
+                    out.planned.push(Planned::Local(q));
                 }
             } else {
-                let outgoing = self.outgoing_for(&remote_destination(addr))?;
-                Target {
-                    queue: outgoing.queue().clone(),
-                    route: Some(Arc::from(addr.to_string())),
+                let route = addr.to_string();
+                if seen_remote.insert(route.clone()) {
+                    out.planned
+                        .push(Planned::Remote(remote_destination(addr), Arc::from(route)));
                 }
-            };
-            // The same queue twice in one multiple-element name gets one copy.
-            if !out
-                .iter()
-                .any(|o| Arc::ptr_eq(&o.queue, &target.queue) && o.route == target.route)
-            {
-                out.push(target);
             }
         }
         Ok(out)
+    }
+
+    /// The queues of planned destinations, creating the outgoing queues that do not exist
+    /// (or no longer exist). Called once a message is about to be stored.
+    pub fn targets(self: &Arc<Self>, dests: &Destinations) -> Result<Vec<Target>, BrokerError> {
+        dests
+            .planned
+            .iter()
+            .map(|p| match p {
+                Planned::Local(q) => Ok(Target {
+                    queue: q.clone(),
+                    route: None,
+                }),
+                Planned::Remote(dest, route) => {
+                    let o = self.outgoing_for(dest)?;
+                    o.touch();
+                    Ok(Target {
+                        queue: o.queue().clone(),
+                        route: Some(route.clone()),
+                    })
+                }
+            })
+            .collect()
     }
 
     /// The outgoing queue for the broker at `destination` (`host:port`), created (journaled)
@@ -672,6 +774,18 @@ impl Broker {
                 "the journal refuses writes; cannot create an outgoing queue; restart mqd after fixing the disk".into(),
             ));
         }
+        if map.len() >= self.config.max_outgoing_queues {
+            return Err(BrokerError::QuotaExceeded(format!(
+                "this broker has {} outgoing queues; the limit is {} (mqd --max-outgoing-queues); empty ones can be deleted with `mq outgoing delete DEST`",
+                map.len(),
+                self.config.max_outgoing_queues
+            )));
+        }
+        if self.journal.is_disk_full() {
+            return Err(BrokerError::QuotaExceeded(
+                "the disk under the journal is full: cannot create an outgoing queue; sends are refused until space is freed".into(),
+            ));
+        }
         let id = self.next_queue_id.fetch_add(1, Ordering::AcqRel);
         let key = format!("outgoing$;{destination}");
         let mut def = QueueDef::new(
@@ -688,11 +802,11 @@ impl Broker {
             paused: false,
         };
         // Not awaited: every later record that uses the queue comes after this one in the
-        // journal, and a failed write poisons the journal for all of them.
-        drop(self.journal.submit(vec![Op::DefineQueue {
+        // journal, and a failed detached write poisons the journal for all of them.
+        self.journal.submit_detached(vec![Op::DefineQueue {
             queue_id: id,
             def: QueueDefRecord::encode(&def),
-        }]));
+        }]);
         let q = Arc::new(Queue::new(def));
         self.queues
             .write()
@@ -704,6 +818,14 @@ impl Broker {
         tracing::info!(%destination, "outgoing queue created");
         self.start_forwarder(&o);
         Ok(o)
+    }
+
+    /// Removes a queue from the registry by key (the caller journals and marks the deletion).
+    pub(crate) fn unregister_queue(&self, key: &str) -> Option<Arc<Queue>> {
+        self.queues
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key)
     }
 
     /// Starts the broker's background work once it runs on a Tokio runtime: a forwarder per
@@ -729,6 +851,14 @@ impl Broker {
         let broker = Arc::downgrade(self);
         let shutdown = self.shutdown.subscribe();
         tokio::spawn(crate::deadletter::sweep_loop(broker, shutdown));
+        tokio::spawn(crate::outgoing_admin::expiry_loop(
+            Arc::downgrade(self),
+            self.shutdown.subscribe(),
+        ));
+        tokio::spawn(crate::stream_bounds::prune_loop(
+            Arc::downgrade(self),
+            self.shutdown.subscribe(),
+        ));
     }
 
     fn start_forwarder(self: &Arc<Self>, o: &Arc<crate::forward::Outgoing>) {
@@ -739,7 +869,7 @@ impl Broker {
             .clone();
         if let Some(handle) = handle {
             if o.mark_started() {
-                handle.spawn(crate::forward::run(Arc::downgrade(self), o.clone()));
+                handle.spawn(crate::forward::supervise(Arc::downgrade(self), o.clone()));
             }
         }
     }
@@ -759,7 +889,7 @@ impl Broker {
     /// recoverable ones when their journal record is on disk (group commit).
     pub fn send_batch(
         self: &Arc<Self>,
-        dests: &[Target],
+        plan: &Destinations,
         msgs: Vec<v1::OutMessage>,
         transactional: bool,
     ) -> Pin<Box<dyn Future<Output = BatchOutcome> + Send + 'static>> {
@@ -779,7 +909,7 @@ impl Broker {
             match StoredMessage::accept(m, uuid::Uuid::now_v7(), &self.config) {
                 Ok(mut sm) => {
                     sm.transactional = transactional;
-                    let charge = sm.charged_bytes() * dests.len() as u64;
+                    let charge = sm.charged_bytes() * plan.len() as u64;
                     if let Err(e) = self.reserve(sm.delivery, charge) {
                         failures.push((i, e));
                         continue;
@@ -790,6 +920,23 @@ impl Broker {
                 Err(e) => failures.push((i, e)),
             }
         }
+        // Outgoing queues are looked up (created) only now that a message is to be stored.
+        let dests = if accepted.is_empty() {
+            Vec::new()
+        } else {
+            match self.targets(plan) {
+                Ok(d) => d,
+                Err(e) => {
+                    for (j, m) in accepted.iter().enumerate() {
+                        self.release(m.delivery, m.charged_bytes() * plan.len() as u64);
+                        failures.push((index[j], e.clone()));
+                    }
+                    accepted.clear();
+                    index.clear();
+                    Vec::new()
+                }
+            }
+        };
         let mut refused = vec![false; accepted.len()];
         // Recoverable messages: their journal header and a body-less copy for the queue.
         let mut headers: Vec<Option<(Bytes, Arc<StoredMessage>)>> = vec![None; accepted.len()];
@@ -799,11 +946,24 @@ impl Broker {
             transactional.then(|| self.commit_order.lock().unwrap_or_else(|p| p.into_inner()));
         // Every destination first: a message goes to all of its queues or to none (a
         // multiple-element send refused by one queue's quota leaves no copy elsewhere).
+        let mut dests = dests;
         let admitted: Vec<Vec<Result<u64, BrokerError>>> = dests
-            .iter()
-            .map(|t| match t.queue.admit(&accepted) {
-                Ok(r) => r,
-                Err(e) => accepted.iter().map(|_| Err(e.clone())).collect(),
+            .iter_mut()
+            .map(|t| {
+                let mut r = t.queue.admit(&accepted);
+                // An empty outgoing queue deleted since it was looked up: use its successor.
+                if r.is_err() && t.route.is_some() {
+                    if let QueueRole::Outgoing { destination, .. } = &t.queue.def().role {
+                        if let Ok(o) = self.outgoing_for(destination) {
+                            t.queue = o.queue().clone();
+                            r = t.queue.admit(&accepted);
+                        }
+                    }
+                }
+                match r {
+                    Ok(r) => r,
+                    Err(e) => accepted.iter().map(|_| Err(e.clone())).collect(),
+                }
             })
             .collect();
         for per_queue in &admitted {
@@ -813,7 +973,7 @@ impl Broker {
                         refused[j] = true;
                         failures.push((index[j], e.clone()));
                         let m = &accepted[j];
-                        self.release(m.delivery, m.charged_bytes() * dests.len() as u64);
+                        self.release(m.delivery, m.charged_bytes() * plan.len() as u64);
                     }
                 }
             }
@@ -856,7 +1016,7 @@ impl Broker {
                     durable.push((q.clone(), j, Entry::new(seq, bodyless)));
                 }
             }
-            q.insert(express);
+            self.insert_or_forget(q, express);
         }
         let commit = (!ops.is_empty()).then(|| self.journal.submit(ops));
         drop(order_guard);
@@ -867,7 +1027,7 @@ impl Broker {
                     Ok(()) => {
                         let placed = durable.into_iter().map(|(q, _, e)| (q, e));
                         for (q, entries) in group_by_queue(placed) {
-                            q.insert(entries);
+                            broker.insert_or_forget(&q, entries);
                         }
                     }
                     Err(e) => {
@@ -926,6 +1086,12 @@ impl Broker {
         }
     }
 
+    /// Bytes charged to the storage quota now.
+    #[cfg(test)]
+    pub(crate) fn stored_used(&self) -> u64 {
+        self.stored_used.load(Ordering::Acquire)
+    }
+
     pub(crate) fn release(&self, delivery: Delivery, bytes: u64) {
         if bytes == 0 {
             return;
@@ -963,6 +1129,16 @@ impl Broker {
                 queue_id: queue.def().id,
                 seqs,
             }]));
+        }
+    }
+
+    /// Makes admitted entries receivable; if their queue was deleted meanwhile, forgets them
+    /// instead (gives back their quota, and journals the removal of recoverable ones so no
+    /// Put of a deleted queue stays live in the journal).
+    pub(crate) fn insert_or_forget(&self, queue: &Queue, entries: Vec<Entry>) {
+        let gone = queue.insert(entries);
+        if !gone.is_empty() {
+            self.forget(queue, &gone);
         }
     }
 
@@ -1033,6 +1209,11 @@ fn local_path_name(addr: &QueueAddress) -> String {
 
 /// A journal failure as the broker reports it.
 pub(crate) fn journal_failed(e: crate::journal::JournalError) -> BrokerError {
+    if let crate::journal::JournalError::NoSpace { .. } = e {
+        return BrokerError::QuotaExceeded(format!(
+            "the disk under the journal is full, nothing was stored: {e}"
+        ));
+    }
     if e.is_poisoned() {
         BrokerError::Unavailable(format!(
             "the journal refuses writes: {e}; restart mqd after fixing the disk"
@@ -1046,4 +1227,118 @@ pub(crate) fn journal_failed(e: crate::journal::JournalError) -> BrokerError {
 pub(crate) fn force_transactional(m: &mut v1::OutMessage) {
     m.priority = Some(0);
     m.delivery = v1::Delivery::Recoverable as i32;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use mq_proto::v1;
+
+    use super::Broker;
+    use crate::config::BrokerConfig;
+    use crate::journal::{Journal, JournalOptions, Op};
+
+    fn open(dir: &std::path::Path) -> Arc<Broker> {
+        let (b, _) = Broker::open(
+            BrokerConfig::new(dir),
+            vec!["127.0.0.1:4000".parse().unwrap()],
+        )
+        .unwrap();
+        Arc::new(b)
+    }
+
+    /// Deleting a queue while a recoverable send to it is being stored used to leak that
+    /// send's share of the storage quota for good (the late insert was dropped silently).
+    #[tokio::test]
+    async fn deleting_a_queue_with_sends_in_flight_gives_their_quota_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path());
+        b.create_queue(v1::CreateQueueRequest {
+            name: r".\private$\q".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let dests = b.destinations(r".\private$\q", false).unwrap();
+        let msgs = (0..10)
+            .map(|i| v1::OutMessage {
+                body: Bytes::from(format!("m{i}")),
+                label: "a label".into(),
+                delivery: v1::Delivery::Recoverable as i32,
+                ..Default::default()
+            })
+            .collect();
+        let sending = b.send_batch(&dests, msgs, false);
+        assert!(b.stored_used.load(Ordering::Acquire) > 0);
+        b.delete_queue(r".\private$\q").await.unwrap();
+        let _ = sending.await;
+        assert_eq!(b.stored_used.load(Ordering::Acquire), 0);
+        assert_eq!(b.express_used.load(Ordering::Acquire), 0);
+    }
+
+    /// `--listen 0.0.0.0` and `--alias`: the machine's own addresses and the broker's aliases
+    /// (names or IPs) are this broker; forwarded messages to them are not refused.
+    #[test]
+    fn interface_addresses_and_aliases_are_local() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = BrokerConfig::new(dir.path());
+        config.aliases = vec!["mq.example.net".into(), "203.0.113.7".into()];
+        let (b, _) = Broker::open(
+            config,
+            crate::server::local_addresses("0.0.0.0:1801".parse().unwrap()),
+        )
+        .unwrap();
+        let local = |name: &str| {
+            let parsed = mq_proto::format_name::FormatName::parse(name).unwrap();
+            b.is_local(parsed.single().unwrap())
+        };
+        for i in if_addrs::get_if_addrs().unwrap() {
+            if i.ip().is_ipv4() {
+                assert!(
+                    local(&format!(r"DIRECT=TCP:{}\private$\q", i.ip())),
+                    "{}",
+                    i.ip()
+                );
+                assert!(!local(&format!(r"DIRECT=TCP:{}:1802\private$\q", i.ip())));
+            }
+        }
+        assert!(local(r"DIRECT=OS:MQ.example.net\private$\q"));
+        assert!(local(r"mq.example.net\private$\q"));
+        assert!(local(r"DIRECT=TCP:203.0.113.7\private$\q"));
+        assert!(!local(r"DIRECT=TCP:203.0.113.8\private$\q"));
+        assert!(!local(r"DIRECT=OS:other.example.net\private$\q"));
+        b.close();
+    }
+
+    /// A Put for a queue with no definition (a send that raced the queue's deletion) is
+    /// dropped by recovery with a tombstone, so it is not recovered and copied again forever.
+    #[tokio::test]
+    async fn recovery_drops_messages_of_deleted_queues_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path());
+        b.journal()
+            .submit(vec![Op::Put {
+                queue_id: 9_999,
+                seq: 1,
+                header: Bytes::from_static(b"orphan"),
+                body: Bytes::from_static(b"body"),
+            }])
+            .await
+            .unwrap();
+        b.close();
+        drop(b);
+        let b = open(dir.path());
+        b.close();
+        drop(b);
+        let (j, rec) =
+            Journal::open(&dir.path().join("journal"), JournalOptions::default()).unwrap();
+        assert!(
+            !rec.messages.contains_key(&9_999),
+            "the orphan Put is still live"
+        );
+        j.shutdown();
+    }
 }

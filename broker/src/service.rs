@@ -15,7 +15,8 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::auth::{Acl, Auth, Identity, Right};
 use crate::broker::Broker;
 use crate::error::BrokerError;
-use crate::queue::{Entry, Queue};
+use crate::flow::{Connection, Connections};
+use crate::queue::{Entry, PeekCursor, Queue};
 use crate::transaction::Transaction;
 
 /// Most messages pushed to a receiver in one stream item.
@@ -31,12 +32,22 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 #[derive(Debug, Clone)]
 pub struct Service {
     broker: Arc<Broker>,
+    connections: Arc<Connections>,
     auth: Arc<Auth>,
 }
 
 impl Service {
-    pub fn new(broker: Arc<Broker>, auth: Arc<Auth>) -> Self {
-        Service { broker, auth }
+    pub(crate) fn new(broker: Arc<Broker>, connections: Arc<Connections>, auth: Arc<Auth>) -> Self {
+        Service {
+            broker,
+            connections,
+            auth,
+        }
+    }
+
+    /// The connection a request came on.
+    fn connection<T>(&self, req: &Request<T>) -> Arc<Connection> {
+        self.connections.get(req.remote_addr())
     }
 
     /// The local queue `name` names, if `who` holds `right` on it.
@@ -132,6 +143,7 @@ impl MessageQueue for Service {
         req: Request<Streaming<v1::ReceiveRequest>>,
     ) -> Result<Response<Self::ReceiveStream>, Status> {
         let who = Identity::of(&req);
+        let conn = self.connection(&req);
         let mut inbound = req.into_inner();
         let first = inbound.message().await?.ok_or_else(|| {
             Status::invalid_argument("a receive stream must start with a request naming the queue")
@@ -139,7 +151,7 @@ impl MessageQueue for Service {
         let queue = self.queue_for(&who, Right::Receive, &first.queue)?;
         let broker = self.broker.clone();
         Ok(spawn_stream(4, |tx| {
-            consume(broker, queue, inbound, first.credit as u64, tx)
+            consume(broker, queue, conn, inbound, first.credit as u64, tx)
         }))
     }
 
@@ -204,9 +216,16 @@ impl MessageQueue for Service {
         req: Request<Streaming<v1::TxRequest>>,
     ) -> Result<Response<Self::TransactStream>, Status> {
         let who = Identity::of(&req);
+        let max = self.broker.config().flow.max_tx_per_connection;
+        let slot = self.connection(&req).open_transaction(max).ok_or_else(|| {
+            Status::resource_exhausted(format!(
+                "this connection has {max} open transactions (mqd --max-tx-per-connection); commit or abort one first"
+            ))
+        })?;
         let (broker, auth, inbound) = (self.broker.clone(), self.auth.clone(), req.into_inner());
-        Ok(spawn_stream(4, |tx| {
-            transact(broker, auth, who, inbound, tx)
+        Ok(spawn_stream(4, |tx| async move {
+            transact(broker, auth, who, inbound, tx).await;
+            drop(slot);
         }))
     }
 
@@ -218,9 +237,10 @@ impl MessageQueue for Service {
     ) -> Result<Response<Self::ForwardStream>, Status> {
         let who = Identity::of(&req);
         self.auth.authorize(&who, Right::Forward, None)?;
+        let peer = req.remote_addr();
         let (broker, inbound) = (self.broker.clone(), req.into_inner());
         Ok(spawn_stream(32, |tx| {
-            crate::inbound::forward_stream(broker, who, inbound, tx)
+            crate::inbound::forward_stream(broker, peer, who, inbound, tx)
         }))
     }
 
@@ -259,6 +279,17 @@ impl MessageQueue for Service {
         ))
     }
 
+    async fn delete_outgoing(
+        &self,
+        req: Request<v1::OutgoingRequest>,
+    ) -> Result<Response<v1::Empty>, Status> {
+        self.auth
+            .authorize(&Identity::of(&req), Right::Outgoing, None)?;
+        let dest = req.into_inner().destination;
+        self.broker.delete_outgoing(&dest).await?;
+        Ok(Response::new(v1::Empty {}))
+    }
+
     async fn peek(
         &self,
         req: Request<v1::PeekRequest>,
@@ -266,14 +297,25 @@ impl MessageQueue for Service {
         let who = Identity::of(&req);
         let req = req.into_inner();
         let queue = self.queue_for(&who, Right::Peek, &req.queue)?;
-        let max = req.max.max(1) as usize;
-        let found = wait_for(&self.broker, &queue, req.timeout_ms, |q| q.peek(max)).await?;
+        // One page: the client asks for the next with `next_cursor`.
+        let max = (req.max.max(1) as usize).min(crate::config::PEEK_PAGE_MESSAGES);
+        let after = PeekCursor::decode(&req.cursor)?;
+        let mut next = None;
+        let found = wait_for(&self.broker, &queue, req.timeout_ms, |q| {
+            let (page, cursor) = q.peek_page(after, max, crate::config::PEEK_PAGE_BYTES)?;
+            next = cursor;
+            Ok(page)
+        })
+        .await?;
         let dest = queue.info().format_name;
         let mut messages = Vec::with_capacity(found.len());
         for e in &found {
             messages.push(e.msg.to_wire(&dest, self.broker.body(&queue, e)?, e.aborts));
         }
-        Ok(Response::new(v1::PeekResponse { messages }))
+        Ok(Response::new(v1::PeekResponse {
+            messages,
+            next_cursor: next.map(|c| c.encode()).unwrap_or_default(),
+        }))
     }
 
     async fn change_acl(
@@ -375,9 +417,11 @@ async fn send_stream(
                 client_gone = true;
             }
         }
+        tx
     });
+    let mut refused = None;
     // The last destination's resolution, so a stream of batches to one queue parses it once.
-    let mut cached: Option<(String, bool, Vec<crate::broker::Target>)> = None;
+    let mut cached: Option<(String, bool, crate::broker::Destinations)> = None;
     loop {
         let batch = tokio::select! {
             b = inbound.message() => b,
@@ -387,7 +431,10 @@ async fn send_stream(
             Ok(Some(b)) => b,
             Ok(None) => break,
             Err(status) => {
-                tracing::debug!(%status, "send stream ended by the client");
+                refused = refused_input(status);
+                if refused.is_none() {
+                    tracing::debug!("send stream ended by the client");
+                }
                 break;
             }
         };
@@ -398,11 +445,7 @@ async fn send_stream(
         let first_seq = batch.first_seq;
         let tx = batch.transactional;
         let dests = match &cached {
-            Some((name, t, d))
-                if *name == batch.destination
-                    && *t == tx
-                    && d.iter().all(|t| !t.queue.is_deleted()) =>
-            {
+            Some((name, t, d)) if *name == batch.destination && *t == tx && d.is_current() => {
                 Ok(d.clone())
             }
             _ => broker
@@ -449,7 +492,20 @@ async fn send_stream(
     }
     // Answer everything already accepted, then end the stream.
     drop(pending_tx);
-    let _ = acker.await;
+    if let (Ok(tx), Some(status)) = (acker.await, refused) {
+        let _ = tx.send(Err(status)).await;
+    }
+}
+
+/// A request stream's error as its client should hear it: a message above the size limit is
+/// refused naming the limit (`Some`); anything else means the client is gone (`None`).
+fn refused_input(status: Status) -> Option<Status> {
+    (status.code() == tonic::Code::OutOfRange).then(|| {
+        Status::out_of_range(format!(
+            "{}; one gRPC message may hold at most the body limit (mqd --max-body-bytes) plus 8 MiB",
+            status.message()
+        ))
+    })
 }
 
 /// `send` on every local target; a remote one is checked by its broker (any authenticated
@@ -457,11 +513,10 @@ async fn send_stream(
 fn authorize_send(
     auth: &Auth,
     who: &Identity,
-    dests: &[crate::broker::Target],
+    dests: &crate::broker::Destinations,
 ) -> Result<(), BrokerError> {
-    for t in dests {
-        let queue = t.route.is_none().then_some(&*t.queue);
-        auth.authorize(who, Right::Send, queue)
+    for queue in dests.local_queues() {
+        auth.authorize(who, Right::Send, queue.map(|q| &**q))
             .map_err(|s| BrokerError::PermissionDenied(s.message().to_string()))?;
     }
     Ok(())
@@ -477,27 +532,66 @@ fn failure(seq: u64, e: &BrokerError) -> v1::SendFailure {
 
 /// One streaming receiver: pushes up to `credit` messages, removes them when acknowledged, and
 /// gives back whatever is unacknowledged when the stream ends.
+///
+/// Whatever credit the client grants, a stream holds at most `max_unacked_per_stream`
+/// delivered, unacknowledged messages, and its connection at most `max_unacked_per_connection`
+/// over all its streams; a stream that holds a delivered message longer than the ack timeout
+/// is ended and its messages go back.
 async fn consume(
     broker: Arc<Broker>,
     queue: Arc<Queue>,
+    conn: Arc<Connection>,
     mut inbound: Streaming<v1::ReceiveRequest>,
     mut credit: u64,
     tx: mpsc::Sender<Result<v1::ReceiveBatch, Status>>,
 ) {
+    let flow = broker.config().flow.clone();
     let dest = queue.info().format_name;
-    let mut in_flight: VecDeque<(u64, Entry)> = VecDeque::new();
+    // Delivered, unacknowledged: tag, entry, and when it was delivered.
+    let mut in_flight: VecDeque<(u64, Entry, tokio::time::Instant)> = VecDeque::new();
     let mut next_tag = 1u64;
-    let end: Option<Status> = loop {
-        if credit > 0 {
-            let notified = queue.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let taken = match queue.take(credit.min(MAX_DELIVERY_BATCH as u64) as usize) {
+    let ack_timed_out = |n: usize| {
+        Status::deadline_exceeded(format!(
+            "no acknowledgement within the broker's ack timeout ({}, mqd --ack-timeout): the receive stream was ended and its {n} unacknowledged messages went back to the queue",
+            humantime::format_duration(flow.ack_timeout)
+        ))
+    };
+    let end: Option<Status> = 'stream: loop {
+        let notified = queue.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let room = conn.room();
+        tokio::pin!(room);
+        room.as_mut().enable();
+        let oldest = in_flight.front().map(|(_, _, at)| *at + flow.ack_timeout);
+        if oldest.is_some_and(|d| d <= tokio::time::Instant::now()) {
+            break Some(ack_timed_out(in_flight.len()));
+        }
+        let stream_room = flow
+            .max_unacked_per_stream
+            .saturating_sub(in_flight.len() as u64);
+        let want = credit.min(stream_room).min(MAX_DELIVERY_BATCH as u64);
+        let granted = if want > 0 {
+            conn.reserve_unacked(want, flow.max_unacked_per_connection)
+        } else {
+            0
+        };
+        let mut blocked_by_connection = granted < want;
+        if granted > 0 {
+            let taken = match queue.take_bounded(granted as usize, MAX_DELIVERY_BATCH_BYTES) {
                 Ok(t) => t,
-                Err(e) => break Some(e.into()),
+                Err(e) => {
+                    conn.release_unacked(granted);
+                    break Some(e.into());
+                }
             };
+            if (taken.len() as u64) < granted {
+                blocked_by_connection = false;
+                conn.release_unacked(granted - taken.len() as u64);
+            }
             if !taken.is_empty() {
                 credit -= taken.len() as u64;
+                let now = tokio::time::Instant::now();
                 let mut messages = Vec::with_capacity(taken.len());
                 let mut failed = None;
                 for e in taken {
@@ -508,14 +602,13 @@ async fn consume(
                         }),
                         Err(err) => failed = Some(err),
                     }
-                    in_flight.push_back((next_tag, e));
+                    in_flight.push_back((next_tag, e, now));
                     next_tag += 1;
                 }
                 if let Some(err) = failed {
                     break Some(err.into());
                 }
                 // Cut stream items by size too, so big bodies stay under the gRPC message limit.
-                let mut closed = false;
                 let mut batch = Vec::with_capacity(messages.len());
                 let mut bytes = 0;
                 let last = messages.len();
@@ -526,49 +619,44 @@ async fn consume(
                         let item = v1::ReceiveBatch {
                             messages: std::mem::take(&mut batch),
                         };
-                        if tx.send(Ok(item)).await.is_err() {
-                            closed = true;
-                            break;
+                        // A client that does not read holds its messages until the ack timeout.
+                        let deadline =
+                            in_flight.front().map_or(now, |(_, _, at)| *at) + flow.ack_timeout;
+                        tokio::select! {
+                            r = tx.send(Ok(item)) => if r.is_err() { break 'stream None },
+                            _ = tokio::time::sleep_until(deadline) => {
+                                break 'stream Some(ack_timed_out(in_flight.len()));
+                            }
                         }
                         bytes = 0;
                     }
                 }
-                if closed {
-                    break None;
-                }
                 continue;
             }
-            tokio::select! {
-                _ = notified => continue,
-                r = inbound.message() => match r {
-                    Ok(Some(r)) => { credit += apply(&broker, &queue, &mut in_flight, &r); }
-                    _ => break None,
-                },
-                _ = broker.shutting_down() => break Some(BrokerError::ShuttingDown.into()),
-            }
-        } else {
-            let notified = queue.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if queue.is_deleted() {
-                break Some(BrokerError::QueueNotFound(queue.def().name.clone()).into());
-            }
-            tokio::select! {
-                // Wakes on deletion too, so a consumer without credit still notices it.
-                _ = notified => continue,
-                r = inbound.message() => match r {
-                    Ok(Some(r)) => { credit += apply(&broker, &queue, &mut in_flight, &r); }
-                    _ => break None,
-                },
-                _ = broker.shutting_down() => break Some(BrokerError::ShuttingDown.into()),
-            }
+        }
+        if queue.is_deleted() {
+            break Some(BrokerError::QueueNotFound(queue.def().name.clone()).into());
+        }
+        let ack_deadline = oldest.unwrap_or_else(tokio::time::Instant::now);
+        tokio::select! {
+            // Wakes on deletion too, so a consumer without credit still notices it.
+            _ = notified => continue,
+            _ = room, if blocked_by_connection => continue,
+            _ = tokio::time::sleep_until(ack_deadline), if oldest.is_some() => continue,
+            r = inbound.message() => match r {
+                Ok(Some(r)) => { credit = credit.saturating_add(apply(&broker, &queue, &conn, &mut in_flight, &r)); }
+                _ => break None,
+            },
+            _ = broker.shutting_down() => break Some(BrokerError::ShuttingDown.into()),
         }
     };
     // Whatever was delivered and not acknowledged goes back, in order.
-    let gone = queue.restore(in_flight.into_iter().map(|(_, e)| e).collect());
+    conn.release_unacked(in_flight.len() as u64);
+    let gone = queue.restore(in_flight.into_iter().map(|(_, e, _)| e).collect());
     broker.forget(&queue, &gone);
     if let Some(status) = end {
-        let _ = tx.send(Err(status)).await;
+        // Not waiting for a client that does not read (the ack timeout).
+        let _ = tx.try_send(Err(status));
     }
 }
 
@@ -576,14 +664,16 @@ async fn consume(
 fn apply(
     broker: &Broker,
     queue: &Queue,
-    in_flight: &mut VecDeque<(u64, Entry)>,
+    conn: &Connection,
+    in_flight: &mut VecDeque<(u64, Entry, tokio::time::Instant)>,
     r: &v1::ReceiveRequest,
 ) -> u64 {
     if r.ack_through > 0 {
-        let n = in_flight.partition_point(|(tag, _)| *tag <= r.ack_through);
-        let done: Vec<Entry> = in_flight.drain(..n).map(|(_, e)| e).collect();
+        let n = in_flight.partition_point(|(tag, _, _)| *tag <= r.ack_through);
+        let done: Vec<Entry> = in_flight.drain(..n).map(|(_, e, _)| e).collect();
         queue.complete(&done);
         broker.forget(queue, &done);
+        conn.release_unacked(n as u64);
     }
     r.credit as u64
 }
@@ -630,26 +720,38 @@ async fn transact(
                     .await;
                 return;
             }
+            Err(status) => {
+                if let Some(status) = refused_input(status) {
+                    drop(tx);
+                    let _ = out.send(Err(status)).await;
+                }
+                return;
+            }
             // The client went away: abort.
-            Ok(None) | Err(_) => return,
+            Ok(None) => return,
         };
         let reply = match op {
             Req::Send(mut s) => {
-                // Refused sends fail the commit, as any send that cannot be staged.
-                match broker
+                // Refused for a missing right: the transaction ends now.
+                if let Err(BrokerError::PermissionDenied(m)) = broker
                     .destinations(&s.destination, true)
                     .and_then(|d| authorize_send(&auth, &who, &d))
                 {
-                    Err(BrokerError::PermissionDenied(m)) => {
-                        let _ = out.send(Err(Status::permission_denied(m))).await;
-                        return;
-                    }
-                    _ => {
-                        for m in &mut s.messages {
-                            m.sender = who.name.to_string();
-                        }
-                        tx.send(&s.destination, s.messages);
-                    }
+                    drop(tx);
+                    let _ = out.send(Err(Status::permission_denied(m))).await;
+                    return;
+                }
+                for m in &mut s.messages {
+                    m.sender = who.name.to_string();
+                }
+                // A send refused by a limit (a quota, what a transaction may stage) ends the
+                // transaction now, so nothing more is sent and held for it; other refusals make
+                // the commit fail.
+                if let Err(e @ BrokerError::QuotaExceeded(_)) = tx.send(&s.destination, s.messages)
+                {
+                    drop(tx);
+                    let _ = out.send(Err(e.into())).await;
+                    return;
                 }
                 continue;
             }

@@ -27,6 +27,16 @@ struct Args {
     /// This broker's name: format names with this host are local. Default: the host name.
     #[arg(long, env = "MQD_NAME")]
     name: Option<String>,
+    /// Another name or IP address of this broker (a DNS alias, a NAT address); format names
+    /// with it are local. Repeat for several (MQD_ALIAS: comma-separated). With --listen 0.0.0.0
+    /// or [::], the machine's interface addresses are local without this.
+    #[arg(
+        long = "alias",
+        value_name = "NAME",
+        env = "MQD_ALIAS",
+        value_delimiter = ','
+    )]
+    aliases: Vec<String>,
     /// Largest message body accepted, in bytes.
     #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
@@ -39,6 +49,11 @@ struct Args {
     /// Size of each preallocated journal segment file, in bytes.
     #[arg(long, default_value_t = mq_broker::DEFAULT_JOURNAL_SEGMENT_BYTES)]
     journal_segment_bytes: u64,
+    /// Start even if the journal's last segment is damaged before records that were written
+    /// after the damage: drop everything from the damage to the end of that segment, and log
+    /// what is dropped. Without it mqd refuses to start and names the file and offset.
+    #[arg(long)]
+    truncate_damaged_journal: bool,
     /// A transaction open longer than this many seconds is aborted.
     #[arg(long, default_value_t = 60)]
     tx_timeout_secs: u64,
@@ -49,6 +64,55 @@ struct Args {
     /// Store-and-forward: longest wait between attempts to reach a destination broker.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     forward_retry_max: std::time::Duration,
+    /// Most open client connections; connections past it are closed at once.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_connections)]
+    max_connections: usize,
+    /// Most concurrent calls (HTTP/2 streams) per connection; more wait for one to end.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_streams_per_connection)]
+    max_streams_per_connection: u32,
+    /// Most delivered, unacknowledged messages per receive stream, whatever credit it grants.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_unacked_per_stream)]
+    max_unacked_per_stream: u64,
+    /// Most delivered, unacknowledged messages per connection (all its receive streams).
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_unacked_per_connection)]
+    max_unacked_per_connection: u64,
+    /// A receiver holding a delivered message this long without acknowledging it loses its
+    /// stream, and its unacknowledged messages go back to the queue, e.g. 30m, 90s.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    ack_timeout: std::time::Duration,
+    /// Most bytes one transaction may stage (its sends are held in memory until commit).
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_bytes)]
+    max_tx_bytes: u64,
+    /// Most bytes all open transactions together may stage.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_total_bytes)]
+    max_tx_total_bytes: u64,
+    /// Most messages (sends and receives) in one transaction.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_messages)]
+    max_tx_messages: u64,
+    /// Most open transactions per connection.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_per_connection)]
+    max_tx_per_connection: usize,
+    /// Most elements in a multiple-element format name (FORMATNAME:a,b,...) one send may use.
+    #[arg(long, default_value_t = mq_proto::limits::DEFAULT_MAX_FORMAT_NAME_ELEMENTS)]
+    max_format_name_elements: usize,
+    /// An empty, unpaused outgoing queue unused this long is deleted (e.g. 1h, 10m).
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    outgoing_idle_expiry: std::time::Duration,
+    /// Most outgoing queues (destination brokers) at once; a send that needs one more is
+    /// refused.
+    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_OUTGOING_QUEUES)]
+    max_outgoing_queues: usize,
+    /// Most incoming forwarding streams kept per sending address; beyond it the least recently
+    /// used idle one is forgotten, and a new stream is refused if all are busy.
+    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS_PER_PEER)]
+    max_forward_streams_per_peer: usize,
+    /// Most incoming forwarding streams kept in all.
+    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS)]
+    max_forward_streams: usize,
+    /// An incoming forwarding stream unused this long is forgotten with its duplicate mark
+    /// (e.g. 24h).
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    forward_stream_idle: std::time::Duration,
     /// Users file (TOML, argon2id hashes; see `mqd user add`). Without one, mqd serves only
     /// loopback addresses and every caller has every right. Reread on SIGHUP.
     #[arg(long, env = "MQD_USERS")]
@@ -160,10 +224,12 @@ async fn main() -> anyhow::Result<()> {
     if let Some(name) = args.name {
         config.name = name;
     }
+    config.aliases = args.aliases;
     config.max_body_bytes = args.max_body_bytes;
     config.express_quota_bytes = args.express_quota_bytes;
     config.storage_quota_bytes = args.storage_quota_bytes;
     config.journal_segment_bytes = args.journal_segment_bytes;
+    config.truncate_damaged_journal = args.truncate_damaged_journal;
     config.tx_timeout = std::time::Duration::from_secs(args.tx_timeout_secs.max(1));
     if args.forward_retry_min.is_zero() || args.forward_retry_max < args.forward_retry_min {
         anyhow::bail!(
@@ -184,6 +250,49 @@ async fn main() -> anyhow::Result<()> {
             mq_broker::SecurityConfig::load_forward_credentials(f).map_err(anyhow::Error::msg)?,
         );
     }
+    if args.max_connections == 0
+        || args.max_streams_per_connection == 0
+        || args.max_unacked_per_stream == 0
+        || args.max_unacked_per_connection == 0
+        || args.ack_timeout.is_zero()
+        || args.max_tx_per_connection == 0
+        || args.max_tx_messages == 0
+    {
+        anyhow::bail!(
+            "--max-connections, --max-streams-per-connection, --max-unacked-per-stream, --max-unacked-per-connection, --ack-timeout, --max-tx-messages and --max-tx-per-connection must be above zero"
+        );
+    }
+    config.flow = mq_broker::FlowLimits {
+        max_connections: args.max_connections,
+        max_streams_per_connection: args.max_streams_per_connection,
+        max_unacked_per_stream: args.max_unacked_per_stream,
+        max_unacked_per_connection: args.max_unacked_per_connection,
+        ack_timeout: args.ack_timeout,
+        max_tx_bytes: args.max_tx_bytes,
+        max_tx_total_bytes: args.max_tx_total_bytes,
+        max_tx_messages: args.max_tx_messages,
+        max_tx_per_connection: args.max_tx_per_connection,
+    };
+    if args.max_format_name_elements == 0
+        || args.max_format_name_elements > mq_proto::format_name::MAX_FORMAT_NAME_ELEMENTS_CEILING
+    {
+        anyhow::bail!(
+            "--max-format-name-elements must be 1 to {} (got {})",
+            mq_proto::format_name::MAX_FORMAT_NAME_ELEMENTS_CEILING,
+            args.max_format_name_elements
+        );
+    }
+    if args.max_forward_streams_per_peer == 0 || args.max_forward_streams == 0 {
+        anyhow::bail!(
+            "--max-forward-streams-per-peer and --max-forward-streams must be at least 1"
+        );
+    }
+    config.max_format_name_elements = args.max_format_name_elements;
+    config.outgoing_idle_expiry = args.outgoing_idle_expiry;
+    config.max_outgoing_queues = args.max_outgoing_queues;
+    config.max_forward_streams_per_peer = args.max_forward_streams_per_peer;
+    config.max_forward_streams = args.max_forward_streams;
+    config.forward_stream_idle = args.forward_stream_idle;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -193,10 +302,15 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = shutdown_signal()?;
     // The handshake with scripts and tests: the first line on stdout, printed once the journal
     // is recovered and requests are served.
-    mq_broker::run_with_ready(listener, config, shutdown, || {
+    let run = mq_broker::run_with_ready(listener, config, shutdown, || {
         println!("listening on {addr}")
-    })
-    .await?;
+    });
+    if let Err(e) = run.await {
+        // One line an operator can act on (a damaged journal names file and offset), no
+        // backtrace, exit status 1.
+        eprintln!("mqd: {e}");
+        std::process::exit(1);
+    }
     Ok(())
 }
 

@@ -36,6 +36,9 @@ States:
   WAITING     the last attempt failed (see LAST-ERROR); retrying with back-off at NEXT-RETRY
   ONHOLD      paused by an operator (mq outgoing pause); messages wait until mq outgoing resume
 
+An empty outgoing queue can be deleted (mq outgoing delete DEST); one that stays empty and unused
+for mqd --outgoing-idle-expiry (default 1h) is deleted by the broker.
+
 DEST is the destination broker as `mq outgoing list` shows it (host:port), or the format name of
 any queue on that broker, e.g. 'DIRECT=TCP:10.0.0.5:1801\\private$\\orders'.
 
@@ -89,7 +92,7 @@ enum Command {
     /// --timeout for the first; exit 3 if fewer than --count are there).
     #[command(after_help = AFTER_HELP)]
     Peek(ReceiveArgs),
-    /// Outgoing queues (store-and-forward to other brokers): list, pause, resume.
+    /// Outgoing queues (store-and-forward to other brokers): list, pause, resume, delete.
     #[command(subcommand, after_help = OUTGOING_HELP)]
     Outgoing(OutgoingCommand),
 }
@@ -122,6 +125,14 @@ enum OutgoingCommand {
         /// The resulting queue as a JSON object.
         #[arg(long)]
         json: bool,
+    },
+    /// Delete an empty outgoing queue (refused while it holds messages); the next send to that
+    /// broker creates a new one.
+    #[command(after_help = OUTGOING_HELP)]
+    Delete {
+        /// host:port as `mq outgoing list` shows it, or the format name of a queue on that broker.
+        #[arg(value_name = "DEST")]
+        destination: String,
     },
 }
 
@@ -307,7 +318,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Queue(QueueCommand::List { .. }) => {}
         Command::Outgoing(
             OutgoingCommand::Pause { destination, .. }
-            | OutgoingCommand::Resume { destination, .. },
+            | OutgoingCommand::Resume { destination, .. }
+            | OutgoingCommand::Delete { destination },
         ) => {
             if destination.contains(['\\', '/', '=']) {
                 check_name(destination)?;
@@ -486,6 +498,11 @@ async fn outgoing_command(
         }
         OutgoingCommand::Resume { destination, json } => {
             (client.resume_outgoing(&destination).await?, json)
+        }
+        OutgoingCommand::Delete { destination } => {
+            client.delete_outgoing(&destination).await?;
+            writeln!(out, "deleted the outgoing queue for {}", destination.trim())?;
+            return Ok(());
         }
     };
     if json {
@@ -762,10 +779,21 @@ async fn receive(
             }
         }
     } else if peek {
-        let max = a.count.min(u32::MAX as u64) as u32;
-        for m in queue.peek_many(max, a.timeout).await? {
-            print_message(out, &m, a.json)?;
-            got += 1;
+        // Page by page (the broker pages large peeks), printing as they come.
+        let mut after = None;
+        let mut wait = a.timeout;
+        while got < a.count {
+            let max = (a.count - got).min(u32::MAX as u64) as u32;
+            let page = queue.peek_page(max, after.as_ref(), wait).await?;
+            for m in &page.messages {
+                print_message(out, m, a.json)?;
+                got += 1;
+            }
+            match page.next {
+                Some(c) => after = Some(c),
+                None => break,
+            }
+            wait = Duration::ZERO;
         }
     } else if a.count == 1 {
         if let Some(m) = queue.receive(a.timeout).await? {

@@ -21,6 +21,9 @@
 //! - `recoverable_faults`: the journal's disk fails (in-process brokers on `FaultyIo`): a failed
 //!   fdatasync poisons until restart, ENOSPC on a new segment, a crash at the Nth sync; every
 //!   acknowledged send survives, in order, once.
+//! - `journal_disk`: `mqd` on a damaged journal refuses to start (and
+//!   `--truncate-damaged-journal`), and on a full disk (a small tmpfs mounted as root) refuses
+//!   sends, keeps receiving, and recovers by itself.
 //! - `recoverable_quota`: the per-queue and broker-wide storage quotas with recoverable
 //!   messages: refused, nothing stored touched, free again after receiving, right after a
 //!   restart; `mq send --recoverable` over quota.
@@ -37,10 +40,18 @@
 //!   and across `kill -9` of the destination or of the sender; express best effort; remote
 //!   transactions (abort, commit); a multiple-element name across three brokers; pause and
 //!   resume (API and `mq outgoing`).
+//! - `hardening`: bounded strings charged to the quotas (also after recovery), forward streams
+//!   bounded per peer and pruned when idle, multiple-element name limits, outgoing queues
+//!   created only when used and deleted (`mq outgoing delete`) or expired when empty, refusals
+//!   logged rate-limited, client values quoted cut short.
 //! - `dead_letter`: `SYSTEM$;DEADLETTER` and `SYSTEM$;DEADXACT`: one test per reason (bad
 //!   destination queue, transactional mismatch both ways, quota, time-to-reach-queue and
 //!   time-to-be-received in an outgoing queue, time-to-be-received in the destination queue);
 //!   read-only; `mq peek` and `mq receive --json` show why.
+//! - `flow_limits`: what a client, connection or stream can hold is bounded: connections,
+//!   streams per connection, gRPC message size, transactions (bytes, messages, per connection,
+//!   the queue quota when staging, the broker's memory), peek pages (`mq peek --count
+//!   1000000`), receivers that never read, the ack timeout, an unconfirmed `Consumer::close`.
 //! - `security`: identities (password, token, certificate, anonymous), every right allowed
 //!   and denied (client and `mq`), rights after a restart, protected mode, TLS and mTLS,
 //!   authenticated forwarding between two TLS brokers (stream hijack refused, `sender`).
@@ -50,6 +61,9 @@ mod cli;
 mod competing_receivers;
 mod dead_letter;
 mod express_quota;
+mod flow_limits;
+mod hardening;
+mod journal_disk;
 mod message_properties;
 mod mqd_process;
 mod multiple_element_names;

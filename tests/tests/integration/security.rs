@@ -128,6 +128,14 @@ async fn every_right_allowed_and_denied_through_the_client() {
 
     // outgoing
     denied(alice.outgoing().await, &["alice", "outgoing"]);
+    denied(
+        alice.pause_outgoing("127.0.0.1:9").await,
+        &["alice", "outgoing"],
+    );
+    denied(
+        alice.delete_outgoing("127.0.0.1:9").await,
+        &["alice", "outgoing"],
+    );
     admin.outgoing().await.unwrap();
 
     // dead-letter
