@@ -6,7 +6,6 @@
 use std::io::Write;
 
 use anyhow::{bail, Context, Result};
-use mq_client::Client;
 
 use crate::config::{Config, Scenario};
 use crate::embedded::EmbeddedBroker;
@@ -179,11 +178,11 @@ fn describe(config: &Config, route: &Route) -> Result<String> {
 
 /// Connects to the sending and the receiving broker (one connection when they are the same).
 async fn connect(send_url: &str, receive_url: &str, route: Option<Route>) -> Result<Brokers> {
-    let send = Client::connect(send_url).await?;
+    let send = crate::connect::client(send_url).await?;
     let receive = if receive_url == send_url {
         send.clone()
     } else {
-        Client::connect(receive_url).await?
+        crate::connect::client(receive_url).await?
     };
     Ok(Brokers {
         send,

@@ -118,6 +118,15 @@ pub struct Cli {
     /// connection with its own pipelining sender, sharing --count (the e2e phase too)
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub clients: u32,
+    /// The CA certificate (PEM) that signed the broker's certificate, for --broker https://...
+    #[arg(long, value_name = "FILE", env = "MQ_CA")]
+    pub ca: Option<std::path::PathBuf>,
+    /// Authenticate as this user (password from MQ_PASSWORD)
+    #[arg(long, value_name = "NAME", env = "MQ_USER")]
+    pub user: Option<String>,
+    /// Authenticate with this bearer token
+    #[arg(long, value_name = "TOKEN", env = "MQ_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 /// A parsed `--payload` list (a newtype, so clap takes it as one value).

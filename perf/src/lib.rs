@@ -21,6 +21,7 @@
 //! - `machine`: [`Machine`] (cores, CPU model) for the banner.
 //! - `progress`: [`Progress`], the progress bar on a terminal.
 //! - `benchmark`: [`run`], one invocation end to end.
+//! - `connect`: [`ConnectSettings`]: TLS CA and credentials (`--ca`, `--user`, `--token`).
 //!
 //! # Example
 //! ```no_run
@@ -35,6 +36,7 @@
 mod benchmark;
 mod cli;
 mod config;
+mod connect;
 mod embedded;
 mod forward;
 mod machine;
@@ -48,6 +50,7 @@ mod stats;
 pub use benchmark::run;
 pub use cli::{Cli, FormatterList, PayloadList};
 pub use config::{Config, DeliveryKind, Mode, Scenario};
+pub use connect::{set_connect_settings, ConnectSettings};
 pub use embedded::EmbeddedBroker;
 pub use forward::{BrokerAddr, Route};
 pub use machine::Machine;

@@ -11,6 +11,25 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let progress = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
     let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let ca = match &cli.ca {
+        Some(p) => match std::fs::read(p) {
+            Ok(pem) => Some(pem),
+            Err(e) => {
+                eprintln!("mqperf: error: cannot read --ca {}: {e}", p.display());
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
+    let user = cli.user.clone().map(|u| {
+        let password = std::env::var("MQ_PASSWORD").unwrap_or_default();
+        (u, password)
+    });
+    mq_perf::set_connect_settings(mq_perf::ConnectSettings {
+        ca,
+        user,
+        token: cli.token.clone(),
+    });
     let config = match cli.into_config(progress, command) {
         Ok(c) => c,
         Err(e) => e.exit(),

@@ -19,8 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use mq_client::formatter::BodyType;
 use mq_client::{
-    Client, ConsumerOptions, Delivery, Message, Queue, Receipt, ReceivedMessage, Sender,
-    SenderOptions,
+    ConsumerOptions, Delivery, Message, Queue, Receipt, ReceivedMessage, Sender, SenderOptions,
 };
 use tokio::sync::mpsc;
 
@@ -123,7 +122,7 @@ impl SendJob {
                 let (job, gate) = (job.clone(), gate.clone());
                 tasks.push(tokio::spawn(async move {
                     let opened = async {
-                        let client = Client::connect(job.url.clone())
+                        let client = crate::connect::client(&job.url)
                             .await
                             .with_context(|| job.what())?;
                         let queue = client.queue(job.queue.name())?;
