@@ -596,3 +596,50 @@ async fn authenticated_forwarding_between_two_tls_brokers() {
     assert_eq!(dead.sender, "carol");
     drop((a, b));
 }
+
+/// `mqd` rereads the users file on SIGHUP: a user added afterwards can log in, and a bad file
+/// leaves the old one in force.
+#[tokio::test]
+async fn sighup_rereads_the_users_file() {
+    let pki = TestPki::new("test CA");
+    let users = users(&pki);
+    let dir = mq_tests::temp_data_dir("mq-sec-");
+    let users_arg = users.to_str().unwrap().to_string();
+    let mqd = MqdProcess::launch(dir.path(), &["--users", &users_arg]);
+    let url = mqd.url().to_string();
+    let dave = as_user(&url, "dave", "dave-pw").await;
+    assert!(matches!(
+        dave.list_queues().await,
+        Err(Error::Unauthenticated(_))
+    ));
+    mq_broker::add_user(&users, "dave", Some("dave-pw"), &[], &[], false).unwrap();
+    let hup = |pid: u32| {
+        let s = std::process::Command::new("kill")
+            .args(["-HUP", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(s.success());
+    };
+    hup(mqd.pid());
+    assert!(
+        mq_tests::eventually(Duration::from_secs(20), || async {
+            as_user(&url, "dave", "dave-pw")
+                .await
+                .list_queues()
+                .await
+                .is_ok()
+        })
+        .await,
+        "dave can log in after SIGHUP"
+    );
+    std::fs::write(&users, "not toml [").unwrap();
+    hup(mqd.pid());
+    assert!(
+        mq_tests::wait_until(Duration::from_secs(20), || mqd
+            .stderr()
+            .contains("previous users file stays in force")),
+        "{}",
+        mqd.stderr()
+    );
+    assert!(dave.list_queues().await.is_ok());
+}
