@@ -25,6 +25,8 @@ pub struct Node {
     index: usize,
     name: String,
     addr: SocketAddr,
+    /// The network namespace it runs in (`ip netns exec`), if not the harness's own.
+    netns: Option<String>,
     dir: tempfile::TempDir,
     /// Processes started so far.
     pub starts: u64,
@@ -42,11 +44,20 @@ impl Node {
             stopped: false,
             index,
             addr: loopback(free_port()),
+            netns: None,
             dir: temp_data_dir(&format!("mqtorture-{name}-")),
             name,
             starts: 0,
             incidents: Vec::new(),
         }
+    }
+
+    /// A node that runs in network namespace `netns`, listening on `ip` there; not started.
+    pub fn in_namespace(index: usize, netns: &str, ip: std::net::IpAddr) -> Node {
+        let mut n = Node::new(index);
+        n.addr = SocketAddr::new(ip, n.addr.port());
+        n.netns = Some(netns.to_string());
+        n
     }
 
     pub fn index(&self) -> usize {
@@ -88,7 +99,11 @@ impl Node {
         let args = ["--name", self.name.as_str(), "--forward-retry-max", "300ms"];
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            match MqdProcess::start_on(self.dir.path(), self.addr, &args) {
+            let started = match &self.netns {
+                None => MqdProcess::start_on(self.dir.path(), self.addr, &args),
+                Some(ns) => MqdProcess::spawn(in_namespace(ns, self.dir.path(), self.addr, &args)),
+            };
+            match started {
                 Ok(p) => {
                     self.proc = Some(p);
                     self.stopped = false;
@@ -201,6 +216,37 @@ impl Drop for Node {
         // MqdProcess's Drop kills it by PID and reaps it.
         self.proc = None;
     }
+}
+
+/// `ip netns exec NS mqd --listen ADDR --data-dir DIR ARGS` (as `mq_tests::mqd_command_on`
+/// builds it; `ip netns exec` execs mqd, so the PID is mqd's). A broker off loopback is given
+/// `--insecure` where this mqd has that flag.
+fn in_namespace(ns: &str, data_dir: &std::path::Path, addr: SocketAddr, extra: &[&str]) -> Command {
+    let model = mq_tests::mqd_command_on(data_dir, &addr.to_string(), extra);
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns]).arg(model.get_program());
+    cmd.args(model.get_args());
+    if mqd_has_flag("--insecure") {
+        cmd.arg("--insecure");
+    }
+    for (k, v) in model.get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+/// Whether `mqd --help` lists `flag`.
+fn mqd_has_flag(flag: &str) -> bool {
+    Command::new(mq_tests::mqd_path())
+        .arg("--help")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
 }
 
 fn tail(s: &str, max: usize) -> String {

@@ -79,9 +79,14 @@ pub enum FaultKind {
     Term,
     /// SIGSTOP, a pause, SIGCONT: a broker that hangs.
     Stop,
+    /// The link between the brokers' namespaces cut, then healed after a pause.
+    Partition,
+    /// `tc netem` loss, delay, reordering and duplication on the link, until the next one.
+    Netem,
 }
 
 impl FaultKind {
+    /// The faults of a run without partitions.
     pub const ALL: [FaultKind; 4] = [
         FaultKind::Kill9,
         FaultKind::Kill9SlowStart,
@@ -91,7 +96,10 @@ impl FaultKind {
 
     /// Whether the broker process ends (memory, so express messages, is lost).
     pub fn ends_process(self) -> bool {
-        !matches!(self, FaultKind::Stop)
+        !matches!(
+            self,
+            FaultKind::Stop | FaultKind::Partition | FaultKind::Netem
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -100,6 +108,8 @@ impl FaultKind {
             FaultKind::Kill9SlowStart => "kill9_slow_start",
             FaultKind::Term => "sigterm",
             FaultKind::Stop => "sigstop",
+            FaultKind::Partition => "partition",
+            FaultKind::Netem => "netem",
         }
     }
 }

@@ -7,6 +7,7 @@
 //! - [`cluster`]: the brokers as processes and the faults done to them by PID.
 //! - [`workload`]: the writers and receivers, recording into the [`history`].
 //! - [`faults`]: the seeded fault schedule.
+//! - [`partition`]: network namespaces, a veth pair and netem between two brokers.
 //! - [`checker`]: the classes of outcome and what fails a run.
 //! - [`run`]: one run from start to report.
 
@@ -14,6 +15,7 @@ pub mod checker;
 pub mod cluster;
 pub mod faults;
 pub mod history;
+pub mod partition;
 pub mod run;
 pub mod workload;
 

@@ -15,6 +15,7 @@ use crate::checker::{check, CheckConfig, Drain, Report};
 use crate::cluster::Node;
 use crate::faults::{PlannedFault, Schedule};
 use crate::history::{Event, FaultKind, History, Tag};
+use crate::partition::Net;
 use crate::workload::{self, path, Ctx, QUEUES};
 
 /// What to run.
@@ -34,6 +35,9 @@ pub struct Options {
     pub verbose: bool,
     /// Write the history files even when the run passes.
     pub keep_history: bool,
+    /// Partitions: this process runs in namespace A of [`Net::names`]`(id)` and broker B in
+    /// namespace B (made by the parent `mqtorture --partitions`).
+    pub net: Option<u32>,
 }
 
 impl Options {
@@ -48,6 +52,7 @@ impl Options {
             sabotage: None,
             verbose: false,
             keep_history: false,
+            net: None,
         }
     }
 }
@@ -99,10 +104,18 @@ pub async fn run(opts: &Options) -> anyhow::Result<RunResult> {
         bail!("--brokers must be 1 or 2, not {}", opts.brokers);
     }
     let brokers = opts.brokers;
+    let net = opts.net.map(Net::names).map(Arc::new);
+    if net.is_some() && brokers != 2 {
+        bail!("partitions need two brokers");
+    }
     let nodes: Nodes = Arc::new(Mutex::new(Vec::new()));
+    let net2 = net.clone();
     with_nodes(&nodes, move |n| -> anyhow::Result<()> {
         for i in 0..brokers {
-            let mut node = Node::new(i);
+            let mut node = match &net2 {
+                Some(net) if i == 1 => Node::in_namespace(1, &net.ns_b, net.ip_b.parse()?),
+                _ => Node::new(i),
+            };
             node.start()?;
             n.push(node);
         }
@@ -130,10 +143,24 @@ pub async fn run(opts: &Options) -> anyhow::Result<RunResult> {
     // The faults.
     let mut incidents = Vec::new();
     let mut done = Vec::new();
-    let schedule = Schedule::new(opts.seed, brokers, opts.duration_per_cycle);
+    let netem_ok = match net.as_deref().map(Net::netem_unavailable) {
+        Some(Some(why)) => {
+            println!("netem faults skipped (no-ops) in this run: {why}");
+            false
+        }
+        _ => true,
+    };
+    let schedule = Schedule::new(opts.seed, brokers, opts.duration_per_cycle, net.is_some());
     for f in schedule.take(opts.cycles as usize) {
         let cycle_start = tokio::time::Instant::now();
         tokio::time::sleep(f.at).await;
+        if f.kind == FaultKind::Netem && !netem_ok {
+            if opts.verbose {
+                println!("cycle {}: netem skipped", f.cycle);
+            }
+            tokio::time::sleep_until(cycle_start + opts.duration_per_cycle).await;
+            continue;
+        }
         if opts.verbose {
             println!(
                 "cycle {}: {} broker {} at {:?} (pause {:?})",
@@ -149,7 +176,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<RunResult> {
             broker: f.broker,
             kind: f.kind,
         });
-        if let Err(e) = strike(&nodes, f).await {
+        if let Err(e) = strike(&nodes, net.as_deref(), f).await {
             incidents.push(format!("cycle {}: {e:#}", f.cycle));
             break;
         }
@@ -157,7 +184,12 @@ pub async fn run(opts: &Options) -> anyhow::Result<RunResult> {
         tokio::time::sleep_until(cycle_start + opts.duration_per_cycle).await;
     }
 
-    // Stop the workload.
+    // Heal the network, then stop the workload.
+    if let Some(net) = &net {
+        if let Err(e) = net.heal().and_then(|()| net.netem(0, 0, 0, 0, 0)) {
+            incidents.push(format!("healing the link: {e:#}"));
+        }
+    }
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         let abort = t.abort_handle();
@@ -216,9 +248,20 @@ pub async fn run(opts: &Options) -> anyhow::Result<RunResult> {
 }
 
 /// Applies one fault; the broker is running again (or continued) when it returns.
-async fn strike(nodes: &Nodes, f: PlannedFault) -> anyhow::Result<()> {
+async fn strike(nodes: &Nodes, net: Option<&Net>, f: PlannedFault) -> anyhow::Result<()> {
     let b = f.broker;
     match f.kind {
+        FaultKind::Partition => {
+            let net = net.context("a partition without namespaces")?;
+            net.cut()?;
+            tokio::time::sleep(f.pause).await;
+            net.heal()?;
+        }
+        FaultKind::Netem => {
+            let [loss, delay, jitter, reorder, duplicate] = f.netem;
+            net.context("netem without namespaces")?
+                .netem(loss, delay, jitter, reorder, duplicate)?;
+        }
         FaultKind::Kill9 => {
             with_nodes(nodes, move |n| {
                 n[b].kill9()?;
