@@ -163,12 +163,20 @@ pub async fn run(opts: &Options) -> anyhow::Result<RunResult> {
         }
         if opts.verbose {
             println!(
-                "cycle {}: {} broker {} at {:?} (pause {:?})",
+                "cycle {}: {} {} at {:?} (pause {:?}{})",
                 f.cycle,
                 f.kind.name(),
-                f.broker,
+                match f.kind {
+                    FaultKind::Partition | FaultKind::Netem => "link A-B".to_string(),
+                    _ => format!("broker {}", f.broker),
+                },
                 f.at,
-                f.pause
+                f.pause,
+                if f.kind == FaultKind::Netem {
+                    format!(", netem {:?}", f.netem)
+                } else {
+                    String::new()
+                }
             );
         }
         history.push(Event::Fault {

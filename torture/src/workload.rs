@@ -214,8 +214,10 @@ fn items(queues: &[&str], tag: Tag) -> Vec<Item> {
         .collect()
 }
 
+/// Between two operations of a writer: keeps the rate (and the history's size) moderate on a
+/// shared machine, and lets faults land between operations as well as inside them.
 fn pause(rng: &mut fastrand::Rng) -> Duration {
-    Duration::from_millis(rng.u64(0..20))
+    Duration::from_millis(rng.u64(2..=40))
 }
 
 /// A pipelined [`mq_client::Sender`]: batches of 1..=32 messages, each with its receipt.
@@ -249,7 +251,7 @@ async fn pipelined(
             }
         };
         while !ctx.stopping() {
-            let n = rng.usize(1..=32);
+            let n = rng.usize(1..=16);
             let mut pending = Vec::with_capacity(n);
             for _ in 0..n {
                 seq += 1;
@@ -498,9 +500,12 @@ async fn tx_receiver(ctx: Ctx, id: u64, from: &'static str, to: Option<&'static 
     }
 }
 
-/// A streaming receiver ([`mq_client::Consumer`]) with acknowledgements.
+/// A streaming receiver ([`mq_client::Consumer`]) with acknowledgements. It reads in bursts
+/// (up to 300 messages, then a pause of up to a second) so messages also wait in the queue
+/// when a fault strikes.
 async fn consumer(ctx: Ctx, id: u64, queue: &'static str) {
-    let _ = id;
+    let mut rng = worker_rng(ctx.seed, id);
+    let mut burst = 0u32;
     let worker = format!("consumer-{queue}");
     while let Some(client) = ctx.connect(0).await {
         let opened = match client.queue(&path(queue)) {
@@ -531,6 +536,13 @@ async fn consumer(ctx: Ctx, id: u64, queue: &'static str) {
                             queue: queue.to_string(),
                             tag,
                         });
+                    }
+                    burst += 1;
+                    if burst >= 300 {
+                        burst = 0;
+                        // Acknowledge what was read, then wait (the queue fills meanwhile).
+                        let _ = tokio::time::timeout(ctx.op_timeout, c.ack()).await;
+                        tokio::time::sleep(Duration::from_millis(rng.u64(0..=1000))).await;
                     }
                 }
                 Ok(Ok(None)) => {}

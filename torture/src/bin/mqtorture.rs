@@ -86,7 +86,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = match rt.block_on(mq_torture::run(&opts)) {
+    // Ctrl-C drops the run, and with it the brokers (stopped by their PIDs).
+    let run = async {
+        tokio::select! {
+            r = mq_torture::run(&opts) => r,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        }
+    };
+    let result = match rt.block_on(run) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("mqtorture: the run could not be carried out (seed {seed}): {e:#}");
@@ -157,6 +164,10 @@ fn partitioned(args: &Args, seed: u64) -> ExitCode {
         .args(inner_args(args, seed))
         .arg("--net-id")
         .arg(std::process::id().to_string());
+    // Ctrl-C reaches the inner run too: this process waits for it to clean up, then removes
+    // the namespaces.
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    rt.spawn(async { while tokio::signal::ctrl_c().await.is_ok() {} });
     let code = relay(cmd);
     drop(net);
     code
