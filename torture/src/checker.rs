@@ -12,6 +12,7 @@
 //! | `stored_duplicates` | yes | the same message twice in one queue at the end |
 //! | `order_violations` | yes | in a transactional queue, two acknowledged messages of one writer consumed or left in the wrong order |
 //! | `phantoms` | yes | a message nobody sent (unknown tag, or a body the harness never writes) |
+//! | `partial_transactions` | yes | a transaction (or multiple-element send) of which some messages are visible and others are not (checked where its outcome is unknown; an acknowledged one must be whole anyway) |
 //! | `aborted_or_failed_visible` | yes | a message of an aborted or refused send, or the send half of an aborted move, is visible |
 //! | `express_lost_without_kill` | yes | an acknowledged express message vanished although no broker holding it stopped after it was sent |
 //! | `duplicates_over_window` | yes | more non-transactional redeliveries than the at-least-once window allows |
@@ -86,6 +87,7 @@ pub struct Report {
     pub order_violations: u64,
     pub phantoms: u64,
     pub aborted_or_failed_visible: u64,
+    pub partial_transactions: u64,
     pub express_lost_without_kill: u64,
     pub duplicates_over_window: u64,
     // Allowed.
@@ -105,6 +107,7 @@ impl Report {
             + self.order_violations
             + self.phantoms
             + self.aborted_or_failed_visible
+            + self.partial_transactions
             + self.express_lost_without_kill
             + self.duplicates_over_window
     }
@@ -167,13 +170,14 @@ impl std::fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "FAILURES: lost {}  tx_duplicates {}  stored_duplicates {}  order_violations {}  phantoms {}  aborted_or_failed_visible {}  express_lost_without_kill {}  duplicates_over_window {}",
+            "FAILURES: lost {}  tx_duplicates {}  stored_duplicates {}  order_violations {}  phantoms {}  aborted_or_failed_visible {}  partial_transactions {}  express_lost_without_kill {}  duplicates_over_window {}",
             self.lost,
             self.tx_duplicates,
             self.stored_duplicates,
             self.order_violations,
             self.phantoms,
             self.aborted_or_failed_visible,
+            self.partial_transactions,
             self.express_lost_without_kill,
             self.duplicates_over_window
         )?;
@@ -511,6 +515,56 @@ pub fn check(events: &[Event], drain: &Drain, config: &CheckConfig) -> Report {
         }
     }
 
+    // Atomicity: every message of one transactional send operation, or none. (For an
+    // acknowledged one, `lost` already requires all; this covers the unknown ones.)
+    for e in events {
+        let Event::Send {
+            items,
+            durability: Durability::Transactional,
+            outcome: Outcome::Unknown,
+            aborted: false,
+            ..
+        } = e
+        else {
+            continue;
+        };
+        if items.len() < 2 {
+            continue;
+        }
+        let visible: Vec<bool> = items
+            .iter()
+            .map(|i| {
+                let k = (fam(&i.queue), i.tag);
+                [&present, &delivered, &consumed_committed, &consumed_unknown]
+                    .iter()
+                    .any(|m| m.get(&k).is_some_and(|n| *n > 0))
+            })
+            .collect();
+        if visible.iter().any(|v| *v) && !visible.iter().all(|v| *v) {
+            r.partial_transactions += 1;
+            let first = &items[0];
+            r.problem(
+                "partial_transactions",
+                &first.queue,
+                Some(first.tag),
+                format!(
+                    "a transaction of unknown outcome is partly visible: {}",
+                    items
+                        .iter()
+                        .zip(&visible)
+                        .map(|(i, v)| format!(
+                            "{} {} {}",
+                            i.queue,
+                            i.tag,
+                            if *v { "visible" } else { "absent" }
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+        }
+    }
+
     // The at-least-once window: each broken stream or broker fault may redeliver what one
     // stream held unacknowledged.
     let breaks = r.reconnects + r.faults.values().sum::<u64>();
@@ -768,6 +822,24 @@ mod tests {
         let r = check(&ev, &d, &config());
         assert_eq!(r.aborted_or_failed_visible, 2, "{r}\n{:#?}", r.problems);
         assert_eq!(r.tx_duplicates, 1, "{r}");
+    }
+
+    #[test]
+    fn a_transaction_of_unknown_outcome_must_be_whole_or_absent() {
+        let ev = vec![send(
+            1,
+            Durability::Transactional,
+            "tx2",
+            &[tag(5, 1), tag(5, 2)],
+            Outcome::Unknown,
+        )];
+        let none = check(&ev, &Drain::default(), &config());
+        assert_eq!(none.failures(), 0, "{none}");
+        let whole = check(&ev, &drain(&[("tx2", &[tag(5, 1), tag(5, 2)])]), &config());
+        assert_eq!(whole.failures(), 0, "{whole}");
+        let half = check(&ev, &drain(&[("tx2", &[tag(5, 2)])]), &config());
+        assert_eq!(half.partial_transactions, 1, "{half}");
+        assert_eq!(half.failures(), 1, "{half}");
     }
 
     #[test]
