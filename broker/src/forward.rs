@@ -801,8 +801,10 @@ mod lock_tests {
     #[test]
     fn pausing_an_unknown_destination_beside_new_destinations_does_not_deadlock() {
         let dir = tempfile::tempdir().unwrap();
+        let mut config = BrokerConfig::new(dir.path());
+        config.max_outgoing_queues = 20_000;
         let (b, _) = Broker::open(
-            BrokerConfig::new(dir.path()),
+            config,
             vec!["127.0.0.1:4000".parse().unwrap()],
         )
         .unwrap();
