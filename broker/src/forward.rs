@@ -803,11 +803,7 @@ mod lock_tests {
         let dir = tempfile::tempdir().unwrap();
         let mut config = BrokerConfig::new(dir.path());
         config.max_outgoing_queues = 20_000;
-        let (b, _) = Broker::open(
-            config,
-            vec!["127.0.0.1:4000".parse().unwrap()],
-        )
-        .unwrap();
+        let (b, _) = Broker::open(config, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
         let b = Arc::new(b);
         let deadline = Instant::now() + Duration::from_secs(3);
         let (done, finished) = std::sync::mpsc::channel();
