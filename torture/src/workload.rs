@@ -315,8 +315,9 @@ async fn pipelined(
     }
 }
 
-/// One recoverable message at a time (`Queue::send`: its own stream, wait for the
-/// acknowledgement); every fifth one to a multiple-element name (`recoverable` and `multi`).
+/// One message at a time (`Queue::send`, `Queue::send_tx`: its own stream, wait for the
+/// acknowledgement): recoverable to `recoverable`, every fifth one to a multiple-element name
+/// (`recoverable` and `multi`), express to `express`, single-message transactions to `tx2`.
 async fn one_at_a_time(ctx: Ctx, writer: u32, multi: String) {
     let mut rng = worker_rng(ctx.seed, writer as u64);
     let mut seq = 0u64;
@@ -324,20 +325,28 @@ async fn one_at_a_time(ctx: Ctx, writer: u32, multi: String) {
         while !ctx.stopping() {
             seq += 1;
             let tag = Tag { writer, seq };
-            let (dest, queues): (String, &[&str]) = if seq.is_multiple_of(5) {
-                (multi.clone(), &["recoverable", "multi"])
-            } else {
-                (path("recoverable"), &["recoverable"])
+            let (dest, queues, durability): (String, &[&str], _) = match seq % 5 {
+                0 => (
+                    multi.clone(),
+                    &["recoverable", "multi"],
+                    Durability::Recoverable,
+                ),
+                1 => (path("express"), &["express"], Durability::Express),
+                2 => (path("tx2"), &["tx2"], Durability::Transactional),
+                _ => (
+                    path("recoverable"),
+                    &["recoverable"],
+                    Durability::Recoverable,
+                ),
             };
             let t = ctx.history.now();
+            let m = message(tag, durability, &mut rng);
             let r = match client.queue(&dest) {
-                Ok(q) => {
-                    tokio::time::timeout(
-                        ctx.op_timeout,
-                        q.send(message(tag, Durability::Recoverable, &mut rng)),
-                    )
-                    .await
+                // A single-message transaction (`Queue::send_tx`) for the transactional queue.
+                Ok(q) if durability == Durability::Transactional => {
+                    tokio::time::timeout(ctx.op_timeout, q.send_tx(m)).await
                 }
+                Ok(q) => tokio::time::timeout(ctx.op_timeout, q.send(m)).await,
                 Err(e) => Ok(Err(e)),
             };
             let (outcome, error) = match &r {
@@ -350,7 +359,7 @@ async fn one_at_a_time(ctx: Ctx, writer: u32, multi: String) {
                 t_end: ctx.history.now(),
                 worker: "one-at-a-time".into(),
                 broker: 0,
-                durability: Durability::Recoverable,
+                durability,
                 items: items(queues, tag),
                 outcome,
                 aborted: false,
