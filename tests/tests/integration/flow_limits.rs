@@ -435,6 +435,25 @@ fn signal(pid: u32, sig: &str) {
         .unwrap()
         .success();
     assert!(ok, "kill {sig} {pid}");
+    if sig == "-STOP" {
+        // Every thread stopped (state T in /proc/<pid>/task/*/stat), not just signalled.
+        let stopped = mq_tests::wait_until(WAIT, || {
+            std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|tasks| {
+                    tasks.flatten().all(|t| {
+                        std::fs::read_to_string(t.path().join("stat"))
+                            .ok()
+                            .and_then(|st| {
+                                st.rsplit_once(')')
+                                    .map(|(_, r)| r.trim_start().starts_with('T'))
+                            })
+                            .unwrap_or(false)
+                    })
+                })
+                .unwrap_or(false)
+        });
+        assert!(stopped, "mqd {pid} did not stop after SIGSTOP");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
