@@ -178,9 +178,12 @@ pub fn wire_requests(data: &[u8]) -> Vec<Option<String>> {
                 }
             }
         });
-        let mut server = MessageQueueServer::new(crate::service::Service::new(broker.clone()))
-            .max_decoding_message_size(1 << 20)
-            .max_encoding_message_size(1 << 20);
+        let mut server = MessageQueueServer::new(crate::service::Service::new(
+            broker.clone(),
+            std::sync::Arc::new(crate::flow::Connections::new(usize::MAX)),
+        ))
+        .max_decoding_message_size(1 << 20)
+        .max_encoding_message_size(1 << 20);
         for call in &calls {
             let (name, stream) = METHODS[call.method as usize % METHODS.len()];
             let mut frames = BytesMut::new();
@@ -335,6 +338,16 @@ mod tests {
                         queue: name,
                         timeout_ms: small,
                         max: (n % 7) as u32,
+                        // Every third peek continues from a cursor, valid or not.
+                        cursor: match n % 3 {
+                            0 => Default::default(),
+                            1 => crate::queue::PeekCursor {
+                                lane: (n % 8) as u8,
+                                seq: small,
+                            }
+                            .encode(),
+                            _ => bytes::Bytes::copy_from_slice(&small.to_le_bytes()),
+                        },
                     }
                     .encode_to_vec()],
                     "Transact" => {
