@@ -182,7 +182,10 @@ fn mqd_refuses_zero_flow_limits() {
         .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "mqd {flag:?} started");
-        assert!(stderr.contains(flag[0]), "mqd {flag:?}: {stderr}");
+        assert!(
+            stderr.contains(flag[0]) && stderr.contains("must be above zero"),
+            "mqd {flag:?}: {stderr}"
+        );
     }
 }
 
