@@ -180,7 +180,7 @@ pub fn wire_requests(data: &[u8]) -> Vec<Option<String>> {
         });
         let mut server = MessageQueueServer::new(crate::service::Service::new(
             broker.clone(),
-            std::sync::Arc::new(crate::flow::Connections::new(usize::MAX)),
+            Arc::new(crate::flow::Connections::new(16)),
         ))
         .max_decoding_message_size(1 << 20)
         .max_encoding_message_size(1 << 20);

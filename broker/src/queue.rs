@@ -576,6 +576,24 @@ impl Queue {
         out
     }
 
+    /// Marks the queue deleted if it holds nothing (no message stored, in flight, expired or
+    /// being stored), atomically with that check; returns whether it did.
+    pub fn mark_deleted_if_empty(&self) -> bool {
+        let mut st = self.lock();
+        if st.deleted
+            || st.stats.messages != 0
+            || st.stats.in_flight != 0
+            || !st.pending.is_empty()
+            || !st.expired.is_empty()
+        {
+            return false;
+        }
+        st.deleted = true;
+        drop(st);
+        self.notify.notify_waiters();
+        true
+    }
+
     /// Marks the queue deleted: pushes and takes fail, waiters wake. Returns the quota bytes the
     /// dropped ready (and expired, not yet swept) messages held, by delivery:
     /// `(express, recoverable)`, counted under the same lock so that nothing inserted meanwhile

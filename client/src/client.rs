@@ -207,6 +207,16 @@ impl Client {
             .into())
     }
 
+    /// Deletes the outgoing queue for a destination broker; refused (`FailedPrecondition`)
+    /// while it holds messages. The next send to that broker creates a new one (empty ones
+    /// also expire after `mqd --outgoing-idle-expiry`). `destination` as for
+    /// [`Client::pause_outgoing`].
+    pub async fn delete_outgoing(&self, destination: &str) -> Result<()> {
+        let req = outgoing_request(destination)?;
+        self.rpc.clone().delete_outgoing(req).await?;
+        Ok(())
+    }
+
     /// Begins a transaction (see [`Transaction`]).
     pub async fn begin(&self) -> Result<Transaction> {
         Transaction::begin(self).await
