@@ -649,12 +649,14 @@ async fn refusals_are_logged_rate_limited() {
     assert!(dead, "all 300 refused and dead-lettered");
     let a_lines = a.stderr().matches("dead-lettered").count();
     let b_lines = b.stderr().matches("refused forwarded messages").count();
+    // At most one a second (sender) or one per peer every 10 s (destination): a loaded machine
+    // may take a while, but never one line per message.
     assert!(
-        a_lines <= 10,
+        a_lines <= 50,
         "the sender logged {a_lines} dead-letter lines for 300 refusals"
     );
     assert!(
-        (1..=10).contains(&b_lines),
+        (1..=20).contains(&b_lines),
         "the destination logged {b_lines} refusal lines for 300 refusals"
     );
 }
