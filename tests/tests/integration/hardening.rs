@@ -599,6 +599,40 @@ async fn errors_quote_huge_client_values_cut_short() {
             s.message().len()
         );
     }
+    // Errors carried in answers (not in gRPC headers, which the transport limits anyway).
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    for destination in [huge.clone(), format!("FORMATNAME:{huge},{huge}")] {
+        tx.send(v1::SendBatch {
+            first_seq: 1,
+            destination,
+            messages: vec![v1::OutMessage::default()],
+            transactional: false,
+        })
+        .await
+        .unwrap();
+    }
+    drop(tx);
+    let mut acks = rpc
+        .send(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    for _ in 0..2 {
+        let ack = acks.message().await.unwrap().unwrap();
+        let m = &ack.failures[0].message;
+        assert!(m.len() < 1000, "a send failure of {} bytes", m.len());
+    }
+    let (_tx, ack, _acks) = open_forward(
+        broker.url(),
+        batch(uuid::Uuid::now_v7(), "peer", vec![forwarded(&huge, 1)]),
+    )
+    .await;
+    let r = &ack.unwrap().rejected[0];
+    assert!(
+        r.reason.len() <= 512,
+        "a refusal of {} bytes",
+        r.reason.len()
+    );
     drop(client);
     broker.stop().await.unwrap();
 }
