@@ -44,6 +44,8 @@ pub struct Broker {
     pub(crate) streams: std::sync::Mutex<crate::inbound::Streams>,
     /// The runtime background tasks (forwarders, expiry sweep) run on, once started.
     background: std::sync::Mutex<Option<tokio::runtime::Handle>>,
+    /// Bytes staged by all open transactions (`mqd --max-tx-total-bytes`).
+    pub(crate) tx_staged: crate::flow::Budget,
 }
 
 /// Keys of the system queues.
@@ -373,7 +375,9 @@ impl Broker {
         let local_names = std::iter::once(config.name.clone())
             .chain(config.aliases.iter().cloned())
             .collect();
+        let tx_staged = crate::flow::Budget::new(config.flow.max_tx_total_bytes);
         let broker = Broker {
+            tx_staged,
             config,
             local_names,
             local_addrs,

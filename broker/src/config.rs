@@ -33,6 +33,35 @@ pub const DEFAULT_MAX_FORWARD_STREAMS: usize = 4096;
 pub const DEFAULT_FORWARD_STREAM_IDLE: std::time::Duration =
     std::time::Duration::from_secs(24 * 3600);
 
+// Flow limits (README "Limits"): what one client or connection can hold of the broker.
+/// Default most open client connections (`mqd --max-connections`).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Default most concurrent HTTP/2 streams (calls) per connection.
+pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: u32 = 256;
+/// Room above the body limit for one gRPC message: a batch's other messages (sends are cut at
+/// 1 MiB, deliveries and forwards at 4 MiB of bodies) and every header field.
+pub const GRPC_HEADROOM_BYTES: usize = 8 * 1024 * 1024;
+/// Largest HTTP/2 header block a client may send (hyper's default, made explicit).
+pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+/// Default most delivered, unacknowledged messages per receive stream.
+pub const DEFAULT_MAX_UNACKED_PER_STREAM: u64 = 10_000;
+/// Default most delivered, unacknowledged messages per connection (all its receive streams).
+pub const DEFAULT_MAX_UNACKED_PER_CONNECTION: u64 = 50_000;
+/// Default time a receiver may hold a delivered message without acknowledging it.
+pub const DEFAULT_ACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+/// Default most bytes one transaction may stage (its sends, held in memory until commit).
+pub const DEFAULT_MAX_TX_BYTES: u64 = 64 * 1024 * 1024;
+/// Default most bytes all open transactions together may stage.
+pub const DEFAULT_MAX_TX_TOTAL_BYTES: u64 = 512 * 1024 * 1024;
+/// Default most messages (sends and receives) in one transaction.
+pub const DEFAULT_MAX_TX_MESSAGES: u64 = 100_000;
+/// Default most open transactions per connection.
+pub const DEFAULT_MAX_TX_PER_CONNECTION: usize = 64;
+/// Most messages in one `Peek` response (a page; the client asks for the next).
+pub const PEEK_PAGE_MESSAGES: usize = 1000;
+/// A `Peek` page is cut once its bodies reach this size (at least one message per page).
+pub const PEEK_PAGE_BYTES: usize = 4 * 1024 * 1024;
+
 /// What a broker needs to know to run.
 #[derive(Clone)]
 pub struct BrokerConfig {
@@ -65,6 +94,8 @@ pub struct BrokerConfig {
     pub forward_retry_min: std::time::Duration,
     /// Longest wait between forwarding connection attempts.
     pub forward_retry_max: std::time::Duration,
+    /// Flow limits: see [`FlowLimits`].
+    pub flow: FlowLimits,
     /// Most elements in a multiple-element format name a send may use.
     pub max_format_name_elements: usize,
     /// An empty, unpaused outgoing queue unused this long is deleted.
@@ -77,6 +108,46 @@ pub struct BrokerConfig {
     pub max_forward_streams: usize,
     /// An incoming forwarding stream unused this long is forgotten.
     pub forward_stream_idle: std::time::Duration,
+}
+
+/// What one client, connection or stream may hold of the broker (README "Limits").
+#[derive(Debug, Clone)]
+pub struct FlowLimits {
+    /// Most open client connections; more are closed at once.
+    pub max_connections: usize,
+    /// Most concurrent HTTP/2 streams per connection (more wait, HTTP/2 flow control).
+    pub max_streams_per_connection: u32,
+    /// Most delivered, unacknowledged messages per receive stream, whatever credit it grants.
+    pub max_unacked_per_stream: u64,
+    /// Most delivered, unacknowledged messages per connection.
+    pub max_unacked_per_connection: u64,
+    /// A receive stream holding a delivered message this long without acknowledging it is
+    /// ended and its unacknowledged messages go back to the queue.
+    pub ack_timeout: std::time::Duration,
+    /// Most bytes one transaction may stage.
+    pub max_tx_bytes: u64,
+    /// Most bytes all open transactions together may stage.
+    pub max_tx_total_bytes: u64,
+    /// Most messages (sends and receives) in one transaction.
+    pub max_tx_messages: u64,
+    /// Most open transactions per connection.
+    pub max_tx_per_connection: usize,
+}
+
+impl Default for FlowLimits {
+    fn default() -> Self {
+        FlowLimits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
+            max_unacked_per_stream: DEFAULT_MAX_UNACKED_PER_STREAM,
+            max_unacked_per_connection: DEFAULT_MAX_UNACKED_PER_CONNECTION,
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            max_tx_bytes: DEFAULT_MAX_TX_BYTES,
+            max_tx_total_bytes: DEFAULT_MAX_TX_TOTAL_BYTES,
+            max_tx_messages: DEFAULT_MAX_TX_MESSAGES,
+            max_tx_per_connection: DEFAULT_MAX_TX_PER_CONNECTION,
+        }
+    }
 }
 
 impl BrokerConfig {
@@ -96,6 +167,7 @@ impl BrokerConfig {
             shutdown_grace: std::time::Duration::from_secs(5),
             forward_retry_min: DEFAULT_FORWARD_RETRY_MIN,
             forward_retry_max: DEFAULT_FORWARD_RETRY_MAX,
+            flow: FlowLimits::default(),
             max_format_name_elements: mq_proto::limits::DEFAULT_MAX_FORMAT_NAME_ELEMENTS,
             outgoing_idle_expiry: DEFAULT_OUTGOING_IDLE_EXPIRY,
             max_outgoing_queues: DEFAULT_MAX_OUTGOING_QUEUES,
@@ -103,6 +175,11 @@ impl BrokerConfig {
             max_forward_streams: DEFAULT_MAX_FORWARD_STREAMS,
             forward_stream_idle: DEFAULT_FORWARD_STREAM_IDLE,
         }
+    }
+
+    /// Largest gRPC message the broker decodes or encodes: the body limit plus headroom.
+    pub fn grpc_message_limit(&self) -> usize {
+        self.max_body_bytes.saturating_add(GRPC_HEADROOM_BYTES)
     }
 }
 
@@ -131,6 +208,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("forward_retry_min", &self.forward_retry_min)
             .field("forward_retry_max", &self.forward_retry_max)
+            .field("flow", &self.flow)
             .field("max_format_name_elements", &self.max_format_name_elements)
             .field("outgoing_idle_expiry", &self.outgoing_idle_expiry)
             .field("max_outgoing_queues", &self.max_outgoing_queues)

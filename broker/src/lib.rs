@@ -6,6 +6,7 @@
 //!
 //! # Layout
 //! - `config`: [`BrokerConfig`] and the documented limits.
+//! - `flow`: live connections and what each holds (transactions, unacknowledged deliveries).
 //! - `error`: [`BrokerError`] and its one mapping to gRPC status.
 //! - `message`: [`StoredMessage`], validation of what senders send.
 //! - `queue`: [`Queue`]: priority levels, delivery, acknowledgement, give-back.
@@ -14,6 +15,7 @@
 //! - `transaction`: [`Transaction`]: staged sends, hidden receives, one atomic commit record.
 //! - `service`: the gRPC service.
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
+//! - `fuzzing` (tests and the `fuzzing` feature): entry points of the fuzz targets in `fuzz/`.
 //!
 //! # Example
 //! ```no_run
@@ -28,7 +30,11 @@ mod broker;
 mod config;
 mod deadletter;
 mod error;
+mod flow;
 mod forward;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod inbound;
 pub mod journal;
 mod message;
@@ -45,6 +51,7 @@ pub use config::{
     default_name, BrokerConfig, DEFAULT_EXPRESS_QUOTA_BYTES, DEFAULT_JOURNAL_SEGMENT_BYTES,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_STORAGE_QUOTA_BYTES, MAX_CORRELATION_ID_CHARS, MAX_LABEL_CHARS,
 };
+pub use config::{FlowLimits, PEEK_PAGE_BYTES, PEEK_PAGE_MESSAGES};
 pub use config::{
     DEFAULT_MAX_FORWARD_STREAMS, DEFAULT_MAX_FORWARD_STREAMS_PER_PEER, DEFAULT_MAX_OUTGOING_QUEUES,
 };

@@ -232,6 +232,46 @@ impl Queue {
         Ok(out)
     }
 
+    /// Charges a message that will be admitted later (a send staged in a transaction) against
+    /// the queue quota now, so staged sends cannot overcommit it; [`Queue::admit_reserved`]
+    /// gives it its place at commit, [`Queue::release_quota`] gives the charge back.
+    pub fn reserve_quota(&self, charge: u64) -> Result<(), BrokerError> {
+        let mut st = self.lock();
+        if st.deleted {
+            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+        }
+        if let Some(q) = self.def.quota_bytes {
+            if st.charged + charge > q {
+                return Err(BrokerError::QuotaExceeded(format!(
+                    "queue \"{}\" is over its quota: {} of {} bytes used or staged by open transactions, this message needs {}; receive or purge messages, or raise the quota",
+                    self.def.name, st.charged, q, charge
+                )));
+            }
+        }
+        st.charged += charge;
+        Ok(())
+    }
+
+    /// Gives back a charge taken by [`Queue::reserve_quota`].
+    pub fn release_quota(&self, charge: u64) {
+        let mut st = self.lock();
+        st.charged = st.charged.saturating_sub(charge);
+    }
+
+    /// [`Queue::admit`] for one message whose quota charge was reserved already.
+    pub fn admit_reserved(&self) -> Result<u64, BrokerError> {
+        let mut st = self.lock();
+        if st.deleted {
+            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        if self.keeps_strict_order() {
+            st.pending.insert(seq);
+        }
+        Ok(seq)
+    }
+
     /// Gives back the position and quota charge of an admitted message that will never be
     /// inserted.
     pub fn unadmit(&self, seq: u64, charged: u64) {
@@ -473,6 +513,51 @@ impl Queue {
             .collect())
     }
 
+    /// A page of [`Queue::peek`]: up to `max` ready messages after `after` (a cursor from the
+    /// previous page), stopping once their bodies reach `max_bytes` (at least one message).
+    /// Returns the cursor of the last one if the page was cut by a limit (more may follow).
+    pub fn peek_page(
+        &self,
+        after: Option<PeekCursor>,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<(Vec<Entry>, Option<PeekCursor>), BrokerError> {
+        let (max, max_bytes) = (max.max(1), max_bytes.max(1));
+        let st = self.lock();
+        if st.deleted {
+            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+        }
+        let now = now_ms();
+        // As `peek`: nothing at or past a position whose send is still being stored.
+        let limit = st.pending.first().copied().unwrap_or(u64::MAX);
+        let mut out = Vec::with_capacity(max.min(st.ready).min(1024));
+        let mut bytes = 0usize;
+        for lane in (0..8u8).rev() {
+            let level = &st.levels[lane as usize];
+            let start = match after {
+                Some(c) if lane > c.lane => continue,
+                Some(c) if lane == c.lane => level.partition_point(|e| e.seq <= c.seq),
+                _ => 0,
+            };
+            for e in level.iter().skip(start).take_while(|e| e.seq < limit) {
+                if out.len() >= max || bytes >= max_bytes {
+                    let last: &Entry = out.last().expect("max and max_bytes are above zero");
+                    let cursor = PeekCursor {
+                        lane: self.lane(last) as u8,
+                        seq: last.seq,
+                    };
+                    return Ok((out, Some(cursor)));
+                }
+                if st.timed > 0 && self.deadline(e, now).1 {
+                    continue;
+                }
+                bytes += e.msg.body_len as usize;
+                out.push(e.clone());
+            }
+        }
+        Ok((out, None))
+    }
+
     /// Removes every ready message and returns them.
     pub fn purge(&self) -> Vec<Entry> {
         let mut st = self.lock();
@@ -572,6 +657,37 @@ impl Queue {
             label: self.def.label.clone(),
             created_ms: self.def.created_ms,
             in_flight: s.in_flight,
+        }
+    }
+}
+
+/// Where a [`Queue::peek_page`] stopped: the priority lane and position of the last message
+/// returned. On the wire: 9 bytes, the lane then the seq (little-endian).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeekCursor {
+    pub lane: u8,
+    pub seq: u64,
+}
+
+impl PeekCursor {
+    pub fn encode(&self) -> bytes::Bytes {
+        let mut b = Vec::with_capacity(9);
+        b.push(self.lane);
+        b.extend_from_slice(&self.seq.to_le_bytes());
+        b.into()
+    }
+
+    /// `None` for an empty cursor (the first page).
+    pub fn decode(b: &[u8]) -> Result<Option<PeekCursor>, BrokerError> {
+        match b.len() {
+            0 => Ok(None),
+            9 if b[0] < 8 => Ok(Some(PeekCursor {
+                lane: b[0],
+                seq: u64::from_le_bytes(b[1..9].try_into().expect("8 bytes")),
+            })),
+            n => Err(BrokerError::InvalidArgument(format!(
+                "a peek cursor is the next_cursor of a previous peek response (9 bytes); got {n} bytes"
+            ))),
         }
     }
 }
@@ -867,6 +983,55 @@ mod tests {
             .unwrap();
         assert_eq!(bodies(&q.take_bounded(10, 1).unwrap()), ["aaaa"]);
         assert_eq!(bodies(&q.take_bounded(10, 5).unwrap()), ["bbbb", "cccc"]);
+    }
+
+    #[test]
+    fn peek_pages_cover_the_queue_once_in_receive_order() {
+        let q = queue(None);
+        q.push(&[
+            msg(3, "a"),
+            msg(7, "b"),
+            msg(3, "c"),
+            msg(0, "d"),
+            msg(7, "e"),
+        ])
+        .unwrap();
+        let mut cursor = None;
+        let mut seen = Vec::new();
+        loop {
+            let (page, next) = q.peek_page(cursor, 2, usize::MAX).unwrap();
+            assert!(page.len() <= 2);
+            seen.extend(bodies(&page));
+            match next {
+                Some(c) => cursor = Some(PeekCursor::decode(&c.encode()).unwrap().unwrap()),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ["b", "e", "a", "c", "d"]);
+        // A byte budget cuts the page, but never below one message.
+        let (page, next) = q.peek_page(None, 100, 1).unwrap();
+        assert_eq!(bodies(&page), ["b"]);
+        assert!(next.is_some());
+        assert!(PeekCursor::decode(&[9; 9]).is_err());
+        assert!(PeekCursor::decode(&[1, 2]).is_err());
+    }
+
+    #[test]
+    fn reserved_quota_refuses_other_sends_until_released() {
+        let charge = crate::config::MESSAGE_OVERHEAD_BYTES + 1;
+        let q = queue(Some(2 * charge));
+        q.reserve_quota(charge).unwrap();
+        q.reserve_quota(charge).unwrap();
+        assert!(matches!(
+            q.reserve_quota(charge),
+            Err(BrokerError::QuotaExceeded(_))
+        ));
+        assert!(q.push(&[msg(3, "a")]).unwrap()[0].is_err());
+        q.release_quota(charge);
+        assert!(q.push(&[msg(3, "a")]).unwrap()[0].is_ok());
+        let seq = q.admit_reserved().unwrap();
+        assert!(q.insert(vec![Entry::new(seq, msg(3, "b"))]).is_empty());
+        assert_eq!(bodies(&q.peek(10).unwrap()), ["a", "b"]);
     }
 
     #[test]

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use mq_proto::v1::message_queue_server::MessageQueueServer;
 use tokio::net::TcpListener;
-use tokio_stream::StreamExt;
 
 use crate::broker::Broker;
 use crate::config::BrokerConfig;
@@ -65,15 +64,13 @@ pub async fn run_with_ready(
     );
     let broker = Arc::new(broker);
     broker.start_background();
-    let svc = MessageQueueServer::new(Service::new(broker.clone()))
-        .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
-        .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
-        if let Ok(s) = &s {
-            let _ = s.set_nodelay(true);
-        }
-        s
-    });
+    let limit = broker.config().grpc_message_limit();
+    let flow = broker.config().flow.clone();
+    let connections = Arc::new(crate::flow::Connections::new(flow.max_connections));
+    let svc = MessageQueueServer::new(Service::new(broker.clone(), connections.clone()))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    let incoming = crate::flow::accept(listener, connections);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
         // Notices peers that vanished without closing (a forwarding broker behind a dead
@@ -82,6 +79,8 @@ pub async fn run_with_ready(
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .initial_stream_window_size(Some(8 * 1024 * 1024))
         .initial_connection_window_size(Some(16 * 1024 * 1024))
+        .max_concurrent_streams(Some(flow.max_streams_per_connection))
+        .http2_max_header_list_size(Some(crate::config::MAX_HEADER_LIST_BYTES))
         .add_service(svc)
         .serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;

@@ -62,6 +62,34 @@ struct Args {
     /// Store-and-forward: longest wait between attempts to reach a destination broker.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     forward_retry_max: std::time::Duration,
+    /// Most open client connections; connections past it are closed at once.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_connections)]
+    max_connections: usize,
+    /// Most concurrent calls (HTTP/2 streams) per connection; more wait for one to end.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_streams_per_connection)]
+    max_streams_per_connection: u32,
+    /// Most delivered, unacknowledged messages per receive stream, whatever credit it grants.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_unacked_per_stream)]
+    max_unacked_per_stream: u64,
+    /// Most delivered, unacknowledged messages per connection (all its receive streams).
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_unacked_per_connection)]
+    max_unacked_per_connection: u64,
+    /// A receiver holding a delivered message this long without acknowledging it loses its
+    /// stream, and its unacknowledged messages go back to the queue, e.g. 30m, 90s.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    ack_timeout: std::time::Duration,
+    /// Most bytes one transaction may stage (its sends are held in memory until commit).
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_bytes)]
+    max_tx_bytes: u64,
+    /// Most bytes all open transactions together may stage.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_total_bytes)]
+    max_tx_total_bytes: u64,
+    /// Most messages (sends and receives) in one transaction.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_messages)]
+    max_tx_messages: u64,
+    /// Most open transactions per connection.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_per_connection)]
+    max_tx_per_connection: usize,
     /// Most elements in a multiple-element format name (FORMATNAME:a,b,...) one send may use.
     #[arg(long, default_value_t = mq_proto::limits::DEFAULT_MAX_FORMAT_NAME_ELEMENTS)]
     max_format_name_elements: usize,
@@ -115,6 +143,29 @@ async fn main() -> anyhow::Result<()> {
     }
     config.forward_retry_min = args.forward_retry_min;
     config.forward_retry_max = args.forward_retry_max;
+    if args.max_connections == 0
+        || args.max_streams_per_connection == 0
+        || args.max_unacked_per_stream == 0
+        || args.max_unacked_per_connection == 0
+        || args.ack_timeout.is_zero()
+        || args.max_tx_per_connection == 0
+        || args.max_tx_messages == 0
+    {
+        anyhow::bail!(
+            "--max-connections, --max-streams-per-connection, --max-unacked-per-stream, --max-unacked-per-connection, --ack-timeout, --max-tx-messages and --max-tx-per-connection must be above zero"
+        );
+    }
+    config.flow = mq_broker::FlowLimits {
+        max_connections: args.max_connections,
+        max_streams_per_connection: args.max_streams_per_connection,
+        max_unacked_per_stream: args.max_unacked_per_stream,
+        max_unacked_per_connection: args.max_unacked_per_connection,
+        ack_timeout: args.ack_timeout,
+        max_tx_bytes: args.max_tx_bytes,
+        max_tx_total_bytes: args.max_tx_total_bytes,
+        max_tx_messages: args.max_tx_messages,
+        max_tx_per_connection: args.max_tx_per_connection,
+    };
     if args.max_format_name_elements == 0
         || args.max_format_name_elements > mq_proto::format_name::MAX_FORMAT_NAME_ELEMENTS_CEILING
     {

@@ -48,12 +48,17 @@
 //!   destination queue, transactional mismatch both ways, quota, time-to-reach-queue and
 //!   time-to-be-received in an outgoing queue, time-to-be-received in the destination queue);
 //!   read-only; `mq peek` and `mq receive --json` show why.
+//! - `flow_limits`: what a client, connection or stream can hold is bounded: connections,
+//!   streams per connection, gRPC message size, transactions (bytes, messages, per connection,
+//!   the queue quota when staging, the broker's memory), peek pages (`mq peek --count
+//!   1000000`), receivers that never read, the ack timeout, an unconfirmed `Consumer::close`.
 
 mod bad_input;
 mod cli;
 mod competing_receivers;
 mod dead_letter;
 mod express_quota;
+mod flow_limits;
 mod hardening;
 mod journal_disk;
 mod message_properties;
