@@ -124,6 +124,11 @@ impl MessageQueue for Service {
             }
         })
         .await?;
+        let found = if peek {
+            found
+        } else {
+            self.broker.removable(&queue, found)?
+        };
         let dest = queue.info().format_name;
         let message = match found.first() {
             Some(e) if peek => Some(e.msg.to_wire(&dest, self.broker.body(&queue, e)?, e.aborts)),
@@ -164,7 +169,20 @@ impl MessageQueue for Service {
         req: Request<Streaming<v1::TxRequest>>,
     ) -> Result<Response<Self::TransactStream>, Status> {
         let (broker, inbound) = (self.broker.clone(), req.into_inner());
-        Ok(spawn_stream(4, |tx| transact(broker, inbound, tx)))
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(transact(broker, inbound, tx));
+        // Every error the broker ends a transaction with means it did not commit; the client
+        // tells that from a broken connection (in doubt) by this mark.
+        let stream = tokio_stream::StreamExt::map(ReceiverStream::new(rx), |r| {
+            r.map_err(|mut s: Status| {
+                s.metadata_mut().insert(
+                    mq_proto::TX_ENDED_METADATA,
+                    "aborted".parse().expect("ascii"),
+                );
+                s
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 
     type ForwardStream = BoxStream<v1::ForwardAck>;
@@ -206,6 +224,24 @@ impl MessageQueue for Service {
         Ok(Response::new(
             self.broker.set_outgoing_paused(&dest, false).await?,
         ))
+    }
+
+    async fn transaction_outcome(
+        &self,
+        req: Request<v1::TransactionOutcomeRequest>,
+    ) -> Result<Response<v1::TransactionOutcomeResponse>, Status> {
+        let raw = req.into_inner().id;
+        let id = uuid::Uuid::from_slice(&raw).map_err(|_| {
+            Status::invalid_argument(format!("a transaction id is 16 bytes; got {}", raw.len()))
+        })?;
+        let outcomes = self.broker.outcomes();
+        let a = outcomes.outcome(id);
+        Ok(Response::new(v1::TransactionOutcomeResponse {
+            outcome: a.outcome as i32,
+            time_ms: a.time_ms,
+            detail: a.detail,
+            retention_ms: outcomes.retention_ms(),
+        }))
     }
 
     async fn peek(
@@ -377,7 +413,10 @@ async fn consume(
             let notified = queue.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let taken = match queue.take(credit.min(MAX_DELIVERY_BATCH as u64) as usize) {
+            let taken = match queue
+                .take(credit.min(MAX_DELIVERY_BATCH as u64) as usize)
+                .and_then(|t| broker.removable(&queue, t))
+            {
                 Ok(t) => t,
                 Err(e) => break Some(e.into()),
             };
@@ -426,10 +465,16 @@ async fn consume(
             tokio::select! {
                 _ = notified => continue,
                 r = inbound.message() => match r {
-                    Ok(Some(r)) => { credit += apply(&broker, &queue, &mut in_flight, &r); }
+                    Ok(Some(r)) => match apply(&broker, &queue, &mut in_flight, &r) {
+                        Ok(c) => credit += c,
+                        Err(e) => break Some(e.into()),
+                    },
                     _ => break None,
                 },
-                _ = broker.shutting_down() => break Some(BrokerError::ShuttingDown.into()),
+                _ = broker.shutting_down() => {
+                    let r = drain_acks(&broker, &queue, &mut in_flight, &mut inbound).await;
+                    break Some(r.err().unwrap_or(BrokerError::ShuttingDown).into());
+                }
             }
         } else {
             let notified = queue.notified();
@@ -442,10 +487,16 @@ async fn consume(
                 // Wakes on deletion too, so a consumer without credit still notices it.
                 _ = notified => continue,
                 r = inbound.message() => match r {
-                    Ok(Some(r)) => { credit += apply(&broker, &queue, &mut in_flight, &r); }
+                    Ok(Some(r)) => match apply(&broker, &queue, &mut in_flight, &r) {
+                        Ok(c) => credit += c,
+                        Err(e) => break Some(e.into()),
+                    },
                     _ => break None,
                 },
-                _ = broker.shutting_down() => break Some(BrokerError::ShuttingDown.into()),
+                _ = broker.shutting_down() => {
+                    let r = drain_acks(&broker, &queue, &mut in_flight, &mut inbound).await;
+                    break Some(r.err().unwrap_or(BrokerError::ShuttingDown).into());
+                }
             }
         }
     };
@@ -457,20 +508,59 @@ async fn consume(
     }
 }
 
-/// Applies an acknowledgement and returns the credit granted.
+/// Applies an acknowledgement and returns the credit granted. Fails if the acknowledged
+/// messages include recoverable ones and the journal refuses writes: their removal cannot be
+/// stored (they stay in flight and go back when the stream ends).
 fn apply(
     broker: &Broker,
     queue: &Queue,
     in_flight: &mut VecDeque<(u64, Entry)>,
     r: &v1::ReceiveRequest,
-) -> u64 {
+) -> Result<u64, BrokerError> {
     if r.ack_through > 0 {
         let n = in_flight.partition_point(|(tag, _)| *tag <= r.ack_through);
+        if in_flight
+            .iter()
+            .take(n)
+            .any(|(_, e)| e.msg.delivery == crate::message::Delivery::Recoverable)
+        {
+            broker.check_writable("store the acknowledgement of recoverable messages")?;
+        }
         let done: Vec<Entry> = in_flight.drain(..n).map(|(_, e)| e).collect();
         queue.complete(&done);
         broker.forget(queue, &done);
     }
-    r.credit as u64
+    Ok(r.credit as u64)
+}
+
+/// How long a receive stream keeps reading acknowledgements at shutdown once the receiver is
+/// quiet...
+const ACK_DRAIN_IDLE: Duration = Duration::from_millis(200);
+/// ...and at most in all.
+const ACK_DRAIN_MAX: Duration = Duration::from_secs(2);
+
+/// At shutdown, before anything is given back: applies the acknowledgements the receiver has
+/// already sent (they may still be on the way, in the connection's buffers), so their messages
+/// are removed (and the removals journaled before the journal closes) rather than redelivered
+/// after the restart. Reads until the receiver is quiet for [`ACK_DRAIN_IDLE`], ends its
+/// stream, or [`ACK_DRAIN_MAX`] has passed.
+async fn drain_acks(
+    broker: &Broker,
+    queue: &Queue,
+    in_flight: &mut VecDeque<(u64, Entry)>,
+    inbound: &mut Streaming<v1::ReceiveRequest>,
+) -> Result<(), BrokerError> {
+    let end = tokio::time::Instant::now() + ACK_DRAIN_MAX;
+    while !in_flight.is_empty() {
+        let until = end.min(tokio::time::Instant::now() + ACK_DRAIN_IDLE);
+        match tokio::time::timeout_at(until, inbound.message()).await {
+            Ok(Ok(Some(r))) => {
+                apply(broker, queue, in_flight, &r)?;
+            }
+            _ => break,
+        }
+    }
+    Ok(())
 }
 
 /// One transaction stream. Every way out of the loop but a successful commit aborts (the
@@ -484,7 +574,8 @@ async fn transact(
     use v1::tx_response::Result as Res;
     let timeout = broker.config().tx_timeout;
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut tx = Transaction::begin(broker.clone());
+    // Created by a first `TxBegin` (the client's id), else by the first other request.
+    let mut open: Option<Transaction> = None;
     let timed_out = || {
         Status::aborted(format!(
             "the transaction was open longer than the broker's transaction timeout ({}s, mqd --tx-timeout-secs) and was aborted",
@@ -516,7 +607,33 @@ async fn transact(
             // The client went away: abort.
             Ok(None) | Err(_) => return,
         };
+        if let Req::Begin(b) = &op {
+            let begun = match (&open, uuid::Uuid::from_slice(&b.id)) {
+                (Some(_), _) => Err(Status::invalid_argument(
+                    "TxBegin must be the first request of a transaction",
+                )),
+                (None, Err(_)) => Err(Status::invalid_argument(format!(
+                    "a transaction id is 16 bytes; got {}",
+                    b.id.len()
+                ))),
+                (None, Ok(id)) => {
+                    Transaction::begin_with_id(broker.clone(), id).map_err(Status::from)
+                }
+            };
+            match begun {
+                Ok(t) => {
+                    open = Some(t);
+                    continue;
+                }
+                Err(status) => {
+                    let _ = out.send(Err(status)).await;
+                    return;
+                }
+            }
+        }
+        let tx = open.get_or_insert_with(|| Transaction::begin(broker.clone()));
         let reply = match op {
+            Req::Begin(_) => unreachable!("handled above"),
             Req::Send(s) => {
                 tx.send(&s.destination, s.messages);
                 continue;
@@ -532,7 +649,7 @@ async fn transact(
                 }
             }
             Req::Commit(_) => {
-                let r = tx.commit().await;
+                let r = open.take().expect("opened above").commit().await;
                 let reply = match r {
                     Ok(c) => {
                         let mut ids = BytesMut::with_capacity(16 * c.ids.len());
@@ -543,6 +660,7 @@ async fn transact(
                             result: Some(Res::Committed(v1::TxCommitted {
                                 ids: ids.freeze(),
                                 received: c.received as u32,
+                                id: c.id.as_bytes().to_vec().into(),
                             })),
                         })
                     }
@@ -552,7 +670,7 @@ async fn transact(
                 return;
             }
             Req::Abort(_) => {
-                tx.abort();
+                open.take().expect("opened above").abort();
                 let _ = out
                     .send(Ok(v1::TxResponse {
                         result: Some(Res::Aborted(true)),

@@ -87,18 +87,14 @@ impl Queue {
     /// Up to `max` messages from the head of the queue, in receive order, not removed.
     pub async fn peek_many(&self, max: u32, timeout: Duration) -> Result<Vec<ReceivedMessage>> {
         self.receivable()?;
-        let r = self
-            .client
-            .rpc
-            .clone()
-            .peek(v1::PeekRequest {
-                queue: self.name.clone(),
-                timeout_ms: timeout.as_millis() as u64,
-                max,
-            })
-            .await?;
-        r.into_inner()
-            .messages
+        let mut grpc = self.client.rpc.clone();
+        let rpc = grpc.peek(v1::PeekRequest {
+            queue: self.name.clone(),
+            timeout_ms: timeout.as_millis() as u64,
+            max,
+        });
+        let r = self.client.call("to a peek", timeout, rpc).await?;
+        r.messages
             .into_iter()
             .map(ReceivedMessage::from_wire)
             .collect()
@@ -106,20 +102,14 @@ impl Queue {
 
     async fn one(&self, timeout: Duration, peek: bool) -> Result<Option<ReceivedMessage>> {
         self.receivable()?;
-        let r = self
-            .client
-            .rpc
-            .clone()
-            .receive_one(v1::ReceiveOneRequest {
-                queue: self.name.clone(),
-                timeout_ms: timeout.as_millis() as u64,
-                peek,
-            })
-            .await?;
-        r.into_inner()
-            .message
-            .map(ReceivedMessage::from_wire)
-            .transpose()
+        let mut grpc = self.client.rpc.clone();
+        let rpc = grpc.receive_one(v1::ReceiveOneRequest {
+            queue: self.name.clone(),
+            timeout_ms: timeout.as_millis() as u64,
+            peek,
+        });
+        let r = self.client.call("to a receive", timeout, rpc).await?;
+        r.message.map(ReceivedMessage::from_wire).transpose()
     }
 
     /// A streaming receiver with a prefetch window (the fast way to receive many messages).

@@ -457,6 +457,18 @@ impl MqdProcess {
         }
     }
 
+    /// Sends `signal` (a `kill` name: `STOP`, `CONT`, `TERM`, ...) to it by PID, without waiting.
+    pub fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .with_context(|| format!("run `kill -{signal}`"))?;
+        if !status.success() {
+            bail!("`kill -{signal} {}` failed: {status}", self.child.id());
+        }
+        Ok(())
+    }
+
     /// Waits at most `timeout` for it to exit on its own.
     pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<Option<ExitStatus>> {
         Ok(wait_timeout(&mut self.child, timeout)?)

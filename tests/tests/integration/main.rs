@@ -50,6 +50,7 @@ mod express_quota;
 mod message_properties;
 mod mqd_process;
 mod multiple_element_names;
+mod poisoned_journal;
 mod queue_admin;
 mod recoverable;
 mod recoverable_faults;
