@@ -24,6 +24,8 @@ use crate::queue::{group_by_queue, Entry, Queue, QueueDef, QueueRole};
 pub struct Broker {
     config: BrokerConfig,
     local_addrs: Vec<SocketAddr>,
+    /// `config.name` and `config.aliases`: the host names (and IP aliases) that are local.
+    local_names: Vec<String>,
     queues: RwLock<HashMap<String, Arc<Queue>>>,
     journal: Journal,
     /// Held while transactional messages get their queue positions and their journal record is
@@ -43,6 +45,8 @@ pub struct Broker {
     outcomes: std::sync::Mutex<crate::outcome::Outcomes>,
     /// The runtime background tasks (forwarders, expiry sweep) run on, once started.
     background: std::sync::Mutex<Option<tokio::runtime::Handle>>,
+    /// Bytes staged by all open transactions (`mqd --max-tx-total-bytes`).
+    pub(crate) tx_staged: crate::flow::Budget,
 }
 
 /// Keys of the system queues.
@@ -198,6 +202,7 @@ impl Broker {
     ) -> Result<(Self, RecoveryReport), BrokerError> {
         let opts = JournalOptions {
             segment_size: config.journal_segment_bytes,
+            truncate_damaged: config.truncate_damaged_journal,
             ..JournalOptions::default()
         };
         let dir = config.data_dir.join("journal");
@@ -205,8 +210,13 @@ impl Broker {
             Some(io) => Journal::open_with_io(&dir, opts, io.clone()),
             None => Journal::open(&dir, opts),
         };
-        let (journal, mut rec) =
-            opened.map_err(|e| BrokerError::Internal(format!("cannot open the journal: {e}")))?;
+        let (journal, mut rec) = opened.map_err(|e| match e {
+            crate::journal::JournalError::Damaged { .. }
+            | crate::journal::JournalError::Corrupt { .. } => {
+                BrokerError::FailedPrecondition(format!("cannot open the journal: {e}"))
+            }
+            e => BrokerError::Internal(format!("cannot open the journal: {e}")),
+        })?;
         let mut report = RecoveryReport {
             segments: rec.segments,
             truncated: rec.truncated.is_some(),
@@ -285,6 +295,19 @@ impl Broker {
             }
             queues.insert(q.def().key.clone(), q);
         }
+        // Messages of a queue that has no definition: a send that raced the queue's deletion
+        // wrote its Put after the DeleteQueue (before it was given back). They belong to no
+        // queue; a fresh tombstone makes them dead so compaction stops copying them.
+        for (id, orphans) in std::mem::take(&mut rec.messages) {
+            if !orphans.is_empty() {
+                tracing::warn!(
+                    queue_id = id,
+                    messages = orphans.len(),
+                    "recovery: messages of a deleted queue; dropping them"
+                );
+                drop(journal.submit(vec![Op::DeleteQueue { queue_id: id }]));
+            }
+        }
         report.queues = queues.values().filter(|q| q.def().role.is_normal()).count();
         let mut next_queue_id = rec.max_queue_id + 1;
         // The system queues exist on every broker; a new data directory gets them now. Their
@@ -304,10 +327,10 @@ impl Broker {
                 String::new(),
             );
             def.role = role;
-            drop(journal.submit(vec![Op::DefineQueue {
+            journal.submit_detached(vec![Op::DefineQueue {
                 queue_id: id,
                 def: QueueDefRecord::encode(&def),
-            }]));
+            }]);
             let q = Arc::new(Queue::new(def));
             if key != STREAMS_KEY && key != TXOUTCOMES_KEY {
                 queues.insert(key.to_string(), q.clone());
@@ -356,8 +379,14 @@ impl Broker {
                 (o.destination().to_string(), o)
             })
             .collect();
+        let local_names = std::iter::once(config.name.clone())
+            .chain(config.aliases.iter().cloned())
+            .collect();
+        let tx_staged = crate::flow::Budget::new(config.flow.max_tx_total_bytes);
         let broker = Broker {
+            tx_staged,
             config,
+            local_names,
             local_addrs,
             queues: RwLock::new(queues),
             journal,
@@ -474,7 +503,7 @@ impl Broker {
 
     /// Whether `addr` is a queue of this broker.
     pub fn is_local(&self, addr: &QueueAddress) -> bool {
-        addr.is_local_to(std::slice::from_ref(&self.config.name), &self.local_addrs)
+        addr.is_local_to(&self.local_names, &self.local_addrs)
     }
 
     fn normal_queue_key(&self, name: &str, addr: &QueueAddress) -> Result<String, BrokerError> {
@@ -533,7 +562,7 @@ impl Broker {
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&key);
-            q.mark_deleted();
+            let _ = q.mark_deleted(); // Nothing was stored in it yet.
             return Err(BrokerError::Unavailable(format!(
                 "cannot store the queue definition: {e}"
             )));
@@ -560,8 +589,7 @@ impl Broker {
             }
             queues.remove(&key).expect("checked above")
         };
-        let (express, stored) = q.charged_by_delivery();
-        q.mark_deleted();
+        let (express, stored) = q.mark_deleted();
         self.release(Delivery::Express, express);
         self.release(Delivery::Recoverable, stored);
         self.journal
@@ -617,7 +645,11 @@ impl Broker {
     /// Removes every ready message of a queue.
     pub fn purge(&self, name: &str) -> Result<u64, BrokerError> {
         let q = self.queue(name)?;
-        if q.charged_by_delivery().1 > 0 {
+        if self.journal.is_poisoned()
+            && q.peek(usize::MAX)?
+                .iter()
+                .any(|e| e.msg.delivery == Delivery::Recoverable)
+        {
             self.check_writable("purge recoverable messages")?;
         }
         let purged = q.purge();
@@ -711,6 +743,11 @@ impl Broker {
                 "the journal refuses writes; cannot create an outgoing queue; restart mqd after fixing the disk".into(),
             ));
         }
+        if self.journal.is_disk_full() {
+            return Err(BrokerError::QuotaExceeded(
+                "the disk under the journal is full: cannot create an outgoing queue; sends are refused until space is freed".into(),
+            ));
+        }
         let id = self.next_queue_id.fetch_add(1, Ordering::AcqRel);
         let key = format!("outgoing$;{destination}");
         let mut def = QueueDef::new(
@@ -727,11 +764,11 @@ impl Broker {
             paused: false,
         };
         // Not awaited: every later record that uses the queue comes after this one in the
-        // journal, and a failed write poisons the journal for all of them.
-        drop(self.journal.submit(vec![Op::DefineQueue {
+        // journal, and a failed detached write poisons the journal for all of them.
+        self.journal.submit_detached(vec![Op::DefineQueue {
             queue_id: id,
             def: QueueDefRecord::encode(&def),
-        }]));
+        }]);
         let q = Arc::new(Queue::new(def));
         self.queues
             .write()
@@ -778,7 +815,7 @@ impl Broker {
             .clone();
         if let Some(handle) = handle {
             if o.mark_started() {
-                handle.spawn(crate::forward::run(Arc::downgrade(self), o.clone()));
+                handle.spawn(crate::forward::supervise(Arc::downgrade(self), o.clone()));
             }
         }
     }
@@ -895,7 +932,7 @@ impl Broker {
                     durable.push((q.clone(), j, Entry::new(seq, bodyless)));
                 }
             }
-            q.insert(express);
+            self.insert_or_forget(q, express);
         }
         let commit = (!ops.is_empty()).then(|| self.journal.submit(ops));
         drop(order_guard);
@@ -906,7 +943,7 @@ impl Broker {
                     Ok(()) => {
                         let placed = durable.into_iter().map(|(q, _, e)| (q, e));
                         for (q, entries) in group_by_queue(placed) {
-                            q.insert(entries);
+                            broker.insert_or_forget(&q, entries);
                         }
                     }
                     Err(e) => {
@@ -1005,6 +1042,16 @@ impl Broker {
         }
     }
 
+    /// Makes admitted entries receivable; if their queue was deleted meanwhile, forgets them
+    /// instead (gives back their quota, and journals the removal of recoverable ones so no
+    /// Put of a deleted queue stays live in the journal).
+    pub(crate) fn insert_or_forget(&self, queue: &Queue, entries: Vec<Entry>) {
+        let gone = queue.insert(entries);
+        if !gone.is_empty() {
+            self.forget(queue, &gone);
+        }
+    }
+
     /// Removes taken entries for good and waits until their removal is on disk (transactional
     /// queues: a receive is a committed single-message transaction before the message is
     /// handed out). If the journal fails, the entries go back to the queue.
@@ -1072,6 +1119,11 @@ fn local_path_name(addr: &QueueAddress) -> String {
 
 /// A journal failure as the broker reports it.
 pub(crate) fn journal_failed(e: crate::journal::JournalError) -> BrokerError {
+    if let crate::journal::JournalError::NoSpace { .. } = e {
+        return BrokerError::QuotaExceeded(format!(
+            "the disk under the journal is full, nothing was stored: {e}"
+        ));
+    }
     if e.is_poisoned() {
         BrokerError::Unavailable(format!(
             "the journal refuses writes: {e}; restart mqd after fixing the disk"
@@ -1085,4 +1137,118 @@ pub(crate) fn journal_failed(e: crate::journal::JournalError) -> BrokerError {
 pub(crate) fn force_transactional(m: &mut v1::OutMessage) {
     m.priority = Some(0);
     m.delivery = v1::Delivery::Recoverable as i32;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use mq_proto::v1;
+
+    use super::Broker;
+    use crate::config::BrokerConfig;
+    use crate::journal::{Journal, JournalOptions, Op};
+
+    fn open(dir: &std::path::Path) -> Arc<Broker> {
+        let (b, _) = Broker::open(
+            BrokerConfig::new(dir),
+            vec!["127.0.0.1:4000".parse().unwrap()],
+        )
+        .unwrap();
+        Arc::new(b)
+    }
+
+    /// Deleting a queue while a recoverable send to it is being stored used to leak that
+    /// send's share of the storage quota for good (the late insert was dropped silently).
+    #[tokio::test]
+    async fn deleting_a_queue_with_sends_in_flight_gives_their_quota_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path());
+        b.create_queue(v1::CreateQueueRequest {
+            name: r".\private$\q".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let dests = b.destinations(r".\private$\q", false).unwrap();
+        let msgs = (0..10)
+            .map(|i| v1::OutMessage {
+                body: Bytes::from(format!("m{i}")),
+                label: "a label".into(),
+                delivery: v1::Delivery::Recoverable as i32,
+                ..Default::default()
+            })
+            .collect();
+        let sending = b.send_batch(&dests, msgs, false);
+        assert!(b.stored_used.load(Ordering::Acquire) > 0);
+        b.delete_queue(r".\private$\q").await.unwrap();
+        let _ = sending.await;
+        assert_eq!(b.stored_used.load(Ordering::Acquire), 0);
+        assert_eq!(b.express_used.load(Ordering::Acquire), 0);
+    }
+
+    /// `--listen 0.0.0.0` and `--alias`: the machine's own addresses and the broker's aliases
+    /// (names or IPs) are this broker; forwarded messages to them are not refused.
+    #[test]
+    fn interface_addresses_and_aliases_are_local() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = BrokerConfig::new(dir.path());
+        config.aliases = vec!["mq.example.net".into(), "203.0.113.7".into()];
+        let (b, _) = Broker::open(
+            config,
+            crate::server::local_addresses("0.0.0.0:1801".parse().unwrap()),
+        )
+        .unwrap();
+        let local = |name: &str| {
+            let parsed = mq_proto::format_name::FormatName::parse(name).unwrap();
+            b.is_local(parsed.single().unwrap())
+        };
+        for i in if_addrs::get_if_addrs().unwrap() {
+            if i.ip().is_ipv4() {
+                assert!(
+                    local(&format!(r"DIRECT=TCP:{}\private$\q", i.ip())),
+                    "{}",
+                    i.ip()
+                );
+                assert!(!local(&format!(r"DIRECT=TCP:{}:1802\private$\q", i.ip())));
+            }
+        }
+        assert!(local(r"DIRECT=OS:MQ.example.net\private$\q"));
+        assert!(local(r"mq.example.net\private$\q"));
+        assert!(local(r"DIRECT=TCP:203.0.113.7\private$\q"));
+        assert!(!local(r"DIRECT=TCP:203.0.113.8\private$\q"));
+        assert!(!local(r"DIRECT=OS:other.example.net\private$\q"));
+        b.close();
+    }
+
+    /// A Put for a queue with no definition (a send that raced the queue's deletion) is
+    /// dropped by recovery with a tombstone, so it is not recovered and copied again forever.
+    #[tokio::test]
+    async fn recovery_drops_messages_of_deleted_queues_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path());
+        b.journal()
+            .submit(vec![Op::Put {
+                queue_id: 9_999,
+                seq: 1,
+                header: Bytes::from_static(b"orphan"),
+                body: Bytes::from_static(b"body"),
+            }])
+            .await
+            .unwrap();
+        b.close();
+        drop(b);
+        let b = open(dir.path());
+        b.close();
+        drop(b);
+        let (j, rec) =
+            Journal::open(&dir.path().join("journal"), JournalOptions::default()).unwrap();
+        assert!(
+            !rec.messages.contains_key(&9_999),
+            "the orphan Put is still live"
+        );
+        j.shutdown();
+    }
 }

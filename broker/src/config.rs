@@ -21,11 +21,43 @@ pub const MAX_CORRELATION_ID_CHARS: usize = 255;
 /// Bytes charged against quotas for each message besides its body and label.
 pub const MESSAGE_OVERHEAD_BYTES: u64 = 128;
 
+// Flow limits (README "Limits"): what one client or connection can hold of the broker.
+/// Default most open client connections (`mqd --max-connections`).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Default most concurrent HTTP/2 streams (calls) per connection.
+pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: u32 = 256;
+/// Room above the body limit for one gRPC message: a batch's other messages (sends are cut at
+/// 1 MiB, deliveries and forwards at 4 MiB of bodies) and every header field.
+pub const GRPC_HEADROOM_BYTES: usize = 8 * 1024 * 1024;
+/// Largest HTTP/2 header block a client may send (hyper's default, made explicit).
+pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+/// Default most delivered, unacknowledged messages per receive stream.
+pub const DEFAULT_MAX_UNACKED_PER_STREAM: u64 = 10_000;
+/// Default most delivered, unacknowledged messages per connection (all its receive streams).
+pub const DEFAULT_MAX_UNACKED_PER_CONNECTION: u64 = 50_000;
+/// Default time a receiver may hold a delivered message without acknowledging it.
+pub const DEFAULT_ACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+/// Default most bytes one transaction may stage (its sends, held in memory until commit).
+pub const DEFAULT_MAX_TX_BYTES: u64 = 64 * 1024 * 1024;
+/// Default most bytes all open transactions together may stage.
+pub const DEFAULT_MAX_TX_TOTAL_BYTES: u64 = 512 * 1024 * 1024;
+/// Default most messages (sends and receives) in one transaction.
+pub const DEFAULT_MAX_TX_MESSAGES: u64 = 100_000;
+/// Default most open transactions per connection.
+pub const DEFAULT_MAX_TX_PER_CONNECTION: usize = 64;
+/// Most messages in one `Peek` response (a page; the client asks for the next).
+pub const PEEK_PAGE_MESSAGES: usize = 1000;
+/// A `Peek` page is cut once its bodies reach this size (at least one message per page).
+pub const PEEK_PAGE_BYTES: usize = 4 * 1024 * 1024;
+
 /// What a broker needs to know to run.
 #[derive(Clone)]
 pub struct BrokerConfig {
     /// The broker's own name; format names with this host are local. Defaults to the host name.
     pub name: String,
+    /// Other names and addresses of this broker (host names or IP addresses: a DNS alias, a
+    /// NAT address); format names with these hosts are local too, like `name`.
+    pub aliases: Vec<String>,
     /// Directory for durable state. Created if missing; one broker per directory (locked).
     pub data_dir: PathBuf,
     /// Largest accepted message body, in bytes.
@@ -36,6 +68,9 @@ pub struct BrokerConfig {
     pub storage_quota_bytes: u64,
     /// Size of each preallocated journal segment file.
     pub journal_segment_bytes: u64,
+    /// Open even when the journal's last segment is damaged before records written after the
+    /// damage, dropping them (logged). Off: the broker refuses to start.
+    pub truncate_damaged_journal: bool,
     /// Storage under the journal; `None` = real files. Tests pass a
     /// [`crate::journal::FaultyIo`] to fail or "crash" at a chosen sync.
     pub journal_io: Option<std::sync::Arc<dyn crate::journal::Io>>,
@@ -51,6 +86,48 @@ pub struct BrokerConfig {
     pub forward_retry_min: std::time::Duration,
     /// Longest wait between forwarding connection attempts.
     pub forward_retry_max: std::time::Duration,
+    /// Flow limits: see [`FlowLimits`].
+    pub flow: FlowLimits,
+}
+
+/// What one client, connection or stream may hold of the broker (README "Limits").
+#[derive(Debug, Clone)]
+pub struct FlowLimits {
+    /// Most open client connections; more are closed at once.
+    pub max_connections: usize,
+    /// Most concurrent HTTP/2 streams per connection (more wait, HTTP/2 flow control).
+    pub max_streams_per_connection: u32,
+    /// Most delivered, unacknowledged messages per receive stream, whatever credit it grants.
+    pub max_unacked_per_stream: u64,
+    /// Most delivered, unacknowledged messages per connection.
+    pub max_unacked_per_connection: u64,
+    /// A receive stream holding a delivered message this long without acknowledging it is
+    /// ended and its unacknowledged messages go back to the queue.
+    pub ack_timeout: std::time::Duration,
+    /// Most bytes one transaction may stage.
+    pub max_tx_bytes: u64,
+    /// Most bytes all open transactions together may stage.
+    pub max_tx_total_bytes: u64,
+    /// Most messages (sends and receives) in one transaction.
+    pub max_tx_messages: u64,
+    /// Most open transactions per connection.
+    pub max_tx_per_connection: usize,
+}
+
+impl Default for FlowLimits {
+    fn default() -> Self {
+        FlowLimits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
+            max_unacked_per_stream: DEFAULT_MAX_UNACKED_PER_STREAM,
+            max_unacked_per_connection: DEFAULT_MAX_UNACKED_PER_CONNECTION,
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            max_tx_bytes: DEFAULT_MAX_TX_BYTES,
+            max_tx_total_bytes: DEFAULT_MAX_TX_TOTAL_BYTES,
+            max_tx_messages: DEFAULT_MAX_TX_MESSAGES,
+            max_tx_per_connection: DEFAULT_MAX_TX_PER_CONNECTION,
+        }
+    }
 }
 
 impl BrokerConfig {
@@ -58,11 +135,13 @@ impl BrokerConfig {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         BrokerConfig {
             name: default_name(),
+            aliases: Vec::new(),
             data_dir: data_dir.into(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             express_quota_bytes: DEFAULT_EXPRESS_QUOTA_BYTES,
             storage_quota_bytes: DEFAULT_STORAGE_QUOTA_BYTES,
             journal_segment_bytes: DEFAULT_JOURNAL_SEGMENT_BYTES,
+            truncate_damaged_journal: false,
             journal_io: None,
             tx_timeout: std::time::Duration::from_secs(60),
             shutdown_grace: std::time::Duration::from_secs(5),
@@ -70,7 +149,13 @@ impl BrokerConfig {
             tx_outcome_max: crate::outcome::DEFAULT_TX_OUTCOME_MAX,
             forward_retry_min: DEFAULT_FORWARD_RETRY_MIN,
             forward_retry_max: DEFAULT_FORWARD_RETRY_MAX,
+            flow: FlowLimits::default(),
         }
+    }
+
+    /// Largest gRPC message the broker decodes or encodes: the body limit plus headroom.
+    pub fn grpc_message_limit(&self) -> usize {
+        self.max_body_bytes.saturating_add(GRPC_HEADROOM_BYTES)
     }
 }
 
@@ -93,6 +178,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("express_quota_bytes", &self.express_quota_bytes)
             .field("storage_quota_bytes", &self.storage_quota_bytes)
             .field("journal_segment_bytes", &self.journal_segment_bytes)
+            .field("truncate_damaged_journal", &self.truncate_damaged_journal)
             .field("faulty_journal_io", &self.journal_io.is_some())
             .field("tx_timeout", &self.tx_timeout)
             .field("shutdown_grace", &self.shutdown_grace)
@@ -100,6 +186,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("tx_outcome_max", &self.tx_outcome_max)
             .field("forward_retry_min", &self.forward_retry_min)
             .field("forward_retry_max", &self.forward_retry_max)
+            .field("flow", &self.flow)
             .finish()
     }
 }

@@ -173,7 +173,7 @@ impl Broker {
             counted += 1;
             match m.delivery {
                 Delivery::Express => {
-                    dl.insert(vec![Entry::new(seq, moved)]);
+                    self.insert_or_forget(&dl, vec![Entry::new(seq, moved)]);
                     done.push(item.entry);
                 }
                 Delivery::Recoverable => {
@@ -206,7 +206,7 @@ impl Broker {
             }
         }
         for (dl, entries) in group_by_queue(durable) {
-            dl.insert(entries);
+            self.insert_or_forget(&dl, entries);
         }
         src.complete(&done);
         let gone = src.restore(back);

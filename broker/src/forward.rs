@@ -18,7 +18,7 @@
 //! forwarder retries with exponential back-off (`--forward-retry-min` to
 //! `--forward-retry-max`), resuming where the last acknowledgement left off.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -65,6 +65,9 @@ pub struct Outgoing {
     dead_lettered: AtomicU64,
     /// Wakes the forwarder: paused, resumed.
     wake: Notify,
+    /// Held while the paused flag changes and its definition record is handed to the journal,
+    /// so the journal's order of pause/resume records is the order the flag took its values.
+    pause_order: Mutex<()>,
 }
 
 impl Outgoing {
@@ -95,6 +98,7 @@ impl Outgoing {
             forwarded: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
             wake: Notify::new(),
+            pause_order: Mutex::new(()),
         }
     }
 
@@ -164,8 +168,36 @@ impl Outgoing {
     }
 }
 
+/// Runs the forwarder of one outgoing queue and restarts it if it panics, with the failure
+/// shown as its last error (a dead forwarder must not pass for a CONNECTED one). The batches it
+/// had in flight went back to the queue when its session unwound.
+pub(crate) async fn supervise(broker: Weak<Broker>, o: Arc<Outgoing>) {
+    use futures::FutureExt;
+    loop {
+        let run = std::panic::AssertUnwindSafe(run(broker.clone(), o.clone()));
+        let Err(panic) = run.catch_unwind().await else {
+            return;
+        };
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into());
+        tracing::error!(destination = %o.destination, error = %what, "forwarder failed; restarting in 1 s");
+        o.set(
+            OutgoingState::Waiting,
+            Some(format!("the forwarder failed ({what}); it restarts")),
+            now_ms() + 1000,
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if broker.upgrade().is_none_or(|b| b.is_shutting_down()) {
+            return;
+        }
+    }
+}
+
 /// The forwarder of one outgoing queue: runs until the broker shuts down.
-pub(crate) async fn run(broker: Weak<Broker>, o: Arc<Outgoing>) {
+async fn run(broker: Weak<Broker>, o: Arc<Outgoing>) {
     let Some(b) = broker.upgrade() else { return };
     let (min, max) = (
         b.config().forward_retry_min,
@@ -286,8 +318,12 @@ async fn session(
     };
     let source = b.config().name.clone();
     let queue = &o.queue;
-    let mut in_flight: VecDeque<(u64, Vec<Entry>, usize)> = VecDeque::new();
-    let mut in_flight_bytes = 0usize;
+    let mut in_flight = InFlight {
+        b,
+        queue,
+        batches: VecDeque::new(),
+        bytes: 0,
+    };
     let mut next_batch = 1u64;
     let mut progressed = false;
     let result = loop {
@@ -295,7 +331,8 @@ async fn session(
         tokio::pin!(notified);
         notified.as_mut().enable();
         let paused = o.is_paused();
-        let room = !paused && in_flight.len() < WINDOW_BATCHES && in_flight_bytes < WINDOW_BYTES;
+        let room =
+            !paused && in_flight.batches.len() < WINDOW_BATCHES && in_flight.bytes < WINDOW_BYTES;
         if room {
             let taken = match queue.take_bounded(BATCH_MESSAGES, BATCH_BYTES) {
                 Ok(t) => t,
@@ -325,8 +362,8 @@ async fn session(
                         message: Some(e.msg.to_wire(route, body, 0)),
                     });
                 }
-                in_flight.push_back((next_batch, taken, bytes));
-                in_flight_bytes += bytes;
+                in_flight.batches.push_back((next_batch, taken, bytes));
+                in_flight.bytes += bytes;
                 if let Some(err) = failed {
                     break Err((err, progressed));
                 }
@@ -346,21 +383,27 @@ async fn session(
                 continue;
             }
         }
-        if paused && in_flight.is_empty() {
+        if paused && in_flight.batches.is_empty() {
             break Ok(());
         }
         tokio::select! {
             ack = acks.message() => match ack {
                 Ok(Some(ack)) => {
-                    let Some((n, entries, bytes)) = in_flight.pop_front() else {
+                    // Checked before anything is taken off the window: on a bad answer every
+                    // unsettled entry goes back to the queue.
+                    let Some((n, entries, _)) = in_flight.batches.front() else {
                         break Err((format!("{} acknowledged batch {} that was not sent", o.destination, ack.batch), progressed));
                     };
-                    if ack.batch != n || ack.count as usize != entries.len() {
+                    if ack.batch != *n || ack.count as usize != entries.len() {
                         break Err((format!("{} acknowledged batch {} ({} messages); expected batch {n} ({} messages)", o.destination, ack.batch, ack.count, entries.len()), progressed));
                     }
-                    in_flight_bytes -= bytes;
+                    let (n, entries, bytes) = in_flight.batches.pop_front().expect("checked above");
+                    in_flight.bytes -= bytes;
+                    if let Err((e, entries)) = settle(b, o, entries, ack.rejected).await {
+                        in_flight.batches.push_front((n, entries, bytes));
+                        break Err((e, progressed));
+                    }
                     progressed = true;
-                    settle(b, o, entries, ack.rejected).await;
                 }
                 Ok(None) => break Err((format!("{} ended the forwarding stream", o.destination), progressed)),
                 Err(s) => break Err((format!("{}: {}", o.destination, s.message()), progressed)),
@@ -371,46 +414,84 @@ async fn session(
         }
     };
     drop(tx);
-    // Whatever was not acknowledged goes back to the head, in order, for the next connection.
-    let back: Vec<Entry> = in_flight.into_iter().flat_map(|(_, e, _)| e).collect();
-    let gone = queue.restore(back);
-    b.forget(queue, &gone);
+    drop(in_flight);
     result
 }
 
+/// The batches sent on one connection and not yet acknowledged. Dropping it (the session
+/// ended, failed, was cancelled or panicked) gives them back to the head of the outgoing queue,
+/// in order, for the next connection.
+struct InFlight<'a> {
+    b: &'a Broker,
+    queue: &'a Queue,
+    batches: VecDeque<(u64, Vec<Entry>, usize)>,
+    bytes: usize,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let back: Vec<Entry> = self.batches.drain(..).flat_map(|(_, e, _)| e).collect();
+        if !back.is_empty() {
+            let gone = self.queue.restore(back);
+            self.b.forget(self.queue, &gone);
+        }
+    }
+}
+
+/// Checks a peer's rejections of a batch of `len` messages: each index names a message of
+/// the batch, at most once, in any order. Anything else is a protocol error (the peer is not
+/// trusted: nothing it sends may panic the forwarder).
+fn index_rejections(
+    len: usize,
+    rejected: Vec<v1::ForwardRejection>,
+) -> Result<HashMap<usize, v1::ForwardRejection>, String> {
+    let mut by_index = HashMap::with_capacity(rejected.len());
+    for r in rejected {
+        let i = r.index as usize;
+        if i >= len {
+            return Err(format!("refused message {} of a batch of {len}", r.index));
+        }
+        if by_index.insert(i, r).is_some() {
+            return Err(format!("refused message {i} twice in one acknowledgement"));
+        }
+    }
+    Ok(by_index)
+}
+
 /// Applies one acknowledged batch: stored messages are removed; refused ones are dead-lettered.
+/// A malformed answer settles nothing: the entries are handed back for the caller to restore.
 async fn settle(
     b: &Arc<Broker>,
     o: &Outgoing,
     entries: Vec<Entry>,
     rejected: Vec<v1::ForwardRejection>,
-) {
+) -> Result<(), (String, Vec<Entry>)> {
     let queue = &o.queue;
     if rejected.is_empty() {
         o.forwarded
             .fetch_add(entries.len() as u64, Ordering::Relaxed);
         queue.complete(&entries);
         b.forget(queue, &entries);
-        return;
+        return Ok(());
     }
-    let refused: HashSet<usize> = rejected.iter().map(|r| r.index as usize).collect();
-    let mut reasons = rejected.into_iter();
+    let mut reasons = match index_rejections(entries.len(), rejected) {
+        Ok(r) => r,
+        Err(e) => return Err((format!("{}: {e}", o.destination), entries)),
+    };
     let mut stored = Vec::with_capacity(entries.len());
     let mut dead = Vec::new();
     for (i, e) in entries.into_iter().enumerate() {
-        if refused.contains(&i) {
-            let r = reasons
-                .find(|r| r.index as usize == i)
-                .expect("every refused index has its rejection");
-            let class =
-                v1::DeadLetterClass::try_from(r.class).unwrap_or(v1::DeadLetterClass::BadMessage);
-            dead.push(DeadLetterItem {
-                entry: e,
-                class,
-                reason: format!("{} refused it: {}", o.destination, r.reason),
-            });
-        } else {
-            stored.push(e);
+        match reasons.remove(&i) {
+            Some(r) => {
+                let class = v1::DeadLetterClass::try_from(r.class)
+                    .unwrap_or(v1::DeadLetterClass::BadMessage);
+                dead.push(DeadLetterItem {
+                    entry: e,
+                    class,
+                    reason: format!("{} refused it: {}", o.destination, r.reason),
+                });
+            }
+            None => stored.push(e),
         }
     }
     o.forwarded
@@ -418,6 +499,7 @@ async fn settle(
     queue.complete(&stored);
     b.forget(queue, &stored);
     b.dead_letter(queue, dead).await;
+    Ok(())
 }
 
 impl Broker {
@@ -443,37 +525,34 @@ impl Broker {
     ) -> Result<v1::OutgoingQueueInfo, crate::error::BrokerError> {
         use crate::error::BrokerError;
         let key = outgoing_key(|a| self.is_local(a), destination)?;
-        let o = self
+        // One read-lock guard, dropped at the end of this statement: taking the lock a second
+        // time while it is held deadlocks against a writer queued in between.
+        let found = self
             .outgoing
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&key)
-            .cloned()
-            .ok_or_else(|| {
-                let known: Vec<String> = self
-                    .outgoing
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .keys()
-                    .cloned()
-                    .collect();
-                BrokerError::NotFound(format!(
-                    "there is no outgoing queue for {key}: one is created by the first send to a queue there (outgoing queues now: {})",
-                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
-                ))
-            })?;
-        if o.set_paused(paused) {
-            let mut def = o.queue().def().clone();
-            if let QueueRole::Outgoing { paused: p, .. } = &mut def.role {
-                *p = paused;
-            }
-            self.journal()
-                .submit(vec![crate::journal::Op::DefineQueue {
+            .cloned();
+        let o = found.ok_or_else(|| {
+            BrokerError::NotFound(format!(
+                "there is no outgoing queue for {key}: one is created by the first send to a queue there"
+            ))
+        })?;
+        let commit = {
+            let _order = o.pause_order.lock().unwrap_or_else(|p| p.into_inner());
+            o.set_paused(paused).then(|| {
+                let mut def = o.queue().def().clone();
+                if let QueueRole::Outgoing { paused: p, .. } = &mut def.role {
+                    *p = paused;
+                }
+                self.journal().submit(vec![crate::journal::Op::DefineQueue {
                     queue_id: def.id,
                     def: crate::broker::QueueDefRecord::encode(&def),
                 }])
-                .await
-                .map_err(crate::broker::journal_failed)?;
+            })
+        };
+        if let Some(commit) = commit {
+            commit.await.map_err(crate::broker::journal_failed)?;
             tracing::info!(destination = %key, paused, "outgoing queue {}", if paused { "paused" } else { "resumed" });
         }
         Ok(o.info())
@@ -543,5 +622,181 @@ mod tests {
         assert!(key(r".\private$\q").unwrap_err().contains("this broker"));
         assert!(key("").is_err());
         assert!(key(r"DIRECT=TCP:bad name\q").is_err());
+    }
+}
+
+#[cfg(test)]
+mod settle_tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use mq_proto::v1;
+
+    use super::settle;
+    use crate::broker::Broker;
+    use crate::config::BrokerConfig;
+
+    fn rejection(index: u32) -> v1::ForwardRejection {
+        v1::ForwardRejection {
+            index,
+            class: v1::DeadLetterClass::BadDestinationQueue as i32,
+            reason: format!("no queue for {index}"),
+        }
+    }
+
+    /// Three messages in an outgoing queue, taken as one batch.
+    async fn batch_of_three() -> (tempfile::TempDir, Arc<Broker>, Arc<super::Outgoing>) {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, _) = Broker::open(
+            BrokerConfig::new(dir.path()),
+            vec!["127.0.0.1:4000".parse().unwrap()],
+        )
+        .unwrap();
+        let b = Arc::new(b);
+        let dests = b
+            .destinations(r"DIRECT=TCP:10.0.0.9:1801\private$\q", false)
+            .unwrap();
+        let msgs = (0..3)
+            .map(|i| v1::OutMessage {
+                body: Bytes::from(format!("m{i}")),
+                priority: Some(3),
+                delivery: v1::Delivery::Recoverable as i32,
+                ..Default::default()
+            })
+            .collect();
+        let out = b.send_batch(&dests, msgs, false).await;
+        assert!(out.failures.is_empty(), "{:?}", out.failures);
+        let o = b.outgoing_for("10.0.0.9:1801").unwrap();
+        (dir, b, o)
+    }
+
+    /// A peer's rejections are its input: out of order they are still applied; out of range or
+    /// twice they are refused, nothing is settled, and the batch is handed back — never a panic.
+    #[tokio::test]
+    async fn a_peers_rejections_in_any_order_or_malformed_never_panic() {
+        let (_dir, b, o) = batch_of_three().await;
+        let taken = o.queue().take_bounded(10, usize::MAX).unwrap();
+        assert_eq!(taken.len(), 3);
+        settle(&b, &o, taken, vec![rejection(2), rejection(0)])
+            .await
+            .unwrap();
+        assert_eq!(o.queue().stats().messages, 0);
+        assert_eq!(b.dead_letter_queue(false).stats().messages, 2);
+
+        let (_dir, b, o) = batch_of_three().await;
+        for bad in [vec![rejection(3)], vec![rejection(1), rejection(1)]] {
+            let taken = o.queue().take_bounded(10, usize::MAX).unwrap();
+            let (e, back) = settle(&b, &o, taken, bad).await.unwrap_err();
+            assert!(e.contains("10.0.0.9:1801"), "{e}");
+            assert_eq!(back.len(), 3);
+            assert!(o.queue().restore(back).is_empty());
+            assert_eq!(o.queue().stats().messages, 3);
+            assert_eq!(b.dead_letter_queue(false).stats().messages, 0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod lock_tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use crate::broker::Broker;
+    use crate::config::BrokerConfig;
+
+    /// Pauses and resumes racing each other: after a restart the outgoing queue is in the state
+    /// it last showed (the journal got the records in the order the flag changed).
+    #[test]
+    fn racing_pause_and_resume_persist_the_last_state_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || {
+            let (b, _) = Broker::open(
+                BrokerConfig::new(dir.path()),
+                vec!["127.0.0.1:4000".parse().unwrap()],
+            )
+            .unwrap();
+            Arc::new(b)
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let dest = "10.2.0.1:1801";
+        for round in 0..20 {
+            let b = open();
+            let o = b.outgoing_for(dest).unwrap();
+            rt.block_on(async {
+                let mut tasks = Vec::new();
+                for i in 0..200 {
+                    let b = b.clone();
+                    tasks.push(tokio::spawn(async move {
+                        b.set_outgoing_paused(dest, i % 2 == 0).await.unwrap();
+                    }));
+                }
+                for t in tasks {
+                    t.await.unwrap();
+                }
+            });
+            let shown = o.is_paused();
+            b.close();
+            drop((o, b));
+            let b = open();
+            let o = b.outgoing_for(dest).unwrap();
+            assert_eq!(
+                o.is_paused(),
+                shown,
+                "round {round}: the journal kept the other state"
+            );
+            b.close();
+        }
+    }
+
+    /// A pause of an unknown destination used to take the outgoing table's read lock twice in
+    /// one statement; a first send to a new destination (write lock) queued between the two
+    /// then hung both, and every later use of the table.
+    #[test]
+    fn pausing_an_unknown_destination_beside_new_destinations_does_not_deadlock() {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, _) = Broker::open(
+            BrokerConfig::new(dir.path()),
+            vec!["127.0.0.1:4000".parse().unwrap()],
+        )
+        .unwrap();
+        let b = Arc::new(b);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let (done, finished) = std::sync::mpsc::channel();
+        let creator = {
+            let (b, done) = (b.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u32;
+                while Instant::now() < deadline && n < 20_000 {
+                    b.outgoing_for(&format!("10.1.{}.{}:1801", n / 250, n % 250))
+                        .unwrap();
+                    n += 1;
+                }
+                done.send(()).unwrap();
+            })
+        };
+        let pauser = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let unknown = format!("{}:1801", "u".repeat(100_000));
+            while Instant::now() < deadline {
+                let e = rt
+                    .block_on(b.set_outgoing_paused(&unknown, true))
+                    .unwrap_err();
+                assert!(e.to_string().contains("no outgoing queue"), "{e}");
+            }
+            done.send(()).unwrap();
+        });
+        for _ in 0..2 {
+            // Both threads stop by themselves within about 3 s; a minute means a deadlock.
+            finished
+                .recv_timeout(Duration::from_secs(60))
+                .expect("pause and outgoing-queue creation deadlocked on the outgoing table");
+        }
+        creator.join().unwrap();
+        pauser.join().unwrap();
     }
 }

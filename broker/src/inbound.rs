@@ -353,7 +353,7 @@ impl Broker {
                 Ok(None) => unreachable!("one result per message"),
             };
             match msg.delivery {
-                Delivery::Express => queue.insert(vec![Entry::new(seq, msg)]),
+                Delivery::Express => self.insert_or_forget(&queue, vec![Entry::new(seq, msg)]),
                 Delivery::Recoverable => {
                     ops.push(msg.put_op(queue.def().id, seq));
                     durable.push((queue, Entry::new(seq, Arc::new(msg.without_body()))));
@@ -407,7 +407,7 @@ impl Broker {
                 }
             }
             for (q, entries) in group_by_queue(durable) {
-                q.insert(entries);
+                broker.insert_or_forget(&q, entries);
             }
             stream.durable.fetch_max(high, Ordering::AcqRel);
             Ok(ack)

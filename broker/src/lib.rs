@@ -6,6 +6,7 @@
 //!
 //! # Layout
 //! - `config`: [`BrokerConfig`] and the documented limits.
+//! - `flow`: live connections and what each holds (transactions, unacknowledged deliveries).
 //! - `error`: [`BrokerError`] and its one mapping to gRPC status.
 //! - `message`: [`StoredMessage`], validation of what senders send.
 //! - `queue`: [`Queue`]: priority levels, delivery, acknowledgement, give-back.
@@ -29,6 +30,7 @@ mod broker;
 mod config;
 mod deadletter;
 mod error;
+mod flow;
 mod forward;
 mod inbound;
 pub mod journal;
@@ -44,6 +46,7 @@ pub use config::{
     default_name, BrokerConfig, DEFAULT_EXPRESS_QUOTA_BYTES, DEFAULT_JOURNAL_SEGMENT_BYTES,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_STORAGE_QUOTA_BYTES, MAX_CORRELATION_ID_CHARS, MAX_LABEL_CHARS,
 };
+pub use config::{FlowLimits, PEEK_PAGE_BYTES, PEEK_PAGE_MESSAGES};
 pub use deadletter::class_name;
 pub use error::BrokerError;
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};

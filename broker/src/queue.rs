@@ -195,7 +195,7 @@ impl Queue {
                 })
             })
             .collect();
-        self.insert(entries);
+        assert!(self.insert(entries).is_empty());
         Ok(out)
     }
 
@@ -226,12 +226,52 @@ impl Queue {
             let seq = st.next_seq;
             st.next_seq += 1;
             st.charged += charge;
-            if self.is_outgoing() {
+            if self.keeps_strict_order() {
                 st.pending.insert(seq);
             }
             out.push(Ok(seq));
         }
         Ok(out)
+    }
+
+    /// Charges a message that will be admitted later (a send staged in a transaction) against
+    /// the queue quota now, so staged sends cannot overcommit it; [`Queue::admit_reserved`]
+    /// gives it its place at commit, [`Queue::release_quota`] gives the charge back.
+    pub fn reserve_quota(&self, charge: u64) -> Result<(), BrokerError> {
+        let mut st = self.lock();
+        if st.deleted {
+            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+        }
+        if let Some(q) = self.def.quota_bytes {
+            if st.charged + charge > q {
+                return Err(BrokerError::QuotaExceeded(format!(
+                    "queue \"{}\" is over its quota: {} of {} bytes used or staged by open transactions, this message needs {}; receive or purge messages, or raise the quota",
+                    self.def.name, st.charged, q, charge
+                )));
+            }
+        }
+        st.charged += charge;
+        Ok(())
+    }
+
+    /// Gives back a charge taken by [`Queue::reserve_quota`].
+    pub fn release_quota(&self, charge: u64) {
+        let mut st = self.lock();
+        st.charged = st.charged.saturating_sub(charge);
+    }
+
+    /// [`Queue::admit`] for one message whose quota charge was reserved already.
+    pub fn admit_reserved(&self) -> Result<u64, BrokerError> {
+        let mut st = self.lock();
+        if st.deleted {
+            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        if self.is_outgoing() {
+            st.pending.insert(seq);
+        }
+        Ok(seq)
     }
 
     /// Gives back the position and quota charge of an admitted message that will never be
@@ -249,14 +289,24 @@ impl Queue {
         matches!(self.def.role, QueueRole::Outgoing { .. })
     }
 
+    /// Outgoing queues (the stream sequence) and transactional queues (commit order) hand out
+    /// nothing past a position that is admitted but not yet inserted: sends and commits whose
+    /// journal writes finish out of order still become visible in queue order.
+    fn keeps_strict_order(&self) -> bool {
+        self.is_outgoing() || self.def.transactional
+    }
+
     /// Second half of a send: makes admitted messages receivable, each in its `seq` position.
-    pub fn insert(&self, entries: Vec<Entry>) {
+    /// If the queue was deleted since they were admitted, returns them: their quota (and, for
+    /// recoverable ones, their journal record) is the caller's to give back.
+    #[must_use = "entries of a deleted queue come back and must be forgotten"]
+    pub fn insert(&self, entries: Vec<Entry>) -> Vec<Entry> {
         if entries.is_empty() {
-            return;
+            return entries;
         }
         let mut st = self.lock();
         if st.deleted {
-            return;
+            return entries;
         }
         for e in entries {
             if !st.pending.is_empty() {
@@ -280,6 +330,7 @@ impl Queue {
         }
         drop(st);
         self.notify.notify_waiters();
+        Vec::new()
     }
 
     /// Loads messages found by recovery (sorted by seq) and sets the next seq.
@@ -289,7 +340,8 @@ impl Queue {
             st.next_seq = st.next_seq.max(next_seq);
             st.charged += entries.iter().map(|e| e.msg.charged_bytes()).sum::<u64>();
         }
-        self.insert(entries);
+        let gone = self.insert(entries);
+        debug_assert!(gone.is_empty(), "recovery loads into a live queue");
     }
 
     /// Takes up to `max` ready messages, highest priority first, for delivery. They stay counted
@@ -453,13 +505,57 @@ impl Queue {
             return Err(BrokerError::QueueNotFound(self.def.name.clone()));
         }
         let now = now_ms();
+        let limit = st.pending.first().copied().unwrap_or(u64::MAX);
         Ok((0..8)
             .rev()
-            .flat_map(|p| st.levels[p].iter())
+            .flat_map(|p| st.levels[p].iter().take_while(move |e| e.seq < limit))
             .filter(|e| st.timed == 0 || !self.deadline(e, now).1)
             .take(max)
             .cloned()
             .collect())
+    }
+
+    /// A page of [`Queue::peek`]: up to `max` ready messages after `after` (a cursor from the
+    /// previous page), stopping once their bodies reach `max_bytes` (at least one message).
+    /// Returns the cursor of the last one if the page was cut by a limit (more may follow).
+    pub fn peek_page(
+        &self,
+        after: Option<PeekCursor>,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<(Vec<Entry>, Option<PeekCursor>), BrokerError> {
+        let (max, max_bytes) = (max.max(1), max_bytes.max(1));
+        let st = self.lock();
+        if st.deleted {
+            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+        }
+        let now = now_ms();
+        let mut out = Vec::with_capacity(max.min(st.ready).min(1024));
+        let mut bytes = 0usize;
+        for lane in (0..8u8).rev() {
+            let level = &st.levels[lane as usize];
+            let start = match after {
+                Some(c) if lane > c.lane => continue,
+                Some(c) if lane == c.lane => level.partition_point(|e| e.seq <= c.seq),
+                _ => 0,
+            };
+            for e in level.iter().skip(start) {
+                if out.len() >= max || bytes >= max_bytes {
+                    let last: &Entry = out.last().expect("max and max_bytes are above zero");
+                    let cursor = PeekCursor {
+                        lane: self.lane(last) as u8,
+                        seq: last.seq,
+                    };
+                    return Ok((out, Some(cursor)));
+                }
+                if st.timed > 0 && self.deadline(e, now).1 {
+                    continue;
+                }
+                bytes += e.msg.body_len as usize;
+                out.push(e.clone());
+            }
+        }
+        Ok((out, None))
     }
 
     /// Removes every ready message and returns them.
@@ -480,9 +576,26 @@ impl Queue {
         out
     }
 
-    /// Marks the queue deleted: pushes and takes fail, waiters wake.
-    pub fn mark_deleted(&self) {
+    /// Marks the queue deleted: pushes and takes fail, waiters wake. Returns the quota bytes the
+    /// dropped ready (and expired, not yet swept) messages held, by delivery:
+    /// `(express, recoverable)`, counted under the same lock so that nothing inserted meanwhile
+    /// is missed. Messages in flight are given back by their receivers ([`Queue::restore`]),
+    /// and ones admitted but not yet inserted by their senders ([`Queue::insert`]).
+    #[must_use = "the broker-wide quota of the dropped messages must be given back"]
+    pub fn mark_deleted(&self) -> (u64, u64) {
         let mut st = self.lock();
+        let mut charged = (0, 0);
+        for e in st
+            .levels
+            .iter()
+            .flat_map(|l| l.iter())
+            .chain(st.expired.iter())
+        {
+            match e.msg.delivery {
+                crate::message::Delivery::Express => charged.0 += e.msg.charged_bytes(),
+                crate::message::Delivery::Recoverable => charged.1 += e.msg.charged_bytes(),
+            }
+        }
         st.deleted = true;
         for level in st.levels.iter_mut() {
             level.clear();
@@ -492,29 +605,11 @@ impl Queue {
         st.timed = 0;
         st.next_deadline = u64::MAX;
         st.expired.clear();
+        st.pending.clear();
         st.stats = QueueStats::default();
         drop(st);
         self.notify.notify_waiters();
-    }
-
-    /// Quota bytes held by the ready messages, by delivery: `(express, recoverable)`. For giving
-    /// quota back when the queue is deleted (messages in flight are given back by their
-    /// receivers, see [`Queue::restore`]).
-    pub fn charged_by_delivery(&self) -> (u64, u64) {
-        let st = self.lock();
-        let mut out = (0, 0);
-        for e in st
-            .levels
-            .iter()
-            .flat_map(|l| l.iter())
-            .chain(st.expired.iter())
-        {
-            match e.msg.delivery {
-                crate::message::Delivery::Express => out.0 += e.msg.charged_bytes(),
-                crate::message::Delivery::Recoverable => out.1 += e.msg.charged_bytes(),
-            }
-        }
-        out
+        charged
     }
 
     pub fn is_deleted(&self) -> bool {
@@ -544,6 +639,37 @@ impl Queue {
             label: self.def.label.clone(),
             created_ms: self.def.created_ms,
             in_flight: s.in_flight,
+        }
+    }
+}
+
+/// Where a [`Queue::peek_page`] stopped: the priority lane and position of the last message
+/// returned. On the wire: 9 bytes, the lane then the seq (little-endian).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeekCursor {
+    pub lane: u8,
+    pub seq: u64,
+}
+
+impl PeekCursor {
+    pub fn encode(&self) -> bytes::Bytes {
+        let mut b = Vec::with_capacity(9);
+        b.push(self.lane);
+        b.extend_from_slice(&self.seq.to_le_bytes());
+        b.into()
+    }
+
+    /// `None` for an empty cursor (the first page).
+    pub fn decode(b: &[u8]) -> Result<Option<PeekCursor>, BrokerError> {
+        match b.len() {
+            0 => Ok(None),
+            9 if b[0] < 8 => Ok(Some(PeekCursor {
+                lane: b[0],
+                seq: u64::from_le_bytes(b[1..9].try_into().expect("8 bytes")),
+            })),
+            n => Err(BrokerError::InvalidArgument(format!(
+                "a peek cursor is the next_cursor of a previous peek response (9 bytes); got {n} bytes"
+            ))),
         }
     }
 }
@@ -623,6 +749,59 @@ mod tests {
             quota,
             String::new(),
         ))
+    }
+
+    /// Two commits to one transactional queue: the later one's journal write finished first.
+    /// Nothing may be handed out (or peeked) past the earlier one's positions until it is in.
+    #[test]
+    fn transactional_queues_show_commits_in_commit_order() {
+        let q = Queue::new(QueueDef::new(
+            1,
+            ".\\tx".into(),
+            "tx".into(),
+            true,
+            None,
+            String::new(),
+        ));
+        let (a, b) = (vec![msg(0, "a1"), msg(0, "a2")], vec![msg(0, "b1")]);
+        let sa: Vec<u64> = q
+            .admit(&a)
+            .unwrap()
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let sb: Vec<u64> = q
+            .admit(&b)
+            .unwrap()
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert!(q.insert(vec![Entry::new(sb[0], b[0].clone())]).is_empty());
+        assert!(q.peek(10).unwrap().is_empty());
+        assert!(q.take(10).unwrap().is_empty());
+        let first: Vec<Entry> = sa
+            .iter()
+            .zip(&a)
+            .map(|(s, m)| Entry::new(*s, m.clone()))
+            .collect();
+        assert!(q.insert(first).is_empty());
+        assert_eq!(bodies(&q.peek(10).unwrap()), ["a1", "a2", "b1"]);
+        assert_eq!(bodies(&q.take(10).unwrap()), ["a1", "a2", "b1"]);
+    }
+
+    /// A queue deleted between a send's admission and its insertion hands the entries back
+    /// (their quota is still charged), and says what the dropped ready messages held.
+    #[test]
+    fn a_deleted_queue_returns_late_inserts_and_its_charges() {
+        let q = queue(None);
+        let ready = msg(3, "ready");
+        let late = msg(3, "late");
+        let s = q.admit(&[ready.clone(), late.clone()]).unwrap();
+        let (s0, s1) = (*s[0].as_ref().unwrap(), *s[1].as_ref().unwrap());
+        assert!(q.insert(vec![Entry::new(s0, ready.clone())]).is_empty());
+        assert_eq!(q.mark_deleted(), (ready.charged_bytes(), 0));
+        let back = q.insert(vec![Entry::new(s1, late)]);
+        assert_eq!(bodies(&back), ["late"]);
     }
 
     fn bodies(es: &[Entry]) -> Vec<String> {
@@ -768,9 +947,9 @@ mod tests {
         let sc = q.admit(std::slice::from_ref(&c)).unwrap()[0]
             .clone()
             .unwrap();
-        q.insert(vec![Entry::new(sb, b)]);
+        assert!(q.insert(vec![Entry::new(sb, b)]).is_empty());
         assert!(q.take(10).unwrap().is_empty(), "b must wait for a");
-        q.insert(vec![Entry::new(sa, a)]);
+        assert!(q.insert(vec![Entry::new(sa, a)]).is_empty());
         assert_eq!(bodies(&q.take(10).unwrap()), ["a", "b"]);
         // A failed write gives its position back and releases what follows.
         q.push(&[msg(3, "d")]).unwrap();
@@ -789,6 +968,55 @@ mod tests {
     }
 
     #[test]
+    fn peek_pages_cover_the_queue_once_in_receive_order() {
+        let q = queue(None);
+        q.push(&[
+            msg(3, "a"),
+            msg(7, "b"),
+            msg(3, "c"),
+            msg(0, "d"),
+            msg(7, "e"),
+        ])
+        .unwrap();
+        let mut cursor = None;
+        let mut seen = Vec::new();
+        loop {
+            let (page, next) = q.peek_page(cursor, 2, usize::MAX).unwrap();
+            assert!(page.len() <= 2);
+            seen.extend(bodies(&page));
+            match next {
+                Some(c) => cursor = Some(PeekCursor::decode(&c.encode()).unwrap().unwrap()),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ["b", "e", "a", "c", "d"]);
+        // A byte budget cuts the page, but never below one message.
+        let (page, next) = q.peek_page(None, 100, 1).unwrap();
+        assert_eq!(bodies(&page), ["b"]);
+        assert!(next.is_some());
+        assert!(PeekCursor::decode(&[9; 9]).is_err());
+        assert!(PeekCursor::decode(&[1, 2]).is_err());
+    }
+
+    #[test]
+    fn reserved_quota_refuses_other_sends_until_released() {
+        let charge = crate::config::MESSAGE_OVERHEAD_BYTES + 1;
+        let q = queue(Some(2 * charge));
+        q.reserve_quota(charge).unwrap();
+        q.reserve_quota(charge).unwrap();
+        assert!(matches!(
+            q.reserve_quota(charge),
+            Err(BrokerError::QuotaExceeded(_))
+        ));
+        assert!(q.push(&[msg(3, "a")]).unwrap()[0].is_err());
+        q.release_quota(charge);
+        assert!(q.push(&[msg(3, "a")]).unwrap()[0].is_ok());
+        let seq = q.admit_reserved().unwrap();
+        assert!(q.insert(vec![Entry::new(seq, msg(3, "b"))]).is_empty());
+        assert_eq!(bodies(&q.peek(10).unwrap()), ["a", "b"]);
+    }
+
+    #[test]
     fn purge_and_delete() {
         let q = queue(None);
         q.push(&[msg(3, "a"), msg(3, "b")]).unwrap();
@@ -797,7 +1025,7 @@ mod tests {
         assert_eq!(q.stats().messages, 1);
         q.complete(&inflight);
         assert_eq!(q.stats(), QueueStats::default());
-        q.mark_deleted();
+        let _ = q.mark_deleted();
         assert!(q.push(&[msg(3, "x")]).is_err());
     }
 }

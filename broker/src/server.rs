@@ -1,11 +1,11 @@
 //! Running a broker: bind, serve the gRPC service, shut down gracefully.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use mq_proto::v1::message_queue_server::MessageQueueServer;
 use tokio::net::TcpListener;
-use tokio_stream::StreamExt;
 
 use crate::broker::Broker;
 use crate::config::BrokerConfig;
@@ -52,7 +52,7 @@ pub async fn run_with_ready(
     let local = listener.local_addr().map_err(RunError::Listener)?;
     let _lock = lock_data_dir(&config)?;
     let grace = config.shutdown_grace;
-    let (broker, rec) = Broker::open(config, vec![local]).map_err(RunError::Journal)?;
+    let (broker, rec) = Broker::open(config, local_addresses(local)).map_err(RunError::Journal)?;
     tracing::info!(
         queues = rec.queues,
         messages = rec.messages,
@@ -64,15 +64,13 @@ pub async fn run_with_ready(
     );
     let broker = Arc::new(broker);
     broker.start_background();
-    let svc = MessageQueueServer::new(Service::new(broker.clone()))
-        .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
-        .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
-        if let Ok(s) = &s {
-            let _ = s.set_nodelay(true);
-        }
-        s
-    });
+    let limit = broker.config().grpc_message_limit();
+    let flow = broker.config().flow.clone();
+    let connections = Arc::new(crate::flow::Connections::new(flow.max_connections));
+    let svc = MessageQueueServer::new(Service::new(broker.clone(), connections.clone()))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    let incoming = crate::flow::accept(listener, connections);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
         // Notices peers that vanished without closing (a forwarding broker behind a dead
@@ -81,6 +79,8 @@ pub async fn run_with_ready(
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .initial_stream_window_size(Some(8 * 1024 * 1024))
         .initial_connection_window_size(Some(16 * 1024 * 1024))
+        .max_concurrent_streams(Some(flow.max_streams_per_connection))
+        .http2_max_header_list_size(Some(crate::config::MAX_HEADER_LIST_BYTES))
         .add_service(svc)
         .serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
@@ -129,5 +129,61 @@ fn lock_data_dir(config: &BrokerConfig) -> Result<std::fs::File, RunError> {
         Ok(()) => Ok(f),
         Err(std::fs::TryLockError::WouldBlock) => Err(RunError::Locked(dir.display().to_string())),
         Err(std::fs::TryLockError::Error(e)) => Err(err(e)),
+    }
+}
+
+/// The addresses this broker answers on: the bound address, and for an unspecified one
+/// (`0.0.0.0`, `::`) every address of the machine's interfaces on that port, so that format
+/// names with the machine's own IP address are local (not forwarded to itself).
+pub(crate) fn local_addresses(bound: SocketAddr) -> Vec<SocketAddr> {
+    let mut out = vec![bound];
+    if bound.ip().is_unspecified() {
+        match if_addrs::get_if_addrs() {
+            Ok(ifs) => {
+                for i in ifs {
+                    // `::` usually accepts IPv4 as well (dual stack); `0.0.0.0` only IPv4.
+                    if bound.is_ipv4() && !i.ip().is_ipv4() {
+                        continue;
+                    }
+                    let a = SocketAddr::new(i.ip(), bound.port());
+                    if !out.contains(&a) {
+                        out.push(a);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "cannot list the network interfaces; only loopback and --alias names count as this broker"
+            ),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_addresses;
+
+    /// `--listen 0.0.0.0:P` answers on every interface address at P: those are local.
+    #[test]
+    fn an_unspecified_listen_address_counts_every_interface_address() {
+        let addrs = local_addresses("0.0.0.0:1801".parse().unwrap());
+        assert!(
+            addrs.contains(&"127.0.0.1:1801".parse().unwrap()),
+            "{addrs:?}"
+        );
+        for i in if_addrs::get_if_addrs().unwrap() {
+            if i.ip().is_ipv4() {
+                assert!(
+                    addrs.contains(&std::net::SocketAddr::new(i.ip(), 1801)),
+                    "{} missing from {addrs:?}",
+                    i.ip()
+                );
+            }
+        }
+        assert_eq!(
+            local_addresses("127.0.0.1:1801".parse().unwrap()),
+            vec!["127.0.0.1:1801".parse().unwrap()]
+        );
     }
 }

@@ -14,7 +14,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::broker::Broker;
 use crate::error::BrokerError;
-use crate::queue::{Entry, Queue};
+use crate::flow::{Connection, Connections};
+use crate::queue::{Entry, PeekCursor, Queue};
 use crate::transaction::Transaction;
 
 /// Most messages pushed to a receiver in one stream item.
@@ -30,11 +31,20 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 #[derive(Debug, Clone)]
 pub struct Service {
     broker: Arc<Broker>,
+    connections: Arc<Connections>,
 }
 
 impl Service {
-    pub fn new(broker: Arc<Broker>) -> Self {
-        Service { broker }
+    pub(crate) fn new(broker: Arc<Broker>, connections: Arc<Connections>) -> Self {
+        Service {
+            broker,
+            connections,
+        }
+    }
+
+    /// The connection a request came on.
+    fn connection<T>(&self, req: &Request<T>) -> Arc<Connection> {
+        self.connections.get(req.remote_addr())
     }
 }
 
@@ -98,6 +108,7 @@ impl MessageQueue for Service {
         &self,
         req: Request<Streaming<v1::ReceiveRequest>>,
     ) -> Result<Response<Self::ReceiveStream>, Status> {
+        let conn = self.connection(&req);
         let mut inbound = req.into_inner();
         let first = inbound.message().await?.ok_or_else(|| {
             Status::invalid_argument("a receive stream must start with a request naming the queue")
@@ -105,7 +116,7 @@ impl MessageQueue for Service {
         let queue = self.broker.queue(&first.queue)?;
         let broker = self.broker.clone();
         Ok(spawn_stream(4, |tx| {
-            consume(broker, queue, inbound, first.credit as u64, tx)
+            consume(broker, queue, conn, inbound, first.credit as u64, tx)
         }))
     }
 
@@ -168,9 +179,18 @@ impl MessageQueue for Service {
         &self,
         req: Request<Streaming<v1::TxRequest>>,
     ) -> Result<Response<Self::TransactStream>, Status> {
+        let max = self.broker.config().flow.max_tx_per_connection;
+        let slot = self.connection(&req).open_transaction(max).ok_or_else(|| {
+            Status::resource_exhausted(format!(
+                "this connection has {max} open transactions (mqd --max-tx-per-connection); commit or abort one first"
+            ))
+        })?;
         let (broker, inbound) = (self.broker.clone(), req.into_inner());
         let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(transact(broker, inbound, tx));
+        tokio::spawn(async move {
+            transact(broker, inbound, tx).await;
+            drop(slot);
+        });
         // Every error the broker ends a transaction with means it did not commit; the client
         // tells that from a broken connection (in doubt) by this mark.
         let stream = tokio_stream::StreamExt::map(ReceiverStream::new(rx), |r| {
@@ -250,14 +270,25 @@ impl MessageQueue for Service {
     ) -> Result<Response<v1::PeekResponse>, Status> {
         let req = req.into_inner();
         let queue = self.broker.queue(&req.queue)?;
-        let max = req.max.max(1) as usize;
-        let found = wait_for(&self.broker, &queue, req.timeout_ms, |q| q.peek(max)).await?;
+        // One page: the client asks for the next with `next_cursor`.
+        let max = (req.max.max(1) as usize).min(crate::config::PEEK_PAGE_MESSAGES);
+        let after = PeekCursor::decode(&req.cursor)?;
+        let mut next = None;
+        let found = wait_for(&self.broker, &queue, req.timeout_ms, |q| {
+            let (page, cursor) = q.peek_page(after, max, crate::config::PEEK_PAGE_BYTES)?;
+            next = cursor;
+            Ok(page)
+        })
+        .await?;
         let dest = queue.info().format_name;
         let mut messages = Vec::with_capacity(found.len());
         for e in &found {
             messages.push(e.msg.to_wire(&dest, self.broker.body(&queue, e)?, e.aborts));
         }
-        Ok(Response::new(v1::PeekResponse { messages }))
+        Ok(Response::new(v1::PeekResponse {
+            messages,
+            next_cursor: next.map(|c| c.encode()).unwrap_or_default(),
+        }))
     }
 }
 
@@ -317,7 +348,9 @@ async fn send_stream(
                 client_gone = true;
             }
         }
+        tx
     });
+    let mut refused = None;
     // The last destination's resolution, so a stream of batches to one queue parses it once.
     let mut cached: Option<(String, bool, Vec<crate::broker::Target>)> = None;
     loop {
@@ -329,7 +362,10 @@ async fn send_stream(
             Ok(Some(b)) => b,
             Ok(None) => break,
             Err(status) => {
-                tracing::debug!(%status, "send stream ended by the client");
+                refused = refused_input(status);
+                if refused.is_none() {
+                    tracing::debug!("send stream ended by the client");
+                }
                 break;
             }
         };
@@ -385,7 +421,20 @@ async fn send_stream(
     }
     // Answer everything already accepted, then end the stream.
     drop(pending_tx);
-    let _ = acker.await;
+    if let (Ok(tx), Some(status)) = (acker.await, refused) {
+        let _ = tx.send(Err(status)).await;
+    }
+}
+
+/// A request stream's error as its client should hear it: a message above the size limit is
+/// refused naming the limit (`Some`); anything else means the client is gone (`None`).
+fn refused_input(status: Status) -> Option<Status> {
+    (status.code() == tonic::Code::OutOfRange).then(|| {
+        Status::out_of_range(format!(
+            "{}; one gRPC message may hold at most the body limit (mqd --max-body-bytes) plus 8 MiB",
+            status.message()
+        ))
+    })
 }
 
 fn failure(seq: u64, e: &BrokerError) -> v1::SendFailure {
@@ -398,30 +447,69 @@ fn failure(seq: u64, e: &BrokerError) -> v1::SendFailure {
 
 /// One streaming receiver: pushes up to `credit` messages, removes them when acknowledged, and
 /// gives back whatever is unacknowledged when the stream ends.
+///
+/// Whatever credit the client grants, a stream holds at most `max_unacked_per_stream`
+/// delivered, unacknowledged messages, and its connection at most `max_unacked_per_connection`
+/// over all its streams; a stream that holds a delivered message longer than the ack timeout
+/// is ended and its messages go back.
 async fn consume(
     broker: Arc<Broker>,
     queue: Arc<Queue>,
+    conn: Arc<Connection>,
     mut inbound: Streaming<v1::ReceiveRequest>,
     mut credit: u64,
     tx: mpsc::Sender<Result<v1::ReceiveBatch, Status>>,
 ) {
+    let flow = broker.config().flow.clone();
     let dest = queue.info().format_name;
-    let mut in_flight: VecDeque<(u64, Entry)> = VecDeque::new();
+    // Delivered, unacknowledged: tag, entry, and when it was delivered.
+    let mut in_flight: VecDeque<(u64, Entry, tokio::time::Instant)> = VecDeque::new();
     let mut next_tag = 1u64;
-    let end: Option<Status> = loop {
-        if credit > 0 {
-            let notified = queue.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
+    let ack_timed_out = |n: usize| {
+        Status::deadline_exceeded(format!(
+            "no acknowledgement within the broker's ack timeout ({}, mqd --ack-timeout): the receive stream was ended and its {n} unacknowledged messages went back to the queue",
+            humantime::format_duration(flow.ack_timeout)
+        ))
+    };
+    let end: Option<Status> = 'stream: loop {
+        let notified = queue.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let room = conn.room();
+        tokio::pin!(room);
+        room.as_mut().enable();
+        let oldest = in_flight.front().map(|(_, _, at)| *at + flow.ack_timeout);
+        if oldest.is_some_and(|d| d <= tokio::time::Instant::now()) {
+            break Some(ack_timed_out(in_flight.len()));
+        }
+        let stream_room = flow
+            .max_unacked_per_stream
+            .saturating_sub(in_flight.len() as u64);
+        let want = credit.min(stream_room).min(MAX_DELIVERY_BATCH as u64);
+        let granted = if want > 0 {
+            conn.reserve_unacked(want, flow.max_unacked_per_connection)
+        } else {
+            0
+        };
+        let mut blocked_by_connection = granted < want;
+        if granted > 0 {
             let taken = match queue
-                .take(credit.min(MAX_DELIVERY_BATCH as u64) as usize)
+                .take_bounded(granted as usize, MAX_DELIVERY_BATCH_BYTES)
                 .and_then(|t| broker.removable(&queue, t))
             {
                 Ok(t) => t,
-                Err(e) => break Some(e.into()),
+                Err(e) => {
+                    conn.release_unacked(granted);
+                    break Some(e.into());
+                }
             };
+            if (taken.len() as u64) < granted {
+                blocked_by_connection = false;
+                conn.release_unacked(granted - taken.len() as u64);
+            }
             if !taken.is_empty() {
                 credit -= taken.len() as u64;
+                let now = tokio::time::Instant::now();
                 let mut messages = Vec::with_capacity(taken.len());
                 let mut failed = None;
                 for e in taken {
@@ -432,14 +520,13 @@ async fn consume(
                         }),
                         Err(err) => failed = Some(err),
                     }
-                    in_flight.push_back((next_tag, e));
+                    in_flight.push_back((next_tag, e, now));
                     next_tag += 1;
                 }
                 if let Some(err) = failed {
                     break Some(err.into());
                 }
                 // Cut stream items by size too, so big bodies stay under the gRPC message limit.
-                let mut closed = false;
                 let mut batch = Vec::with_capacity(messages.len());
                 let mut bytes = 0;
                 let last = messages.len();
@@ -450,85 +537,76 @@ async fn consume(
                         let item = v1::ReceiveBatch {
                             messages: std::mem::take(&mut batch),
                         };
-                        if tx.send(Ok(item)).await.is_err() {
-                            closed = true;
-                            break;
+                        // A client that does not read holds its messages until the ack timeout.
+                        let deadline =
+                            in_flight.front().map_or(now, |(_, _, at)| *at) + flow.ack_timeout;
+                        tokio::select! {
+                            r = tx.send(Ok(item)) => if r.is_err() { break 'stream None },
+                            _ = tokio::time::sleep_until(deadline) => {
+                                break 'stream Some(ack_timed_out(in_flight.len()));
+                            }
                         }
                         bytes = 0;
                     }
                 }
-                if closed {
-                    break None;
-                }
                 continue;
             }
-            tokio::select! {
-                _ = notified => continue,
-                r = inbound.message() => match r {
-                    Ok(Some(r)) => match apply(&broker, &queue, &mut in_flight, &r) {
-                        Ok(c) => credit += c,
-                        Err(e) => break Some(e.into()),
-                    },
-                    _ => break None,
+        }
+        if queue.is_deleted() {
+            break Some(BrokerError::QueueNotFound(queue.def().name.clone()).into());
+        }
+        let ack_deadline = oldest.unwrap_or_else(tokio::time::Instant::now);
+        tokio::select! {
+            // Wakes on deletion too, so a consumer without credit still notices it.
+            _ = notified => continue,
+            _ = room, if blocked_by_connection => continue,
+            _ = tokio::time::sleep_until(ack_deadline), if oldest.is_some() => continue,
+            r = inbound.message() => match r {
+                Ok(Some(r)) => match apply(&broker, &queue, &conn, &mut in_flight, &r) {
+                    Ok(c) => credit = credit.saturating_add(c),
+                    Err(e) => break Some(e.into()),
                 },
-                _ = broker.shutting_down() => {
-                    let r = drain_acks(&broker, &queue, &mut in_flight, &mut inbound).await;
-                    break Some(r.err().unwrap_or(BrokerError::ShuttingDown).into());
-                }
-            }
-        } else {
-            let notified = queue.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if queue.is_deleted() {
-                break Some(BrokerError::QueueNotFound(queue.def().name.clone()).into());
-            }
-            tokio::select! {
-                // Wakes on deletion too, so a consumer without credit still notices it.
-                _ = notified => continue,
-                r = inbound.message() => match r {
-                    Ok(Some(r)) => match apply(&broker, &queue, &mut in_flight, &r) {
-                        Ok(c) => credit += c,
-                        Err(e) => break Some(e.into()),
-                    },
-                    _ => break None,
-                },
-                _ = broker.shutting_down() => {
-                    let r = drain_acks(&broker, &queue, &mut in_flight, &mut inbound).await;
-                    break Some(r.err().unwrap_or(BrokerError::ShuttingDown).into());
-                }
+                _ => break None,
+            },
+            _ = broker.shutting_down() => {
+                let r = drain_acks(&broker, &queue, &conn, &mut in_flight, &mut inbound).await;
+                break Some(r.err().unwrap_or(BrokerError::ShuttingDown).into());
             }
         }
     };
     // Whatever was delivered and not acknowledged goes back, in order.
-    let gone = queue.restore(in_flight.into_iter().map(|(_, e)| e).collect());
+    conn.release_unacked(in_flight.len() as u64);
+    let gone = queue.restore(in_flight.into_iter().map(|(_, e, _)| e).collect());
     broker.forget(&queue, &gone);
     if let Some(status) = end {
-        let _ = tx.send(Err(status)).await;
+        // Not waiting for a client that does not read (the ack timeout).
+        let _ = tx.try_send(Err(status));
     }
 }
 
-/// Applies an acknowledgement and returns the credit granted. Fails if the acknowledged
-/// messages include recoverable ones and the journal refuses writes: their removal cannot be
-/// stored (they stay in flight and go back when the stream ends).
+/// Applies an acknowledgement and returns the credit granted.
 fn apply(
     broker: &Broker,
     queue: &Queue,
-    in_flight: &mut VecDeque<(u64, Entry)>,
+    conn: &Connection,
+    in_flight: &mut VecDeque<(u64, Entry, tokio::time::Instant)>,
     r: &v1::ReceiveRequest,
 ) -> Result<u64, BrokerError> {
     if r.ack_through > 0 {
-        let n = in_flight.partition_point(|(tag, _)| *tag <= r.ack_through);
+        let n = in_flight.partition_point(|(tag, _, _)| *tag <= r.ack_through);
+        // The removal of recoverable messages must be stored: not once the journal refuses
+        // writes (they stay in flight and go back when the stream ends).
         if in_flight
             .iter()
             .take(n)
-            .any(|(_, e)| e.msg.delivery == crate::message::Delivery::Recoverable)
+            .any(|(_, e, _)| e.msg.delivery == crate::message::Delivery::Recoverable)
         {
             broker.check_writable("store the acknowledgement of recoverable messages")?;
         }
-        let done: Vec<Entry> = in_flight.drain(..n).map(|(_, e)| e).collect();
+        let done: Vec<Entry> = in_flight.drain(..n).map(|(_, e, _)| e).collect();
         queue.complete(&done);
         broker.forget(queue, &done);
+        conn.release_unacked(n as u64);
     }
     Ok(r.credit as u64)
 }
@@ -540,14 +618,15 @@ const ACK_DRAIN_IDLE: Duration = Duration::from_millis(200);
 const ACK_DRAIN_MAX: Duration = Duration::from_secs(2);
 
 /// At shutdown, before anything is given back: applies the acknowledgements the receiver has
-/// already sent (they may still be on the way, in the connection's buffers), so their messages
-/// are removed (and the removals journaled before the journal closes) rather than redelivered
-/// after the restart. Reads until the receiver is quiet for [`ACK_DRAIN_IDLE`], ends its
-/// stream, or [`ACK_DRAIN_MAX`] has passed.
+/// already sent (they may still be on the way, in the connection's buffers) and those it sends
+/// while it finishes what it was handed, so their messages are removed (and the removals
+/// journaled before the journal closes) rather than redelivered after the restart. Reads until
+/// the receiver is quiet for [`ACK_DRAIN_IDLE`], ends its stream, or [`ACK_DRAIN_MAX`] passed.
 async fn drain_acks(
     broker: &Broker,
     queue: &Queue,
-    in_flight: &mut VecDeque<(u64, Entry)>,
+    conn: &Connection,
+    in_flight: &mut VecDeque<(u64, Entry, tokio::time::Instant)>,
     inbound: &mut Streaming<v1::ReceiveRequest>,
 ) -> Result<(), BrokerError> {
     let end = tokio::time::Instant::now() + ACK_DRAIN_MAX;
@@ -555,7 +634,7 @@ async fn drain_acks(
         let until = end.min(tokio::time::Instant::now() + ACK_DRAIN_IDLE);
         match tokio::time::timeout_at(until, inbound.message()).await {
             Ok(Ok(Some(r))) => {
-                apply(broker, queue, in_flight, &r)?;
+                apply(broker, queue, conn, in_flight, &r)?;
             }
             _ => break,
         }
@@ -604,8 +683,15 @@ async fn transact(
                     .await;
                 return;
             }
+            Err(status) => {
+                if let Some(status) = refused_input(status) {
+                    drop(open.take());
+                    let _ = out.send(Err(status)).await;
+                }
+                return;
+            }
             // The client went away: abort.
-            Ok(None) | Err(_) => return,
+            Ok(None) => return,
         };
         if let Req::Begin(b) = &op {
             let begun = match (&open, uuid::Uuid::from_slice(&b.id)) {
@@ -635,7 +721,15 @@ async fn transact(
         let reply = match op {
             Req::Begin(_) => unreachable!("handled above"),
             Req::Send(s) => {
-                tx.send(&s.destination, s.messages);
+                // A send refused by a limit (a quota, what a transaction may stage) ends the
+                // transaction now, so nothing more is sent and held for it; other refusals make
+                // the commit fail.
+                if let Err(e @ BrokerError::QuotaExceeded(_)) = tx.send(&s.destination, s.messages)
+                {
+                    drop(open.take());
+                    let _ = out.send(Err(e.into())).await;
+                    return;
+                }
                 continue;
             }
             Req::Receive(r) => {

@@ -1,7 +1,9 @@
 //! Transactions: sends and receives across transactional queues that commit as one journal
 //! record, or not at all.
 //!
-//! - A send is *staged*: checked and charged against the storage quota, invisible to receivers.
+//! - A send is *staged*: checked and charged against the storage quota and its queue's quota,
+//!   counted against the transaction's and the broker's staging limits (`mqd --max-tx-bytes`,
+//!   `--max-tx-total-bytes`, `--max-tx-messages`), invisible to receivers.
 //! - A receive takes a message from its queue and hides it (it is in flight to this transaction).
 //! - Commit assigns the staged messages their queue positions (under the broker's commit-order
 //!   lock), writes one atomic journal record with every send (`Put`) and every receive
@@ -26,6 +28,8 @@ use crate::queue::{group_by_queue, Entry, Queue};
 struct Staged {
     queue: Arc<Queue>,
     msg: Arc<StoredMessage>,
+    /// Charged to the queue quota, the storage quota and the staging budget.
+    charge: u64,
 }
 
 /// One open transaction. Dropping it without [`Transaction::commit`] aborts it.
@@ -38,6 +42,8 @@ pub struct Transaction {
     received: Vec<(Arc<Queue>, Entry)>,
     /// The first send that could not be staged: the commit fails with it.
     failed: Option<BrokerError>,
+    /// Bytes staged (charged) by `sends`.
+    staged_bytes: u64,
     done: bool,
 }
 
@@ -81,6 +87,7 @@ impl Transaction {
             sends: Vec::new(),
             received: Vec::new(),
             failed: None,
+            staged_bytes: 0,
             done: false,
         })
     }
@@ -91,13 +98,75 @@ impl Transaction {
     }
 
     /// Stages messages for `destination` (transactional queues only). A failure is remembered
-    /// and returned by [`Transaction::commit`], which then aborts: all or nothing.
-    pub fn send(&mut self, destination: &str, msgs: Vec<v1::OutMessage>) {
-        if let Err(e) = self.try_send(destination, msgs) {
-            if self.failed.is_none() {
-                self.failed = Some(e);
-            }
+    /// and returned by [`Transaction::commit`], which then aborts: all or nothing. From the
+    /// first failure on nothing more is staged and what was staged is given back at once.
+    /// Returns the failure too, so the caller can end a transaction refused by a limit
+    /// ([`BrokerError::QuotaExceeded`]) right away.
+    pub fn send(
+        &mut self,
+        destination: &str,
+        msgs: Vec<v1::OutMessage>,
+    ) -> Result<(), BrokerError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
         }
+        if let Err(e) = self.try_send(destination, msgs) {
+            self.release_staged();
+            self.failed = Some(e.clone());
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Checks the transaction's message count (sends and receives) before adding one.
+    fn check_count(&self) -> Result<(), BrokerError> {
+        let max = self.broker.config().flow.max_tx_messages;
+        if (self.sends.len() + self.received.len()) as u64 >= max {
+            return Err(BrokerError::QuotaExceeded(format!(
+                "a transaction holds at most {max} messages (sends and receives, mqd --max-tx-messages); commit it and use another"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Charges one staged copy to every limit it counts against, or to none.
+    fn charge(&mut self, queue: &Queue, charge: u64) -> Result<(), BrokerError> {
+        let flow = &self.broker.config().flow;
+        if self.staged_bytes + charge > flow.max_tx_bytes {
+            return Err(BrokerError::QuotaExceeded(format!(
+                "a transaction may stage at most {} bytes (mqd --max-tx-bytes); {} are staged, this message needs {charge}; commit it and use another",
+                flow.max_tx_bytes, self.staged_bytes
+            )));
+        }
+        let budget = &self.broker.tx_staged;
+        if !budget.try_take(charge) {
+            return Err(BrokerError::QuotaExceeded(format!(
+                "open transactions together may stage at most {} bytes (mqd --max-tx-total-bytes); {} are staged, this message needs {charge}; retry once other transactions have committed",
+                budget.limit(),
+                budget.used()
+            )));
+        }
+        if let Err(e) = queue.reserve_quota(charge) {
+            budget.give(charge);
+            return Err(e);
+        }
+        if let Err(e) = self.broker.reserve(Delivery::Recoverable, charge) {
+            queue.release_quota(charge);
+            budget.give(charge);
+            return Err(e);
+        }
+        self.staged_bytes += charge;
+        Ok(())
+    }
+
+    /// Gives back every charge of the staged sends and forgets them.
+    fn release_staged(&mut self) {
+        for s in self.sends.drain(..) {
+            self.broker.release(Delivery::Recoverable, s.charge);
+            s.queue.release_quota(s.charge);
+            self.broker.tx_staged.give(s.charge);
+        }
+        self.staged_bytes = 0;
     }
 
     fn try_send(
@@ -113,7 +182,8 @@ impl Transaction {
             let msg = Arc::new(msg);
             let charge = msg.charged_bytes();
             for t in &dests {
-                self.broker.reserve(Delivery::Recoverable, charge)?;
+                self.check_count()?;
+                self.charge(&t.queue, charge)?;
                 // A remote queue's copy waits in the outgoing queue (on commit) with its route.
                 let msg = match &t.route {
                     None => msg.clone(),
@@ -125,6 +195,7 @@ impl Transaction {
                 self.sends.push(Staged {
                     queue: t.queue.clone(),
                     msg,
+                    charge,
                 });
             }
         }
@@ -139,6 +210,7 @@ impl Transaction {
         queue: &str,
         timeout: Duration,
     ) -> Result<Option<v1::Message>, BrokerError> {
+        self.check_count()?;
         let q = self.broker.queue(queue)?;
         if !q.def().transactional {
             return Err(BrokerError::FailedPrecondition(format!(
@@ -175,19 +247,16 @@ impl Transaction {
         // Positions and the journal record, in commit order.
         let (commit, placed, committed_at) = {
             let _order = broker.commit_order_lock();
-            let mut placed: Vec<(Arc<Queue>, Entry, u64)> = Vec::with_capacity(self.sends.len());
+            let mut placed: Vec<(Arc<Queue>, Entry)> = Vec::with_capacity(self.sends.len());
             let mut ops = Vec::new();
             let mut header_cache: Option<(uuid::Uuid, Bytes)> = None;
             for s in &self.sends {
-                let seq = match s.queue.admit(std::slice::from_ref(&s.msg)) {
-                    Ok(mut r) => r.pop().expect("one result per message"),
-                    Err(e) => Err(e),
-                };
-                let seq = match seq {
+                // The quota was charged when the send was staged.
+                let seq = match s.queue.admit_reserved() {
                     Ok(seq) => seq,
                     Err(e) => {
-                        for (q, e, charge) in &placed {
-                            q.unadmit(e.seq, *charge);
+                        for (q, e) in &placed {
+                            q.unadmit(e.seq, 0);
                         }
                         return Err(e); // Drop aborts and releases the reservations.
                     }
@@ -211,7 +280,6 @@ impl Transaction {
                 placed.push((
                     s.queue.clone(),
                     Entry::new(seq, Arc::new(s.msg.without_body())),
-                    s.msg.charged_bytes(),
                 ));
             }
             for (q, e) in &self.received {
@@ -225,22 +293,25 @@ impl Transaction {
             (broker.journal().submit(ops), placed, committed_at)
         };
         if let Err(e) = commit.await {
-            for (q, e, charge) in &placed {
-                q.unadmit(e.seq, *charge);
+            for (q, e) in &placed {
+                q.unadmit(e.seq, 0);
             }
-            return Err(journal_failed(e)); // Drop aborts.
+            return Err(journal_failed(e)); // Drop aborts and releases the reservations.
         }
         self.done = true;
         self.registered = false;
         broker.outcomes().committed(self.id, committed_at);
+        // The queue and storage charges now belong to the stored messages; the staging budget
+        // is free again.
+        self.broker.tx_staged.give(self.staged_bytes);
         let mut ids: Vec<uuid::Uuid> = Vec::new();
         for s in &self.sends {
             if ids.last() != Some(&s.msg.id) {
                 ids.push(s.msg.id);
             }
         }
-        for (q, entries) in group_by_queue(placed.into_iter().map(|(q, e, _)| (q, e))) {
-            q.insert(entries);
+        for (q, entries) in group_by_queue(placed) {
+            broker.insert_or_forget(&q, entries);
         }
         let received = std::mem::take(&mut self.received);
         for (q, e) in &received {
@@ -268,10 +339,7 @@ impl Transaction {
             return;
         }
         self.done = true;
-        for s in self.sends.drain(..) {
-            self.broker
-                .release(Delivery::Recoverable, s.msg.charged_bytes());
-        }
+        self.release_staged();
         // Back in their original order; each queue restores by seq.
         let received = self.received.drain(..).map(|(q, mut e)| {
             e.aborts += 1;

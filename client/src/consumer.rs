@@ -28,6 +28,10 @@ pub struct ConsumerOptions {
     pub limit: Option<u64>,
 }
 
+/// How long [`Consumer::close`] waits by default for the broker to confirm that it applied the
+/// acknowledgements (see [`Consumer::set_close_timeout`]).
+pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Default for ConsumerOptions {
     fn default() -> Self {
         ConsumerOptions {
@@ -65,7 +69,10 @@ pub struct Consumer {
     requested: u64,
     prefetch: u32,
     limit: Option<u64>,
+    close_timeout: Duration,
     ended: Option<Error>,
+    /// `acked` when the broker ended the stream: acknowledgements after it were not applied.
+    acked_at_end: u64,
 }
 
 impl Consumer {
@@ -100,7 +107,9 @@ impl Consumer {
             requested: first_credit as u64,
             prefetch,
             limit: options.limit,
+            close_timeout: DEFAULT_CLOSE_TIMEOUT,
             ended: None,
+            acked_at_end: 0,
         })
     }
 
@@ -133,12 +142,12 @@ impl Consumer {
                 }
                 Ok(Ok(None)) => {
                     let e = Error::Unavailable("the broker ended the receive stream".into());
-                    self.ended = Some(e.clone());
+                    self.end(e.clone());
                     return Err(e);
                 }
                 Ok(Err(status)) => {
                     let e = Error::from(status);
-                    self.ended = Some(e.clone());
+                    self.end(e.clone());
                     return Err(e);
                 }
             }
@@ -149,6 +158,20 @@ impl Consumer {
                 Ok(Some(ReceivedMessage::from_wire(m)?))
             }
             None => Ok(None),
+        }
+    }
+
+    /// How long [`Consumer::close`] waits for the broker to confirm that it applied the
+    /// acknowledgements; past it, `close` fails with [`Error::Timeout`]. Default
+    /// [`DEFAULT_CLOSE_TIMEOUT`] (10 s).
+    pub fn set_close_timeout(&mut self, timeout: Duration) {
+        self.close_timeout = timeout;
+    }
+
+    fn end(&mut self, e: Error) {
+        if self.ended.is_none() {
+            self.ended = Some(e);
+            self.acked_at_end = self.acked;
         }
     }
 
@@ -188,20 +211,47 @@ impl Consumer {
     }
 
     /// Acknowledges what was consumed and closes the stream; messages prefetched but not returned
-    /// go back to the queue.
+    /// go back to the queue. Returns once the broker has confirmed (by ending the stream) that
+    /// it applied the acknowledgements. Fails if it could not: with [`Error::Timeout`] if no
+    /// confirmation came within the close timeout ([`Consumer::set_close_timeout`]), or with the reason the
+    /// broker ended the stream before applying them; the messages concerned may then be
+    /// delivered again.
     pub async fn close(mut self) -> Result<()> {
-        let r = self.ack().await;
+        self.ack().await?;
         // Half-close: the broker applies the acknowledgement, then sees the end of the stream.
         self.out = None;
-        // Wait (bounded) for the broker to finish the stream, so the acknowledgement is applied
-        // before we return.
-        if let Some(mut inbound) = self.inbound.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(5), async {
-                while let Ok(Some(_)) = inbound.message().await {}
-            })
-            .await;
+        let to_confirm = self.acked;
+        if let Some(e) = &self.ended {
+            // Acknowledgements sent after the broker ended the stream were not applied.
+            return if to_confirm > self.acked_at_end {
+                Err(e.clone())
+            } else {
+                Ok(())
+            };
         }
-        r
+        let Some(mut inbound) = self.inbound.take() else {
+            return Ok(());
+        };
+        let timeout = self.close_timeout;
+        let drained = tokio::time::timeout(timeout, async {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(_)) => {} // prefetched, not handed out: the broker gives it back
+                    Ok(None) => return Ok(()),
+                    Err(status) => return Err(Error::from(status)),
+                }
+            }
+        })
+        .await;
+        match drained {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) if to_confirm == 0 => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::Timeout(format!(
+                "the broker did not confirm within {} (Consumer::set_close_timeout) that it applied the acknowledgement of the {to_confirm} messages received on this stream; those not applied will be delivered again",
+                humantime::format_duration(timeout)
+            ))),
+        }
     }
 }
 
@@ -213,8 +263,9 @@ impl Drop for Consumer {
         self.out = None;
         if let Some(mut inbound) = self.inbound.take() {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let timeout = self.close_timeout;
                 rt.spawn(async move {
-                    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                    let _ = tokio::time::timeout(timeout, async {
                         while let Ok(Some(_)) = inbound.message().await {}
                     })
                     .await;

@@ -33,6 +33,10 @@ pub enum Error {
     /// The transaction was aborted by the broker (timeout, shutdown) instead of committed.
     #[error("{0}")]
     Aborted(String),
+    /// A wait timed out: the text says what was not confirmed (and which timeout to raise).
+    /// The outcome of what was asked is unknown.
+    #[error("{0}")]
+    Timeout(String),
     /// The broker failed internally, or answered something this client does not understand.
     #[error("{0}")]
     Internal(String),
@@ -75,6 +79,7 @@ impl From<Status> for Error {
             Code::Unknown => {
                 Error::Unavailable(format!("the connection to the broker was lost: {msg}"))
             }
+            Code::DeadlineExceeded => Error::Timeout(msg),
             Code::Unimplemented => Error::Internal(format!(
                 "the broker does not support this call (is it older than this client?): {msg}"
             )),

@@ -43,12 +43,12 @@ mod sender;
 mod transaction;
 
 pub use client::{Client, QueueInfo, QueueOptions, DEFAULT_BROKER_URL};
-pub use consumer::{Consumer, ConsumerOptions};
+pub use consumer::{Consumer, ConsumerOptions, DEFAULT_CLOSE_TIMEOUT};
 pub use deadline::{ClientOptions, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT};
 pub use error::{Error, Result};
 pub use message::{DeadLetterClass, DeadLetterInfo, Delivery, Message, MessageId, ReceivedMessage};
 pub use mq_proto::format_name;
 pub use outgoing::{OutgoingQueue, OutgoingState};
-pub use queue::Queue;
+pub use queue::{PeekCursor, PeekPage, Queue};
 pub use sender::{Receipt, SendSummary, Sender, SenderOptions};
 pub use transaction::{CommitOnce, Transaction, TxId, TxOutcome, TxStatus};

@@ -84,20 +84,54 @@ impl Queue {
         self.one(timeout, true).await
     }
 
-    /// Up to `max` messages from the head of the queue, in receive order, not removed.
+    /// Up to `max` messages from the head of the queue, in receive order, not removed, waiting
+    /// up to `timeout` for the first. The broker answers in pages (at most 1000 messages or
+    /// about 4 MiB each); this asks for pages until it has `max` or the queue has no more. For
+    /// many messages, [`Queue::peek_page`] keeps only one page in memory at a time.
     pub async fn peek_many(&self, max: u32, timeout: Duration) -> Result<Vec<ReceivedMessage>> {
+        let mut out = Vec::new();
+        let mut after = None;
+        let mut wait = timeout;
+        while out.len() < max as usize {
+            let page = self
+                .peek_page(max - out.len() as u32, after.as_ref(), wait)
+                .await?;
+            out.extend(page.messages);
+            match page.next {
+                Some(c) => after = Some(c),
+                None => break,
+            }
+            wait = Duration::ZERO;
+        }
+        Ok(out)
+    }
+
+    /// One page of a peek: up to `max` messages (the broker may return fewer: at most 1000 or
+    /// about 4 MiB per page) from the head of the queue, or after `after` (the
+    /// [`PeekPage::next`] of the previous page), waiting up to `timeout` for a first message.
+    pub async fn peek_page(
+        &self,
+        max: u32,
+        after: Option<&PeekCursor>,
+        timeout: Duration,
+    ) -> Result<PeekPage> {
         self.receivable()?;
         let mut grpc = self.client.rpc.clone();
         let rpc = grpc.peek(v1::PeekRequest {
             queue: self.name.clone(),
             timeout_ms: timeout.as_millis() as u64,
             max,
+            cursor: after.map(|c| c.0.clone()).unwrap_or_default(),
         });
         let r = self.client.call("to a peek", timeout, rpc).await?;
-        r.messages
+        let messages = r
+            .messages
             .into_iter()
             .map(ReceivedMessage::from_wire)
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        let next = (!r.next_cursor.is_empty() && !messages.is_empty())
+            .then_some(PeekCursor(r.next_cursor));
+        Ok(PeekPage { messages, next })
     }
 
     async fn one(&self, timeout: Duration, peek: bool) -> Result<Option<ReceivedMessage>> {
@@ -129,6 +163,19 @@ impl Queue {
         self.receivable()?;
         self.client.queue_info(&self.name).await
     }
+}
+
+/// Where a peek page ended, to ask for the next one (opaque).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeekCursor(bytes::Bytes);
+
+/// One page of [`Queue::peek_page`].
+#[derive(Debug, Clone)]
+pub struct PeekPage {
+    /// In receive order.
+    pub messages: Vec<ReceivedMessage>,
+    /// `Some`: more messages may follow; pass it to the next [`Queue::peek_page`].
+    pub next: Option<PeekCursor>,
 }
 
 impl AsRef<str> for Queue {

@@ -155,13 +155,20 @@ impl QueueAddress {
             }
             Host::Ip(ip) => {
                 let ip = ip.to_canonical();
-                addrs.iter().any(|a| {
-                    let bound = a.ip().to_canonical();
-                    a.port() == port
-                        && (bound == ip
-                            || (ip.is_loopback()
-                                && (bound.is_loopback() || bound.is_unspecified())))
-                })
+                // An IP address given as one of the broker's names (an alias, e.g. a NAT
+                // address) is local on the broker's port.
+                let named = names.iter().any(|n| {
+                    n.parse::<std::net::IpAddr>()
+                        .is_ok_and(|n| n.to_canonical() == ip)
+                });
+                (named && listens_on(port))
+                    || addrs.iter().any(|a| {
+                        let bound = a.ip().to_canonical();
+                        a.port() == port
+                            && (bound == ip
+                                || (ip.is_loopback()
+                                    && (bound.is_loopback() || bound.is_unspecified())))
+                    })
             }
         }
     }

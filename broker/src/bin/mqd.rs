@@ -25,6 +25,16 @@ struct Args {
     /// This broker's name: format names with this host are local. Default: the host name.
     #[arg(long, env = "MQD_NAME")]
     name: Option<String>,
+    /// Another name or IP address of this broker (a DNS alias, a NAT address); format names
+    /// with it are local. Repeat for several (MQD_ALIAS: comma-separated). With --listen 0.0.0.0
+    /// or [::], the machine's interface addresses are local without this.
+    #[arg(
+        long = "alias",
+        value_name = "NAME",
+        env = "MQD_ALIAS",
+        value_delimiter = ','
+    )]
+    aliases: Vec<String>,
     /// Largest message body accepted, in bytes.
     #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
@@ -37,6 +47,11 @@ struct Args {
     /// Size of each preallocated journal segment file, in bytes.
     #[arg(long, default_value_t = mq_broker::DEFAULT_JOURNAL_SEGMENT_BYTES)]
     journal_segment_bytes: u64,
+    /// Start even if the journal's last segment is damaged before records that were written
+    /// after the damage: drop everything from the damage to the end of that segment, and log
+    /// what is dropped. Without it mqd refuses to start and names the file and offset.
+    #[arg(long)]
+    truncate_damaged_journal: bool,
     /// A transaction open longer than this many seconds is aborted.
     #[arg(long, default_value_t = 60)]
     tx_timeout_secs: u64,
@@ -47,6 +62,34 @@ struct Args {
     /// Store-and-forward: longest wait between attempts to reach a destination broker.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     forward_retry_max: std::time::Duration,
+    /// Most open client connections; connections past it are closed at once.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_connections)]
+    max_connections: usize,
+    /// Most concurrent calls (HTTP/2 streams) per connection; more wait for one to end.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_streams_per_connection)]
+    max_streams_per_connection: u32,
+    /// Most delivered, unacknowledged messages per receive stream, whatever credit it grants.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_unacked_per_stream)]
+    max_unacked_per_stream: u64,
+    /// Most delivered, unacknowledged messages per connection (all its receive streams).
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_unacked_per_connection)]
+    max_unacked_per_connection: u64,
+    /// A receiver holding a delivered message this long without acknowledging it loses its
+    /// stream, and its unacknowledged messages go back to the queue, e.g. 30m, 90s.
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    ack_timeout: std::time::Duration,
+    /// Most bytes one transaction may stage (its sends are held in memory until commit).
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_bytes)]
+    max_tx_bytes: u64,
+    /// Most bytes all open transactions together may stage.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_total_bytes)]
+    max_tx_total_bytes: u64,
+    /// Most messages (sends and receives) in one transaction.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_messages)]
+    max_tx_messages: u64,
+    /// Most open transactions per connection.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_per_connection)]
+    max_tx_per_connection: usize,
 }
 
 #[tokio::main]
@@ -63,10 +106,12 @@ async fn main() -> anyhow::Result<()> {
     if let Some(name) = args.name {
         config.name = name;
     }
+    config.aliases = args.aliases;
     config.max_body_bytes = args.max_body_bytes;
     config.express_quota_bytes = args.express_quota_bytes;
     config.storage_quota_bytes = args.storage_quota_bytes;
     config.journal_segment_bytes = args.journal_segment_bytes;
+    config.truncate_damaged_journal = args.truncate_damaged_journal;
     config.tx_timeout = std::time::Duration::from_secs(args.tx_timeout_secs.max(1));
     if args.forward_retry_min.is_zero() || args.forward_retry_max < args.forward_retry_min {
         anyhow::bail!(
@@ -77,6 +122,29 @@ async fn main() -> anyhow::Result<()> {
     }
     config.forward_retry_min = args.forward_retry_min;
     config.forward_retry_max = args.forward_retry_max;
+    if args.max_connections == 0
+        || args.max_streams_per_connection == 0
+        || args.max_unacked_per_stream == 0
+        || args.max_unacked_per_connection == 0
+        || args.ack_timeout.is_zero()
+        || args.max_tx_per_connection == 0
+        || args.max_tx_messages == 0
+    {
+        anyhow::bail!(
+            "--max-connections, --max-streams-per-connection, --max-unacked-per-stream, --max-unacked-per-connection, --ack-timeout, --max-tx-messages and --max-tx-per-connection must be above zero"
+        );
+    }
+    config.flow = mq_broker::FlowLimits {
+        max_connections: args.max_connections,
+        max_streams_per_connection: args.max_streams_per_connection,
+        max_unacked_per_stream: args.max_unacked_per_stream,
+        max_unacked_per_connection: args.max_unacked_per_connection,
+        ack_timeout: args.ack_timeout,
+        max_tx_bytes: args.max_tx_bytes,
+        max_tx_total_bytes: args.max_tx_total_bytes,
+        max_tx_messages: args.max_tx_messages,
+        max_tx_per_connection: args.max_tx_per_connection,
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -86,10 +154,15 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = shutdown_signal()?;
     // The handshake with scripts and tests: the first line on stdout, printed once the journal
     // is recovered and requests are served.
-    mq_broker::run_with_ready(listener, config, shutdown, || {
+    let run = mq_broker::run_with_ready(listener, config, shutdown, || {
         println!("listening on {addr}")
-    })
-    .await?;
+    });
+    if let Err(e) = run.await {
+        // One line an operator can act on (a damaged journal names file and offset), no
+        // backtrace, exit status 1.
+        eprintln!("mqd: {e}");
+        std::process::exit(1);
+    }
     Ok(())
 }
 

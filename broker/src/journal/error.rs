@@ -25,13 +25,16 @@ pub enum JournalError {
         source: Arc<io::Error>,
     },
 
-    /// The disk is full: a new segment could not be preallocated or a write hit ENOSPC.
+    /// The disk is full: a new segment could not be preallocated, a write hit ENOSPC, or
+    /// the journal is in disk-full mode and refuses records that store data. Not poison: the
+    /// journal keeps writing removals and stores data again once space is back.
     #[error(
-        "journal disk is full: could not {action} {path} ({bytes} bytes): {source}; free disk \
-         space (or lower segment_size) and restart the broker; everything acknowledged is kept"
+        "journal disk is full: could not {action} {path} ({bytes} bytes): {source}; records \
+         that store data are refused until disk space is freed (receiving messages frees it; \
+         no restart needed); everything acknowledged is kept"
     )]
     NoSpace {
-        /// "preallocate" or "write".
+        /// "preallocate", "write", "store a record in" (refused in disk-full mode), ...
         action: &'static str,
         /// The segment file.
         path: PathBuf,
@@ -68,6 +71,27 @@ pub enum JournalError {
         offset: u64,
         /// What is wrong with it.
         reason: String,
+    },
+
+    /// The last segment is damaged and a record written later follows the damage, so the
+    /// damage is not a torn write from a crash: the damaged bytes were synced (acknowledged).
+    /// Opening with `truncate_damaged` (`mqd --truncate-damaged-journal`) drops them.
+    #[error(
+        "journal file {path} is damaged at offset {offset} ({reason}) and a valid record written \
+         later follows at offset {next_record}, so this is not a torn write from a crash and \
+         cutting here would drop acknowledged records; restore the data directory from a \
+         backup, or start mqd with --truncate-damaged-journal to drop everything from offset \
+         {offset} of this file to its end (what is dropped is logged)"
+    )]
+    Damaged {
+        /// The segment file (the last one).
+        path: PathBuf,
+        /// Byte offset of the first bad record (0: the segment header).
+        offset: u64,
+        /// What is wrong with it.
+        reason: String,
+        /// Offset of the first valid record found after the damage.
+        next_record: u64,
     },
 
     /// One submission encodes to a record larger than the journal accepts.

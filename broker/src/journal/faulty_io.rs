@@ -6,6 +6,10 @@
 //! moment) keeps, per file, the durable image plus a random prefix of the pending writes,
 //! the last one possibly cut mid-way: a torn write.
 //!
+//! A disk capacity can be set ([`FaultyIo::set_capacity`]): growing a file (preallocating or
+//! writing past its end) or the reserve file beyond it fails with ENOSPC, like a small
+//! filesystem.
+//!
 //! Simplifications, on purpose: directory operations (create, remove) and length changes
 //! (preallocate, truncate) are durable at once; the directory path is ignored (one directory).
 
@@ -30,6 +34,7 @@ impl std::fmt::Debug for FaultyIo {
 
 struct Fs {
     ctl: Mutex<Ctl>,
+    resumed: std::sync::Condvar,
 }
 
 #[derive(Default)]
@@ -40,9 +45,37 @@ struct Ctl {
     crash_at_sync: Option<u64>,
     enospc_writes: bool,
     enospc_preallocate: bool,
+    /// Total bytes the files (and the reserve) may take; `None`: unlimited.
+    capacity: Option<u64>,
+    /// Size of the reserve file, if it exists.
+    reserve: Option<u64>,
+    /// Syncs block while set (to hold the writer inside a group commit).
+    syncs_paused: bool,
     /// Set once crashed: the disk as it will be found after the reboot.
     crashed: Option<BTreeMap<u64, Vec<u8>>>,
     rng: u64,
+}
+
+impl Ctl {
+    /// Bytes in use: every file's length plus the reserve.
+    fn used(&self) -> u64 {
+        let files: u64 = self
+            .files
+            .values()
+            .map(|f| f.data.lock().unwrap().current.len() as u64)
+            .sum();
+        files + self.reserve.unwrap_or(0)
+    }
+
+    /// ENOSPC if growing something from `old` to `new` bytes does not fit the capacity.
+    fn check_growth(&self, old: u64, new: u64) -> io::Result<()> {
+        match self.capacity {
+            Some(cap) if new > old && self.used() + (new - old) > cap => {
+                Err(io::Error::from_raw_os_error(libc::ENOSPC))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 struct MemFile {
@@ -111,6 +144,7 @@ impl FaultyIo {
                     rng: seed,
                     ..Ctl::default()
                 }),
+                resumed: std::sync::Condvar::new(),
             }),
         }
     }
@@ -155,6 +189,28 @@ impl FaultyIo {
     /// While on, every preallocation fails with ENOSPC.
     pub fn fail_preallocate_with_enospc(&self, on: bool) {
         self.fs.ctl.lock().unwrap().enospc_preallocate = on;
+    }
+
+    /// Limits the disk to `bytes` in total (`None`: unlimited). Lowering it below what is in
+    /// use frees nothing; it makes every growth fail until enough is deleted.
+    pub fn set_capacity(&self, bytes: Option<u64>) {
+        self.fs.ctl.lock().unwrap().capacity = bytes;
+    }
+
+    /// Bytes in use by the files and the reserve.
+    pub fn used(&self) -> u64 {
+        self.fs.ctl.lock().unwrap().used()
+    }
+
+    /// Size of the reserve file, if there is one.
+    pub fn reserve(&self) -> Option<u64> {
+        self.fs.ctl.lock().unwrap().reserve
+    }
+
+    /// While on, every file sync waits (holding the journal's writer in its group commit).
+    pub fn pause_syncs(&self, on: bool) {
+        self.fs.ctl.lock().unwrap().syncs_paused = on;
+        self.fs.resumed.notify_all();
     }
 
     /// File syncs attempted so far.
@@ -250,6 +306,24 @@ impl Io for FaultyIo {
             .map(|_| ())
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
     }
+
+    fn create_reserve(&self, _dir: &Path, len: u64) -> io::Result<()> {
+        self.check_alive()?;
+        let mut c = self.fs.ctl.lock().unwrap();
+        let old = c.reserve.unwrap_or(0);
+        if c.enospc_preallocate && len > old {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        c.check_growth(old, len)?;
+        c.reserve = Some(old.max(len));
+        Ok(())
+    }
+
+    fn remove_reserve(&self, _dir: &Path) -> io::Result<()> {
+        self.check_alive()?;
+        self.fs.ctl.lock().unwrap().reserve = None;
+        Ok(())
+    }
 }
 
 impl MemFile {
@@ -283,6 +357,8 @@ impl SegmentFile for MemFile {
             if c.enospc_writes {
                 return Err(io::Error::from_raw_os_error(libc::ENOSPC));
             }
+            let old = self.data.lock().unwrap().current.len() as u64;
+            c.check_growth(old, offset + buf.len() as u64)?;
         }
         let mut d = self.data.lock().unwrap();
         write_into(&mut d.current, offset, buf);
@@ -293,6 +369,9 @@ impl SegmentFile for MemFile {
     fn sync(&self) -> io::Result<()> {
         let fs = self.fs()?;
         let mut c = fs.ctl.lock().unwrap();
+        while c.syncs_paused {
+            c = fs.resumed.wait(c).unwrap();
+        }
         if c.crashed.is_some() {
             return Err(crashed_err());
         }
@@ -323,6 +402,8 @@ impl SegmentFile for MemFile {
             if c.enospc_preallocate {
                 return Err(io::Error::from_raw_os_error(libc::ENOSPC));
             }
+            let old = self.data.lock().unwrap().current.len() as u64;
+            c.check_growth(old, len)?;
         }
         let mut d = self.data.lock().unwrap();
         if (d.current.len() as u64) < len {

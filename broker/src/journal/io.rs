@@ -28,7 +28,23 @@ pub trait Io: Send + Sync + 'static {
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     /// Unlinks a segment. Handles already open stay readable. Not durable until `sync_dir`.
     fn remove(&self, dir: &Path, segment: u64) -> io::Result<()>;
+    /// Creates (or grows) the reserve file [`RESERVE_FILE`] in `dir` with `len` bytes of
+    /// allocated space (ENOSPC here when the disk is full; nothing is left allocated then).
+    /// The default keeps no reserve.
+    fn create_reserve(&self, dir: &Path, len: u64) -> io::Result<()> {
+        let _ = (dir, len);
+        Ok(())
+    }
+    /// Deletes the reserve file, freeing its space for a segment. Not durable until
+    /// `sync_dir`.
+    fn remove_reserve(&self, dir: &Path) -> io::Result<()> {
+        let _ = dir;
+        Ok(())
+    }
 }
+
+/// Name of the file that holds the disk-full reserve (see the journal module docs).
+pub const RESERVE_FILE: &str = "reserve.bin";
 
 /// One open segment file. Shared by the writer and readers (`read_body`), hence `&self`.
 pub trait SegmentFile: Send + Sync {
@@ -97,6 +113,31 @@ impl Io for FileIo {
 
     fn remove(&self, dir: &Path, segment: u64) -> io::Result<()> {
         fs::remove_file(segment_path(dir, segment))
+    }
+
+    fn create_reserve(&self, dir: &Path, len: u64) -> io::Result<()> {
+        let path = dir.join(RESERVE_FILE);
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)?;
+        let f = RealFile(f);
+        let r = f.preallocate(len).and_then(|()| f.sync());
+        if r.is_err() {
+            // Give back whatever part was allocated.
+            drop(f);
+            let _ = fs::remove_file(&path);
+        }
+        r
+    }
+
+    fn remove_reserve(&self, dir: &Path) -> io::Result<()> {
+        match fs::remove_file(dir.join(RESERVE_FILE)) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            r => r,
+        }
     }
 }
 

@@ -6,8 +6,20 @@
 //! transactions: a transaction commits as one [`Journal::submit`] of many ops, which is atomic.
 //!
 //! An acknowledgement ([`Commit`] resolving to `Ok`) means the record is on disk: its
-//! `fdatasync` returned. After a failed write or sync the journal is poisoned and refuses
-//! every later write until it is reopened.
+//! `fdatasync` returned. After a failed sync (or a failed write other than ENOSPC) the journal
+//! is poisoned and refuses every later write until it is reopened.
+//!
+//! A full disk (ENOSPC) does not poison: the journal enters *disk-full* mode, where it refuses
+//! records that store data ([`Op::Put`], [`Op::DefineQueue`]) with [`JournalError::NoSpace`]
+//! and keeps writing records that only free data (removes, purges, deletes), for which it
+//! keeps a reserve file on disk (`reserve.bin`, one segment's size) that it gives up when a
+//! new segment cannot be allocated otherwise. It leaves disk-full mode by itself once the
+//! reserve can be allocated again (tried at most every [`DISK_FULL_RETRY`]).
+//!
+//! Submissions wait in a bounded queue ([`JournalOptions::max_queued_bytes`],
+//! [`JournalOptions::max_queued_records`]): when it is full, [`Journal::submit`] blocks the
+//! calling thread until the writer has taken enough out (backpressure, at most about one
+//! group commit).
 //!
 //! Layout:
 //! - `op.rs`: [`Op`] and the payload encoding.
@@ -16,7 +28,8 @@
 //! - `io.rs`: the [`Io`] / [`SegmentFile`] storage traits and [`FileIo`].
 //! - `faulty_io.rs`: [`FaultyIo`], in-memory storage that fails and crashes on request.
 //! - `index.rs`: the live index and per-segment live bytes.
-//! - `recovery.rs`: scanning, replay, torn-tail truncation.
+//! - `recovery.rs`: scanning, replay, torn-tail truncation, damage detection.
+//! - `admission.rs`: the bounded submission queue (backpressure).
 //! - `writer.rs`: the writer thread (group commit, rolling, compaction).
 //! - `error.rs`: [`JournalError`].
 //!
@@ -35,6 +48,7 @@
 //! # Ok(()) }
 //! ```
 
+mod admission;
 mod error;
 mod faulty_io;
 mod index;
@@ -47,7 +61,7 @@ mod writer;
 
 pub use error::JournalError;
 pub use faulty_io::FaultyIo;
-pub use io::{FileIo, Io, SegmentFile};
+pub use io::{FileIo, Io, SegmentFile, RESERVE_FILE};
 pub use op::Op;
 pub use segment::{parse_segment_file_name, segment_file_name};
 
@@ -82,7 +96,25 @@ pub struct JournalOptions {
     /// The writer stops draining queued submissions into one batch (one write, one sync)
     /// once it holds this many bytes; also bounds one compaction step. Default 8 MiB.
     pub max_batch_bytes: usize,
+    /// Bytes of submissions allowed to wait for the writer; [`Journal::submit`] blocks while
+    /// more are queued (a single larger submission waits until the queue is empty).
+    /// Default 64 MiB.
+    pub max_queued_bytes: usize,
+    /// Submissions allowed to wait for the writer; [`Journal::submit`] blocks while the queue
+    /// holds this many. Default 65,536.
+    pub max_queued_records: usize,
+    /// Size of the reserve file kept for disk-full mode (see the module docs); `None` = one
+    /// segment (`segment_size`). `Some(0)` keeps no reserve.
+    pub reserve_bytes: Option<u64>,
+    /// Open even if the last segment is damaged before records that were written after the
+    /// damage (see `recovery.rs`): drop everything from the damage on, and log it
+    /// (`mqd --truncate-damaged-journal`). Default false: opening fails with
+    /// [`JournalError::Damaged`].
+    pub truncate_damaged: bool,
 }
+
+/// How often, at most, a journal in disk-full mode tries to allocate its reserve again.
+pub const DISK_FULL_RETRY: Duration = Duration::from_millis(250);
 
 impl Default for JournalOptions {
     fn default() -> Self {
@@ -90,6 +122,10 @@ impl Default for JournalOptions {
             segment_size: 64 << 20,
             compact_live_ratio: 0.5,
             max_batch_bytes: 8 << 20,
+            max_queued_bytes: 64 << 20,
+            max_queued_records: 65_536,
+            reserve_bytes: None,
+            truncate_damaged: false,
         }
     }
 }
@@ -114,6 +150,9 @@ pub struct Recovery {
     pub bytes: u64,
     /// `(segment, offset)` where a torn tail was cut, if one was.
     pub truncated: Option<(u64, u64)>,
+    /// Valid records dropped with the damage because
+    /// [`JournalOptions::truncate_damaged`] was set (0 for a torn tail).
+    pub dropped_records: u64,
     /// How long the scan took.
     pub elapsed: Duration,
 }
@@ -153,8 +192,14 @@ pub struct JournalStats {
     pub segments_deleted: u64,
     /// Bytes of live ops copied forward by compaction since open.
     pub compacted_bytes: u64,
-    /// True once a write or sync failed.
+    /// True once a sync (or a write, other than ENOSPC) failed.
     pub poisoned: bool,
+    /// True while the disk is full: records that store data are refused.
+    pub disk_full: bool,
+    /// Submissions waiting for the writer, and their bytes.
+    pub queued_records: u64,
+    /// Bytes of the submissions waiting for the writer.
+    pub queued_bytes: u64,
 }
 
 #[derive(Default)]
@@ -176,6 +221,9 @@ pub(crate) struct Shared {
     poisoned: AtomicBool,
     poison_cause: Mutex<Option<Arc<str>>>,
     pub counters: Counters,
+    /// Disk-full mode (see the module docs); set and cleared by the writer.
+    pub disk_full: AtomicBool,
+    pub admission: admission::Admission,
 }
 
 impl Shared {
@@ -255,7 +303,8 @@ impl Journal {
     }
 
     /// Opens (or creates) the journal in `dir` on the given storage: recovers (cutting a torn
-    /// tail of the last segment), then starts the writer thread.
+    /// tail of the last segment; refusing with [`JournalError::Damaged`] if valid records
+    /// follow the damage, unless `truncate_damaged`), then starts the writer thread.
     pub fn open_with_io(
         dir: &Path,
         opts: JournalOptions,
@@ -283,10 +332,16 @@ impl Journal {
         let start = Instant::now();
         io.init(dir)
             .map_err(|e| JournalError::io("create directory", dir, e))?;
-        let mut scan = recovery::scan(dir, &*io)?;
+        if opts.max_queued_bytes == 0 || opts.max_queued_records == 0 {
+            return Err(JournalError::InvalidOptions(
+                "max_queued_bytes and max_queued_records must be positive".into(),
+            ));
+        }
+        let mut scan = recovery::scan(dir, &*io, opts.truncate_damaged)?;
         let recovery = recovery::take_recovery(&mut scan, Duration::ZERO);
         let mut index = scan.index;
 
+        let versions = std::mem::take(&mut scan.versions);
         let active = match index.segs.iter_mut().next_back() {
             Some((&seg, meta)) => {
                 if meta.cap < opts.segment_size {
@@ -302,6 +357,8 @@ impl Journal {
                     file: meta.file.clone(),
                     cap: meta.cap,
                     pos: meta.end,
+                    flags: versions.get(&seg).is_some_and(|&v| v >= 2),
+                    stale_end: 0,
                 }
             }
             None => {
@@ -322,6 +379,8 @@ impl Journal {
                     file,
                     cap: opts.segment_size,
                     pos: HEADER_LEN,
+                    flags: true,
+                    stale_end: 0,
                 }
             }
         };
@@ -333,15 +392,12 @@ impl Journal {
             poisoned: AtomicBool::new(false),
             poison_cause: Mutex::new(None),
             counters: Counters::default(),
+            disk_full: AtomicBool::new(false),
+            admission: admission::Admission::new(opts.max_queued_bytes),
         });
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let w = Writer {
-            shared: shared.clone(),
-            rx,
-            opts: opts.clone(),
-            active,
-            buf: Vec::new(),
-        };
+        let (tx, rx) = crossbeam_channel::bounded(opts.max_queued_records);
+        let mut w = Writer::new(shared.clone(), rx, opts.clone(), active);
+        w.restore_reserve();
         let thread = std::thread::Builder::new()
             .name("mq-journal-writer".into())
             .spawn(move || w.run())
@@ -357,6 +413,8 @@ impl Journal {
             queues = recovery.queues.len(),
             elapsed_ms = recovery.elapsed.as_millis() as u64,
             truncated = ?recovery.truncated,
+            dropped_records = recovery.dropped_records,
+            disk_full = shared.disk_full.load(Ordering::Relaxed),
             "journal opened"
         );
         let journal = Journal {
@@ -375,6 +433,10 @@ impl Journal {
     /// `fdatasync` returned) or failed. Submissions are written in the order they are made
     /// from one thread; an empty `ops` completes after everything submitted before it.
     pub fn submit(&self, ops: Vec<Op>) -> Commit {
+        self.submit_inner(ops, false)
+    }
+
+    fn submit_inner(&self, ops: Vec<Op>, detached: bool) -> Commit {
         let shared = &self.inner.shared;
         if let Some(e) = shared.poisoned_error() {
             return Commit::ready(Err(e));
@@ -390,12 +452,17 @@ impl Journal {
             }));
         }
         let (tx, rx) = oneshot::channel();
+        let size = payload + FRAME_HEADER;
         let msg = Msg::Submit {
             ops,
-            size: payload + FRAME_HEADER,
+            size,
             done: tx,
+            detached,
         };
+        // Backpressure: wait for room in the queue (bytes here, count in the channel).
+        shared.admission.acquire(size);
         if self.inner.tx.send(msg).is_err() {
+            shared.admission.release(size);
             return Commit::ready(Err(shared.dropped_error()));
         }
         Commit {
@@ -404,6 +471,25 @@ impl Journal {
                 shared: shared.clone(),
             },
         }
+    }
+
+    /// Like [`Journal::submit`], for a record nobody waits for but that later records depend
+    /// on (a queue definition whose queue is used at once): if it fails for any reason,
+    /// including a full disk, the journal is poisoned, so no later record that depends on it
+    /// can become durable without it.
+    pub fn submit_detached(&self, ops: Vec<Op>) {
+        // A pending one is checked by the writer (`Msg::Submit::detached`).
+        if let CommitState::Ready(Some(Err(e))) = self.submit_inner(ops, true).state {
+            if !e.is_poisoned() && !matches!(e, JournalError::Closed) {
+                self.inner.shared.poison(&e);
+            }
+        }
+    }
+
+    /// True while the disk under the journal is full: records that store data are refused
+    /// with [`JournalError::NoSpace`]; records that free data are still written.
+    pub fn is_disk_full(&self) -> bool {
+        self.inner.shared.disk_full.load(Ordering::Acquire)
     }
 
     /// Reads the body of a live message from its segment. Safe to call while compaction
@@ -454,6 +540,9 @@ impl Journal {
             segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
             compacted_bytes: c.compacted_bytes.load(Ordering::Relaxed),
             poisoned: s.is_poisoned(),
+            disk_full: s.disk_full.load(Ordering::Relaxed),
+            queued_records: self.inner.tx.len() as u64,
+            queued_bytes: s.admission.queued() as u64,
         }
     }
 

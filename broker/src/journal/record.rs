@@ -1,4 +1,6 @@
-//! Record framing: `len u32 | crc32c u32 | payload`, little-endian (see FORMAT.md).
+//! Record framing: `len u32 | crc32c u32 | payload`, little-endian (see
+//! `docs/journal-format.md`). In format version 2 bit 31 of the length word is the
+//! write-start flag ([`WRITE_START`]).
 //!
 //! The decoder tells three outcomes apart: a good record, the end of data (a zero length
 //! followed only by zeros), and a bad tail. A bad tail is either `Incomplete` (the bytes
@@ -12,11 +14,27 @@ pub(crate) const FRAME_HEADER: usize = 8;
 /// Largest payload the journal accepts (1 GiB). Larger submissions fail with `TooLarge`.
 pub(crate) const MAX_PAYLOAD: usize = 1 << 30;
 
+/// Format version 2: bit 31 of the length word marks the first record of one write (a group
+/// commit, a compaction step, a watermark). Every record before it in its segment was synced
+/// before it was written, so a valid flagged record after damage proves the damage is not a
+/// torn write (see `recovery.rs`). Not covered by the CRC (it covers the payload only).
+pub(crate) const WRITE_START: u32 = 1 << 31;
+
+/// Sets the write-start flag of the frame at `at` (format version 2 only).
+pub(crate) fn set_write_start(buf: &mut [u8], at: usize) {
+    buf[at + 3] |= (WRITE_START >> 24) as u8;
+}
+
 /// What [`decode_frame`] found at an offset.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Frame {
     /// A record whose CRC matches; `payload` indexes the buffer, `next` is the next frame.
-    Record { payload: Range<usize>, next: usize },
+    /// `write_start` is the flag of format version 2 (always false in version 1).
+    Record {
+        payload: Range<usize>,
+        next: usize,
+        write_start: bool,
+    },
     /// End of data: a zero length word (or fewer than 8 bytes left), with only zeros after it.
     End,
     /// The record runs past the end of the buffer.
@@ -41,7 +59,8 @@ pub(crate) fn encode_frame(out: &mut Vec<u8>, fill: impl FnOnce(&mut Vec<u8>)) -
 }
 
 /// Decodes the frame at `at` in `buf`, which holds everything up to the end of the segment.
-pub(crate) fn decode_frame(buf: &[u8], at: usize) -> Frame {
+/// `flags`: the segment is format version 2, whose length word carries [`WRITE_START`].
+pub(crate) fn decode_frame(buf: &[u8], at: usize, flags: bool) -> Frame {
     let rest = &buf[at.min(buf.len())..];
     if rest.len() < FRAME_HEADER {
         // The writer never starts a record it cannot finish in the segment, so a short tail
@@ -52,8 +71,13 @@ pub(crate) fn decode_frame(buf: &[u8], at: usize) -> Frame {
             Frame::Incomplete
         };
     }
-    let len = u32::from_le_bytes(rest[0..4].try_into().unwrap()) as usize;
+    let word = u32::from_le_bytes(rest[0..4].try_into().unwrap());
+    let write_start = flags && word & WRITE_START != 0;
+    let len = if flags { word & !WRITE_START } else { word } as usize;
     let crc = u32::from_le_bytes(rest[4..8].try_into().unwrap());
+    if len == 0 && write_start {
+        return Frame::Corrupt("write-start flag on an empty record");
+    }
     if len == 0 {
         // Data is written sequentially, so after the end there must be nothing but zeros.
         // A non-zero byte here is a torn write that reached the disk out of order (or a
@@ -77,6 +101,7 @@ pub(crate) fn decode_frame(buf: &[u8], at: usize) -> Frame {
     Frame::Record {
         next: payload.end,
         payload,
+        write_start,
     }
 }
 
@@ -98,8 +123,8 @@ mod tests {
         let mut at = 0;
         let mut got = Vec::new();
         loop {
-            match decode_frame(buf, at) {
-                Frame::Record { payload, next } => {
+            match decode_frame(buf, at, true) {
+                Frame::Record { payload, next, .. } => {
                     got.push(buf[payload].to_vec());
                     at = next;
                 }

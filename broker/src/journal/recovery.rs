@@ -1,11 +1,22 @@
 //! Recovery: scan every segment in order, replay records into a fresh [`Index`], and cut
-//! the torn tail of the last segment.
+//! the torn tail of the last segment, but only if it is provably a torn write.
 //!
 //! Only the last segment may end badly: the writer syncs a segment completely before it
 //! creates the next one, so in any earlier segment a bad record is real corruption, and
 //! opening refuses with [`JournalError::Corrupt`] rather than silently dropping data.
+//!
+//! In the last segment, a crash can tear only the last write (one group commit), which was
+//! never acknowledged. The rule that tells a torn write from damage to synced records (see
+//! `docs/journal-format.md`, "Damage or torn tail"): after the first bad frame, search every
+//! later byte offset for a valid record that starts a write (format version 2: the
+//! [`WRITE_START`] flag; version 1 has no flag, so any valid record counts). The writer starts
+//! a write only after the previous one was synced, so such a record proves the damaged bytes
+//! were synced, i.e. acknowledged: opening refuses with [`JournalError::Damaged`] unless
+//! [`JournalOptions::truncate_damaged`](super::JournalOptions) is set, which drops them and logs
+//! what it dropped. Without such a record, the damage is a torn last write and is cut as before.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::Path;
 use std::time::Duration;
 
@@ -15,7 +26,7 @@ use super::error::JournalError;
 use super::index::{Index, Loc, SegMeta};
 use super::io::Io;
 use super::op::{decode_payload, Entry};
-use super::record::{decode_frame, Frame};
+use super::record::{decode_frame, Frame, FRAME_HEADER, MAX_PAYLOAD, WRITE_START};
 use super::segment::{check_header, segment_path, HEADER_LEN};
 use super::{RecoveredMessage, Recovery};
 
@@ -27,10 +38,77 @@ pub(crate) struct Scan {
     pub records: u64,
     pub bytes: u64,
     pub truncated: Option<(u64, u64)>,
+    pub dropped_records: u64,
     pub highest_listed: u64,
+    /// Format version of each segment kept.
+    pub versions: BTreeMap<u64, u32>,
 }
 
-pub(crate) fn scan(dir: &Path, io: &dyn Io) -> Result<Scan, JournalError> {
+/// The first offset at or after `from` where a valid record begins that proves an earlier
+/// write was synced: with `flags` (format version 2) a record carrying the write-start flag,
+/// without (version 1, or a segment whose header is unreadable) any valid record. Returns the
+/// offset and the record's end. A record is valid when its length fits the buffer, its payload
+/// decodes as ops and its CRC matches.
+pub(crate) fn find_valid_record(buf: &[u8], from: usize, flags: bool) -> Option<(usize, usize)> {
+    let mut x = from;
+    while x + FRAME_HEADER < buf.len() {
+        // Zeros (preallocated space) are the common case: skip them without decoding. A zero
+        // length word is never a record; the next candidate starts at most 3 bytes before the
+        // next non-zero byte (a length word may begin with zeros).
+        if buf[x..x + 4] == [0; 4] {
+            match buf[x..].iter().position(|&b| b != 0) {
+                Some(p) => {
+                    x = (x + p - 3).max(x + 1);
+                    continue;
+                }
+                None => return None,
+            }
+        }
+        if let Some(end) = valid_record_at(buf, x, flags) {
+            return Some((x, end));
+        }
+        x += 1;
+    }
+    None
+}
+
+/// The end of the valid record at `x`, if there is one (see [`find_valid_record`]). Checks
+/// the cheap things first: the length, then the ops' structure, then the CRC.
+fn valid_record_at(buf: &[u8], x: usize, flags: bool) -> Option<usize> {
+    let word = u32::from_le_bytes(buf[x..x + 4].try_into().unwrap());
+    if flags && word & WRITE_START == 0 {
+        return None;
+    }
+    let len = (word & !WRITE_START) as usize;
+    if len == 0 || len > MAX_PAYLOAD || buf.len() - x - FRAME_HEADER < len {
+        return None;
+    }
+    let payload = x + FRAME_HEADER..x + FRAME_HEADER + len;
+    if !matches!(buf[payload.start], 1..=6) {
+        return None;
+    }
+    decode_payload(&Bytes::copy_from_slice(&buf[payload.clone()])).ok()?;
+    let crc = u32::from_le_bytes(buf[x + 4..x + 8].try_into().unwrap());
+    (crc32c::crc32c(&buf[payload.clone()]) == crc).then_some(payload.end)
+}
+
+/// Valid records from `from` to the end of `buf` (each found by [`find_valid_record`] with
+/// `flags`, then those chained after it): what truncating at `from` drops, for the log.
+fn count_valid_records(buf: &[u8], from: usize, flags: bool) -> u64 {
+    let mut n = 0;
+    let mut at = from;
+    while let Some((_, mut end)) = find_valid_record(buf, at, flags) {
+        n += 1;
+        while let Frame::Record { next, .. } = decode_frame(buf, end, flags) {
+            n += 1;
+            end = next;
+        }
+        at = end;
+    }
+    n
+}
+
+pub(crate) fn scan(dir: &Path, io: &dyn Io, truncate_damaged: bool) -> Result<Scan, JournalError> {
     let list = io.list(dir).map_err(|e| JournalError::io("list", dir, e))?;
     let mut out = Scan {
         index: Index::default(),
@@ -38,7 +116,9 @@ pub(crate) fn scan(dir: &Path, io: &dyn Io) -> Result<Scan, JournalError> {
         records: 0,
         bytes: 0,
         truncated: None,
+        dropped_records: 0,
         highest_listed: list.last().copied().unwrap_or(0),
+        versions: BTreeMap::new(),
     };
     for (i, &n) in list.iter().enumerate() {
         let last = i + 1 == list.len();
@@ -51,26 +131,48 @@ pub(crate) fn scan(dir: &Path, io: &dyn Io) -> Result<Scan, JournalError> {
         file.read_at(&mut buf, 0)
             .map_err(|e| JournalError::io("read", &path, e))?;
 
-        if let Err(reason) = check_header(&buf, n) {
-            if !last {
-                return Err(JournalError::Corrupt {
-                    path,
-                    offset: 0,
-                    reason,
-                });
+        let version = match check_header(&buf, n) {
+            Ok(v) => v,
+            Err(reason) => {
+                if !last {
+                    return Err(JournalError::Corrupt {
+                        path,
+                        offset: 0,
+                        reason,
+                    });
+                }
+                // The writer syncs a new segment's header before writing any record into
+                // it, so a last segment with a bad header and no valid record was being
+                // created when the process died: it holds nothing that was acknowledged.
+                let hl = HEADER_LEN as usize;
+                let found = find_valid_record(&buf, hl.min(buf.len()), false);
+                if let Some((at, _)) = found {
+                    if !truncate_damaged {
+                        return Err(JournalError::Damaged {
+                            path,
+                            offset: 0,
+                            reason,
+                            next_record: at as u64,
+                        });
+                    }
+                    let dropped = count_valid_records(&buf, hl, false);
+                    tracing::error!(path = %path.display(), %reason, records = dropped, bytes = len,
+                        "journal: --truncate-damaged-journal: removing the last segment, whose header is damaged; its records are lost");
+                    out.dropped_records += dropped;
+                } else {
+                    tracing::warn!(path = %path.display(), %reason, "journal: removing half-created last segment");
+                }
+                drop(file);
+                io.remove(dir, n)
+                    .map_err(|e| JournalError::io("remove", &path, e))?;
+                io.sync_dir(dir)
+                    .map_err(|e| JournalError::io("fsync directory", dir, e))?;
+                out.truncated = Some((n, 0));
+                continue;
             }
-            // The writer syncs a new segment's header before writing any record into it,
-            // so a last segment with a bad header holds nothing that was acknowledged:
-            // a crash while it was being created.
-            tracing::warn!(path = %path.display(), %reason, "journal: removing half-created last segment");
-            drop(file);
-            io.remove(dir, n)
-                .map_err(|e| JournalError::io("remove", &path, e))?;
-            io.sync_dir(dir)
-                .map_err(|e| JournalError::io("fsync directory", dir, e))?;
-            out.truncated = Some((n, 0));
-            continue;
-        }
+        };
+        let flags = version >= 2;
+        out.versions.insert(n, version);
 
         out.index.segs.insert(
             n,
@@ -87,27 +189,15 @@ pub(crate) fn scan(dir: &Path, io: &dyn Io) -> Result<Scan, JournalError> {
         let buf = Bytes::from(buf);
         let mut at = HEADER_LEN as usize;
         let bad: Option<String> = loop {
-            match decode_frame(&buf, at) {
-                Frame::Record { payload, next } => {
+            match decode_frame(&buf, at, flags) {
+                Frame::Record { payload, next, .. } => {
                     let entries = match decode_payload(&buf.slice(payload.clone())) {
                         Ok(e) => e,
                         Err(e) => break Some(format!("record does not decode: {}", e.0)),
                     };
                     // The whole record is valid before any of its ops is applied: a
                     // multi-op submit is all or nothing.
-                    for (entry, r) in &entries {
-                        match entry {
-                            Entry::Op(op) => {
-                                let loc = Loc {
-                                    seg: n,
-                                    off: (payload.start + r.start) as u64,
-                                    len: r.len() as u32,
-                                };
-                                out.index.apply(op, loc, true);
-                            }
-                            Entry::Mark(m) => out.index.apply_mark(m),
-                        }
-                    }
+                    apply(&mut out.index, n, &entries, &payload);
                     out.records += 1;
                     at = next;
                 }
@@ -126,11 +216,26 @@ pub(crate) fn scan(dir: &Path, io: &dyn Io) -> Result<Scan, JournalError> {
                     reason,
                 });
             }
-            // Torn tail of the last segment: everything from here on was never
-            // acknowledged. Zero it so these stale bytes can never be read as records
-            // once new records are appended before them.
+            if let Some((next, _)) = find_valid_record(&buf, at + 1, flags) {
+                if !truncate_damaged {
+                    return Err(JournalError::Damaged {
+                        path,
+                        offset: at as u64,
+                        reason,
+                        next_record: next as u64,
+                    });
+                }
+                let dropped = count_valid_records(&buf, at + 1, flags);
+                tracing::error!(path = %path.display(), offset = at, %reason, records = dropped,
+                    first_valid_record_after = next,
+                    "journal: --truncate-damaged-journal: dropping everything from the damage to the end of the segment, including records that were written after it");
+                out.dropped_records += dropped;
+            } else {
+                tracing::warn!(path = %path.display(), offset = at, %reason, "journal: truncating torn tail");
+            }
+            // Everything from here on goes. Zero it so these stale bytes can never be read
+            // as records once new records are appended before them.
             let dirty_end = buf.iter().rposition(|&b| b != 0).map_or(at, |p| p + 1);
-            tracing::warn!(path = %path.display(), offset = at, %reason, "journal: truncating torn tail");
             let zeros = vec![0u8; (dirty_end - at).min(1 << 20)];
             let mut off = at;
             while off < dirty_end {
@@ -147,6 +252,23 @@ pub(crate) fn scan(dir: &Path, io: &dyn Io) -> Result<Scan, JournalError> {
         out.bytes += at as u64;
     }
     Ok(out)
+}
+
+/// Applies the ops of one valid record found at `payload` in segment `seg`.
+fn apply(index: &mut Index, seg: u64, entries: &[(Entry, Range<usize>)], payload: &Range<usize>) {
+    for (entry, r) in entries {
+        match entry {
+            Entry::Op(op) => {
+                let loc = Loc {
+                    seg,
+                    off: (payload.start + r.start) as u64,
+                    len: r.len() as u32,
+                };
+                index.apply(op, loc, true);
+            }
+            Entry::Mark(m) => index.apply_mark(m),
+        }
+    }
 }
 
 /// Builds the broker's view from a scanned index and drops the headers from the index.
@@ -185,6 +307,7 @@ pub(crate) fn take_recovery(scan: &mut Scan, elapsed: Duration) -> Recovery {
         records: scan.records,
         bytes: scan.bytes,
         truncated: scan.truncated,
+        dropped_records: scan.dropped_records,
         elapsed,
     }
 }

@@ -1,12 +1,15 @@
-//! Segment files: naming and the 32-byte segment header (see FORMAT.md).
+//! Segment files: naming and the 32-byte segment header (see `docs/journal-format.md`).
 
 use std::path::{Path, PathBuf};
 
 /// Bytes at the start of every segment; records follow.
 pub(crate) const HEADER_LEN: u64 = 32;
 const MAGIC: &[u8; 8] = b"MQJOURNL";
-/// On-disk format version written by this code. Readers refuse other versions.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// On-disk format version written by this code. Version 2 adds the write-start flag (bit 31
+/// of a record's length word, see `record.rs`); this code reads versions 1 and 2.
+pub(crate) const FORMAT_VERSION: u32 = 2;
+/// Oldest format version this code reads.
+pub(crate) const OLDEST_READABLE_VERSION: u32 = 1;
 
 /// `00000000000000000042.seg`: twenty digits so names sort like numbers.
 pub fn segment_file_name(segment: u64) -> String {
@@ -38,8 +41,8 @@ pub(crate) fn encode_header(segment: u64) -> [u8; HEADER_LEN as usize] {
     h
 }
 
-/// Checks a segment header; `Err` says what is wrong with it.
-pub(crate) fn check_header(buf: &[u8], segment: u64) -> Result<(), String> {
+/// Checks a segment header; `Ok` is its format version, `Err` says what is wrong with it.
+pub(crate) fn check_header(buf: &[u8], segment: u64) -> Result<u32, String> {
     if buf.len() < HEADER_LEN as usize {
         return Err(format!(
             "file is {} bytes, shorter than the segment header",
@@ -55,10 +58,10 @@ pub(crate) fn check_header(buf: &[u8], segment: u64) -> Result<(), String> {
         return Err("not a journal segment (bad magic)".into());
     }
     let version = u32::from_le_bytes(h[8..12].try_into().unwrap());
-    if version != FORMAT_VERSION {
+    if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(format!(
-            "segment format version {version}, this build reads version {FORMAT_VERSION}: \
-             open it with a matching broker version"
+            "segment format version {version}, this build reads versions \
+             {OLDEST_READABLE_VERSION} to {FORMAT_VERSION}: open it with a matching broker version"
         ));
     }
     let hl = u32::from_le_bytes(h[12..16].try_into().unwrap());
@@ -69,7 +72,7 @@ pub(crate) fn check_header(buf: &[u8], segment: u64) -> Result<(), String> {
     if n != segment {
         return Err(format!("header says segment {n}, file name says {segment}"));
     }
-    Ok(())
+    Ok(version)
 }
 
 #[cfg(test)]

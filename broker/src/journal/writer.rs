@@ -6,6 +6,17 @@
 //! waiter. There is no timer: a lone submission waits for exactly one sync, and under load
 //! one sync covers every record that queued up during the previous one.
 //!
+//! Every write starts with a record flagged `WRITE_START` (format version 2, `record.rs`): recovery
+//! uses it to tell a torn last write from damage to synced records (see `recovery.rs`).
+//!
+//! A full disk (ENOSPC while creating a segment or writing) fails the records concerned with
+//! [`JournalError::NoSpace`] and switches to disk-full mode instead of poisoning: records that
+//! store data (Put, DefineQueue) are refused, records that only free data are still written,
+//! if need be into a segment made from the space of the reserve file. Compaction then only
+//! drops segments that hold nothing live. Growing submissions retry (at most every
+//! [`DISK_FULL_RETRY`]) by allocating the reserve again; once that works, the mode ends.
+//! Only a failed `fdatasync` (or another I/O error) poisons.
+//!
 //! Compaction runs on this same thread, one bounded step (at most `max_batch_bytes` copied,
 //! or one segment dropped) between batches, and continuously when idle, so it never races
 //! the writer and never starves senders for more than one step.
@@ -35,18 +46,19 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
-use crossbeam_channel::{Receiver, TryRecvError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 use tokio::sync::oneshot;
 
 use super::error::JournalError;
 use super::index::{Key, Loc, SegMeta};
 use super::io::{Io, SegmentFile};
 use super::op::{decode_payload, Entry, Op};
-use super::record::encode_frame;
+use super::record::{encode_frame, set_write_start};
 use super::segment::{encode_header, segment_path, HEADER_LEN};
-use super::{JournalOptions, Shared};
+use super::{JournalOptions, Shared, DISK_FULL_RETRY};
 
 pub(crate) type Done = oneshot::Sender<Result<(), JournalError>>;
 
@@ -56,8 +68,35 @@ pub(crate) enum Msg {
         /// Encoded size, for batch limits.
         size: usize,
         done: Done,
+        /// Nobody waits for it: a failure poisons the journal (`Journal::submit_detached`).
+        detached: bool,
     },
     Shutdown,
+}
+
+/// One submission in a batch.
+struct Sub {
+    ops: Vec<Op>,
+    done: Done,
+    detached: bool,
+}
+
+impl Sub {
+    fn complete(self, shared: &Shared, r: Result<(), JournalError>) {
+        if let (true, Err(e)) = (self.detached, &r) {
+            if !e.is_poisoned() {
+                tracing::error!(error = %e, "journal: a record nobody waited for failed");
+                shared.poison(e);
+            }
+        }
+        let _ = self.done.send(r);
+    }
+}
+
+/// Whether a submission stores data (refused while the disk is full) or only frees it.
+fn stores_data(ops: &[Op]) -> bool {
+    ops.iter()
+        .any(|op| matches!(op, Op::Put { .. } | Op::DefineQueue { .. }))
 }
 
 pub(crate) struct Active {
@@ -65,6 +104,11 @@ pub(crate) struct Active {
     pub file: Arc<dyn SegmentFile>,
     pub cap: u64,
     pub pos: u64,
+    /// Format version 2: records carry the write-start flag.
+    pub flags: bool,
+    /// End of bytes a failed (ENOSPC) write may have left after `pos`; zeroed before the
+    /// segment is sealed or overwritten by a shorter write. 0: none.
+    pub stale_end: u64,
 }
 
 pub(crate) struct Writer {
@@ -73,9 +117,21 @@ pub(crate) struct Writer {
     pub opts: JournalOptions,
     pub active: Active,
     pub buf: Vec<u8>,
+    /// Size of the reserve file (0: none kept).
+    reserve_len: u64,
+    /// The reserve file exists at full size.
+    has_reserve: bool,
+    /// Disk-full mode: the next attempt to leave it is not before this.
+    retry_at: Instant,
+    /// After a compaction step failed for want of space: not again before this.
+    compact_retry_at: Option<Instant>,
 }
 
 /// Creates, preallocates and durably initialises segment `seg` of `cap` bytes.
+fn is_enospc(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOSPC) || e.kind() == std::io::ErrorKind::StorageFull
+}
+
 pub(crate) fn create_segment(
     dir: &Path,
     io: &dyn Io,
@@ -110,6 +166,70 @@ pub(crate) fn create_segment(
 }
 
 impl Writer {
+    pub fn new(
+        shared: Arc<Shared>,
+        rx: Receiver<Msg>,
+        opts: JournalOptions,
+        active: Active,
+    ) -> Self {
+        let reserve_len = opts.reserve_bytes.unwrap_or(opts.segment_size);
+        Writer {
+            shared,
+            rx,
+            opts,
+            active,
+            buf: Vec::new(),
+            reserve_len,
+            has_reserve: false,
+            retry_at: Instant::now(),
+            compact_retry_at: None,
+        }
+    }
+
+    fn set_disk_full(&self, on: bool) {
+        let was = self.shared.disk_full.swap(on, Ordering::AcqRel);
+        if on && !was {
+            tracing::warn!(dir = %self.shared.dir.display(),
+                "journal: disk full: refusing records that store data until space is freed; removals still work");
+        } else if !on && was {
+            tracing::info!(dir = %self.shared.dir.display(), "journal: disk space is back: storing data again");
+        }
+    }
+
+    fn disk_full(&self) -> bool {
+        self.shared.disk_full.load(Ordering::Acquire)
+    }
+
+    /// (Re)creates the reserve file. Ok (or no reserve wanted): leaves disk-full mode.
+    /// ENOSPC: enters it. Another error: logged, the journal runs without a reserve.
+    pub fn restore_reserve(&mut self) {
+        if self.has_reserve || self.reserve_len == 0 {
+            self.has_reserve = true;
+            self.set_disk_full(false);
+            return;
+        }
+        let dir = &self.shared.dir;
+        match self.shared.io.create_reserve(dir, self.reserve_len) {
+            Ok(()) => {
+                if let Err(e) = self.shared.io.sync_dir(dir) {
+                    tracing::warn!(error = %e, "journal: could not fsync the directory");
+                }
+                self.has_reserve = true;
+                self.set_disk_full(false);
+            }
+            Err(e) if is_enospc(&e) => {
+                self.retry_at = Instant::now() + DISK_FULL_RETRY;
+                self.set_disk_full(true);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, dir = %dir.display(), "journal: cannot create the disk-full reserve file; running without");
+                self.reserve_len = 0;
+                self.has_reserve = true;
+                self.set_disk_full(false);
+            }
+        }
+    }
+
     pub fn run(mut self) {
         loop {
             let first = if self.compaction_target().is_some() {
@@ -121,13 +241,23 @@ impl Writer {
                     }
                     Err(TryRecvError::Disconnected) => break,
                 }
+            } else if self.compact_retry_at.is_some() {
+                // Compaction waits for space: look again after a while even when idle.
+                match self.rx.recv_timeout(DISK_FULL_RETRY) {
+                    Ok(m) => m,
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.compact_step();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
             } else {
                 match self.rx.recv() {
                     Ok(m) => m,
                     Err(_) => break,
                 }
             };
-            let mut batch: Vec<(Vec<Op>, Done)> = Vec::new();
+            let mut batch: Vec<Sub> = Vec::new();
             let mut bytes = 0usize;
             let mut stop = false;
             let mut next = Some(first);
@@ -137,9 +267,19 @@ impl Writer {
                         stop = true;
                         break;
                     }
-                    Msg::Submit { ops, size, done } => {
+                    Msg::Submit {
+                        ops,
+                        size,
+                        done,
+                        detached,
+                    } => {
+                        self.shared.admission.release(size);
                         bytes += size;
-                        batch.push((ops, done));
+                        batch.push(Sub {
+                            ops,
+                            done,
+                            detached,
+                        });
                     }
                 }
                 if bytes < self.opts.max_batch_bytes {
@@ -169,21 +309,39 @@ impl Writer {
     }
 
     /// Writes one batch of submissions as one group commit.
-    fn commit(&mut self, batch: Vec<(Vec<Op>, Done)>) {
+    fn commit(&mut self, batch: Vec<Sub>) {
         if let Some(e) = self.poisoned() {
-            for (_, done) in batch {
-                let _ = done.send(Err(e.clone()));
+            for sub in batch {
+                sub.complete(&self.shared, Err(e.clone()));
             }
             return;
         }
+        if self.disk_full()
+            && Instant::now() >= self.retry_at
+            && batch.iter().any(|s| stores_data(&s.ops))
+        {
+            // Has space come back? Allocating the reserve again is the test.
+            self.restore_reserve();
+            self.retry_at = Instant::now() + DISK_FULL_RETRY;
+        }
+        let refuse_data = self.disk_full();
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
-        // Per record: its range in buf, the batch entry, and each op's range in buf.
+        // Per record: its range in buf, whether it stores data, the batch entry, and each
+        // op's range in buf.
         let mut recs: Vec<Range<usize>> = Vec::with_capacity(batch.len());
+        let mut growth: Vec<bool> = Vec::with_capacity(batch.len());
         let mut rec_ops: Vec<(usize, Vec<Range<usize>>)> = Vec::with_capacity(batch.len());
-        for (i, (ops, _)) in batch.iter().enumerate() {
+        let mut refused: Vec<bool> = vec![false; batch.len()];
+        for (i, sub) in batch.iter().enumerate() {
+            let ops = &sub.ops;
             if ops.is_empty() {
                 // Nothing to write; completing it with this batch makes it a barrier.
+                continue;
+            }
+            let stores = stores_data(ops);
+            if refuse_data && stores {
+                refused[i] = true;
                 continue;
             }
             let start = buf.len();
@@ -196,13 +354,14 @@ impl Writer {
                 }
             });
             recs.push(start..buf.len());
+            growth.push(stores);
             rec_ops.push((i, ranges));
         }
 
         let (locs, failure) = if recs.is_empty() {
             (Vec::new(), None)
         } else {
-            match self.write_records(&buf, &recs) {
+            match self.write_records(&mut buf, &recs, &growth) {
                 Ok(locs) => (locs, None),
                 // `durable` holds the records synced before the failure (a batch that crossed
                 // a segment boundary): they are on disk and are acknowledged as such.
@@ -214,7 +373,7 @@ impl Writer {
             for ((i, ranges), (rec, &(seg, file_off))) in
                 rec_ops.iter().zip(recs.iter().zip(locs.iter()))
             {
-                for (op, r) in batch[*i].0.iter().zip(ranges) {
+                for (op, r) in batch[*i].ops.iter().zip(ranges) {
                     let loc = Loc {
                         seg,
                         off: file_off + (r.start - rec.start) as u64,
@@ -232,25 +391,34 @@ impl Writer {
             .and_then(|r| r.last())
             .map_or(0, |r| r.end);
         c.bytes_written.fetch_add(written as u64, Ordering::Relaxed);
-        match failure {
-            None => {
-                for (_, done) in batch {
-                    let _ = done.send(Ok(()));
-                }
-            }
+        let no_space = |bytes: usize| JournalError::NoSpace {
+            action: "store a record in",
+            path: self.shared.dir.clone(),
+            bytes: bytes as u64,
+            source: Arc::new(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+        };
+        // Records are in batch order; the first `locs.len()` non-empty submissions are
+        // durable. Empty ones (barriers) before them are complete too.
+        let durable_upto = match &failure {
+            None => batch.len(),
             Some(e) => {
-                self.poison(&e);
-                // Records are in batch order; the first `locs.len()` non-empty submissions are
-                // durable. Empty ones (barriers) before them are complete too.
-                let durable_upto = rec_ops.get(locs.len()).map_or(batch.len(), |(i, _)| *i);
-                for (i, (_, done)) in batch.into_iter().enumerate() {
-                    let _ = done.send(if i < durable_upto {
-                        Ok(())
-                    } else {
-                        Err(e.clone())
-                    });
+                if matches!(e, JournalError::NoSpace { .. }) {
+                    tracing::warn!(error = %e, "journal: records refused for want of disk space");
+                } else {
+                    self.poison(e);
                 }
+                rec_ops.get(locs.len()).map_or(batch.len(), |(i, _)| *i)
             }
+        };
+        for (i, sub) in batch.into_iter().enumerate() {
+            let r = if refused[i] {
+                Err(no_space(sub.ops.iter().map(Op::encoded_len).sum()))
+            } else if i < durable_upto {
+                Ok(())
+            } else {
+                Err(failure.clone().expect("a failure when not all are durable"))
+            };
+            sub.complete(&self.shared, r);
         }
         // Keep the allocation for the next batch, unless one huge record inflated it.
         if buf.capacity() > 2 * self.opts.max_batch_bytes.max(1 << 20) {
@@ -262,23 +430,31 @@ impl Writer {
     /// Writes framed records (contiguous ranges of `buf`) and makes them durable. Returns
     /// each record's (segment, file offset). Usually one write and one sync; a batch that
     /// crosses a segment boundary syncs the full segment before the next one is created, so
-    /// that only the last segment can ever have a torn tail.
+    /// that only the last segment can ever have a torn tail. The first record of each write
+    /// gets the write-start flag. `growth[i]`: record `i` stores data (it may not use the
+    /// space of the reserve file).
     /// On failure, returns the error and the locations of the records already synced (a
-    /// prefix of `recs`).
+    /// prefix of `recs`); the active position is back at the end of what is durable.
     #[allow(clippy::type_complexity)]
     fn write_records(
         &mut self,
-        buf: &[u8],
+        buf: &mut [u8],
         recs: &[Range<usize>],
+        growth: &[bool],
     ) -> Result<Vec<(u64, u64)>, (JournalError, Vec<(u64, u64)>)> {
         let mut locs: Vec<(u64, u64)> = Vec::with_capacity(recs.len());
         let mut durable = 0usize;
+        let mut durable_pos = self.active.pos;
         macro_rules! attempt {
             ($e:expr) => {
                 match $e {
                     Ok(v) => v,
                     Err(err) => {
                         locs.truncate(durable);
+                        // Whatever was written after the durable end may be on the disk in
+                        // part: it is zeroed before anything relies on those bytes.
+                        self.active.stale_end = self.active.stale_end.max(self.active.pos);
+                        self.active.pos = durable_pos;
                         return Err((err, locs));
                     }
                 }
@@ -287,7 +463,7 @@ impl Writer {
         let mut chunk: Option<(usize, u64)> = None; // (start in buf, file offset)
         let mut chunk_end = 0usize;
         let mut dirty = false;
-        for r in recs {
+        for (r, &grows) in recs.iter().zip(growth) {
             let len = r.len() as u64;
             if self.active.pos + len > self.active.cap {
                 if let Some((s, off)) = chunk.take() {
@@ -298,11 +474,16 @@ impl Writer {
                     attempt!(self.sync_active());
                     dirty = false;
                     durable = locs.len();
+                    durable_pos = self.active.pos;
                 }
-                attempt!(self.roll(len));
+                attempt!(self.roll(len, !grows));
+                durable_pos = self.active.pos;
             }
             if chunk.is_none() {
                 chunk = Some((r.start, self.active.pos));
+                if self.active.flags {
+                    set_write_start(buf, r.start);
+                }
             }
             chunk_end = r.end;
             locs.push((self.active.seg, self.active.pos));
@@ -322,15 +503,45 @@ impl Writer {
         Ok(locs)
     }
 
-    fn write_chunk(&self, bytes: &[u8], off: u64) -> Result<(), JournalError> {
-        self.active.file.write_at(bytes, off).map_err(|e| {
-            JournalError::write(
-                "write",
-                segment_path(&self.shared.dir, self.active.seg),
-                bytes.len() as u64,
-                e,
-            )
-        })
+    /// Writes `bytes` at `off` of the active segment, and zeros after them up to the end of
+    /// what an earlier failed write may have left.
+    fn write_chunk(&mut self, bytes: &[u8], off: u64) -> Result<(), JournalError> {
+        let path = || segment_path(&self.shared.dir, self.active.seg);
+        self.active
+            .file
+            .write_at(bytes, off)
+            .map_err(|e| JournalError::write("write", path(), bytes.len() as u64, e))?;
+        let end = off + bytes.len() as u64;
+        if self.active.stale_end > end {
+            self.zero_active(end, self.active.stale_end)?;
+        }
+        if self.active.stale_end <= end {
+            self.active.stale_end = 0;
+        }
+        Ok(())
+    }
+
+    /// Writes zeros over `[from, to)` of the active segment (not synced).
+    fn zero_active(&mut self, from: u64, to: u64) -> Result<(), JournalError> {
+        let zeros = vec![0u8; (to - from).min(1 << 20) as usize];
+        let mut off = from;
+        while off < to {
+            let n = (to - off).min(zeros.len() as u64);
+            self.active
+                .file
+                .write_at(&zeros[..n as usize], off)
+                .map_err(|e| {
+                    JournalError::write(
+                        "zero-fill",
+                        segment_path(&self.shared.dir, self.active.seg),
+                        n,
+                        e,
+                    )
+                })?;
+            off += n;
+        }
+        self.active.stale_end = 0;
+        Ok(())
     }
 
     fn sync_active(&self) -> Result<(), JournalError> {
@@ -345,17 +556,39 @@ impl Writer {
     }
 
     /// Seals the active segment (already synced) and starts the next one, big enough for a
-    /// record of `need` bytes.
-    fn roll(&mut self, need: u64) -> Result<(), JournalError> {
+    /// record of `need` bytes. On ENOSPC, `may_use_reserve` (the record only frees data)
+    /// gives up the reserve file to make room; either way the journal enters disk-full mode.
+    fn roll(&mut self, need: u64, may_use_reserve: bool) -> Result<(), JournalError> {
+        if self.active.stale_end > self.active.pos {
+            // Bytes of a failed write after the end: a sealed segment must end in zeros.
+            self.zero_active(self.active.pos, self.active.stale_end)?;
+            self.sync_active()?;
+        }
         let seg = self.active.seg + 1;
         let cap = self.opts.segment_size.max(HEADER_LEN + need);
-        let file = create_segment(
-            &self.shared.dir,
-            &*self.shared.io,
-            seg,
-            cap,
-            Some(&self.shared),
-        )?;
+        let dir = &self.shared.dir;
+        let io = &*self.shared.io;
+        let file = match create_segment(dir, io, seg, cap, Some(&self.shared)) {
+            Ok(f) => f,
+            Err(e @ JournalError::NoSpace { .. }) => {
+                self.retry_at = Instant::now() + DISK_FULL_RETRY;
+                self.set_disk_full(true);
+                if !(may_use_reserve && self.has_reserve && self.reserve_len > 0) {
+                    return Err(e);
+                }
+                tracing::warn!(
+                    segment = seg,
+                    "journal: disk full: using the reserve for a segment of removals"
+                );
+                self.has_reserve = false;
+                io.remove_reserve(dir)
+                    .map_err(|e| JournalError::io("remove the reserve file in", dir, e))?;
+                io.sync_dir(dir)
+                    .map_err(|e| JournalError::io("fsync directory", dir, e))?;
+                create_segment(dir, io, seg, cap, Some(&self.shared))?
+            }
+            Err(e) => return Err(e),
+        };
         {
             let mut idx = self.shared.index.write().unwrap();
             if let Some(m) = idx.segs.get_mut(&self.active.seg) {
@@ -381,6 +614,8 @@ impl Writer {
             file,
             cap,
             pos: HEADER_LEN,
+            flags: true,
+            stale_end: 0,
         };
         Ok(())
     }
@@ -392,14 +627,29 @@ impl Writer {
     ///   space is dead: copy it forward even if it is mostly live. Otherwise one long-lived
     ///   oldest segment would pin every dead segment behind it and disk use would not follow
     ///   live data.
+    ///
+    /// While the disk is full only a segment whose live bytes fit in half of the active
+    /// segment's free space (the copy must not need a new segment), and not at all for a
+    /// while after a step failed for want of space.
     fn compaction_target(&self) -> Option<u64> {
         if self.shared.is_poisoned() {
+            return None;
+        }
+        if self.compact_retry_at.is_some_and(|t| Instant::now() < t) {
             return None;
         }
         let idx = self.shared.index.read().unwrap();
         let (&oldest, meta) = idx.segs.iter().next()?;
         if oldest == self.active.seg {
             return None;
+        }
+        if self.disk_full() {
+            // Dropping the segment frees a whole one; copying its few live bytes (a queue
+            // definition, a long-lived message) is worth it if they fit in half of what is
+            // left in the active segment, the rest staying for removals.
+            let room = self.active.cap.saturating_sub(self.active.pos);
+            let fits = meta.live + 64 <= room / 2;
+            return (meta.live == 0 || fits).then_some(oldest);
         }
         let ratio = self.opts.compact_live_ratio;
         let used = |m: &SegMeta| m.end.saturating_sub(HEADER_LEN);
@@ -426,8 +676,19 @@ impl Writer {
         let Some(seg) = self.compaction_target() else {
             return;
         };
-        if let Err(e) = self.try_compact_step(seg) {
-            self.poison(&e);
+        match self.try_compact_step(seg) {
+            Ok(()) => {
+                self.compact_retry_at = None;
+                if self.disk_full() {
+                    // A segment was copied or dropped: maybe there is room again.
+                    self.restore_reserve();
+                }
+            }
+            Err(e @ JournalError::NoSpace { .. }) => {
+                tracing::warn!(error = %e, "journal: compaction waits for disk space");
+                self.compact_retry_at = Some(Instant::now() + DISK_FULL_RETRY);
+            }
+            Err(e) => self.poison(&e),
         }
     }
 
@@ -455,7 +716,8 @@ impl Writer {
             // Nothing live left: record the id watermark, then unlink.
             let mark = self.shared.index.read().unwrap().mark();
             encode_frame(&mut buf, |out| mark.encode(out));
-            let r = self.write_records(&buf, std::slice::from_ref(&(0..buf.len())));
+            let whole = 0..buf.len();
+            let r = self.write_records(&mut buf, std::slice::from_ref(&whole), &[false]);
             self.buf = buf;
             r.map_err(|(e, _)| e)?;
             {
@@ -517,7 +779,8 @@ impl Writer {
             });
         }
         encode_frame(&mut buf, |out| out.extend_from_slice(&payload));
-        let r = self.write_records(&buf, std::slice::from_ref(&(0..buf.len())));
+        let whole = 0..buf.len();
+        let r = self.write_records(&mut buf, std::slice::from_ref(&whole), &[true]);
         self.buf = buf;
         let (new_seg, rec_off) = r.map_err(|(e, _)| e)?[0];
         let payload_off = rec_off + super::record::FRAME_HEADER as u64;

@@ -3,7 +3,9 @@
 #![allow(dead_code)]
 
 pub use bytes::Bytes;
-pub use mq_broker::journal::{FaultyIo, Journal, JournalError, JournalOptions, Op, Recovery};
+pub use mq_broker::journal::{
+    FaultyIo, Journal, JournalError, JournalOptions, JournalStats, Op, Recovery,
+};
 pub use std::sync::Arc;
 
 /// Small segments so that rolling and compaction happen in small tests.
@@ -12,6 +14,7 @@ pub fn small_opts(segment_size: u64) -> JournalOptions {
         segment_size,
         compact_live_ratio: 0.5,
         max_batch_bytes: 256 << 10,
+        ..JournalOptions::default()
     }
 }
 

@@ -7,7 +7,12 @@
 //!   appends survive another reopen; a bad record in an earlier segment refuses to open.
 //! - `crash`: crash at the Nth sync for many N and seeds: acknowledged == recovered prefix,
 //!   multi-op submits all or nothing, bodies intact, journal writable again.
-//! - `poison`: failed fdatasync / ENOSPC fail the batch and poison the journal.
+//! - `poison`: a failed fdatasync fails the batch and poisons the journal.
+//! - `disk_full`: ENOSPC refuses data without poisoning, removals use the reserve, space
+//!   coming back is noticed by itself.
+//! - `damage`: damage in the last segment followed by later writes refuses to open, unless
+//!   `truncate_damaged`; a torn group commit is still cut.
+//! - `backpressure`: the submission queue is bounded; submitters wait.
 //! - `compaction`: disk use stays bounded under put/remove churn, live messages stay
 //!   readable while compaction moves them, watermarks survive dropped segments.
 //! - `concurrency`: many threads submitting share syncs (group commit).
@@ -15,9 +20,12 @@
 
 mod common;
 
+mod backpressure;
 mod compaction;
 mod concurrency;
 mod crash;
+mod damage;
+mod disk_full;
 mod format_fixture;
 mod poison;
 mod reopen;

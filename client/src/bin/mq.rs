@@ -813,10 +813,21 @@ async fn receive(
             }
         }
     } else if peek {
-        let max = a.count.min(u32::MAX as u64) as u32;
-        for m in queue.peek_many(max, a.timeout).await? {
-            print_message(out, &m, a.json)?;
-            got += 1;
+        // Page by page (the broker pages large peeks), printing as they come.
+        let mut after = None;
+        let mut wait = a.timeout;
+        while got < a.count {
+            let max = (a.count - got).min(u32::MAX as u64) as u32;
+            let page = queue.peek_page(max, after.as_ref(), wait).await?;
+            for m in &page.messages {
+                print_message(out, m, a.json)?;
+                got += 1;
+            }
+            match page.next {
+                Some(c) => after = Some(c),
+                None => break,
+            }
+            wait = Duration::ZERO;
         }
     } else if a.count == 1 {
         if let Some(m) = queue.receive(a.timeout).await? {

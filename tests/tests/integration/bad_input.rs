@@ -361,6 +361,7 @@ async fn raw_protocol_abuse_is_refused_and_harmless() {
             queue: KEEP.into(),
             timeout_ms: u64::MAX,
             max: u32::MAX,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -384,3 +384,51 @@ fn send_to_a_multiple_element_name() {
     );
     assert!(line.contains("multiple-element"), "{line}");
 }
+
+/// `mqd --alias`: format names with one of the broker's aliases (a name or an IP address) are
+/// local: the message lands in the queue here, not in an outgoing queue to itself.
+#[test]
+fn sends_to_an_alias_of_the_broker_are_local() {
+    let dir = tempfile::tempdir().unwrap();
+    let mqd = MqdProcess::start_with_args(
+        dir.path(),
+        &["--alias", "mq-alias.example", "--alias", "192.0.2.44"],
+    )
+    .unwrap();
+    let url = mqd.url();
+    let port = mqd.addr().port();
+    ok(mq(url, &["queue", "create", r".\private$\aliased"], None));
+    for (name, body) in [
+        (
+            format!(r"DIRECT=OS:MQ-ALIAS.example:{port}\private$\aliased"),
+            "by name",
+        ),
+        (
+            format!(r"DIRECT=TCP:192.0.2.44:{port}\private$\aliased"),
+            "by address",
+        ),
+    ] {
+        ok(mq(url, &["send", &name, body], None));
+    }
+    let got = ok(mq(
+        url,
+        &[
+            "receive",
+            r".\private$\aliased",
+            "--count",
+            "2",
+            "--timeout",
+            "5s",
+        ],
+        None,
+    ));
+    assert!(
+        got.contains("by name") && got.contains("by address"),
+        "{got}"
+    );
+    let outgoing = ok(mq(url, &["outgoing", "list", "--json"], None));
+    assert!(
+        !outgoing.contains("192.0.2.44") && !outgoing.contains("alias"),
+        "{outgoing}"
+    );
+}

@@ -21,6 +21,9 @@
 //! - `recoverable_faults`: the journal's disk fails (in-process brokers on `FaultyIo`): a failed
 //!   fdatasync poisons until restart, ENOSPC on a new segment, a crash at the Nth sync; every
 //!   acknowledged send survives, in order, once.
+//! - `journal_disk`: `mqd` on a damaged journal refuses to start (and
+//!   `--truncate-damaged-journal`), and on a full disk (a small tmpfs mounted as root) refuses
+//!   sends, keeps receiving, and recovers by itself.
 //! - `recoverable_quota`: the per-queue and broker-wide storage quotas with recoverable
 //!   messages: refused, nothing stored touched, free again after receiving, right after a
 //!   restart; `mq send --recoverable` over quota.
@@ -41,13 +44,19 @@
 //!   destination queue, transactional mismatch both ways, quota, time-to-reach-queue and
 //!   time-to-be-received in an outgoing queue, time-to-be-received in the destination queue);
 //!   read-only; `mq peek` and `mq receive --json` show why.
+//! - `flow_limits`: what a client, connection or stream can hold is bounded: connections,
+//!   streams per connection, gRPC message size, transactions (bytes, messages, per connection,
+//!   the queue quota when staging, the broker's memory), peek pages (`mq peek --count
+//!   1000000`), receivers that never read, the ack timeout, an unconfirmed `Consumer::close`.
 
 mod bad_input;
 mod cli;
 mod competing_receivers;
 mod dead_letter;
 mod express_quota;
+mod flow_limits;
 mod in_doubt;
+mod journal_disk;
 mod message_properties;
 mod mqd_process;
 mod multiple_element_names;

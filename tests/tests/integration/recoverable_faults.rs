@@ -4,8 +4,9 @@
 //!   journal (every later recoverable send fails, with no further sync: no silent retry),
 //!   leaves express sends working, and a restart recovers every acknowledged send, in order,
 //!   exactly once;
-//! - ENOSPC while preallocating a new segment fails sends clearly and loses nothing
-//!   acknowledged;
+//! - ENOSPC while preallocating a new segment refuses sends with RESOURCE_EXHAUSTED without
+//!   poisoning: receives keep working, sends work again by themselves once space is back, and
+//!   nothing acknowledged is lost;
 //! - a crash at the Nth sync, for several N: every acknowledged receipt's message survives the
 //!   restart, in order, without duplicates, and so does the queue definition.
 //!
@@ -193,8 +194,20 @@ async fn a_failed_fdatasync_poisons_the_journal_until_restart() {
 
 // ---------------------------------------------------------------------------------------------
 
+/// Asserts a send was refused for a full disk: RESOURCE_EXHAUSTED, saying so, no restart.
+fn assert_disk_full(e: &Error, what: &str) -> String {
+    let Error::QuotaExceeded(msg) = e else {
+        panic!("{what}: expected Error::QuotaExceeded (RESOURCE_EXHAUSTED), got {e:?}");
+    };
+    assert!(
+        msg.contains("disk is full") && !msg.contains("poisoned"),
+        "{what}: the error should say the disk is full: {msg}"
+    );
+    msg.clone()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn enospc_preallocating_a_segment_fails_sends_and_loses_nothing_acknowledged() {
+async fn enospc_preallocating_a_segment_refuses_sends_keeps_receives_and_recovers_by_itself() {
     const SEGMENT: u64 = 65536;
     let dir = data_dir();
     let faulty = FaultyIo::new(11);
@@ -218,46 +231,60 @@ async fn enospc_preallocating_a_segment_fails_sends_and_loses_nothing_acknowledg
         }
     };
     assert!(acked > 30, "only {acked} sends fitted in a 64 KiB segment");
-    let t = assert_unavailable_restart(&err, "the send that needed a new segment");
-    assert!(
-        t.contains("disk is full") && t.contains("preallocate") && t.contains("free disk space"),
-        "the error says the disk is full and what to do: {t}"
-    );
+    let t = assert_disk_full(&err, "the send that needed a new segment");
+    assert!(t.contains("preallocate"), "names the cause: {t}");
     assert_eq!(
         faulty.segments().len(),
         segments_before,
         "the segment that could not be preallocated was removed"
     );
-    // Poisoned from now on, even though the next send might fit nowhere either.
+    // Still refused (not poisoned), and said so.
     let e = q
         .send(Message::new(body(9999, 10)).recoverable(true))
         .await
-        .expect_err("a send after ENOSPC");
-    let t = assert_unavailable_restart(&e, "send after ENOSPC");
-    assert!(t.contains("disk is full"), "names the cause: {t}");
-    assert_eq!(q.info().await.unwrap().messages, acked);
+        .expect_err("a send while the disk is full");
+    assert_disk_full(&e, "send while the disk is full");
+    // Receives keep working: take the first 3.
+    for want in 1..=3 {
+        let m = q.receive(WAIT).await.unwrap().expect("a message");
+        assert_eq!(number(&m.body), want);
+    }
+    assert_eq!(q.info().await.unwrap().messages, acked - 3);
+    // Space comes back: sends work again by themselves, no restart.
+    faulty.fail_preallocate_with_enospc(false);
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut n = acked + 1;
+    loop {
+        match q.send(Message::new(body(n, 1000)).recoverable(true)).await {
+            Ok(_) => break,
+            Err(e) => {
+                assert_disk_full(&e, "send before the journal noticed the space");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "space came back, sends still refused"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    for i in acked + 2..=acked + 100 {
+        q.send(Message::new(body(i, 1000)).recoverable(true))
+            .await
+            .unwrap();
+    }
+    n += 99;
     broker.stop().await.unwrap();
 
-    // Space freed (restart() carries no faults over): everything acknowledged is there.
+    // Everything acknowledged and not received is there, and nothing refused.
     let faulty = faulty.restart();
     let broker = start(dir.path(), &faulty, Some(SEGMENT)).await;
     let client = broker.client().await;
     let got = receive_all(&client).await;
     assert_eq!(
         got,
-        (1..=acked).collect::<Vec<_>>(),
-        "exactly the acknowledged sends (the refused one never reached the disk)"
+        (4..=n).collect::<Vec<_>>(),
+        "exactly the acknowledged sends minus the received ones (the refused ones never reached the disk)"
     );
-    // And new segments can be made again.
-    let q = client.queue(Q).unwrap();
-    let sender = q.sender(SenderOptions::default()).await.unwrap();
-    for i in 1..=100 {
-        sender
-            .send(Message::new(body(i, 1000)).recoverable(true))
-            .await
-            .unwrap();
-    }
-    assert_eq!(sender.close().await.unwrap().acknowledged, 100);
     broker.stop().await.unwrap();
 }
 
@@ -277,11 +304,10 @@ async fn enospc_under_pipelined_sends_keeps_nothing_unacknowledged() {
     faulty.fail_preallocate_with_enospc(true);
     let (acked, failed, first_err) = pipelined_send(&client, N, 1000).await;
     assert!(failed > 0, "all {N} KB fitted in one 64 KiB segment");
-    let t = assert_unavailable_restart(
+    assert_disk_full(
         first_err.as_ref().unwrap(),
         "the first refused pipelined send",
     );
-    assert!(t.contains("disk is full"), "{t}");
     broker.stop().await.unwrap();
 
     let faulty = faulty.restart();

@@ -1,0 +1,402 @@
+//! Flow limits: live connections (those past `--max-connections` are closed at once), what each
+//! connection holds (open transactions, unacknowledged deliveries), and the broker-wide budget
+//! of bytes staged by open transactions.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+/// The broker's live client connections, by peer address.
+#[derive(Debug)]
+pub(crate) struct Connections {
+    max: usize,
+    live: AtomicUsize,
+    by_peer: Mutex<HashMap<SocketAddr, Arc<Connection>>>,
+    /// Connections closed for the limit since the last warning, and when that was.
+    refused: Mutex<(u64, Option<Instant>)>,
+}
+
+/// What one connection holds.
+#[derive(Debug, Default)]
+pub(crate) struct Connection {
+    /// Delivered, unacknowledged messages of all its receive streams.
+    unacked: AtomicU64,
+    /// Wakes its receive streams when one of them gives room back.
+    room: Notify,
+    /// Open transactions.
+    transactions: AtomicUsize,
+}
+
+impl Connections {
+    pub(crate) fn new(max: usize) -> Self {
+        Connections {
+            max,
+            live: AtomicUsize::new(0),
+            by_peer: Mutex::new(HashMap::new()),
+            refused: Mutex::new((0, None)),
+        }
+    }
+
+    /// Connections open now.
+    #[cfg(test)]
+    pub(crate) fn live(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// Counts a new connection, or `None` if that would pass the limit.
+    fn admit(self: &Arc<Self>, peer: SocketAddr) -> Option<ConnectionGuard> {
+        let mut cur = self.live.load(Ordering::Acquire);
+        loop {
+            if cur >= self.max {
+                self.warn_refused();
+                return None;
+            }
+            match self
+                .live
+                .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        self.by_peer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(peer, Arc::new(Connection::default()));
+        Some(ConnectionGuard {
+            connections: self.clone(),
+            peer,
+        })
+    }
+
+    /// One warning per 10 s at most, with how many were closed.
+    fn warn_refused(&self) {
+        let mut r = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        r.0 += 1;
+        if r.1.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+            tracing::warn!(
+                closed = r.0,
+                limit = self.max,
+                "closed new connections: the broker has --max-connections open"
+            );
+            *r = (0, Some(Instant::now()));
+        }
+    }
+
+    /// The connection a request came on (by its peer address). A request whose connection is
+    /// not known (no address) gets a connection of its own.
+    pub(crate) fn get(&self, peer: Option<SocketAddr>) -> Arc<Connection> {
+        peer.and_then(|p| {
+            self.by_peer
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&p)
+                .cloned()
+        })
+        .unwrap_or_default()
+    }
+}
+
+/// Counts one connection while it lives.
+#[derive(Debug)]
+struct ConnectionGuard {
+    connections: Arc<Connections>,
+    peer: SocketAddr,
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.connections
+            .by_peer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.peer);
+        self.connections.live.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A counted TCP connection: what the gRPC server reads and writes.
+#[derive(Debug)]
+pub(crate) struct CountedStream {
+    stream: TcpStream,
+    _guard: ConnectionGuard,
+}
+
+/// Accepts connections on `listener`, closing at once those past the limit.
+pub(crate) fn accept(
+    listener: TcpListener,
+    connections: Arc<Connections>,
+) -> impl Stream<Item = io::Result<CountedStream>> {
+    futures::stream::unfold((listener, connections), |(l, c)| async move {
+        loop {
+            match l.accept().await {
+                Ok((stream, peer)) => {
+                    let Some(guard) = c.admit(peer) else {
+                        drop(stream);
+                        continue;
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let s = CountedStream {
+                        stream,
+                        _guard: guard,
+                    };
+                    return Some((Ok(s), (l, c)));
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: do not spin.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    return Some((Err(e), (l, c)));
+                }
+            }
+        }
+    })
+}
+
+impl Connected for CountedStream {
+    type ConnectInfo = TcpConnectInfo;
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for CountedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for CountedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+impl Connection {
+    /// Takes up to `want` delivery slots, keeping the connection's unacknowledged messages at
+    /// most `max`; returns how many it got.
+    pub(crate) fn reserve_unacked(&self, want: u64, max: u64) -> u64 {
+        let mut cur = self.unacked.load(Ordering::Acquire);
+        loop {
+            let got = want.min(max.saturating_sub(cur));
+            if got == 0 {
+                return 0;
+            }
+            match self.unacked.compare_exchange_weak(
+                cur,
+                cur + got,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return got,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Gives delivery slots back (acknowledged, returned, or not used).
+    pub(crate) fn release_unacked(&self, n: u64) {
+        if n > 0 {
+            let _ = self
+                .unacked
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                    Some(c.saturating_sub(n))
+                });
+            self.room.notify_waiters();
+        }
+    }
+
+    /// Resolves when another stream of this connection gives slots back. Create and `enable`
+    /// it before checking.
+    pub(crate) fn room(&self) -> tokio::sync::futures::Notified<'_> {
+        self.room.notified()
+    }
+
+    /// Opens a transaction slot, or `None` if the connection has `max` open.
+    pub(crate) fn open_transaction(self: &Arc<Self>, max: usize) -> Option<TransactionSlot> {
+        let mut cur = self.transactions.load(Ordering::Acquire);
+        loop {
+            if cur >= max {
+                return None;
+            }
+            match self.transactions.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(TransactionSlot(self.clone())),
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
+/// One open transaction of a connection; closes it when dropped.
+#[derive(Debug)]
+pub(crate) struct TransactionSlot(Arc<Connection>);
+
+impl Drop for TransactionSlot {
+    fn drop(&mut self) {
+        self.0.transactions.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A broker-wide byte budget (bytes staged by open transactions).
+#[derive(Debug)]
+pub(crate) struct Budget {
+    used: AtomicU64,
+    limit: u64,
+}
+
+impl Budget {
+    pub(crate) fn new(limit: u64) -> Self {
+        Budget {
+            used: AtomicU64::new(0),
+            limit,
+        }
+    }
+
+    pub(crate) fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    pub(crate) fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// Takes `n` bytes if they fit.
+    pub(crate) fn try_take(&self, n: u64) -> bool {
+        let mut cur = self.used.load(Ordering::Acquire);
+        loop {
+            if cur.saturating_add(n) > self.limit {
+                return false;
+            }
+            match self
+                .used
+                .compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    pub(crate) fn give(&self, n: u64) {
+        if n > 0 {
+            let _ = self
+                .used
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                    Some(c.saturating_sub(n))
+                });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_refuses_what_does_not_fit() {
+        let b = Budget::new(10);
+        assert!(b.try_take(6));
+        assert!(!b.try_take(5));
+        assert!(b.try_take(4));
+        b.give(6);
+        assert_eq!(b.used(), 4);
+    }
+
+    #[test]
+    fn unacked_slots_are_capped_per_connection() {
+        let c = Connection::default();
+        assert_eq!(c.reserve_unacked(8, 10), 8);
+        assert_eq!(c.reserve_unacked(8, 10), 2);
+        assert_eq!(c.reserve_unacked(1, 10), 0);
+        c.release_unacked(5);
+        assert_eq!(c.reserve_unacked(100, 10), 5);
+    }
+
+    #[test]
+    fn transaction_slots_are_capped_and_given_back() {
+        let c = Arc::new(Connection::default());
+        let a = c.open_transaction(2).unwrap();
+        let _b = c.open_transaction(2).unwrap();
+        assert!(c.open_transaction(2).is_none());
+        drop(a);
+        assert!(c.open_transaction(2).is_some());
+    }
+
+    #[tokio::test]
+    async fn connections_past_the_limit_are_closed_and_counted_while_open() {
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns = Arc::new(Connections::new(1));
+        let mut incoming = Box::pin(accept(listener, conns.clone()));
+        let _first = TcpStream::connect(addr).await.unwrap();
+        let served = futures::StreamExt::next(&mut incoming)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(conns.live(), 1);
+        // The second is accepted and closed: its reads end at once.
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        let next = tokio::spawn(async move {
+            let s = futures::StreamExt::next(&mut incoming).await;
+            (s.and_then(|r| r.ok()), incoming)
+        });
+        let mut buf = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(10), second.read(&mut buf))
+            .await
+            .expect("the connection past the limit is closed")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+        // Closing the first frees its place.
+        drop(served);
+        assert_eq!(conns.live(), 0);
+        let _third = TcpStream::connect(addr).await.unwrap();
+        let (got, _incoming) = tokio::time::timeout(Duration::from_secs(10), next)
+            .await
+            .expect("the third connection is accepted")
+            .unwrap();
+        assert!(got.is_some());
+        assert_eq!(conns.live(), 1);
+        drop(got);
+        assert_eq!(conns.live(), 0);
+    }
+}

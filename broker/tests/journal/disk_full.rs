@@ -1,0 +1,232 @@
+//! A full disk (ENOSPC) does not poison the journal: records that store data are refused with
+//! `NoSpace`, removals still go through (into the space of the reserve file if need be), and
+//! the journal stores data again by itself once space is back.
+
+use super::common::*;
+use std::time::{Duration, Instant};
+
+fn open(io: &FaultyIo, opts: JournalOptions) -> (Journal, Recovery) {
+    Journal::open_with_io("/fake".as_ref(), opts, Arc::new(io.clone())).unwrap()
+}
+
+/// Submits puts of `len` bytes to queue 1 from `first` on until one fails; returns the last
+/// acknowledged seq and the error.
+fn fill(j: &Journal, first: u64, len: usize) -> (u64, JournalError) {
+    let mut s = first;
+    loop {
+        assert!(s < first + 100_000, "the disk never filled up");
+        match j.submit(vec![put(1, s, len)]).wait() {
+            Ok(()) => s += 1,
+            Err(e) => return (s - 1, e),
+        }
+    }
+}
+
+/// Retries a put until it is stored (the journal retries the disk at most every 250 ms).
+fn put_when_space_is_back(j: &Journal, seq: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match j.submit(vec![put(1, seq, 100)]).wait() {
+            Ok(()) => return,
+            Err(e) => {
+                assert!(
+                    matches!(e, JournalError::NoSpace { .. }),
+                    "only NoSpace while waiting: {e}"
+                );
+                assert!(
+                    Instant::now() < deadline,
+                    "space came back, puts still fail"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+fn assert_no_space(e: &JournalError) {
+    assert!(matches!(e, JournalError::NoSpace { .. }), "{e}");
+    let t = e.to_string();
+    assert!(
+        t.contains("disk is full") && t.contains("no restart needed"),
+        "{t}"
+    );
+}
+
+#[test]
+fn enospc_while_preallocating_refuses_data_but_does_not_poison() {
+    let io = FaultyIo::new(3);
+    let (j, _) = open(&io, small_opts(8 << 10));
+    io.fail_preallocate_with_enospc(true);
+    let (acked, err) = fill(&j, 1, 1000);
+    assert!(acked >= 3, "{acked}");
+    assert!(
+        matches!(
+            err,
+            JournalError::NoSpace {
+                action: "preallocate",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        !j.is_poisoned() && !j.stats().poisoned,
+        "ENOSPC must not poison"
+    );
+    assert!(j.is_disk_full() && j.stats().disk_full);
+    // Still refused while there is no space, with the disk-full error, not poison.
+    assert_no_space(&j.submit(vec![put(1, 10_000, 1)]).wait().unwrap_err());
+    // Removals still work.
+    j.submit(vec![Op::Remove {
+        queue_id: 1,
+        seqs: vec![1],
+    }])
+    .wait()
+    .unwrap();
+    // Space comes back: stores again by itself, no reopen.
+    io.fail_preallocate_with_enospc(false);
+    put_when_space_is_back(&j, acked + 1);
+    for s in acked + 2..acked + 40 {
+        j.submit(vec![put(1, s, 1000)]).wait().unwrap();
+    }
+    assert!(!j.is_disk_full() && !j.is_poisoned());
+    drop(j);
+    let (j, r) = open(&io.restart(), small_opts(8 << 10));
+    let want: Vec<u64> = (2..=acked).chain(acked + 1..acked + 40).collect();
+    assert_eq!(seqs(&r, 1), want);
+    check_bodies(&j, &r, 1, |s| if s == acked + 1 { 100 } else { 1000 });
+}
+
+#[test]
+fn enospc_on_write_is_not_poison_and_leaves_no_trace() {
+    let io = FaultyIo::new(4);
+    let (j, _) = open(&io, small_opts(1 << 20));
+    j.submit(vec![put(1, 1, 10)]).wait().unwrap();
+    io.fail_writes_with_enospc(true);
+    let err = j.submit(vec![put(1, 2, 10)]).wait().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            JournalError::NoSpace {
+                action: "write",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(!j.is_poisoned());
+    io.fail_writes_with_enospc(false);
+    put_when_space_is_back(&j, 3);
+    drop(j);
+    let (j, r) = open(&io.restart(), small_opts(1 << 20));
+    assert_eq!(seqs(&r, 1), vec![1, 3], "the refused put is not there");
+    assert!(r.truncated.is_none());
+    check_bodies(&j, &r, 1, |s| if s == 1 { 10 } else { 100 });
+}
+
+/// A real-looking full disk: a capacity. Sends fill it; then every message is removed, one
+/// record each, which needs more room than the full active segment has: the removals go into
+/// a segment made from the reserve, compaction drops the dead segments, and the journal leaves
+/// disk-full mode by itself.
+#[test]
+fn full_disk_removals_use_the_reserve_and_space_comes_back_by_itself() {
+    const SEG: u64 = 16 << 10;
+    let io = FaultyIo::new(5);
+    let (j, _) = open(&io, small_opts(SEG));
+    assert_eq!(io.reserve(), Some(SEG), "a reserve of one segment is kept");
+    // A queue definition stays live in the oldest segment: it must not pin the dead ones.
+    j.submit(vec![Op::DefineQueue {
+        queue_id: 1,
+        def: "queue one".into(),
+    }])
+    .wait()
+    .unwrap();
+    io.set_capacity(Some(io.used() + 6 * SEG));
+    let (acked, err) = fill(&j, 1, 500);
+    assert_no_space(&err);
+    assert!(j.is_disk_full());
+    assert!(acked > 100, "{acked}");
+    // More sends are refused at once.
+    assert_no_space(&j.submit(vec![put(1, 99_999, 10)]).wait().unwrap_err());
+    // Receive everything, one removal record per message: ~29 bytes each, more than what is
+    // left in the active segment, so a new segment is needed while the disk is full.
+    for s in 1..=acked {
+        j.submit(vec![Op::Remove {
+            queue_id: 1,
+            seqs: vec![s],
+        }])
+        .wait()
+        .unwrap_or_else(|e| panic!("removal of {s} failed on a full disk: {e}"));
+    }
+    assert!(!j.is_poisoned());
+    assert!(j.stats().segments_deleted > 0, "dead segments were dropped");
+    // Space is back without any outside help: sends work again.
+    put_when_space_is_back(&j, acked + 1);
+    for s in acked + 2..acked + 50 {
+        j.submit(vec![put(1, s, 500)]).wait().unwrap();
+    }
+    assert!(!j.is_disk_full());
+    let used = io.used();
+    drop(j);
+    let (j, r) = open(&io.restart(), small_opts(SEG));
+    let want: Vec<u64> = (acked + 1..acked + 50).collect();
+    assert_eq!(seqs(&r, 1), want);
+    assert_eq!(r.queues.len(), 1, "the definition was copied, not lost");
+    check_bodies(&j, &r, 1, |s| if s == acked + 1 { 100 } else { 500 });
+    assert!(used <= io.used().max(used), "sanity");
+}
+
+/// Without a reserve the same removals fail once the active segment is full: the reserve is
+/// what keeps receives working.
+#[test]
+fn without_a_reserve_removals_fail_on_a_full_disk() {
+    const SEG: u64 = 16 << 10;
+    let io = FaultyIo::new(6);
+    let opts = JournalOptions {
+        reserve_bytes: Some(0),
+        ..small_opts(SEG)
+    };
+    let (j, _) = open(&io, opts);
+    io.set_capacity(Some(io.used() + 6 * SEG));
+    let (acked, _) = fill(&j, 1, 500);
+    let failed = (1..=acked).find(|&s| {
+        j.submit(vec![Op::Remove {
+            queue_id: 1,
+            seqs: vec![s],
+        }])
+        .wait()
+        .is_err()
+    });
+    assert!(
+        failed.is_some(),
+        "all {acked} removals fitted without a reserve"
+    );
+    assert!(!j.is_poisoned(), "still not poison");
+}
+
+#[test]
+fn failed_sync_while_disk_full_still_poisons() {
+    let io = FaultyIo::new(7);
+    let (j, _) = open(&io, small_opts(8 << 10));
+    io.fail_preallocate_with_enospc(true);
+    fill(&j, 1, 1000);
+    io.fail_sync_at(1);
+    let e = j
+        .submit(vec![Op::Remove {
+            queue_id: 1,
+            seqs: vec![1],
+        }])
+        .wait()
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            JournalError::Io {
+                action: "fdatasync",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(j.is_poisoned());
+}

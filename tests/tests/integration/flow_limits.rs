@@ -1,0 +1,545 @@
+//! Flow limits (issue 11, points 5, 6, 7, 13, 14): what one client, connection or stream can
+//! hold of the broker is bounded, and the client says when it could not confirm something.
+//! Connections past `--max-connections` are closed; calls past the streams-per-connection
+//! limit wait; a gRPC message above body limit + headroom is refused; transactions are charged
+//! to the queue quota when staged and bounded in bytes, messages and per connection (and the
+//! broker's memory stays flat); large peeks come in pages (`mq peek --count 1000000`);
+//! receivers that grant huge credit and never read pin a bounded number of messages; an
+//! unacknowledged message comes back after `--ack-timeout`; `Consumer::close` fails with
+//! `Error::Timeout` when the broker did not confirm the acknowledgements.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use mq_client::{Client, ConsumerOptions, Error, Message, QueueOptions};
+use mq_proto::v1;
+use mq_tests::{eventually, mq, temp_data_dir, InProcessBroker, MqdProcess};
+
+const Q: &str = r".\private$\flow";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn raw_stream<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+async fn raw(url: &str) -> v1::message_queue_client::MessageQueueClient<tonic::transport::Channel> {
+    v1::message_queue_client::MessageQueueClient::connect(url.to_string())
+        .await
+        .unwrap()
+        .max_decoding_message_size(256 << 20)
+        .max_encoding_message_size(256 << 20)
+}
+
+async fn fill(client: &Client, queue: &str, n: usize, body: impl Fn(usize) -> Bytes) {
+    let sender = client
+        .queue(queue)
+        .unwrap()
+        .sender(Default::default())
+        .await
+        .unwrap();
+    for i in 0..n {
+        sender.send(Message::new(body(i))).await.unwrap();
+    }
+    let s = sender.close().await.unwrap();
+    assert_eq!(s.acknowledged, n as u64);
+}
+
+fn quota_refusal(e: &Error, needle: &str) {
+    assert!(
+        matches!(e, Error::QuotaExceeded(m) if m.contains(needle)),
+        "expected a RESOURCE_EXHAUSTED refusal naming {needle:?}, got {e:?}"
+    );
+}
+
+// ---- point 5: connections, streams per connection, message size ----------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_max_connections_are_closed_and_their_places_come_back() {
+    let dir = temp_data_dir("mq-flow-conns-");
+    let mqd = MqdProcess::launch(dir.path(), &["--max-connections", "2"]);
+    let a = mqd.connect().await;
+    let b = mqd.connect().await;
+    a.list_queues().await.unwrap();
+    b.list_queues().await.unwrap();
+    // A third connection is closed at once: connecting or its first call fails.
+    match Client::connect(mqd.url()).await {
+        Err(_) => {}
+        Ok(c) => {
+            let r = tokio::time::timeout(WAIT, c.list_queues()).await;
+            assert!(
+                matches!(r, Ok(Err(_))),
+                "a third connection past --max-connections 2 was served: {r:?}"
+            );
+        }
+    }
+    // The two live ones still work; closing one frees its place.
+    a.list_queues().await.unwrap();
+    drop(b);
+    let url = mqd.url().to_string();
+    let back = eventually(WAIT, || {
+        let url = url.clone();
+        async move {
+            match Client::connect(url).await {
+                Ok(c) => c.list_queues().await.is_ok(),
+                Err(_) => false,
+            }
+        }
+    })
+    .await;
+    assert!(
+        back,
+        "a place freed by a closed connection was not given back"
+    );
+    a.list_queues().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_past_the_streams_per_connection_limit_wait_for_a_free_stream() {
+    let broker = InProcessBroker::start_with(|c| c.flow.max_streams_per_connection = 4).await;
+    let client = broker.client().await;
+    mq_tests::create_default_queue(&client, Q).await;
+    let q = client.queue(Q).unwrap();
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        open.push(q.consumer(ConsumerOptions::default()).await.unwrap());
+    }
+    // A fifth call on the same connection waits; another connection is served meanwhile.
+    let c2 = client.clone();
+    let fifth = tokio::spawn(async move { c2.queue_info(Q).await });
+    let other = broker.client().await;
+    other.queue_info(Q).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !fifth.is_finished(),
+        "a fifth concurrent stream on a connection limited to 4 was served"
+    );
+    drop(open.pop());
+    let r = tokio::time::timeout(WAIT, fifth).await;
+    assert!(
+        matches!(r, Ok(Ok(Ok(_)))),
+        "the waiting call was not served once a stream ended: {r:?}"
+    );
+    drop(open);
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_messages_above_body_limit_plus_headroom_are_refused() {
+    let broker = InProcessBroker::start_with(|c| c.max_body_bytes = 1000).await;
+    let client = broker.client().await;
+    mq_tests::create_default_queue(&client, Q).await;
+    let limit = broker.config().grpc_message_limit();
+    assert_eq!(limit, 1000 + 8 * 1024 * 1024);
+    // One batch of 10 MiB: above the limit (it used to be decoded, up to 64 MiB).
+    let big = v1::SendBatch {
+        first_seq: 1,
+        destination: Q.into(),
+        messages: (0..10)
+            .map(|_| v1::OutMessage {
+                body: Bytes::from(vec![b'x'; 1 << 20]),
+                ..Default::default()
+            })
+            .collect(),
+        transactional: false,
+    };
+    let mut rpc = raw(broker.url()).await;
+    let r = rpc.send(futures::stream::iter(vec![big])).await;
+    let refused = match r {
+        Err(status) => Some(status),
+        Ok(resp) => resp.into_inner().message().await.err(),
+    };
+    let status = refused.expect("a 10 MiB gRPC message was decoded with --max-body-bytes 1000");
+    assert!(
+        status.message().contains("too large") || status.code() == tonic::Code::OutOfRange,
+        "{status:?}"
+    );
+    // The broker still serves, and a message within the limit is stored.
+    client
+        .queue(Q)
+        .unwrap()
+        .send(Message::new("small"))
+        .await
+        .unwrap();
+    assert_eq!(client.queue_info(Q).await.unwrap().messages, 1);
+    broker.stop().await.unwrap();
+}
+
+// ---- point 6: transactions -------------------------------------------------------------------
+
+async fn create_tx_queue(client: &Client, name: &str, quota: Option<u64>) {
+    client
+        .create_queue(
+            name,
+            QueueOptions {
+                transactional: true,
+                quota_bytes: quota,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_open_transactions_cannot_stage_past_a_queue_quota() {
+    let broker = InProcessBroker::start().await;
+    let client = broker.client().await;
+    create_tx_queue(&client, Q, Some(1 << 20)).await;
+    let body = || Bytes::from(vec![b'q'; 600 * 1024]);
+    let mut t1 = client.begin().await.unwrap();
+    t1.send(Q, Message::new(body())).unwrap();
+    // A round trip on t1, so its send is staged before t2's.
+    assert!(t1.receive(Q, Duration::ZERO).await.unwrap().is_none());
+    let mut t2 = client.begin().await.unwrap();
+    t2.send(Q, Message::new(body())).unwrap();
+    // t1 is still open, so t2 was refused when it staged, not by a commit.
+    let e = t2.commit().await.unwrap_err();
+    quota_refusal(&e, "quota");
+    let ids = t1.commit().await.unwrap();
+    assert_eq!(ids.len(), 1);
+    let info = client.queue_info(Q).await.unwrap();
+    assert_eq!(info.messages, 1);
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_are_bounded_in_bytes_messages_and_per_connection() {
+    let broker = InProcessBroker::start_with(|c| {
+        c.flow.max_tx_bytes = 1 << 20;
+        c.flow.max_tx_total_bytes = 1536 << 10;
+        c.flow.max_tx_messages = 10;
+        c.flow.max_tx_per_connection = 2;
+    })
+    .await;
+    let client = broker.client().await;
+    create_tx_queue(&client, Q, None).await;
+    let kib = |n: usize| Bytes::from(vec![b't'; n << 10]);
+
+    // Bytes per transaction.
+    let mut tx = client.begin().await.unwrap();
+    tx.send(Q, Message::new(kib(600))).unwrap();
+    tx.send(Q, Message::new(kib(600))).unwrap();
+    quota_refusal(&tx.commit().await.unwrap_err(), "--max-tx-bytes");
+
+    // Bytes of all open transactions (two connections, so the per-connection limit is not it).
+    let other = broker.client().await;
+    let mut a = client.begin().await.unwrap();
+    a.send(Q, Message::new(kib(900))).unwrap();
+    a.receive(Q, Duration::ZERO).await.unwrap(); // a round trip: a's send is staged
+    let mut b = other.begin().await.unwrap();
+    b.send(Q, Message::new(kib(900))).unwrap();
+    quota_refusal(&b.commit().await.unwrap_err(), "--max-tx-total-bytes");
+    assert_eq!(a.commit().await.unwrap().len(), 1);
+
+    // Messages per transaction.
+    let mut tx = client.begin().await.unwrap();
+    for i in 0..11 {
+        tx.send(Q, Message::new(format!("m{i}"))).unwrap();
+    }
+    quota_refusal(&tx.commit().await.unwrap_err(), "--max-tx-messages");
+
+    // Open transactions per connection. (A transaction the broker just ended frees its place
+    // as its task ends, a moment after the client hears why.)
+    let begin = || async {
+        for _ in 0..1000 {
+            match client.begin().await {
+                Ok(t) => return t,
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        panic!("no transaction could begin");
+    };
+    let t1 = begin().await;
+    let t2 = begin().await;
+    let e = client.begin().await.unwrap_err();
+    quota_refusal(&e, "--max-tx-per-connection");
+    other.begin().await.unwrap().abort().await.unwrap();
+    t1.abort().await.unwrap();
+    let t3 = eventually(WAIT, || {
+        let c = client.clone();
+        async move { c.begin().await.is_ok() }
+    })
+    .await;
+    assert!(t3, "an aborted transaction did not free its place");
+    t2.abort().await.unwrap();
+    // Nothing refused was stored; what committed is there.
+    assert_eq!(client.queue_info(Q).await.unwrap().messages, 1);
+    broker.stop().await.unwrap();
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS in /proc/<pid>/status")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_staging_past_a_quota_do_not_grow_the_brokers_memory() {
+    let dir = temp_data_dir("mq-flow-txrss-");
+    let mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
+    create_tx_queue(&client, Q, Some(1 << 20)).await;
+    let before = rss_kib(mqd.pid());
+    // Two open transactions each try to stage 64 MiB against a 1 MiB quota.
+    let body = Bytes::from(vec![b'r'; 512 << 10]);
+    let mut txs = Vec::new();
+    for _ in 0..2 {
+        let mut tx = client.begin().await.unwrap();
+        for _ in 0..128 {
+            tx.send(Q, Message::new(body.clone())).unwrap();
+        }
+        txs.push(tx);
+    }
+    for tx in txs {
+        quota_refusal(&tx.commit().await.unwrap_err(), "quota");
+    }
+    let after = rss_kib(mqd.pid());
+    let grown = after.saturating_sub(before);
+    println!(
+        "mqd RSS {before} KiB before, {after} KiB after staging 2 x 64 MiB (grew {grown} KiB)"
+    );
+    assert!(
+        grown < 48 * 1024,
+        "mqd's RSS grew by {grown} KiB while two transactions staged past a 1 MiB quota"
+    );
+    assert_eq!(client.queue_info(Q).await.unwrap().messages, 0);
+    client
+        .queue(Q)
+        .unwrap()
+        .send_tx(Message::new("fits"))
+        .await
+        .unwrap();
+}
+
+// ---- point 7: peek pages ---------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peek_with_a_huge_max_comes_in_pages_of_at_most_1000() {
+    let (broker, client) = InProcessBroker::start_with_queue(Q).await;
+    fill(&client, Q, 2500, |i| Bytes::from(format!("m{i}"))).await;
+    let mut rpc = raw(broker.url()).await;
+    let first = rpc
+        .peek(v1::PeekRequest {
+            queue: Q.into(),
+            max: u32::MAX,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.messages.len(), mq_broker::PEEK_PAGE_MESSAGES);
+    assert!(!first.next_cursor.is_empty());
+    // A bad cursor is refused, naming what it should be.
+    let e = rpc
+        .peek(v1::PeekRequest {
+            queue: Q.into(),
+            max: 1,
+            cursor: Bytes::from_static(b"xyz"),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    // The client asks page after page: every message once, in order, none removed.
+    let all = client
+        .queue(Q)
+        .unwrap()
+        .peek_many(u32::MAX, Duration::ZERO)
+        .await
+        .unwrap();
+    let bodies: Vec<String> = all
+        .iter()
+        .map(|m| String::from_utf8_lossy(&m.body).into_owned())
+        .collect();
+    let want: Vec<String> = (0..2500).map(|i| format!("m{i}")).collect();
+    assert_eq!(bodies, want);
+    assert_eq!(client.queue_info(Q).await.unwrap().messages, 2500);
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peek_of_more_than_64_mib_succeeds_in_parts_and_mq_peek_count_a_million_works() {
+    let dir = temp_data_dir("mq-flow-peek-");
+    let (mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
+    // 17 bodies of 4 MiB: 68 MiB, above the old 64 MiB gRPC limit.
+    let n = 17;
+    fill(&client, Q, n, |i| {
+        Bytes::from(vec![b'a' + i as u8; 4 << 20])
+    })
+    .await;
+    let all = client
+        .queue(Q)
+        .unwrap()
+        .peek_many(u32::MAX, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), n);
+    for (i, m) in all.iter().enumerate() {
+        assert_eq!(m.body.len(), 4 << 20);
+        assert_eq!(m.body[0], b'a' + i as u8);
+    }
+    drop(all);
+    let out = mq(
+        mqd.url(),
+        &["peek", Q, "--count", "1000000", "--timeout", "1s"],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Fewer than --count arrived: exit 3, with every message printed.
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("17 of 1000000"), "{stderr}");
+    let lines: Vec<&[u8]> = out
+        .stdout
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(lines.len(), n);
+    assert!(lines
+        .iter()
+        .enumerate()
+        .all(|(i, l)| l.len() == 4 << 20 && l[0] == b'a' + i as u8));
+    assert_eq!(client.queue_info(Q).await.unwrap().messages, n as u64);
+}
+
+// ---- point 13: Consumer::close says when it could not confirm --------------------------------
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_close_fails_with_timeout_when_the_broker_does_not_confirm() {
+    let dir = temp_data_dir("mq-flow-close-");
+    let (mut mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
+    fill(&client, Q, 2, |i| Bytes::from(format!("c{i}"))).await;
+    let q = client.queue(Q).unwrap();
+
+    // Confirmed: Ok, and the message is gone.
+    let mut c = q
+        .consumer(ConsumerOptions {
+            prefetch: 1,
+            limit: Some(1),
+        })
+        .await
+        .unwrap();
+    assert!(c.next(WAIT).await.unwrap().is_some());
+    c.close().await.unwrap();
+    assert_eq!(client.queue_info(Q).await.unwrap().messages, 1);
+
+    // The broker cannot answer (stopped): close says so instead of returning Ok.
+    let mut c = q
+        .consumer(ConsumerOptions {
+            prefetch: 1,
+            limit: Some(1),
+        })
+        .await
+        .unwrap();
+    assert!(c.next(WAIT).await.unwrap().is_some());
+    c.set_close_timeout(Duration::from_millis(500));
+    signal(mqd.pid(), "-STOP");
+    let r = c.close().await;
+    signal(mqd.pid(), "-CONT");
+    match r {
+        Err(Error::Timeout(m)) => assert!(m.contains("did not confirm"), "{m}"),
+        other => panic!("Consumer::close without the broker's confirmation returned {other:?}"),
+    }
+    mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
+}
+
+// ---- point 14: receivers that never read; the ack timeout ------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receivers_granting_huge_credit_and_never_reading_do_not_starve_others() {
+    let broker = InProcessBroker::start_with(|c| {
+        c.flow.max_unacked_per_stream = 100;
+        c.flow.max_unacked_per_connection = 300;
+    })
+    .await;
+    let client = broker.client().await;
+    mq_tests::create_default_queue(&client, Q).await;
+    let total = 2000u64;
+    fill(&client, Q, total as usize, |i| Bytes::from(format!("r{i}"))).await;
+    // Ten streams grant 2^32-1 and never read nor acknowledge: five on one connection, five on
+    // a connection each.
+    let mut hold = Vec::new();
+    let shared = raw(broker.url()).await;
+    for i in 0..10 {
+        let mut rpc = if i < 5 {
+            shared.clone()
+        } else {
+            raw(broker.url()).await
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.send(v1::ReceiveRequest {
+            queue: Q.into(),
+            credit: u32::MAX,
+            ack_through: 0,
+        })
+        .await
+        .unwrap();
+        let resp = rpc.receive(raw_stream(rx)).await.unwrap();
+        hold.push((tx, resp, rpc));
+    }
+    // They pin at most 5 x 100 (one stream each) + 300 (the shared connection).
+    let most = 5 * 100 + 300;
+    let settled = eventually(WAIT, || {
+        let c = client.clone();
+        async move { c.queue_info(Q).await.unwrap().in_flight >= most }
+    })
+    .await;
+    let pinned = client.queue_info(Q).await.unwrap().in_flight;
+    assert!(
+        settled && pinned == most,
+        "the idle receivers pin {pinned} messages, expected {most}"
+    );
+    // A normal receiver gets all the rest.
+    let mut c = client
+        .queue(Q)
+        .unwrap()
+        .consumer(ConsumerOptions::default())
+        .await
+        .unwrap();
+    let mut got = 0;
+    while got < total - most {
+        match c.next(WAIT).await.unwrap() {
+            Some(_) => got += 1,
+            None => break,
+        }
+    }
+    c.close().await.unwrap();
+    assert_eq!(got, total - most, "a normal receiver was starved");
+    drop(hold);
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacknowledged_message_comes_back_after_the_ack_timeout() {
+    let dir = temp_data_dir("mq-flow-ackto-");
+    let (_mqd, client) =
+        MqdProcess::launch_with_queue(dir.path(), &["--ack-timeout", "1s"], Q).await;
+    fill(&client, Q, 1, |_| Bytes::from_static(b"held")).await;
+    let q = client.queue(Q).unwrap();
+    let mut holder = q.consumer(ConsumerOptions::default()).await.unwrap();
+    let m = holder.next(WAIT).await.unwrap().expect("the message");
+    assert_eq!(&m.body[..], b"held");
+    // The holder never acknowledges: another receiver gets the message after the timeout.
+    let other = Client::connect(client.url()).await.unwrap();
+    let again = other.queue(Q).unwrap().receive(WAIT).await.unwrap();
+    assert_eq!(again.map(|m| m.body), Some(Bytes::from_static(b"held")));
+    // The holder learns why its stream ended.
+    match holder.next(Duration::from_secs(5)).await {
+        Err(Error::Timeout(m)) => assert!(m.contains("--ack-timeout"), "{m}"),
+        other => panic!("the holder's stream after the ack timeout: {other:?}"),
+    }
+    assert_eq!(client.queue_info(Q).await.unwrap().messages, 0);
+}
