@@ -242,8 +242,12 @@ fn built_binaries() -> &'static Path {
     }
 }
 
-/// The path of the `mqd` binary (built on first use).
+/// The path of the `mqd` binary (built on first use), or `$MQ_TEST_MQD` if set (a measurement
+/// against a release build from a debug test).
 pub fn mqd_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("MQ_TEST_MQD") {
+        return PathBuf::from(p);
+    }
     built_binaries().join(format!("mqd{}", std::env::consts::EXE_SUFFIX))
 }
 

@@ -65,6 +65,7 @@ mod queue_admin;
 mod recoverable;
 mod recoverable_faults;
 mod recoverable_quota;
+mod redelivery_window;
 mod send_pipelining;
 mod shutdown_acks;
 mod silent_broker;
