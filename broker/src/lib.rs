@@ -13,6 +13,7 @@
 //! - `broker`: [`Broker`]: the registry of queues, name resolution, quotas, recovery.
 //! - [`journal`]: the durable journal: segments, group commit, recovery, compaction.
 //! - `transaction`: [`Transaction`]: staged sends, hidden receives, one atomic commit record.
+//! - `outcome`: which transaction ids committed (journaled with the commit, kept for a window).
 //! - `service`: the gRPC service.
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
 //! - `auth`: identities (users file, tokens, certificates), rights, queue ACLs, `authorize`.
@@ -41,6 +42,7 @@ pub mod fuzzing;
 mod inbound;
 pub mod journal;
 mod message;
+mod outcome;
 mod outgoing_admin;
 mod queue;
 mod ratelog;
@@ -63,6 +65,7 @@ pub use config::{
 pub use deadletter::class_name;
 pub use error::BrokerError;
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};
+pub use outcome::{DEFAULT_TX_OUTCOME_MAX, DEFAULT_TX_OUTCOME_RETENTION};
 pub use queue::{Queue, QueueStats};
 pub use server::{run, run_with_ready, RunError};
 pub use tls::{Credentials, ForwardCredentials, SecurityConfig};

@@ -1,14 +1,13 @@
 //! [`ClientBuilder`]: how to reach and authenticate to a broker (TLS CA, client certificate,
 //! user and password or bearer token).
 
-use std::time::Duration;
-
 use mq_proto::v1::message_queue_client::MessageQueueClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::client::Client;
+use crate::deadline::ClientOptions;
 use crate::error::{Error, Result};
 
 /// The gRPC client with this client's credentials on every call.
@@ -41,6 +40,7 @@ pub struct ClientBuilder {
     identity: Option<(Vec<u8>, Vec<u8>)>,
     domain: Option<String>,
     credentials: Credentials,
+    options: ClientOptions,
 }
 
 impl ClientBuilder {
@@ -51,7 +51,14 @@ impl ClientBuilder {
             identity: None,
             domain: None,
             credentials: Credentials::default(),
+            options: ClientOptions::default(),
         }
+    }
+
+    /// Deadlines and keepalive (default: connect 5 s, calls 30 s).
+    pub fn options(mut self, options: ClientOptions) -> Self {
+        self.options = options;
+        self
     }
 
     /// Trust brokers whose certificate this CA (PEM) signed.
@@ -98,7 +105,10 @@ impl ClientBuilder {
         let mut endpoint = Endpoint::from_shared(url.clone())
             .map_err(|e| connect_err(format!("not a valid URL ({e})")))?
             .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(5))
+            .connect_timeout(self.options.connect_timeout)
+            .http2_keep_alive_interval(self.options.keepalive_interval)
+            .keep_alive_timeout(self.options.keepalive_timeout)
+            .keep_alive_while_idle(true)
             .initial_stream_window_size(Some(8 * 1024 * 1024))
             .initial_connection_window_size(Some(16 * 1024 * 1024));
         let https = url.starts_with("https://");
@@ -126,7 +136,17 @@ impl ClientBuilder {
                 .tls_config(tls)
                 .map_err(|e| connect_err(format!("bad TLS settings ({e})")))?;
         }
-        let channel = endpoint.connect().await.map_err(|e| {
+        // The connect timeout covers TCP only; a broker that accepts but does not answer (a
+        // stopped process: the kernel still accepts) would hang the HTTP/2 or TLS handshake.
+        let connected = tokio::time::timeout(self.options.connect_timeout, endpoint.connect())
+            .await
+            .map_err(|_| {
+                connect_err(format!(
+                    "no answer within {} (mq --connect-timeout, ClientOptions::connect_timeout)",
+                    humantime::format_duration(self.options.connect_timeout)
+                ))
+            })?;
+        let channel = connected.map_err(|e| {
             let mut reason = e.to_string();
             let mut src = std::error::Error::source(&e);
             while let Some(s) = src {
@@ -138,6 +158,6 @@ impl ClientBuilder {
         let rpc = MessageQueueClient::with_interceptor(channel, self.credentials)
             .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
             .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
-        Ok(Client::from_parts(rpc, url))
+        Ok(Client::from_parts(rpc, url, self.options))
     }
 }
