@@ -127,32 +127,30 @@ impl Client {
         grant: bool,
     ) -> Result<QueueAcl> {
         FormatName::parse(name)?;
-        let acl = self
-            .rpc
-            .clone()
-            .change_acl(v1::AclChange {
-                queue: name.to_string(),
-                principal: principal.to_string(),
-                rights: rights.iter().map(|r| r.to_string()).collect(),
-                grant,
-            })
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.change_acl(v1::AclChange {
+            queue: name.to_string(),
+            principal: principal.to_string(),
+            rights: rights.iter().map(|r| r.to_string()).collect(),
+            grant,
+        });
+        Ok(self
+            .call("changing the queue's rights", Duration::ZERO, rpc)
             .await?
-            .into_inner();
-        Ok(acl.into())
+            .into())
     }
 
     /// Who may do what with queue `name` (needs `admin` on it).
     pub async fn acl(&self, name: &str) -> Result<QueueAcl> {
         FormatName::parse(name)?;
-        let acl = self
-            .rpc
-            .clone()
-            .get_acl(v1::QueueRequest {
-                name: name.to_string(),
-            })
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.get_acl(v1::QueueRequest {
+            name: name.to_string(),
+        });
+        Ok(self
+            .call("reading the queue's rights", Duration::ZERO, rpc)
             .await?
-            .into_inner();
-        Ok(acl.into())
+            .into())
     }
 
     /// The deadlines this client works with.
