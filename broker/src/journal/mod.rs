@@ -258,6 +258,8 @@ impl Shared {
 struct Inner {
     shared: Arc<Shared>,
     tx: Sender<Msg>,
+    /// The lane of [`Journal::submit_removal`].
+    urgent: Sender<Msg>,
     closed: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -396,7 +398,8 @@ impl Journal {
             admission: admission::Admission::new(opts.max_queued_bytes),
         });
         let (tx, rx) = crossbeam_channel::bounded(opts.max_queued_records);
-        let mut w = Writer::new(shared.clone(), rx, opts.clone(), active);
+        let (urgent, urgent_rx) = crossbeam_channel::unbounded();
+        let mut w = Writer::new(shared.clone(), rx, urgent_rx, opts.clone(), active);
         w.restore_reserve();
         let thread = std::thread::Builder::new()
             .name("mq-journal-writer".into())
@@ -421,6 +424,7 @@ impl Journal {
             inner: Arc::new(Inner {
                 shared,
                 tx,
+                urgent,
                 closed: AtomicBool::new(false),
                 thread: Mutex::new(Some(thread)),
             }),
@@ -434,6 +438,46 @@ impl Journal {
     /// from one thread; an empty `ops` completes after everything submitted before it.
     pub fn submit(&self, ops: Vec<Op>) -> Commit {
         self.submit_inner(ops, false)
+    }
+
+    /// Like [`Journal::submit`], for ops that only remove records that are already durable
+    /// (the `Remove` of a message that was delivered, or purged, after its `Put` was synced):
+    /// it rides the very next group commit, ahead of submissions queued before it, instead of
+    /// waiting behind them (and is not held back by the queue's bounds). That bounds the time
+    /// from a receiver's acknowledgement to the durable removal to about two group commits.
+    /// Because its targets are durable, writing it before earlier submissions changes nothing
+    /// else; do not use it for anything that must follow an earlier record.
+    pub fn submit_removal(&self, ops: Vec<Op>) -> Commit {
+        let shared = &self.inner.shared;
+        if let Some(e) = shared.poisoned_error() {
+            return Commit::ready(Err(e));
+        }
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Commit::ready(Err(JournalError::Closed));
+        }
+        let payload: usize = ops.iter().map(Op::encoded_len).sum();
+        if payload > MAX_PAYLOAD || ops.iter().any(Op::has_oversized_field) {
+            return Commit::ready(Err(JournalError::TooLarge {
+                size: (payload + FRAME_HEADER) as u64,
+                max: (MAX_PAYLOAD + FRAME_HEADER) as u64,
+            }));
+        }
+        let (tx, rx) = oneshot::channel();
+        let msg = Msg::Submit {
+            ops,
+            size: payload + FRAME_HEADER,
+            done: tx,
+            detached: false,
+        };
+        if self.inner.urgent.send(msg).is_err() {
+            return Commit::ready(Err(shared.dropped_error()));
+        }
+        Commit {
+            state: CommitState::Pending {
+                rx,
+                shared: shared.clone(),
+            },
+        }
     }
 
     fn submit_inner(&self, ops: Vec<Op>, detached: bool) -> Commit {
