@@ -1,7 +1,7 @@
 //! The broker: its queues by name, the express memory quota, and name resolution
 //! ("is this format name one of my queues?").
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 use bytes::Bytes;
 
 use mq_proto::format_name::{FormatName, QueueAddress, QueueKind};
+use mq_proto::limits::quote;
 use mq_proto::v1;
 
 use crate::config::BrokerConfig;
@@ -61,6 +62,39 @@ const TXOUTCOMES_KEY: &str = "system$;txoutcomes";
 pub struct Target {
     pub queue: Arc<Queue>,
     pub route: Option<Arc<str>>,
+}
+
+/// Where a send will go, checked as a whole before anything is created: local queues, and the
+/// brokers whose outgoing queues are looked up (or created) only once a message is stored.
+#[derive(Debug, Clone, Default)]
+pub struct Destinations {
+    planned: Vec<Planned>,
+}
+
+#[derive(Debug, Clone)]
+enum Planned {
+    Local(Arc<Queue>),
+    /// `host:port` of the broker, and the queue's format name there.
+    Remote(String, Arc<str>),
+}
+
+impl Destinations {
+    /// How many queues get a copy of each message.
+    pub fn len(&self) -> usize {
+        self.planned.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.planned.is_empty()
+    }
+
+    /// Whether every local queue still exists (so the resolution can be reused).
+    pub(crate) fn is_current(&self) -> bool {
+        self.planned.iter().all(|p| match p {
+            Planned::Local(q) => !q.is_deleted(),
+            Planned::Remote(..) => true,
+        })
+    }
 }
 
 /// A queue definition as stored in the journal (postcard), version 1. Field order is the format.
@@ -393,7 +427,10 @@ impl Broker {
             commit_order: std::sync::Mutex::new(()),
             next_queue_id: AtomicU64::new(next_queue_id),
             express_used: AtomicU64::new(0),
-            stored_used: AtomicU64::new(stored),
+            // Every kept forwarding stream's record counts against the storage quota.
+            stored_used: AtomicU64::new(
+                stored + streams.len() as u64 * crate::stream_bounds::STREAM_RECORD_CHARGE,
+            ),
             shutdown: tokio::sync::watch::channel(false).0,
             dead_letter,
             dead_xact,
@@ -478,10 +515,12 @@ impl Broker {
 
     /// Parses `name` and checks that it is one queue on this broker.
     pub fn resolve(&self, name: &str) -> Result<QueueAddress, BrokerError> {
-        let parsed = FormatName::parse(name)?;
+        let parsed =
+            FormatName::parse_with_max_elements(name, self.config.max_format_name_elements)?;
         let addr = parsed.single().cloned().ok_or_else(|| {
             BrokerError::InvalidArgument(format!(
-                "\"{name}\" is a multiple-element format name; those can only be sent to, not received from, peeked at or administered"
+                "\"{}\" is a multiple-element format name; those can only be sent to, not received from, peeked at or administered",
+                quote(name)
             ))
         })?;
         self.check_local(name, &addr)?;
@@ -493,7 +532,8 @@ impl Broker {
             Ok(())
         } else {
             Err(BrokerError::FailedPrecondition(format!(
-                "\"{name}\" names a queue on another broker ({}); this broker is \"{}\" at {:?}. Remote queues can only be sent to (the message waits in this broker's outgoing queue and is forwarded); receive, peek and administer them on their own broker",
+                "\"{}\" names a queue on another broker ({}); this broker is \"{}\" at {:?}. Remote queues can only be sent to (the message waits in this broker's outgoing queue and is forwarded); receive, peek and administer them on their own broker",
+                quote(name),
                 remote_destination(addr),
                 self.config.name,
                 self.local_addrs
@@ -510,7 +550,8 @@ impl Broker {
         match addr.kind {
             QueueKind::Normal | QueueKind::DeadLetter | QueueKind::DeadXact => Ok(addr.key()),
             QueueKind::Journal => Err(BrokerError::FailedPrecondition(format!(
-                "\"{name}\" is a queue journal; journal queues are not kept by this broker yet"
+                "\"{}\" is a queue journal; journal queues are not kept by this broker yet",
+                quote(name)
             ))),
         }
     }
@@ -577,7 +618,8 @@ impl Broker {
         let key = self.normal_queue_key(name, &addr)?;
         if addr.kind != QueueKind::Normal {
             return Err(BrokerError::FailedPrecondition(format!(
-                "\"{name}\" is a dead-letter queue; those cannot be deleted (purge it instead)"
+                "\"{}\" is a dead-letter queue; those cannot be deleted (purge it instead)",
+                quote(name)
             )));
         }
         self.check_writable("delete a queue")?;
@@ -667,24 +709,33 @@ impl Broker {
             .collect()
     }
 
-    /// Where a send destination goes: one target, or several for a multiple-element name. A
-    /// local queue is checked now (exists, transactional or not); a remote one goes to the
-    /// outgoing queue for its broker (created on demand) and is checked by that broker.
+    /// Where a send destination goes: one queue, or several for a multiple-element name (at
+    /// most `max_format_name_elements`). Everything is checked before anything is created: a
+    /// local queue exists and matches transactional or not; a remote one is checked by its
+    /// broker, and its outgoing queue is created only when a message is stored in it
+    /// ([`Broker::targets`]).
     pub fn destinations(
         self: &Arc<Self>,
         name: &str,
         transactional: bool,
-    ) -> Result<Vec<Target>, BrokerError> {
-        let parsed = FormatName::parse(name)?;
-        let mut out: Vec<Target> = Vec::with_capacity(parsed.addresses().len());
+    ) -> Result<Destinations, BrokerError> {
+        let parsed =
+            FormatName::parse_with_max_elements(name, self.config.max_format_name_elements)?;
+        let mut out = Destinations {
+            planned: Vec::with_capacity(parsed.addresses().len()),
+        };
+        // The same queue twice in one multiple-element name gets one copy.
+        let mut seen_local: HashSet<*const Queue> = HashSet::new();
+        let mut seen_remote: HashSet<String> = HashSet::new();
         for addr in parsed.addresses() {
             if addr.is_read_only() {
                 return Err(BrokerError::FailedPrecondition(format!(
-                    "\"{name}\" names a read-only queue ({}); journal and dead-letter queues cannot be sent to",
+                    "\"{}\" names a read-only queue ({}); journal and dead-letter queues cannot be sent to",
+                    quote(name),
                     addr.path_name()
                 )));
             }
-            let target = if self.is_local(addr) {
+            if self.is_local(addr) {
                 let q = self.local_queue(name, addr)?;
                 if q.def().transactional && !transactional {
                     return Err(BrokerError::FailedPrecondition(format!(
@@ -698,26 +749,41 @@ impl Broker {
                         q.def().name
                     )));
                 }
-                Target {
-                    queue: q,
-                    route: None,
+                if seen_local.insert(Arc::as_ptr(&q)) {
+                    out.planned.push(Planned::Local(q));
                 }
             } else {
-                let outgoing = self.outgoing_for(&remote_destination(addr))?;
-                Target {
-                    queue: outgoing.queue().clone(),
-                    route: Some(Arc::from(addr.to_string())),
+                let route = addr.to_string();
+                if seen_remote.insert(route.clone()) {
+                    out.planned
+                        .push(Planned::Remote(remote_destination(addr), Arc::from(route)));
                 }
-            };
-            // The same queue twice in one multiple-element name gets one copy.
-            if !out
-                .iter()
-                .any(|o| Arc::ptr_eq(&o.queue, &target.queue) && o.route == target.route)
-            {
-                out.push(target);
             }
         }
         Ok(out)
+    }
+
+    /// The queues of planned destinations, creating the outgoing queues that do not exist
+    /// (or no longer exist). Called once a message is about to be stored.
+    pub fn targets(self: &Arc<Self>, dests: &Destinations) -> Result<Vec<Target>, BrokerError> {
+        dests
+            .planned
+            .iter()
+            .map(|p| match p {
+                Planned::Local(q) => Ok(Target {
+                    queue: q.clone(),
+                    route: None,
+                }),
+                Planned::Remote(dest, route) => {
+                    let o = self.outgoing_for(dest)?;
+                    o.touch();
+                    Ok(Target {
+                        queue: o.queue().clone(),
+                        route: Some(route.clone()),
+                    })
+                }
+            })
+            .collect()
     }
 
     /// The outgoing queue for the broker at `destination` (`host:port`), created (journaled)
@@ -742,6 +808,13 @@ impl Broker {
             return Err(BrokerError::Unavailable(
                 "the journal refuses writes; cannot create an outgoing queue; restart mqd after fixing the disk".into(),
             ));
+        }
+        if map.len() >= self.config.max_outgoing_queues {
+            return Err(BrokerError::QuotaExceeded(format!(
+                "this broker has {} outgoing queues; the limit is {} (mqd --max-outgoing-queues); empty ones can be deleted with `mq outgoing delete DEST`",
+                map.len(),
+                self.config.max_outgoing_queues
+            )));
         }
         if self.journal.is_disk_full() {
             return Err(BrokerError::QuotaExceeded(
@@ -782,6 +855,14 @@ impl Broker {
         Ok(o)
     }
 
+    /// Removes a queue from the registry by key (the caller journals and marks the deletion).
+    pub(crate) fn unregister_queue(&self, key: &str) -> Option<Arc<Queue>> {
+        self.queues
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key)
+    }
+
     /// Starts the broker's background work once it runs on a Tokio runtime: a forwarder per
     /// outgoing queue and the expiry sweep. Called by the server; idempotent.
     pub fn start_background(self: &Arc<Self>) {
@@ -805,6 +886,14 @@ impl Broker {
         let broker = Arc::downgrade(self);
         let shutdown = self.shutdown.subscribe();
         tokio::spawn(crate::deadletter::sweep_loop(broker, shutdown));
+        tokio::spawn(crate::outgoing_admin::expiry_loop(
+            Arc::downgrade(self),
+            self.shutdown.subscribe(),
+        ));
+        tokio::spawn(crate::stream_bounds::prune_loop(
+            Arc::downgrade(self),
+            self.shutdown.subscribe(),
+        ));
     }
 
     fn start_forwarder(self: &Arc<Self>, o: &Arc<crate::forward::Outgoing>) {
@@ -835,7 +924,7 @@ impl Broker {
     /// recoverable ones when their journal record is on disk (group commit).
     pub fn send_batch(
         self: &Arc<Self>,
-        dests: &[Target],
+        plan: &Destinations,
         msgs: Vec<v1::OutMessage>,
         transactional: bool,
     ) -> Pin<Box<dyn Future<Output = BatchOutcome> + Send + 'static>> {
@@ -855,7 +944,7 @@ impl Broker {
             match StoredMessage::accept(m, uuid::Uuid::now_v7(), &self.config) {
                 Ok(mut sm) => {
                     sm.transactional = transactional;
-                    let charge = sm.charged_bytes() * dests.len() as u64;
+                    let charge = sm.charged_bytes() * plan.len() as u64;
                     if let Err(e) = self.reserve(sm.delivery, charge) {
                         failures.push((i, e));
                         continue;
@@ -866,6 +955,23 @@ impl Broker {
                 Err(e) => failures.push((i, e)),
             }
         }
+        // Outgoing queues are looked up (created) only now that a message is to be stored.
+        let dests = if accepted.is_empty() {
+            Vec::new()
+        } else {
+            match self.targets(plan) {
+                Ok(d) => d,
+                Err(e) => {
+                    for (j, m) in accepted.iter().enumerate() {
+                        self.release(m.delivery, m.charged_bytes() * plan.len() as u64);
+                        failures.push((index[j], e.clone()));
+                    }
+                    accepted.clear();
+                    index.clear();
+                    Vec::new()
+                }
+            }
+        };
         let mut refused = vec![false; accepted.len()];
         // Recoverable messages: their journal header and a body-less copy for the queue.
         let mut headers: Vec<Option<(Bytes, Arc<StoredMessage>)>> = vec![None; accepted.len()];
@@ -875,11 +981,24 @@ impl Broker {
             transactional.then(|| self.commit_order.lock().unwrap_or_else(|p| p.into_inner()));
         // Every destination first: a message goes to all of its queues or to none (a
         // multiple-element send refused by one queue's quota leaves no copy elsewhere).
+        let mut dests = dests;
         let admitted: Vec<Vec<Result<u64, BrokerError>>> = dests
-            .iter()
-            .map(|t| match t.queue.admit(&accepted) {
-                Ok(r) => r,
-                Err(e) => accepted.iter().map(|_| Err(e.clone())).collect(),
+            .iter_mut()
+            .map(|t| {
+                let mut r = t.queue.admit(&accepted);
+                // An empty outgoing queue deleted since it was looked up: use its successor.
+                if r.is_err() && t.route.is_some() {
+                    if let QueueRole::Outgoing { destination, .. } = &t.queue.def().role {
+                        if let Ok(o) = self.outgoing_for(destination) {
+                            t.queue = o.queue().clone();
+                            r = t.queue.admit(&accepted);
+                        }
+                    }
+                }
+                match r {
+                    Ok(r) => r,
+                    Err(e) => accepted.iter().map(|_| Err(e.clone())).collect(),
+                }
             })
             .collect();
         for per_queue in &admitted {
@@ -889,7 +1008,7 @@ impl Broker {
                         refused[j] = true;
                         failures.push((index[j], e.clone()));
                         let m = &accepted[j];
-                        self.release(m.delivery, m.charged_bytes() * dests.len() as u64);
+                        self.release(m.delivery, m.charged_bytes() * plan.len() as u64);
                     }
                 }
             }
@@ -1000,6 +1119,12 @@ impl Broker {
                 Err(now) => cur = now,
             }
         }
+    }
+
+    /// Bytes charged to the storage quota now.
+    #[cfg(test)]
+    pub(crate) fn stored_used(&self) -> u64 {
+        self.stored_used.load(Ordering::Acquire)
     }
 
     pub(crate) fn release(&self, delivery: Delivery, bytes: u64) {

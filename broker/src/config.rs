@@ -18,8 +18,20 @@ pub const DEFAULT_FORWARD_RETRY_MAX: std::time::Duration = std::time::Duration::
 pub const MAX_LABEL_CHARS: usize = 250;
 /// Largest correlation id, in characters.
 pub const MAX_CORRELATION_ID_CHARS: usize = 255;
-/// Bytes charged against quotas for each message besides its body and label.
+/// Bytes charged against quotas for each message besides its body, label, correlation id and
+/// response queue.
 pub const MESSAGE_OVERHEAD_BYTES: u64 = 128;
+/// Default: an empty outgoing queue unused this long is deleted.
+pub const DEFAULT_OUTGOING_IDLE_EXPIRY: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Default most outgoing queues (destination brokers) at once.
+pub const DEFAULT_MAX_OUTGOING_QUEUES: usize = 10_000;
+/// Default most incoming forwarding streams kept per peer (sending address).
+pub const DEFAULT_MAX_FORWARD_STREAMS_PER_PEER: usize = 256;
+/// Default most incoming forwarding streams kept in all.
+pub const DEFAULT_MAX_FORWARD_STREAMS: usize = 4096;
+/// Default: an incoming forwarding stream unused this long is forgotten (with its mark).
+pub const DEFAULT_FORWARD_STREAM_IDLE: std::time::Duration =
+    std::time::Duration::from_secs(24 * 3600);
 
 // Flow limits (README "Limits"): what one client or connection can hold of the broker.
 /// Default most open client connections (`mqd --max-connections`).
@@ -88,6 +100,18 @@ pub struct BrokerConfig {
     pub forward_retry_max: std::time::Duration,
     /// Flow limits: see [`FlowLimits`].
     pub flow: FlowLimits,
+    /// Most elements in a multiple-element format name a send may use.
+    pub max_format_name_elements: usize,
+    /// An empty, unpaused outgoing queue unused this long is deleted.
+    pub outgoing_idle_expiry: std::time::Duration,
+    /// Most outgoing queues (destination brokers) at once.
+    pub max_outgoing_queues: usize,
+    /// Most incoming forwarding streams kept per peer address.
+    pub max_forward_streams_per_peer: usize,
+    /// Most incoming forwarding streams kept in all.
+    pub max_forward_streams: usize,
+    /// An incoming forwarding stream unused this long is forgotten.
+    pub forward_stream_idle: std::time::Duration,
 }
 
 /// What one client, connection or stream may hold of the broker (README "Limits").
@@ -150,6 +174,12 @@ impl BrokerConfig {
             forward_retry_min: DEFAULT_FORWARD_RETRY_MIN,
             forward_retry_max: DEFAULT_FORWARD_RETRY_MAX,
             flow: FlowLimits::default(),
+            max_format_name_elements: mq_proto::limits::DEFAULT_MAX_FORMAT_NAME_ELEMENTS,
+            outgoing_idle_expiry: DEFAULT_OUTGOING_IDLE_EXPIRY,
+            max_outgoing_queues: DEFAULT_MAX_OUTGOING_QUEUES,
+            max_forward_streams_per_peer: DEFAULT_MAX_FORWARD_STREAMS_PER_PEER,
+            max_forward_streams: DEFAULT_MAX_FORWARD_STREAMS,
+            forward_stream_idle: DEFAULT_FORWARD_STREAM_IDLE,
         }
     }
 
@@ -187,6 +217,15 @@ impl std::fmt::Debug for BrokerConfig {
             .field("forward_retry_min", &self.forward_retry_min)
             .field("forward_retry_max", &self.forward_retry_max)
             .field("flow", &self.flow)
+            .field("max_format_name_elements", &self.max_format_name_elements)
+            .field("outgoing_idle_expiry", &self.outgoing_idle_expiry)
+            .field("max_outgoing_queues", &self.max_outgoing_queues)
+            .field(
+                "max_forward_streams_per_peer",
+                &self.max_forward_streams_per_peer,
+            )
+            .field("max_forward_streams", &self.max_forward_streams)
+            .field("forward_stream_idle", &self.forward_stream_idle)
             .finish()
     }
 }

@@ -12,12 +12,16 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use mq_proto::limits::quote;
 use mq_proto::v1::{self, DeadLetterClass};
 
 use crate::broker::{journal_failed, Broker};
 use crate::journal::Op;
 use crate::message::{now_ms, DeadLetterInfo, Delivery, StoredMessage};
 use crate::queue::{group_by_queue, Entry, Queue, QueueRole};
+
+/// Dead-letter log lines: one a second, with a count of those held back.
+static DEAD_LETTER_LOG: crate::ratelog::RateLimitedLog = crate::ratelog::RateLimitedLog::new(1000);
 
 /// How often queues with deadlines are swept for expired messages.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
@@ -129,13 +133,23 @@ impl Broker {
                 Some(r) => r.to_string(),
                 None => format!("DIRECT=OS:{}", src.def().name),
             };
-            tracing::warn!(
+            tracing::debug!(
                 id = %m.id,
                 class = class_name(item.class),
-                %destination,
-                reason = %item.reason,
+                destination = %quote(&destination),
+                reason = %quote(&item.reason),
                 "message dead-lettered"
             );
+            if let Some(held_back) = DEAD_LETTER_LOG.allow(now, 1) {
+                tracing::warn!(
+                    id = %m.id,
+                    class = class_name(item.class),
+                    destination = %quote(&destination),
+                    reason = %quote(&item.reason),
+                    held_back,
+                    "message dead-lettered (at most one line a second; RUST_LOG=mq_broker=debug shows each)"
+                );
+            }
             let body = match self.body(src, &item.entry) {
                 Ok(b) => b,
                 Err(e) => {
@@ -150,7 +164,10 @@ impl Broker {
                 route: None,
                 dead_letter: Some(Arc::new(DeadLetterInfo {
                     class: item.class,
-                    reason: item.reason,
+                    reason: mq_proto::limits::truncate(
+                        &item.reason,
+                        mq_proto::limits::MAX_REASON_BYTES,
+                    ),
                     destination,
                     time_ms: now,
                     broker: me.clone(),
@@ -233,6 +250,6 @@ pub(crate) fn rejection(
     v1::ForwardRejection {
         index: index as u32,
         class: class as i32,
-        reason,
+        reason: mq_proto::limits::truncate(&reason, mq_proto::limits::MAX_REASON_BYTES),
     }
 }

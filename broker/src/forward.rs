@@ -19,6 +19,8 @@
 //! `--forward-retry-max`), resuming where the last acknowledgement left off.
 
 use std::collections::{HashMap, VecDeque};
+
+use mq_proto::limits::{quote, truncate, MAX_REASON_BYTES};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -68,6 +70,8 @@ pub struct Outgoing {
     /// Held while the paused flag changes and its definition record is handed to the journal,
     /// so the journal's order of pause/resume records is the order the flag took its values.
     pause_order: Mutex<()>,
+    /// Unix ms of the last send to it or acknowledgement from its destination (idle expiry).
+    last_used_ms: AtomicU64,
 }
 
 impl Outgoing {
@@ -99,7 +103,23 @@ impl Outgoing {
             dead_lettered: AtomicU64::new(0),
             wake: Notify::new(),
             pause_order: Mutex::new(()),
+            last_used_ms: AtomicU64::new(now_ms()),
         }
+    }
+
+    /// Notes a use (a send to it, an acknowledgement): it is not idle.
+    pub(crate) fn touch(&self) {
+        self.last_used_ms.fetch_max(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Unix ms of the last use.
+    pub(crate) fn last_used_ms(&self) -> u64 {
+        self.last_used_ms.load(Ordering::Relaxed)
+    }
+
+    /// Wakes the forwarder (it ends once its queue is deleted).
+    pub(crate) fn wake(&self) {
+        self.wake.notify_one();
     }
 
     /// `host:port` of the destination broker.
@@ -209,7 +229,7 @@ async fn run(broker: Weak<Broker>, o: Arc<Outgoing>) {
     let mut backoff = min;
     loop {
         let Some(b) = broker.upgrade() else { return };
-        if b.is_shutting_down() {
+        if b.is_shutting_down() || o.queue.is_deleted() {
             return;
         }
         // Nothing to do while paused or empty.
@@ -255,6 +275,8 @@ async fn run(broker: Weak<Broker>, o: Arc<Outgoing>) {
             return;
         }
         let next = now_ms() + backoff.as_millis() as u64;
+        // It may quote what the peer answered: kept and logged cut short.
+        let error = truncate(&error, MAX_REASON_BYTES);
         tracing::warn!(destination = %o.destination, error = %error, retry_in_ms = backoff.as_millis() as u64, "forwarding: cannot deliver; will retry");
         o.set(OutgoingState::Waiting, Some(error), next);
         tokio::select! {
@@ -330,6 +352,9 @@ async fn session(
         let notified = queue.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        if queue.is_deleted() && in_flight.batches.is_empty() {
+            break Ok(());
+        }
         let paused = o.is_paused();
         let room =
             !paused && in_flight.batches.len() < WINDOW_BATCHES && in_flight.bytes < WINDOW_BYTES;
@@ -467,6 +492,7 @@ async fn settle(
     rejected: Vec<v1::ForwardRejection>,
 ) -> Result<(), (String, Vec<Entry>)> {
     let queue = &o.queue;
+    o.touch();
     if rejected.is_empty() {
         o.forwarded
             .fetch_add(entries.len() as u64, Ordering::Relaxed);
@@ -488,7 +514,12 @@ async fn settle(
                 dead.push(DeadLetterItem {
                     entry: e,
                     class,
-                    reason: format!("{} refused it: {}", o.destination, r.reason),
+                    // The peer's reason, cut to a bounded length before it is kept.
+                    reason: format!(
+                        "{} refused it: {}",
+                        o.destination,
+                        truncate(&r.reason, MAX_REASON_BYTES)
+                    ),
                 });
             }
             None => stored.push(e),
@@ -523,7 +554,6 @@ impl Broker {
         destination: &str,
         paused: bool,
     ) -> Result<v1::OutgoingQueueInfo, crate::error::BrokerError> {
-        use crate::error::BrokerError;
         let key = outgoing_key(|a| self.is_local(a), destination)?;
         // One read-lock guard, dropped at the end of this statement: taking the lock a second
         // time while it is held deadlocks against a writer queued in between.
@@ -533,11 +563,7 @@ impl Broker {
             .unwrap_or_else(|p| p.into_inner())
             .get(&key)
             .cloned();
-        let o = found.ok_or_else(|| {
-            BrokerError::NotFound(format!(
-                "there is no outgoing queue for {key}: one is created by the first send to a queue there"
-            ))
-        })?;
+        let o = found.ok_or_else(|| no_outgoing_queue(&key))?;
         let commit = {
             let _order = o.pause_order.lock().unwrap_or_else(|p| p.into_inner());
             o.set_paused(paused).then(|| {
@@ -559,24 +585,42 @@ impl Broker {
     }
 }
 
+/// The answer for a DEST without an outgoing queue (never a list of the others).
+pub(crate) fn no_outgoing_queue(key: &str) -> crate::error::BrokerError {
+    crate::error::BrokerError::NotFound(format!(
+        "there is no outgoing queue for {}: one is created by the first send to a queue there (`mq outgoing list` shows them)",
+        quote(key)
+    ))
+}
+
 /// The outgoing queue key (`host:port`) an operator's DEST names.
-fn outgoing_key(
+pub(crate) fn outgoing_key(
     is_local: impl Fn(&mq_proto::format_name::QueueAddress) -> bool,
     dest: &str,
 ) -> Result<String, crate::error::BrokerError> {
     use crate::error::BrokerError;
     let dest = dest.trim();
+    if dest.len() > mq_proto::limits::MAX_DESTINATION_BYTES {
+        return Err(BrokerError::InvalidArgument(format!(
+            "the destination \"{}\" is {} bytes; the limit is {} (host:port, or a queue's format name)",
+            quote(dest),
+            dest.len(),
+            mq_proto::limits::MAX_DESTINATION_BYTES
+        )));
+    }
     if dest.contains('\\') || dest.contains('/') || dest.to_ascii_uppercase().starts_with("DIRECT=")
     {
         let parsed = FormatName::parse(dest)?;
         let addr = parsed.single().ok_or_else(|| {
             BrokerError::InvalidArgument(format!(
-                "\"{dest}\" is a multiple-element format name; name one queue or host:port"
+                "\"{}\" is a multiple-element format name; name one queue or host:port",
+                quote(dest)
             ))
         })?;
         if is_local(addr) {
             return Err(BrokerError::InvalidArgument(format!(
-                "\"{dest}\" is a queue of this broker; outgoing queues are for other brokers"
+                "\"{}\" is a queue of this broker; outgoing queues are for other brokers",
+                quote(dest)
             )));
         }
         return Ok(crate::broker::remote_destination(addr));
@@ -757,11 +801,9 @@ mod lock_tests {
     #[test]
     fn pausing_an_unknown_destination_beside_new_destinations_does_not_deadlock() {
         let dir = tempfile::tempdir().unwrap();
-        let (b, _) = Broker::open(
-            BrokerConfig::new(dir.path()),
-            vec!["127.0.0.1:4000".parse().unwrap()],
-        )
-        .unwrap();
+        let mut config = BrokerConfig::new(dir.path());
+        config.max_outgoing_queues = 20_000;
+        let (b, _) = Broker::open(config, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
         let b = Arc::new(b);
         let deadline = Instant::now() + Duration::from_secs(3);
         let (done, finished) = std::sync::mpsc::channel();
@@ -781,7 +823,8 @@ mod lock_tests {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .build()
                 .unwrap();
-            let unknown = format!("{}:1801", "u".repeat(100_000));
+            // Long, but within the DEST limit (1 KiB), so that the table is looked up.
+            let unknown = format!("{}:1801", "u".repeat(1_000));
             while Instant::now() < deadline {
                 let e = rt
                     .block_on(b.set_outgoing_paused(&unknown, true))

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use mq_proto::format_name::FormatName;
+use mq_proto::limits::{quote, MAX_SOURCE_BYTES};
 use mq_proto::v1::{self, DeadLetterClass};
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
@@ -36,36 +37,40 @@ const ACK_WINDOW: usize = 32;
 /// How long a new connection of a stream waits for the previous one to finish.
 const TAKEOVER_WAIT: Duration = Duration::from_secs(30);
 
-/// Every incoming stream this broker has stored messages from.
+/// Every incoming stream this broker has stored messages from (bounded and pruned: see
+/// [`crate::stream_bounds`]).
 #[derive(Debug, Default)]
 pub(crate) struct Streams {
     /// The internal queue whose messages are the streams' high-water marks.
     pub queue_id: u64,
     /// The next free record slot (a `seq` of that queue).
     pub next_slot: u64,
-    by_id: HashMap<uuid::Uuid, Arc<InboundStream>>,
+    pub(crate) by_id: HashMap<uuid::Uuid, Arc<InboundStream>>,
+    /// Per peer: its rate-limited refusal log line.
+    pub(crate) peer_logs: HashMap<String, Arc<crate::ratelog::RateLimitedLog>>,
 }
 
 /// One incoming stream.
 #[derive(Debug)]
 pub(crate) struct InboundStream {
-    id: uuid::Uuid,
-    slot: u64,
+    pub(crate) id: uuid::Uuid,
+    pub(crate) slot: u64,
     /// Highest sequence whose record is on disk.
     durable: AtomicU64,
     /// Held by the connection serving the stream; holds the highest sequence accepted so far
     /// (stored or being stored).
     serving: Arc<tokio::sync::Mutex<u64>>,
-    /// The latest refusals (sequence, class, reason), so that a batch resent after a lost
-    /// answer gets the same refusal again rather than passing for a duplicate. Memory only.
-    refused: std::sync::Mutex<std::collections::VecDeque<(u64, i32, String)>>,
+    /// The latest refusals, so that a batch resent after a lost answer gets the same refusal
+    /// again rather than passing for a duplicate. Memory only, bounded in count, bytes and age.
+    refused: std::sync::Mutex<crate::stream_bounds::Refusals>,
     /// Connections opened for this stream; a new one tells the one serving to stop.
     generation: AtomicU64,
     preempt: tokio::sync::Notify,
+    /// The peer (sending address) it belongs to, for the per-peer limit.
+    pub(crate) peer: std::sync::Mutex<String>,
+    /// Unix ms of its last connection or batch.
+    pub(crate) last_used_ms: AtomicU64,
 }
-
-/// Refusals remembered per stream.
-const REMEMBERED_REFUSALS: usize = 4096;
 
 impl InboundStream {
     fn new(id: uuid::Uuid, slot: u64, last_seq: u64) -> Self {
@@ -74,35 +79,59 @@ impl InboundStream {
             slot,
             durable: AtomicU64::new(last_seq),
             serving: Arc::new(tokio::sync::Mutex::new(last_seq)),
-            refused: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            refused: std::sync::Mutex::new(crate::stream_bounds::Refusals::default()),
             generation: AtomicU64::new(0),
             preempt: tokio::sync::Notify::new(),
+            peer: std::sync::Mutex::new(String::new()),
+            last_used_ms: AtomicU64::new(now_ms()),
         }
     }
 
     fn remember_refusal(&self, seq: u64, r: &v1::ForwardRejection) {
         let mut q = self.refused.lock().unwrap_or_else(|p| p.into_inner());
-        if q.len() == REMEMBERED_REFUSALS {
-            q.pop_front();
-        }
-        q.push_back((seq, r.class, r.reason.clone()));
+        q.remember(seq, r.class, &r.reason, now_ms());
     }
 
     fn refusal_of(&self, seq: u64) -> Option<(i32, String)> {
+        let mut q = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        q.find(seq, now_ms())
+    }
+
+    /// Drops refusals past their retention time.
+    pub(crate) fn expire_refusals(&self, now: u64) {
+        let mut q = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        q.expire(now);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn refusals_kept(&self) -> (usize, usize) {
         let q = self.refused.lock().unwrap_or_else(|p| p.into_inner());
-        q.iter()
-            .rev()
-            .find(|(s, _, _)| *s == seq)
-            .map(|(_, c, r)| (*c, r.clone()))
+        (q.len(), q.bytes())
+    }
+
+    pub(crate) fn touch(&self) {
+        self.last_used_ms.fetch_max(now_ms(), Ordering::Relaxed);
     }
 }
 
-/// A stream's high-water mark as stored in the journal (postcard). Field order is the format.
+/// A stream's high-water mark as stored in the journal (postcard), version 1. Field order is
+/// the format.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct StreamRecord {
     stream_id: [u8; 16],
     last_seq: u64,
     source: String,
+}
+
+/// Version 2: version 1's fields, then the peer and the time of the write (for the per-peer
+/// limit and idle pruning after a restart). Field order is the format.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StreamRecordV2 {
+    stream_id: [u8; 16],
+    last_seq: u64,
+    source: String,
+    peer: String,
+    written_ms: u64,
 }
 
 impl Streams {
@@ -114,23 +143,45 @@ impl Streams {
     ) -> Result<Streams, BrokerError> {
         let mut by_id = HashMap::new();
         for r in records {
-            let rec: StreamRecord = postcard::from_bytes(&r.header).map_err(|e| {
-                BrokerError::Internal(format!(
-                    "forwarding stream record {} in the journal is unreadable: {e}",
-                    r.seq
-                ))
-            })?;
+            let rec = match postcard::from_bytes::<StreamRecordV2>(&r.header) {
+                Ok(v2) => v2,
+                Err(_) => {
+                    let v1: StreamRecord = postcard::from_bytes(&r.header).map_err(|e| {
+                        BrokerError::Internal(format!(
+                            "forwarding stream record {} in the journal is unreadable: {e}",
+                            r.seq
+                        ))
+                    })?;
+                    StreamRecordV2 {
+                        stream_id: v1.stream_id,
+                        last_seq: v1.last_seq,
+                        peer: format!("source {}", v1.source),
+                        source: v1.source,
+                        written_ms: now_ms(),
+                    }
+                }
+            };
             let id = uuid::Uuid::from_bytes(rec.stream_id);
-            by_id.insert(id, Arc::new(InboundStream::new(id, r.seq, rec.last_seq)));
+            let s = InboundStream::new(id, r.seq, rec.last_seq);
+            *s.peer.lock().unwrap_or_else(|p| p.into_inner()) = rec.peer;
+            s.last_used_ms.store(rec.written_ms, Ordering::Relaxed);
+            by_id.insert(id, Arc::new(s));
         }
         Ok(Streams {
             queue_id,
             next_slot,
             by_id,
+            peer_logs: HashMap::new(),
         })
     }
 
-    fn get_or_create(&mut self, id: uuid::Uuid) -> Arc<InboundStream> {
+    /// How many streams are kept (each charged to the storage quota).
+    pub(crate) fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// The stream `id`, created (unbounded: [`Broker::open_stream`] applies the limits).
+    pub(crate) fn get_or_create(&mut self, id: uuid::Uuid) -> Arc<InboundStream> {
         if let Some(s) = self.by_id.get(&id) {
             return s.clone();
         }
@@ -147,6 +198,7 @@ type Pending = Pin<Box<dyn Future<Output = Result<v1::ForwardAck, Status>> + Sen
 /// Serves one `Forward` stream: stores batches in order and answers each once stored.
 pub(crate) async fn forward_stream(
     broker: Arc<Broker>,
+    peer: Option<std::net::SocketAddr>,
     mut inbound: Streaming<v1::ForwardBatch>,
     out: mpsc::Sender<Result<v1::ForwardAck, Status>>,
 ) {
@@ -162,9 +214,26 @@ pub(crate) async fn forward_stream(
             .await;
         return;
     };
-    let stream = {
-        let mut streams = broker.streams.lock().unwrap_or_else(|p| p.into_inner());
-        streams.get_or_create(id)
+    if first.source.len() > MAX_SOURCE_BYTES {
+        let _ = out
+            .send(Err(Status::invalid_argument(format!(
+                "a forwarding stream's source is {} bytes; the limit is {MAX_SOURCE_BYTES}",
+                first.source.len()
+            ))))
+            .await;
+        return;
+    }
+    // Streams are counted per sending address (per source name when unknown).
+    let peer_key = match peer {
+        Some(a) => a.ip().to_string(),
+        None => format!("source {}", first.source),
+    };
+    let stream = match broker.open_stream(id, &peer_key) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = out.send(Err(Status::from(e))).await;
+            return;
+        }
     };
     // One connection per stream at a time. The sender only reconnects once it has given up on
     // its previous connection, so a new one takes over: the old one (perhaps half-open, its
@@ -185,7 +254,7 @@ pub(crate) async fn forward_stream(
         };
     // Anything accepted but not stored by an earlier connection was not acknowledged either.
     *accepted = stream.durable.load(Ordering::Acquire);
-    tracing::info!(source = %first.source, stream = %id, through = *accepted, "forwarding stream opened");
+    tracing::info!(source = %quote(&first.source), peer = %peer_key, stream = %id, through = *accepted, "forwarding stream opened");
     let (pending_tx, mut pending_rx) = mpsc::channel::<Pending>(ACK_WINDOW);
     let acker = tokio::spawn(async move {
         // Every batch's future runs to the end, even after a failure or once the sender is
@@ -366,12 +435,22 @@ impl Broker {
                 stream.remember_refusal(seq, r);
             }
         }
+        stream.touch();
+        if !rejected.is_empty() {
+            self.log_refusals(stream, &batch.source, &rejected);
+        }
         if high > *accepted {
             *accepted = high;
-            let rec = StreamRecord {
+            let rec = StreamRecordV2 {
                 stream_id: *stream.id.as_bytes(),
                 last_seq: high,
-                source: batch.source.clone(),
+                source: mq_proto::limits::truncate(&batch.source, MAX_SOURCE_BYTES),
+                peer: stream
+                    .peer
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone(),
+                written_ms: now,
             };
             let streams_queue = self
                 .streams
@@ -424,15 +503,19 @@ impl Broker {
         let parsed = FormatName::parse(destination).map_err(|e| bad(e.to_string()))?;
         let addr = parsed
             .single()
-            .ok_or_else(|| bad(format!("\"{destination}\" is not a single queue")))?;
+            .ok_or_else(|| bad(format!("\"{}\" is not a single queue", quote(destination))))?;
         if !self.is_local(addr) {
             return Err(bad(format!(
-                "\"{destination}\" is not a queue of this broker ({})",
+                "\"{}\" is not a queue of this broker ({})",
+                quote(destination),
                 self.config().name
             )));
         }
         if addr.is_read_only() {
-            return Err(bad(format!("\"{destination}\" is a read-only queue")));
+            return Err(bad(format!(
+                "\"{}\" is a read-only queue",
+                quote(destination)
+            )));
         }
         let q = self
             .local_queue(destination, addr)
@@ -673,5 +756,121 @@ mod tests {
             ]
         );
         assert_eq!(accepted, 5);
+    }
+
+    /// Issue 11 (15): 1,008 refusals of a 1 MiB name took 1.2 GiB. Refusals kept per stream are
+    /// bounded in count and bytes, and each reason (kept or answered) is cut short.
+    #[tokio::test]
+    async fn refusals_of_huge_names_are_kept_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path()).await;
+        let stream = b
+            .streams
+            .lock()
+            .unwrap()
+            .get_or_create(uuid::Uuid::now_v7());
+        let mut accepted = 0;
+        let huge = format!(
+            r"DIRECT=TCP:127.0.0.1:4000\private$\{}",
+            "n".repeat(100_000)
+        );
+        for n in 0..40u64 {
+            let msgs = (1..=50)
+                .map(|i| wire("x", n * 50 + i, &huge, v1::Delivery::Recoverable))
+                .collect();
+            let ack = b
+                .store_forwarded(&stream, &mut accepted, batch(n + 1, msgs))
+                .await
+                .unwrap();
+            assert_eq!(ack.rejected.len(), 50);
+            for r in &ack.rejected {
+                assert!(
+                    r.reason.len() <= mq_proto::limits::MAX_REASON_BYTES,
+                    "{}",
+                    r.reason.len()
+                );
+            }
+        }
+        let (count, bytes) = stream.refusals_kept();
+        assert!(
+            count <= crate::stream_bounds::MAX_REFUSALS_PER_STREAM,
+            "{count}"
+        );
+        assert!(
+            bytes <= crate::stream_bounds::MAX_REFUSAL_BYTES_PER_STREAM,
+            "{bytes}"
+        );
+        // The latest one is still answered again on a resend.
+        let again = b
+            .store_forwarded(
+                &stream,
+                &mut accepted,
+                batch(99, vec![wire("x", 2000, &huge, v1::Delivery::Recoverable)]),
+            )
+            .await
+            .unwrap();
+        assert_eq!(again.rejected.len(), 1);
+    }
+
+    /// Issue 11 (2): a loop of random stream ids from one peer keeps at most the per-peer limit
+    /// of streams, in memory, in the storage quota and in the journal (after a restart).
+    #[tokio::test]
+    async fn random_stream_ids_do_not_pile_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = || {
+            let mut c = BrokerConfig::new(dir.path());
+            c.max_forward_streams_per_peer = 8;
+            c
+        };
+        let open_with = |c: BrokerConfig| {
+            let (b, _) = Broker::open(c, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
+            Arc::new(b)
+        };
+        let q = r"DIRECT=TCP:127.0.0.1:4000\private$\missing";
+        {
+            let b = open_with(config());
+            let base = b.stored_used();
+            for _ in 0..100 {
+                let s = b.open_stream(uuid::Uuid::now_v7(), "10.0.0.1").unwrap();
+                let mut accepted = 0;
+                // Every message refused: the stream still gets its mark written.
+                let ack = b
+                    .store_forwarded(
+                        &s,
+                        &mut accepted,
+                        batch(1, vec![wire("x", 1, q, v1::Delivery::Recoverable)]),
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(ack.rejected.len(), 1);
+            }
+            assert_eq!(b.streams.lock().unwrap().len(), 8);
+            assert_eq!(
+                b.stored_used() - base,
+                8 * crate::stream_bounds::STREAM_RECORD_CHARGE
+            );
+            // Another peer has its own allowance; the total is bounded too.
+            b.open_stream(uuid::Uuid::now_v7(), "10.0.0.2").unwrap();
+            assert_eq!(b.streams.lock().unwrap().len(), 9);
+            b.close();
+        }
+        // The one without a batch has no record: after a restart only the eight are there.
+        let b = open_with(config());
+        assert_eq!(
+            b.streams.lock().unwrap().len(),
+            8,
+            "recovery keeps what was kept"
+        );
+        assert_eq!(
+            b.stored_used(),
+            8 * crate::stream_bounds::STREAM_RECORD_CHARGE,
+            "recovery charges each kept stream"
+        );
+        // Idle ones are pruned, with their charge.
+        assert_eq!(b.prune_streams(Duration::ZERO), 8);
+        assert_eq!(b.stored_used(), 0);
+        b.close();
+        let b = open_with(config());
+        assert_eq!(b.streams.lock().unwrap().len(), 0, "their records are gone");
     }
 }

@@ -16,6 +16,7 @@
 //! - `outcome`: which transaction ids committed (journaled with the commit, kept for a window).
 //! - `service`: the gRPC service.
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
+//! - `fuzzing` (tests and the `fuzzing` feature): entry points of the fuzz targets in `fuzz/`.
 //!
 //! # Example
 //! ```no_run
@@ -32,21 +33,30 @@ mod deadletter;
 mod error;
 mod flow;
 mod forward;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod inbound;
 pub mod journal;
 mod message;
 mod outcome;
+mod outgoing_admin;
 mod queue;
+mod ratelog;
 mod server;
 mod service;
+mod stream_bounds;
 mod transaction;
 
-pub use broker::{Broker, RecoveryReport, Target};
+pub use broker::{Broker, Destinations, RecoveryReport, Target};
 pub use config::{
     default_name, BrokerConfig, DEFAULT_EXPRESS_QUOTA_BYTES, DEFAULT_JOURNAL_SEGMENT_BYTES,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_STORAGE_QUOTA_BYTES, MAX_CORRELATION_ID_CHARS, MAX_LABEL_CHARS,
 };
 pub use config::{FlowLimits, PEEK_PAGE_BYTES, PEEK_PAGE_MESSAGES};
+pub use config::{
+    DEFAULT_MAX_FORWARD_STREAMS, DEFAULT_MAX_FORWARD_STREAMS_PER_PEER, DEFAULT_MAX_OUTGOING_QUEUES,
+};
 pub use deadletter::class_name;
 pub use error::BrokerError;
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};

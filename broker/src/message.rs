@@ -99,6 +99,13 @@ impl StoredMessage {
                 "correlation id is {corr_chars} characters; the limit is {MAX_CORRELATION_ID_CHARS}"
             )));
         }
+        if m.response_queue.len() > mq_proto::limits::MAX_RESPONSE_QUEUE_BYTES {
+            return Err(BrokerError::InvalidArgument(format!(
+                "response queue is {} bytes; the limit is {} bytes",
+                m.response_queue.len(),
+                mq_proto::limits::MAX_RESPONSE_QUEUE_BYTES
+            )));
+        }
         if m.body.len() > config.max_body_bytes {
             return Err(BrokerError::InvalidArgument(format!(
                 "body is {} bytes; the broker's limit is {} bytes (mqd --max-body-bytes)",
@@ -195,9 +202,15 @@ impl StoredMessage {
         self.reach_queue_by_ms != 0 && now >= self.reach_queue_by_ms
     }
 
-    /// Bytes charged against quotas for this message.
+    /// Bytes charged against quotas for this message: everything the sender chose the size of
+    /// and the broker keeps (body, label, correlation id, response queue) plus a fixed
+    /// overhead. The same for every copy of the message, in any queue, and after recovery.
     pub fn charged_bytes(&self) -> u64 {
-        self.body_len as u64 + self.label.len() as u64 + MESSAGE_OVERHEAD_BYTES
+        self.body_len as u64
+            + self.label.len() as u64
+            + self.correlation_id.len() as u64
+            + self.response_queue.len() as u64
+            + MESSAGE_OVERHEAD_BYTES
     }
 
     /// The same message without its body in memory (kept in the journal).

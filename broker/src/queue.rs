@@ -268,7 +268,7 @@ impl Queue {
         }
         let seq = st.next_seq;
         st.next_seq += 1;
-        if self.is_outgoing() {
+        if self.keeps_strict_order() {
             st.pending.insert(seq);
         }
         Ok(seq)
@@ -530,6 +530,8 @@ impl Queue {
             return Err(BrokerError::QueueNotFound(self.def.name.clone()));
         }
         let now = now_ms();
+        // As `peek`: nothing at or past a position whose send is still being stored.
+        let limit = st.pending.first().copied().unwrap_or(u64::MAX);
         let mut out = Vec::with_capacity(max.min(st.ready).min(1024));
         let mut bytes = 0usize;
         for lane in (0..8u8).rev() {
@@ -539,7 +541,7 @@ impl Queue {
                 Some(c) if lane == c.lane => level.partition_point(|e| e.seq <= c.seq),
                 _ => 0,
             };
-            for e in level.iter().skip(start) {
+            for e in level.iter().skip(start).take_while(|e| e.seq < limit) {
                 if out.len() >= max || bytes >= max_bytes {
                     let last: &Entry = out.last().expect("max and max_bytes are above zero");
                     let cursor = PeekCursor {
@@ -574,6 +576,24 @@ impl Queue {
         st.stats.bytes -= body;
         st.charged -= charged;
         out
+    }
+
+    /// Marks the queue deleted if it holds nothing (no message stored, in flight, expired or
+    /// being stored), atomically with that check; returns whether it did.
+    pub fn mark_deleted_if_empty(&self) -> bool {
+        let mut st = self.lock();
+        if st.deleted
+            || st.stats.messages != 0
+            || st.stats.in_flight != 0
+            || !st.pending.is_empty()
+            || !st.expired.is_empty()
+        {
+            return false;
+        }
+        st.deleted = true;
+        drop(st);
+        self.notify.notify_waiters();
+        true
     }
 
     /// Marks the queue deleted: pushes and takes fail, waiters wake. Returns the quota bytes the

@@ -211,9 +211,10 @@ impl MessageQueue for Service {
         &self,
         req: Request<Streaming<v1::ForwardBatch>>,
     ) -> Result<Response<Self::ForwardStream>, Status> {
+        let peer = req.remote_addr();
         let (broker, inbound) = (self.broker.clone(), req.into_inner());
         Ok(spawn_stream(32, |tx| {
-            crate::inbound::forward_stream(broker, inbound, tx)
+            crate::inbound::forward_stream(broker, peer, inbound, tx)
         }))
     }
 
@@ -262,6 +263,15 @@ impl MessageQueue for Service {
             detail: a.detail,
             retention_ms: outcomes.retention_ms(),
         }))
+    }
+
+    async fn delete_outgoing(
+        &self,
+        req: Request<v1::OutgoingRequest>,
+    ) -> Result<Response<v1::Empty>, Status> {
+        let dest = req.into_inner().destination;
+        self.broker.delete_outgoing(&dest).await?;
+        Ok(Response::new(v1::Empty {}))
     }
 
     async fn peek(
@@ -352,7 +362,7 @@ async fn send_stream(
     });
     let mut refused = None;
     // The last destination's resolution, so a stream of batches to one queue parses it once.
-    let mut cached: Option<(String, bool, Vec<crate::broker::Target>)> = None;
+    let mut cached: Option<(String, bool, crate::broker::Destinations)> = None;
     loop {
         let batch = tokio::select! {
             b = inbound.message() => b,
@@ -373,11 +383,7 @@ async fn send_stream(
         let first_seq = batch.first_seq;
         let tx = batch.transactional;
         let dests = match &cached {
-            Some((name, t, d))
-                if *name == batch.destination
-                    && *t == tx
-                    && d.iter().all(|t| !t.queue.is_deleted()) =>
-            {
+            Some((name, t, d)) if *name == batch.destination && *t == tx && d.is_current() => {
                 Ok(d.clone())
             }
             _ => broker.destinations(&batch.destination, tx).inspect(|d| {

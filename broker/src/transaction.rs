@@ -174,14 +174,20 @@ impl Transaction {
         destination: &str,
         msgs: Vec<v1::OutMessage>,
     ) -> Result<(), BrokerError> {
-        let dests = self.broker.destinations(destination, true)?;
+        let plan = self.broker.destinations(destination, true)?;
+        // Outgoing queues are looked up (created) once a message has passed its checks.
+        let mut targets = None;
         for mut m in msgs {
             force_transactional(&mut m);
             let mut msg = StoredMessage::accept(m, uuid::Uuid::now_v7(), self.broker.config())?;
             msg.transactional = true;
             let msg = Arc::new(msg);
             let charge = msg.charged_bytes();
-            for t in &dests {
+            let dests = match &targets {
+                Some(t) => t,
+                None => targets.insert(self.broker.targets(&plan)?),
+            };
+            for t in dests.iter() {
                 self.check_count()?;
                 self.charge(&t.queue, charge)?;
                 // A remote queue's copy waits in the outgoing queue (on commit) with its route.

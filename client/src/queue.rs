@@ -89,6 +89,7 @@ impl Queue {
     /// about 4 MiB each); this asks for pages until it has `max` or the queue has no more. For
     /// many messages, [`Queue::peek_page`] keeps only one page in memory at a time.
     pub async fn peek_many(&self, max: u32, timeout: Duration) -> Result<Vec<ReceivedMessage>> {
+        let max = max.max(1); // as the protocol: 0 = 1
         let mut out = Vec::new();
         let mut after = None;
         let mut wait = timeout;

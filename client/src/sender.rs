@@ -112,6 +112,8 @@ pub struct Sender {
     window_units: u32,
     progress: watch::Receiver<u64>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// How long `flush` and `close` wait for acknowledgements; `None`: as long as it takes.
+    ack_timeout: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -219,6 +221,7 @@ impl Sender {
             window_units,
             progress,
             tasks: vec![batcher, acker],
+            ack_timeout: None,
         })
     }
 
@@ -274,11 +277,36 @@ impl Sender {
         self.shared.in_doubt.load(Ordering::Acquire)
     }
 
+    /// How long [`Sender::flush`] and [`Sender::close`] wait for the broker to acknowledge
+    /// what was sent; past it they fail with [`Error::Timeout`] (the unacknowledged messages
+    /// may or may not be stored). `None` (the default): as long as the connection lives.
+    pub fn set_ack_timeout(&mut self, timeout: Option<std::time::Duration>) {
+        self.ack_timeout = timeout;
+    }
+
     /// Waits until every message sent so far is acknowledged or refused. Returns the first
-    /// refusal, or the error that ended the stream, if any.
+    /// refusal, or the error that ended the stream, if any; [`Error::Timeout`] if the
+    /// acknowledgements did not come within [`Sender::set_ack_timeout`].
     pub async fn flush(&mut self) -> Result<SendSummary> {
         let submitted = self.shared.submitted.load(Ordering::Acquire);
-        let _ = self.progress.wait_for(|done| *done >= submitted).await;
+        let timed_out = {
+            let wait = self.progress.wait_for(|done| *done >= submitted);
+            match self.ack_timeout {
+                Some(t) => tokio::time::timeout(t, wait).await.is_err(),
+                None => {
+                    let _ = wait.await;
+                    false
+                }
+            }
+        };
+        if let Some(t) = self.ack_timeout.filter(|_| timed_out) {
+            let acked = self.shared.acknowledged.load(Ordering::Acquire)
+                + self.shared.failed.load(Ordering::Acquire);
+            return Err(Error::Timeout(format!(
+                "the broker answered {acked} of the {submitted} messages sent within {} (Sender::set_ack_timeout); the others may or may not be stored",
+                humantime::format_duration(t)
+            )));
+        }
         self.summary()
     }
 
@@ -308,8 +336,13 @@ impl Sender {
     pub async fn close(mut self) -> Result<SendSummary> {
         let r = self.flush().await;
         self.tx = None;
+        let timed_out = matches!(r, Err(Error::Timeout(_)));
         for t in self.tasks.drain(..) {
-            let _ = t.await;
+            if timed_out {
+                t.abort(); // the broker does not answer: do not wait for the stream's end
+            } else {
+                let _ = t.await;
+            }
         }
         r
     }

@@ -34,6 +34,9 @@ use std::str::FromStr;
 pub const DEFAULT_PORT: u16 = 1801;
 /// The longest queue name, in characters (not bytes).
 pub const MAX_QUEUE_NAME_LEN: usize = 124;
+/// The most elements [`FormatName::parse`] accepts in a multiple-element name; brokers apply
+/// their own configured limit (default [`crate::limits::DEFAULT_MAX_FORMAT_NAME_ELEMENTS`]).
+pub const MAX_FORMAT_NAME_ELEMENTS_CEILING: usize = 100_000;
 
 const MAX_HOST_LEN: usize = 253;
 const MAX_LABEL_LEN: usize = 63;
@@ -252,8 +255,31 @@ pub enum FormatName {
 }
 
 impl FormatName {
-    /// Parses a path name, a format name, or a multiple-element format name.
+    /// Parses a path name, a format name, or a multiple-element format name of at most
+    /// [`MAX_FORMAT_NAME_ELEMENTS_CEILING`] elements (a broker applies its own, lower, limit
+    /// with [`FormatName::parse_with_max_elements`]).
     pub fn parse(s: &str) -> Result<FormatName, FormatNameError> {
+        FormatName::parse_with_max_elements(s, MAX_FORMAT_NAME_ELEMENTS_CEILING)
+    }
+
+    /// Parses like [`FormatName::parse`], refusing more than `max_elements` elements before
+    /// looking at any of them (one pass counting commas), and any element longer than
+    /// [`crate::limits::MAX_FORMAT_NAME_ELEMENT_BYTES`].
+    pub fn parse_with_max_elements(
+        s: &str,
+        max_elements: usize,
+    ) -> Result<FormatName, FormatNameError> {
+        let elements = s.bytes().filter(|&b| b == b',').count() + 1;
+        if elements > max_elements.max(1) {
+            return Err(FormatNameError::new(
+                s,
+                format!(
+                    "a multiple-element format name has {elements} elements; the limit is {} \
+                     (mqd --max-format-name-elements)",
+                    max_elements.max(1)
+                ),
+            ));
+        }
         parse_format_name(s).map_err(|reason| FormatNameError::new(s, reason))
     }
 
@@ -306,7 +332,7 @@ impl fmt::Display for FormatName {
 ///
 /// Control characters in the message are escaped so that it prints safely.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid queue name \"{}\": {}", escape_controls(.input), escape_controls(.reason))]
+#[error("invalid queue name \"{}\": {}", crate::limits::quote(.input), escape_controls(.reason))]
 pub struct FormatNameError {
     input: String,
     reason: String,
@@ -315,7 +341,8 @@ pub struct FormatNameError {
 impl FormatNameError {
     fn new(input: &str, reason: impl Into<String>) -> Self {
         FormatNameError {
-            input: input.to_owned(),
+            // Kept for `input()`, cut so that a huge name is not copied around with its error.
+            input: crate::limits::truncate(input, 4 * crate::limits::MAX_FORMAT_NAME_ELEMENT_BYTES),
             reason: reason.into(),
         }
     }
@@ -325,7 +352,7 @@ impl FormatNameError {
         &self.reason
     }
 
-    /// The name as given.
+    /// The name as given (cut after 4 KiB, marked with `…`).
     pub fn input(&self) -> &str {
         &self.input
     }
@@ -409,12 +436,17 @@ fn parse_format_name(s: &str) -> Result<FormatName, String> {
                 "empty element in a multiple-element format name (element {i} of {n})"
             ));
         }
-        let address =
-            parse_element(element).map_err(|r| format!("element {i} of {n} \"{element}\": {r}"))?;
+        let address = parse_element(element).map_err(|r| {
+            format!(
+                "element {i} of {n} \"{}\": {r}",
+                crate::limits::quote(element)
+            )
+        })?;
         if address.is_read_only() {
             return Err(format!(
-                "element {i} of {n} \"{element}\": a multiple-element format name is only for \
-                 sending, and journal and dead-letter queues are read-only"
+                "element {i} of {n} \"{}\": a multiple-element format name is only for \
+                 sending, and journal and dead-letter queues are read-only",
+                crate::limits::quote(element)
             ));
         }
         addresses.push(address);
@@ -424,6 +456,13 @@ fn parse_format_name(s: &str) -> Result<FormatName, String> {
 
 /// One path name or `DIRECT=` format name.
 fn parse_element(element: &str) -> Result<QueueAddress, String> {
+    let max = crate::limits::MAX_FORMAT_NAME_ELEMENT_BYTES;
+    if element.len() > max {
+        return Err(format!(
+            "the name is {} bytes; the limit is {max} bytes per queue name",
+            element.len()
+        ));
+    }
     let (mode, rest) = if let Some(after) = strip_prefix_ci(element, "DIRECT=") {
         if let Some(rest) = strip_prefix_ci(after, "OS:") {
             (Mode::Os, rest)

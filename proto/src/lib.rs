@@ -15,6 +15,7 @@
 //! ```
 
 pub mod format_name;
+pub mod limits;
 
 /// Generated code for package `mq.v1`.
 #[allow(missing_debug_implementations, clippy::all)]

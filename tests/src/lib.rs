@@ -330,8 +330,9 @@ impl MqdProcess {
         Self::spawn(mqd_command_on(data_dir, &addr.to_string(), extra))
     }
 
-    /// Runs `cmd` (an [`mqd_command`]) and waits for its `listening on <addr>` line.
-    fn spawn(mut cmd: Command) -> anyhow::Result<MqdProcess> {
+    /// Runs `cmd` (an [`mqd_command`], or one that execs `mqd` in the same process, such as
+    /// `ip netns exec NS mqd ...`) and waits for its `listening on <addr>` line.
+    pub fn spawn(mut cmd: Command) -> anyhow::Result<MqdProcess> {
         let mut child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", mqd_path().display()))?;

@@ -97,6 +97,27 @@ struct Args {
     /// Most open transactions per connection.
     #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_per_connection)]
     max_tx_per_connection: usize,
+    /// Most elements in a multiple-element format name (FORMATNAME:a,b,...) one send may use.
+    #[arg(long, default_value_t = mq_proto::limits::DEFAULT_MAX_FORMAT_NAME_ELEMENTS)]
+    max_format_name_elements: usize,
+    /// An empty, unpaused outgoing queue unused this long is deleted (e.g. 1h, 10m).
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    outgoing_idle_expiry: std::time::Duration,
+    /// Most outgoing queues (destination brokers) at once; a send that needs one more is
+    /// refused.
+    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_OUTGOING_QUEUES)]
+    max_outgoing_queues: usize,
+    /// Most incoming forwarding streams kept per sending address; beyond it the least recently
+    /// used idle one is forgotten, and a new stream is refused if all are busy.
+    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS_PER_PEER)]
+    max_forward_streams_per_peer: usize,
+    /// Most incoming forwarding streams kept in all.
+    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS)]
+    max_forward_streams: usize,
+    /// An incoming forwarding stream unused this long is forgotten with its duplicate mark
+    /// (e.g. 24h).
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    forward_stream_idle: std::time::Duration,
 }
 
 #[tokio::main]
@@ -157,6 +178,26 @@ async fn main() -> anyhow::Result<()> {
         max_tx_messages: args.max_tx_messages,
         max_tx_per_connection: args.max_tx_per_connection,
     };
+    if args.max_format_name_elements == 0
+        || args.max_format_name_elements > mq_proto::format_name::MAX_FORMAT_NAME_ELEMENTS_CEILING
+    {
+        anyhow::bail!(
+            "--max-format-name-elements must be 1 to {} (got {})",
+            mq_proto::format_name::MAX_FORMAT_NAME_ELEMENTS_CEILING,
+            args.max_format_name_elements
+        );
+    }
+    if args.max_forward_streams_per_peer == 0 || args.max_forward_streams == 0 {
+        anyhow::bail!(
+            "--max-forward-streams-per-peer and --max-forward-streams must be at least 1"
+        );
+    }
+    config.max_format_name_elements = args.max_format_name_elements;
+    config.outgoing_idle_expiry = args.outgoing_idle_expiry;
+    config.max_outgoing_queues = args.max_outgoing_queues;
+    config.max_forward_streams_per_peer = args.max_forward_streams_per_peer;
+    config.max_forward_streams = args.max_forward_streams;
+    config.forward_stream_idle = args.forward_stream_idle;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

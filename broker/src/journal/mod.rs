@@ -51,6 +51,9 @@
 mod admission;
 mod error;
 mod faulty_io;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzz;
 mod index;
 mod io;
 mod op;
@@ -224,6 +227,8 @@ pub(crate) struct Shared {
     /// Disk-full mode (see the module docs); set and cleared by the writer.
     pub disk_full: AtomicBool,
     pub admission: admission::Admission,
+    /// Submissions sent to the writer and not completed yet.
+    pub pending: AtomicU64,
 }
 
 impl Shared {
@@ -396,6 +401,7 @@ impl Journal {
             counters: Counters::default(),
             disk_full: AtomicBool::new(false),
             admission: admission::Admission::new(opts.max_queued_bytes),
+            pending: AtomicU64::new(0),
         });
         let (tx, rx) = crossbeam_channel::bounded(opts.max_queued_records);
         let (urgent, urgent_rx) = crossbeam_channel::unbounded();
@@ -505,8 +511,10 @@ impl Journal {
         };
         // Backpressure: wait for room in the queue (bytes here, count in the channel).
         shared.admission.acquire(size);
+        shared.pending.fetch_add(1, Ordering::AcqRel);
         if self.inner.tx.send(msg).is_err() {
             shared.admission.release(size);
+            shared.pending.fetch_sub(1, Ordering::AcqRel);
             return Commit::ready(Err(shared.dropped_error()));
         }
         Commit {
@@ -528,6 +536,11 @@ impl Journal {
                 self.inner.shared.poison(&e);
             }
         }
+    }
+
+    /// Submissions made and not completed yet (neither durable nor failed).
+    pub fn pending(&self) -> u64 {
+        self.inner.shared.pending.load(Ordering::Acquire)
     }
 
     /// True while the disk under the journal is full: records that store data are refused

@@ -90,6 +90,7 @@ impl Sub {
             }
         }
         let _ = self.done.send(r);
+        shared.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -343,6 +344,24 @@ impl Writer {
             }
             if self.compaction_target().is_some() {
                 self.compact_step();
+            }
+        }
+        // Nothing is written any more: fail what is still queued, and let submitters that
+        // wait for room through (their send then fails: the channel is closed).
+        self.shared.admission.close();
+        while let Ok(m) = self.rx.try_recv() {
+            if let Msg::Submit {
+                ops, size, done, ..
+            } = m
+            {
+                self.shared.admission.release(size);
+                // Not written because the journal shut down: nothing to poison.
+                let sub = Sub {
+                    ops,
+                    done,
+                    detached: false,
+                };
+                sub.complete(&self.shared, Err(JournalError::Closed));
             }
         }
         tracing::debug!("journal writer stopped");

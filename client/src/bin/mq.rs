@@ -36,6 +36,9 @@ States:
   WAITING     the last attempt failed (see LAST-ERROR); retrying with back-off at NEXT-RETRY
   ONHOLD      paused by an operator (mq outgoing pause); messages wait until mq outgoing resume
 
+An empty outgoing queue can be deleted (mq outgoing delete DEST); one that stays empty and unused
+for mqd --outgoing-idle-expiry (default 1h) is deleted by the broker.
+
 DEST is the destination broker as `mq outgoing list` shows it (host:port), or the format name of
 any queue on that broker, e.g. 'DIRECT=TCP:10.0.0.5:1801\\private$\\orders'.
 
@@ -78,7 +81,7 @@ enum Command {
     /// --timeout for the first; exit 3 if fewer than --count are there).
     #[command(after_help = AFTER_HELP)]
     Peek(ReceiveArgs),
-    /// Outgoing queues (store-and-forward to other brokers): list, pause, resume.
+    /// Outgoing queues (store-and-forward to other brokers): list, pause, resume, delete.
     #[command(subcommand, after_help = OUTGOING_HELP)]
     Outgoing(OutgoingCommand),
     /// Transactions: whether one whose outcome was unknown committed.
@@ -128,6 +131,14 @@ enum OutgoingCommand {
         /// The resulting queue as a JSON object.
         #[arg(long)]
         json: bool,
+    },
+    /// Delete an empty outgoing queue (refused while it holds messages); the next send to that
+    /// broker creates a new one.
+    #[command(after_help = OUTGOING_HELP)]
+    Delete {
+        /// host:port as `mq outgoing list` shows it, or the format name of a queue on that broker.
+        #[arg(value_name = "DEST")]
+        destination: String,
     },
 }
 
@@ -293,7 +304,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Queue(QueueCommand::List { .. }) => {}
         Command::Outgoing(
             OutgoingCommand::Pause { destination, .. }
-            | OutgoingCommand::Resume { destination, .. },
+            | OutgoingCommand::Resume { destination, .. }
+            | OutgoingCommand::Delete { destination },
         ) => {
             if destination.contains(['\\', '/', '=']) {
                 check_name(destination)?;
@@ -487,6 +499,11 @@ async fn outgoing_command(
         }
         OutgoingCommand::Resume { destination, json } => {
             (client.resume_outgoing(&destination).await?, json)
+        }
+        OutgoingCommand::Delete { destination } => {
+            client.delete_outgoing(&destination).await?;
+            writeln!(out, "deleted the outgoing queue for {}", destination.trim())?;
+            return Ok(());
         }
     };
     if json {

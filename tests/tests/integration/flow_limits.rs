@@ -166,6 +166,29 @@ async fn grpc_messages_above_body_limit_plus_headroom_are_refused() {
     broker.stop().await.unwrap();
 }
 
+#[test]
+fn mqd_refuses_zero_flow_limits() {
+    let dir = temp_data_dir("mq-flow-flags-");
+    for flag in [
+        ["--max-connections", "0"],
+        ["--ack-timeout", "0s"],
+        ["--max-unacked-per-stream", "0"],
+    ] {
+        let out = mq_tests::run_with_timeout(
+            mq_tests::mqd_command(dir.path(), &flag),
+            None,
+            mq_tests::START_TIMEOUT,
+        )
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "mqd {flag:?} started");
+        assert!(
+            stderr.contains(flag[0]) && stderr.contains("must be above zero"),
+            "mqd {flag:?}: {stderr}"
+        );
+    }
+}
+
 // ---- point 6: transactions -------------------------------------------------------------------
 
 async fn create_tx_queue(client: &Client, name: &str, quota: Option<u64>) {
@@ -415,6 +438,25 @@ fn signal(pid: u32, sig: &str) {
         .unwrap()
         .success();
     assert!(ok, "kill {sig} {pid}");
+    if sig == "-STOP" {
+        // Every thread stopped (state T in /proc/<pid>/task/*/stat), not just signalled.
+        let stopped = mq_tests::wait_until(WAIT, || {
+            std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|tasks| {
+                    tasks.flatten().all(|t| {
+                        std::fs::read_to_string(t.path().join("stat"))
+                            .ok()
+                            .and_then(|st| {
+                                st.rsplit_once(')')
+                                    .map(|(_, r)| r.trim_start().starts_with('T'))
+                            })
+                            .unwrap_or(false)
+                    })
+                })
+                .unwrap_or(false)
+        });
+        assert!(stopped, "mqd {pid} did not stop after SIGSTOP");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -452,6 +494,30 @@ async fn consumer_close_fails_with_timeout_when_the_broker_does_not_confirm() {
     match r {
         Err(Error::Timeout(m)) => assert!(m.contains("did not confirm"), "{m}"),
         other => panic!("Consumer::close without the broker's confirmation returned {other:?}"),
+    }
+    mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sender_close_fails_with_timeout_when_the_broker_does_not_acknowledge() {
+    let dir = temp_data_dir("mq-flow-sendto-");
+    let (mut mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
+    let mut sender = client
+        .queue(Q)
+        .unwrap()
+        .sender(Default::default())
+        .await
+        .unwrap();
+    sender.set_ack_timeout(Some(Duration::from_millis(500)));
+    sender.send(Message::new("first")).await.unwrap();
+    assert_eq!(sender.flush().await.unwrap().acknowledged, 1);
+    signal(mqd.pid(), "-STOP");
+    sender.send(Message::new("unanswered")).await.unwrap();
+    let r = tokio::time::timeout(WAIT, sender.close()).await;
+    signal(mqd.pid(), "-CONT");
+    match r {
+        Ok(Err(Error::Timeout(m))) => assert!(m.contains("1 of the 2"), "{m}"),
+        other => panic!("Sender::close without the broker's answer: {other:?}"),
     }
     mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
 }

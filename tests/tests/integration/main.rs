@@ -40,6 +40,10 @@
 //!   and across `kill -9` of the destination or of the sender; express best effort; remote
 //!   transactions (abort, commit); a multiple-element name across three brokers; pause and
 //!   resume (API and `mq outgoing`).
+//! - `hardening`: bounded strings charged to the quotas (also after recovery), forward streams
+//!   bounded per peer and pruned when idle, multiple-element name limits, outgoing queues
+//!   created only when used and deleted (`mq outgoing delete`) or expired when empty, refusals
+//!   logged rate-limited, client values quoted cut short.
 //! - `dead_letter`: `SYSTEM$;DEADLETTER` and `SYSTEM$;DEADXACT`: one test per reason (bad
 //!   destination queue, transactional mismatch both ways, quota, time-to-reach-queue and
 //!   time-to-be-received in an outgoing queue, time-to-be-received in the destination queue);
@@ -55,6 +59,7 @@ mod competing_receivers;
 mod dead_letter;
 mod express_quota;
 mod flow_limits;
+mod hardening;
 mod in_doubt;
 mod journal_disk;
 mod message_properties;

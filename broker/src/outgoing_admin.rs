@@ -1,0 +1,133 @@
+//! Deleting outgoing queues: on request when empty (`DeleteOutgoing`, `mq outgoing delete`),
+//! and by expiry once empty, unpaused and unused for `--outgoing-idle-expiry`.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use crate::broker::Broker;
+use crate::error::BrokerError;
+use crate::forward::{no_outgoing_queue, outgoing_key, Outgoing};
+use crate::journal::Op;
+use crate::message::now_ms;
+
+impl Broker {
+    /// Deletes the empty outgoing queue for `destination` (`host:port`, or the format name of a
+    /// queue on that broker). Refused while it holds messages.
+    pub async fn delete_outgoing(&self, destination: &str) -> Result<(), BrokerError> {
+        let key = outgoing_key(|a| self.is_local(a), destination)?;
+        let o = self.remove_outgoing(&key, |_| true)?;
+        let Some(o) = o else {
+            let found = self
+                .outgoing
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&key)
+                .cloned();
+            return Err(match found {
+                None => no_outgoing_queue(&key),
+                Some(o) => {
+                    let st = o.queue().stats();
+                    BrokerError::FailedPrecondition(format!(
+                        "the outgoing queue for {key} holds {} messages ({} in flight); only an empty one can be deleted: wait until they are forwarded, or receive or purge them on the destination's dead-letter path",
+                        st.messages, st.in_flight
+                    ))
+                }
+            });
+        };
+        self.journal()
+            .submit(vec![Op::DeleteQueue {
+                queue_id: o.queue().def().id,
+            }])
+            .await
+            .map_err(crate::broker::journal_failed)?;
+        tracing::info!(destination = %key, "outgoing queue deleted");
+        Ok(())
+    }
+
+    /// Takes the outgoing queue for `key` out of the broker if it is empty and `also` agrees:
+    /// `Ok(None)` if there is none or it is not empty. The caller journals the deletion.
+    fn remove_outgoing(
+        &self,
+        key: &str,
+        also: impl Fn(&Outgoing) -> bool,
+    ) -> Result<Option<Arc<Outgoing>>, BrokerError> {
+        // The table's write lock keeps a concurrent first send from using the queue we delete
+        // (a send that looked it up before finds it deleted and looks again).
+        let mut map = self.outgoing.write().unwrap_or_else(|p| p.into_inner());
+        let Some(o) = map.get(key).cloned() else {
+            return Ok(None);
+        };
+        if !also(&o) || !o.queue().mark_deleted_if_empty() {
+            return Ok(None);
+        }
+        map.remove(key);
+        drop(map);
+        self.unregister_queue(&o.queue().def().key);
+        o.wake();
+        Ok(Some(o))
+    }
+
+    /// Deletes every empty, unpaused outgoing queue unused for `idle`. Returns how many.
+    pub(crate) async fn expire_idle_outgoing(&self, idle: Duration) -> usize {
+        let now = now_ms();
+        let idle_ms = idle.as_millis() as u64;
+        let keys: Vec<String> = self
+            .outgoing
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, o)| {
+                !o.is_paused()
+                    && o.queue().stats().messages == 0
+                    && now.saturating_sub(o.last_used_ms()) >= idle_ms
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut n = 0;
+        for key in keys {
+            let removed = self.remove_outgoing(&key, |o| {
+                !o.is_paused() && now_ms().saturating_sub(o.last_used_ms()) >= idle_ms
+            });
+            if let Ok(Some(o)) = removed {
+                let r = self
+                    .journal()
+                    .submit(vec![Op::DeleteQueue {
+                        queue_id: o.queue().def().id,
+                    }])
+                    .await;
+                match r {
+                    Ok(()) => {
+                        n += 1;
+                        tracing::info!(destination = %key, idle_ms, "empty outgoing queue expired");
+                    }
+                    Err(e) => {
+                        tracing::warn!(destination = %key, error = %e, "cannot journal the expiry of an outgoing queue")
+                    }
+                }
+            }
+        }
+        n
+    }
+}
+
+/// Checks for idle outgoing queues every quarter of the expiry time (100 ms to 1 min) until the
+/// broker shuts down or is gone.
+pub(crate) async fn expiry_loop(
+    broker: Weak<Broker>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let Some(idle) = broker.upgrade().map(|b| b.config().outgoing_idle_expiry) else {
+        return;
+    };
+    let every = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        let Some(b) = broker.upgrade() else { return };
+        b.expire_idle_outgoing(idle).await;
+    }
+}

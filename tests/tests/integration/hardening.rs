@@ -1,0 +1,696 @@
+//! Hardening (issue 11): client-supplied strings are bounded and charged to the quotas, forward
+//! streams are bounded per peer and pruned, multiple-element names are limited and create
+//! outgoing queues only when a message is stored, empty outgoing queues can be deleted or
+//! expire, and errors and logs quote client values cut to a bounded length.
+
+use std::time::Duration;
+
+use mq_client::{Error, Message};
+use mq_proto::v1;
+use mq_tests::{eventually, free_port, mq, temp_data_dir, InProcessBroker, MqdProcess};
+
+const T: Duration = Duration::from_secs(10);
+
+/// A remote queue name on a broker that is not running (messages wait in the outgoing queue).
+fn unreachable_queue(port: u16, name: &str) -> String {
+    format!(r"DIRECT=TCP:127.0.0.1:{port}\private$\{name}")
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Strings on the wire are bounded; what is kept per message is charged.
+
+#[tokio::test]
+async fn a_huge_response_queue_is_refused() {
+    let (broker, client) = InProcessBroker::start_with_queue(r".\private$\q").await;
+    let q = client.queue(r".\private$\q").unwrap();
+    let huge = "r".repeat(2 * 1024 * 1024);
+    let err = q
+        .send(Message::new("").response_queue(huge))
+        .await
+        .expect_err("a 2 MiB response queue must be refused");
+    let msg = err.to_string();
+    assert!(
+        matches!(err, Error::InvalidArgument(_)) && msg.contains("response queue"),
+        "{err:?}"
+    );
+    assert!(msg.len() < 300, "the refusal is one short line: {msg}");
+    assert_eq!(
+        client.queue_info(r".\private$\q").await.unwrap().messages,
+        0
+    );
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn response_queue_and_correlation_id_count_against_the_express_quota() {
+    let quota = 20_000u64;
+    let broker = InProcessBroker::start_with(|c| c.express_quota_bytes = quota).await;
+    let client = broker.client().await;
+    mq_tests::create_default_queue(&client, r".\private$\q").await;
+    let q = client.queue(r".\private$\q").unwrap();
+    let rq = format!(r"DIRECT=OS:.\private$\{}", "r".repeat(100));
+    let rq = rq.repeat(8); // about 1 KB: the length is what counts, not whether it parses
+    let corr = "c".repeat(200);
+    let mut sent = 0u64;
+    let err = loop {
+        match q
+            .send(
+                Message::new("")
+                    .response_queue(rq.clone())
+                    .correlation_id(corr.clone()),
+            )
+            .await
+        {
+            Ok(_) => sent += 1,
+            Err(e) => break e,
+        }
+        assert!(
+            sent < 1000,
+            "an empty body with 1.2 KB of strings is never refused"
+        );
+    };
+    assert!(matches!(err, Error::QuotaExceeded(_)), "{err:?}");
+    let per_message = (rq.len() + corr.len()) as u64 + 128;
+    assert_eq!(
+        sent,
+        quota / per_message,
+        "each message is charged its response queue and correlation id ({per_message} bytes)"
+    );
+    broker.stop().await.unwrap();
+}
+
+/// Recovery charges what sending charged: a storage quota full of messages with long response
+/// queues is still full after `kill -9` and a restart, and frees exactly one message's worth.
+#[tokio::test]
+async fn recovery_charges_strings_like_the_send_did() {
+    let dir = temp_data_dir("mq-hardening-");
+    let quota = 30_000u64;
+    let args = ["--storage-quota-bytes", "30000"];
+    let (mut mqd, client) = MqdProcess::launch_with_queue(dir.path(), &args, r".\private$\q").await;
+    let q = client.queue(r".\private$\q").unwrap();
+    let rq = "R".repeat(1000);
+    let mut sent = 0u64;
+    while q
+        .send(
+            Message::new("x")
+                .recoverable(true)
+                .response_queue(rq.clone()),
+        )
+        .await
+        .is_ok()
+    {
+        sent += 1;
+        assert!(sent < 1000, "never refused");
+    }
+    let per_message = 1 + 1000 + 128;
+    assert_eq!(sent, quota / per_message);
+    mqd.kill9_checked();
+    let addr = mqd.addr();
+    drop(mqd);
+    let _mqd = MqdProcess::launch_on(dir.path(), addr, &args);
+    let client = mq_client::Client::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let q = client.queue(r".\private$\q").unwrap();
+    let again = q
+        .send(
+            Message::new("x")
+                .recoverable(true)
+                .response_queue(rq.clone()),
+        )
+        .await;
+    assert!(
+        matches!(again, Err(Error::QuotaExceeded(_))),
+        "after the restart the quota is as full as before: {again:?}"
+    );
+    assert!(q.receive(T).await.unwrap().is_some());
+    q.send(Message::new("x").recoverable(true).response_queue(rq))
+        .await
+        .expect("one message's worth was given back");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Forward streams: bounded per peer, pruned when idle.
+
+fn forwarded(destination: &str, seq: u64) -> v1::ForwardedMessage {
+    v1::ForwardedMessage {
+        seq,
+        destination: destination.to_string(),
+        transactional: false,
+        message: Some(v1::Message {
+            id: bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
+            body: format!("m{seq}").into(),
+            priority: 3,
+            delivery: v1::Delivery::Recoverable as i32,
+            ..Default::default()
+        }),
+    }
+}
+
+fn batch(stream: uuid::Uuid, source: &str, msgs: Vec<v1::ForwardedMessage>) -> v1::ForwardBatch {
+    v1::ForwardBatch {
+        stream_id: bytes::Bytes::copy_from_slice(stream.as_bytes()),
+        source: source.to_string(),
+        batch: 1,
+        messages: msgs,
+    }
+}
+
+type Acks = tonic::Streaming<v1::ForwardAck>;
+
+/// Opens a forwarding stream, sends `first`, and returns the sender (kept open) and the first
+/// answer.
+async fn open_forward(
+    url: &str,
+    first: v1::ForwardBatch,
+) -> (
+    tokio::sync::mpsc::Sender<v1::ForwardBatch>,
+    Result<v1::ForwardAck, tonic::Status>,
+    Option<Acks>,
+) {
+    let mut rpc = v1::message_queue_client::MessageQueueClient::connect(url.to_string())
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(first).await.unwrap();
+    let mut acks = match rpc
+        .forward(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(s) => return (tx, Err(s), None),
+    };
+    let first = match tokio::time::timeout(T, acks.message()).await {
+        Ok(Ok(Some(a))) => Ok(a),
+        Ok(Ok(None)) => Err(tonic::Status::unknown("the stream ended without an answer")),
+        Ok(Err(s)) => Err(s),
+        Err(_) => Err(tonic::Status::deadline_exceeded("no answer")),
+    };
+    (tx, first, Some(acks))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_streams_are_limited_per_peer() {
+    let broker = InProcessBroker::start_with(|c| c.max_forward_streams_per_peer = 4).await;
+    let client = broker.client().await;
+    mq_tests::create_default_queue(&client, r".\private$\q").await;
+    let dest = format!(r"DIRECT=TCP:127.0.0.1:{}\private$\q", broker.addr().port());
+    // Four streams in use at once: each is served.
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        let id = uuid::Uuid::now_v7();
+        let (tx, ack, acks) =
+            open_forward(broker.url(), batch(id, "peer", vec![forwarded(&dest, 1)])).await;
+        assert!(ack.is_ok(), "{ack:?}");
+        open.push((tx, acks));
+    }
+    // A fifth from the same peer while all four are busy: refused, saying which limit.
+    let (_tx, ack, _acks) = open_forward(
+        broker.url(),
+        batch(uuid::Uuid::now_v7(), "peer", vec![forwarded(&dest, 1)]),
+    )
+    .await;
+    let status = ack.expect_err("a fifth busy stream from one peer must be refused");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("--max-forward-streams-per-peer"),
+        "{status:?}"
+    );
+    // Once they are idle, a loop of new stream ids goes on: the least recently used idle one
+    // gives way each time (they never pile up).
+    drop(open);
+    for i in 0..40u64 {
+        let id = uuid::Uuid::now_v7();
+        let ok = eventually(T, || async {
+            let (_tx, ack, _acks) =
+                open_forward(broker.url(), batch(id, "peer", vec![forwarded(&dest, 1)])).await;
+            ack.is_ok()
+        })
+        .await;
+        assert!(ok, "stream {i} was refused although the others are idle");
+    }
+    assert_eq!(
+        client.queue_info(r".\private$\q").await.unwrap().messages,
+        44
+    );
+    broker.stop().await.unwrap();
+}
+
+/// A stream unused for `--forward-stream-idle` is forgotten with its mark: a message resent on
+/// it afterwards is stored again (there is nothing left to recognise it by).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_forward_streams_are_pruned() {
+    let broker =
+        InProcessBroker::start_with(|c| c.forward_stream_idle = Duration::from_millis(300)).await;
+    let client = broker.client().await;
+    mq_tests::create_default_queue(&client, r".\private$\q").await;
+    let dest = format!(r"DIRECT=TCP:127.0.0.1:{}\private$\q", broker.addr().port());
+    let id = uuid::Uuid::now_v7();
+    let (_tx, ack, _acks) =
+        open_forward(broker.url(), batch(id, "peer", vec![forwarded(&dest, 1)])).await;
+    ack.unwrap();
+    drop((_tx, _acks));
+    let pruned = eventually(Duration::from_secs(20), || async {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let (_tx, ack, _acks) =
+            open_forward(broker.url(), batch(id, "peer", vec![forwarded(&dest, 1)])).await;
+        ack.unwrap();
+        client.queue_info(r".\private$\q").await.unwrap().messages == 2
+    })
+    .await;
+    assert!(pruned, "the idle stream was never forgotten");
+    broker.stop().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Multiple-element names: limited, checked before anything is created; outgoing queues are
+//    created only when a message is stored, and empty ones can be deleted or expire.
+
+fn multi(n: usize, port: u16) -> String {
+    let elements: Vec<String> = (0..n)
+        .map(|i| unreachable_queue(port, &format!("q{i}")))
+        .collect();
+    format!("FORMATNAME:{}", elements.join(","))
+}
+
+#[tokio::test]
+async fn multiple_element_names_have_a_configurable_limit() {
+    let broker = InProcessBroker::start_with(|c| c.max_format_name_elements = 10).await;
+    let client = broker.client().await;
+    let port = free_port();
+    // At the limit: fine (ten outgoing copies, all for one broker).
+    client
+        .queue(&multi(10, port))
+        .unwrap()
+        .send(Message::new("ten"))
+        .await
+        .unwrap();
+    let err = client
+        .queue(&multi(11, port))
+        .unwrap()
+        .send(Message::new("eleven"))
+        .await
+        .expect_err("11 elements with a limit of 10");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("11 elements") && msg.contains("limit is 10"),
+        "{msg}"
+    );
+    assert!(
+        msg.len() < 1000,
+        "the quoted name is cut: {} bytes",
+        msg.len()
+    );
+    // A huge one is refused just as plainly (a raw client: the mq-client parses names too).
+    let mut rpc = v1::message_queue_client::MessageQueueClient::connect(broker.url().to_string())
+        .await
+        .unwrap();
+    let huge = format!("{},", unreachable_queue(port, "x")).repeat(200_000);
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(v1::SendBatch {
+        first_seq: 1,
+        destination: huge,
+        messages: vec![v1::OutMessage::default()],
+        transactional: false,
+    })
+    .await
+    .unwrap();
+    drop(tx);
+    let mut acks = rpc
+        .send(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let ack = acks.message().await.unwrap().unwrap();
+    assert_eq!(ack.failures.len(), 1);
+    assert!(
+        ack.failures[0].message.contains("limit is 10"),
+        "{:?}",
+        ack.failures[0]
+    );
+    assert!(ack.failures[0].message.len() < 1000);
+    let outgoing = client.outgoing().await.unwrap();
+    assert_eq!(
+        outgoing.len(),
+        1,
+        "only the ten-element send made one: {outgoing:?}"
+    );
+    assert_eq!(outgoing[0].messages, 10);
+    broker.stop().await.unwrap();
+}
+
+/// Without any configuration: the default limit (100) applies.
+#[tokio::test]
+async fn more_elements_than_the_default_limit_are_refused() {
+    let broker = InProcessBroker::start().await;
+    let client = broker.client().await;
+    let err = client
+        .queue(&multi(101, free_port()))
+        .unwrap()
+        .send(Message::new("x"))
+        .await
+        .expect_err("101 elements with the default limit of 100");
+    assert!(err.to_string().contains("limit is 100"), "{err}");
+    assert_eq!(client.outgoing().await.unwrap(), vec![]);
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_refused_send_creates_no_outgoing_queue() {
+    let (broker, client) = InProcessBroker::start_with_queue(r".\private$\local").await;
+    let (p1, p2) = (free_port(), free_port());
+    let two_remote = format!(
+        "FORMATNAME:{},{}",
+        unreachable_queue(p1, "a"),
+        unreachable_queue(p2, "b")
+    );
+    // Every message refused (label too long): nothing is created.
+    let err = client
+        .queue(&two_remote)
+        .unwrap()
+        .send(Message::new("x").label("l".repeat(300)))
+        .await
+        .expect_err("label over 250 characters");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    // A later element is a missing local queue: the whole send is refused before anything.
+    let with_missing = format!(
+        r"FORMATNAME:{},{},DIRECT=OS:.\private$\missing",
+        unreachable_queue(p1, "a"),
+        unreachable_queue(p2, "b")
+    );
+    let err = client
+        .queue(&with_missing)
+        .unwrap()
+        .send(Message::new("x"))
+        .await
+        .expect_err("a missing local queue");
+    assert!(matches!(err, Error::NotFound(_)), "{err:?}");
+    assert_eq!(
+        client.outgoing().await.unwrap(),
+        vec![],
+        "no outgoing queue for sends that stored nothing"
+    );
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_outgoing_queues_can_be_deleted() {
+    let b = InProcessBroker::start().await;
+    let bc = b.client().await;
+    mq_tests::create_default_queue(&bc, r".\private$\q").await;
+    let a = InProcessBroker::start().await;
+    let ac = a.client().await;
+    let at_b = format!(r"DIRECT=TCP:127.0.0.1:{}\private$\q", b.addr().port());
+    let b_dest = format!("127.0.0.1:{}", b.addr().port());
+    let down = free_port();
+    let down_dest = format!("127.0.0.1:{down}");
+    ac.queue(&unreachable_queue(down, "q"))
+        .unwrap()
+        .send(Message::new("waits"))
+        .await
+        .unwrap();
+    ac.queue(&at_b)
+        .unwrap()
+        .send(Message::new("1"))
+        .await
+        .unwrap();
+    let qb = bc.queue(r".\private$\q").unwrap();
+    assert!(qb.receive(T).await.unwrap().is_some());
+    let forwarded = eventually(T, || async {
+        ac.outgoing()
+            .await
+            .unwrap()
+            .iter()
+            .any(|o| o.destination == b_dest && o.messages == 0 && o.forwarded == 1)
+    })
+    .await;
+    assert!(forwarded);
+    // Non-empty: refused, saying why.
+    let err = ac
+        .delete_outgoing(&down_dest)
+        .await
+        .expect_err("it holds a message");
+    assert!(
+        matches!(&err, Error::FailedPrecondition(m) if m.contains("holds 1 messages")),
+        "{err:?}"
+    );
+    // Empty: deleted (by the CLI), gone from the list.
+    let out = mq(a.url(), &["outgoing", "delete", &b_dest], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("deleted"));
+    let left: Vec<String> = ac
+        .outgoing()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.destination)
+        .collect();
+    assert_eq!(left, std::slice::from_ref(&down_dest));
+    // Unknown: not found. Then a new send makes a new one and is delivered.
+    let err = ac.delete_outgoing(&b_dest).await.expect_err("gone");
+    assert!(matches!(err, Error::NotFound(_)), "{err:?}");
+    ac.queue(&at_b)
+        .unwrap()
+        .send(Message::new("2"))
+        .await
+        .unwrap();
+    let got = qb
+        .receive(T)
+        .await
+        .unwrap()
+        .expect("delivered through a new outgoing queue");
+    assert_eq!(got.body.as_ref(), b"2");
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn outgoing_queues_are_limited_in_number() {
+    let broker = InProcessBroker::start_with(|c| c.max_outgoing_queues = 3).await;
+    let client = broker.client().await;
+    // Ports nothing listens on, distinct by construction.
+    for port in 1..=3 {
+        client
+            .queue(&unreachable_queue(port, "q"))
+            .unwrap()
+            .send(Message::new("x"))
+            .await
+            .unwrap();
+    }
+    let err = client
+        .queue(&unreachable_queue(4, "q"))
+        .unwrap()
+        .send(Message::new("x"))
+        .await
+        .expect_err("a fourth destination broker");
+    assert!(
+        matches!(&err, Error::QuotaExceeded(m) if m.contains("--max-outgoing-queues")),
+        "{err:?}"
+    );
+    assert_eq!(client.outgoing().await.unwrap().len(), 3);
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_empty_outgoing_queues_expire() {
+    let b = InProcessBroker::start().await;
+    let bc = b.client().await;
+    mq_tests::create_default_queue(&bc, r".\private$\q").await;
+    let a =
+        InProcessBroker::start_with(|c| c.outgoing_idle_expiry = Duration::from_millis(500)).await;
+    let ac = a.client().await;
+    let down = free_port();
+    ac.queue(&unreachable_queue(down, "q"))
+        .unwrap()
+        .send(Message::new("waits"))
+        .await
+        .unwrap();
+    let at_b = format!(r"DIRECT=TCP:127.0.0.1:{}\private$\q", b.addr().port());
+    ac.queue(&at_b)
+        .unwrap()
+        .send(Message::new("1"))
+        .await
+        .unwrap();
+    assert!(bc
+        .queue(r".\private$\q")
+        .unwrap()
+        .receive(T)
+        .await
+        .unwrap()
+        .is_some());
+    let expired = eventually(Duration::from_secs(20), || async {
+        let list = ac.outgoing().await.unwrap();
+        list.len() == 1 && list[0].destination == format!("127.0.0.1:{down}")
+    })
+    .await;
+    assert!(
+        expired,
+        "the empty one expires, the one holding a message stays: {:?}",
+        ac.outgoing().await
+    );
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 16. No information or log floods.
+
+#[tokio::test]
+async fn pausing_an_unknown_destination_does_not_list_the_others() {
+    let broker = InProcessBroker::start().await;
+    let client = broker.client().await;
+    let secret = free_port();
+    client
+        .queue(&unreachable_queue(secret, "q"))
+        .unwrap()
+        .send(Message::new("x"))
+        .await
+        .unwrap();
+    for r in [
+        client.pause_outgoing("127.0.0.1:1").await.map(|_| ()),
+        client.resume_outgoing("127.0.0.1:1").await.map(|_| ()),
+    ] {
+        let err = r.expect_err("unknown destination");
+        assert!(matches!(err, Error::NotFound(_)), "{err:?}");
+        assert!(!err.to_string().contains(&secret.to_string()), "{err}");
+    }
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn errors_quote_huge_client_values_cut_short() {
+    let broker = InProcessBroker::start().await;
+    let client = broker.client().await;
+    let mut rpc = v1::message_queue_client::MessageQueueClient::connect(broker.url().to_string())
+        .await
+        .unwrap();
+    let huge = format!(r".\private$\{}", "n".repeat(1 << 20));
+    let checks = [
+        rpc.get_queue_info(v1::QueueRequest { name: huge.clone() })
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+        rpc.delete_queue(v1::QueueRequest { name: huge.clone() })
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+        rpc.pause_outgoing(v1::OutgoingRequest {
+            destination: format!("{}:1801", "h".repeat(1 << 20)),
+        })
+        .await
+        .map(|_| ())
+        .unwrap_err(),
+        rpc.delete_outgoing(v1::OutgoingRequest {
+            destination: huge.clone(),
+        })
+        .await
+        .map(|_| ())
+        .unwrap_err(),
+    ];
+    for s in checks {
+        assert!(
+            s.message().len() < 1000,
+            "{:?}: {} bytes",
+            s.code(),
+            s.message().len()
+        );
+    }
+    // Errors carried in answers (not in gRPC headers, which the transport limits anyway).
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    for destination in [huge.clone(), format!("FORMATNAME:{huge},{huge}")] {
+        tx.send(v1::SendBatch {
+            first_seq: 1,
+            destination,
+            messages: vec![v1::OutMessage::default()],
+            transactional: false,
+        })
+        .await
+        .unwrap();
+    }
+    drop(tx);
+    let mut acks = rpc
+        .send(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    for _ in 0..2 {
+        let ack = acks.message().await.unwrap().unwrap();
+        let m = &ack.failures[0].message;
+        assert!(m.len() < 1000, "a send failure of {} bytes", m.len());
+    }
+    let (_tx, ack, _acks) = open_forward(
+        broker.url(),
+        batch(uuid::Uuid::now_v7(), "peer", vec![forwarded(&huge, 1)]),
+    )
+    .await;
+    let r = &ack.unwrap().rejected[0];
+    assert!(
+        r.reason.len() <= 512,
+        "a refusal of {} bytes",
+        r.reason.len()
+    );
+    drop(client);
+    broker.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_forward_source_is_refused_and_not_logged() {
+    let dir = temp_data_dir("mq-hardening-");
+    let mqd = MqdProcess::launch(dir.path(), &[]);
+    let source = "s".repeat(1 << 20);
+    let (_tx, ack, _acks) = open_forward(
+        mqd.url(),
+        batch(uuid::Uuid::now_v7(), &source, vec![forwarded("x", 1)]),
+    )
+    .await;
+    let status = ack.expect_err("a 1 MiB source");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("limit is 255"), "{status:?}");
+    assert!(
+        mqd.stderr().len() < 20_000,
+        "{} bytes of log",
+        mqd.stderr().len()
+    );
+}
+
+/// A destination that refuses many messages does not make the sender log a line per message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_logged_rate_limited() {
+    let (db, da) = (
+        temp_data_dir("mq-hardening-b-"),
+        temp_data_dir("mq-hardening-a-"),
+    );
+    let b = MqdProcess::launch(db.path(), &[]);
+    let a = MqdProcess::launch(da.path(), &[]);
+    let ac = a.connect().await;
+    let missing = format!(r"DIRECT=TCP:127.0.0.1:{}\private$\missing", b.addr().port());
+    let sender = ac.sender(&missing, Default::default()).await.unwrap();
+    for i in 0..300 {
+        sender.send(Message::new(format!("{i}"))).await.unwrap();
+    }
+    sender.close().await.unwrap();
+    let dead = eventually(Duration::from_secs(30), || async {
+        ac.queue_info(r".\SYSTEM$;DEADLETTER")
+            .await
+            .map(|i| i.messages == 300)
+            .unwrap_or(false)
+    })
+    .await;
+    assert!(dead, "all 300 refused and dead-lettered");
+    let a_lines = a.stderr().matches("dead-lettered").count();
+    let b_lines = b.stderr().matches("refused forwarded messages").count();
+    // At most one a second (sender) or one per peer every 10 s (destination): a loaded machine
+    // may take a while, but never one line per message.
+    assert!(
+        a_lines <= 50,
+        "the sender logged {a_lines} dead-letter lines for 300 refusals"
+    );
+    assert!(
+        (1..=20).contains(&b_lines),
+        "the destination logged {b_lines} refusal lines for 300 refusals"
+    );
+}
