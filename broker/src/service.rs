@@ -247,6 +247,15 @@ impl MessageQueue for Service {
         ))
     }
 
+    async fn delete_outgoing(
+        &self,
+        req: Request<v1::OutgoingRequest>,
+    ) -> Result<Response<v1::Empty>, Status> {
+        let dest = req.into_inner().destination;
+        self.broker.delete_outgoing(&dest).await?;
+        Ok(Response::new(v1::Empty {}))
+    }
+
     async fn transaction_outcome(
         &self,
         req: Request<v1::TransactionOutcomeRequest>,
@@ -263,15 +272,6 @@ impl MessageQueue for Service {
             detail: a.detail,
             retention_ms: outcomes.retention_ms(),
         }))
-    }
-
-    async fn delete_outgoing(
-        &self,
-        req: Request<v1::OutgoingRequest>,
-    ) -> Result<Response<v1::Empty>, Status> {
-        let dest = req.into_inner().destination;
-        self.broker.delete_outgoing(&dest).await?;
-        Ok(Response::new(v1::Empty {}))
     }
 
     async fn peek(

@@ -270,18 +270,18 @@ impl Sender {
         self.shared.acknowledged.load(Ordering::Acquire)
     }
 
-    /// Messages whose outcome is unknown: handed to the stream, and the stream ended (the
-    /// connection broke, the broker stopped) before their acknowledgement or refusal came. They
-    /// may or may not be stored. 0 while the stream is alive.
-    pub fn in_doubt(&self) -> u64 {
-        self.shared.in_doubt.load(Ordering::Acquire)
-    }
-
     /// How long [`Sender::flush`] and [`Sender::close`] wait for the broker to acknowledge
     /// what was sent; past it they fail with [`Error::Timeout`] (the unacknowledged messages
     /// may or may not be stored). `None` (the default): as long as the connection lives.
     pub fn set_ack_timeout(&mut self, timeout: Option<std::time::Duration>) {
         self.ack_timeout = timeout;
+    }
+
+    /// Messages whose outcome is unknown: handed to the stream, and the stream ended (the
+    /// connection broke, the broker stopped) before their acknowledgement or refusal came. They
+    /// may or may not be stored. 0 while the stream is alive.
+    pub fn in_doubt(&self) -> u64 {
+        self.shared.in_doubt.load(Ordering::Acquire)
     }
 
     /// Waits until every message sent so far is acknowledged or refused. Returns the first
