@@ -42,6 +42,8 @@ pub struct Broker {
     pub(crate) outgoing: RwLock<HashMap<String, Arc<crate::forward::Outgoing>>>,
     /// The receive side of forwarding: highest stored sequence per incoming stream.
     pub(crate) streams: std::sync::Mutex<crate::inbound::Streams>,
+    /// Which transaction ids committed (see `outcome.rs`).
+    outcomes: std::sync::Mutex<crate::outcome::Outcomes>,
     /// The runtime background tasks (forwarders, expiry sweep) run on, once started.
     background: std::sync::Mutex<Option<tokio::runtime::Handle>>,
     /// Bytes staged by all open transactions (`mqd --max-tx-total-bytes`).
@@ -52,6 +54,7 @@ pub struct Broker {
 pub(crate) const DEADLETTER_KEY: &str = "system$;deadletter";
 pub(crate) const DEADXACT_KEY: &str = "system$;deadxact";
 const STREAMS_KEY: &str = "system$;streams";
+const TXOUTCOMES_KEY: &str = "system$;txoutcomes";
 
 /// Where a send goes: a queue of this broker, or the outgoing queue of another broker with the
 /// remote queue's format name.
@@ -128,6 +131,7 @@ enum RoleRecord {
         paused: bool,
     },
     Streams,
+    TxOutcomes,
 }
 
 impl QueueDefRecord {
@@ -146,6 +150,7 @@ impl QueueDefRecord {
                 paused: *paused,
             },
             QueueRole::Streams => RoleRecord::Streams,
+            QueueRole::TxOutcomes => RoleRecord::TxOutcomes,
         };
         let r = QueueDefRecordV2 {
             name: def.name.clone(),
@@ -189,6 +194,7 @@ impl QueueDefRecord {
                 paused,
             },
             RoleRecord::Streams => QueueRole::Streams,
+            RoleRecord::TxOutcomes => QueueRole::TxOutcomes,
         };
         Ok(QueueDef {
             id,
@@ -254,6 +260,7 @@ impl Broker {
         let mut queues = HashMap::new();
         let mut stored = 0u64;
         let mut streams = crate::inbound::Streams::default();
+        let mut outcomes: Option<crate::outcome::Outcomes> = None;
         let mut special: HashMap<&'static str, Arc<Queue>> = HashMap::new();
         for (id, def) in &rec.queues {
             let def = QueueDefRecord::decode(*id, def).map_err(|e| {
@@ -265,6 +272,23 @@ impl Broker {
             let next_seq = rec.max_seq.get(id).copied().unwrap_or(0) + 1;
             if def.role == QueueRole::Streams {
                 streams = crate::inbound::Streams::recover(*id, &recovered, next_seq)?;
+                continue;
+            }
+            if def.role == QueueRole::TxOutcomes {
+                let (o, expired) = crate::outcome::Outcomes::recover(
+                    *id,
+                    &recovered,
+                    next_seq,
+                    config.tx_outcome_retention,
+                    config.tx_outcome_max,
+                )?;
+                if !expired.is_empty() {
+                    drop(journal.submit(vec![Op::Remove {
+                        queue_id: *id,
+                        seqs: expired,
+                    }]));
+                }
+                outcomes = Some(o);
                 continue;
             }
             let q = Arc::new(Queue::new(def));
@@ -342,7 +366,7 @@ impl Broker {
                 def: QueueDefRecord::encode(&def),
             }]);
             let q = Arc::new(Queue::new(def));
-            if key != STREAMS_KEY {
+            if key != STREAMS_KEY && key != TXOUTCOMES_KEY {
                 queues.insert(key.to_string(), q.clone());
             }
             q
@@ -364,6 +388,23 @@ impl Broker {
             streams.queue_id = q.def().id;
             streams.next_slot = 1;
         }
+        let outcomes = match outcomes {
+            Some(o) => o,
+            None => {
+                let q = system(
+                    TXOUTCOMES_KEY,
+                    r".\SYSTEM$;TXOUTCOMES",
+                    false,
+                    QueueRole::TxOutcomes,
+                );
+                crate::outcome::Outcomes::new(
+                    q.def().id,
+                    1,
+                    config.tx_outcome_retention,
+                    config.tx_outcome_max,
+                )
+            }
+        };
         let outgoing = queues
             .values()
             .filter(|q| matches!(q.def().role, QueueRole::Outgoing { .. }))
@@ -395,6 +436,7 @@ impl Broker {
             dead_xact,
             outgoing: RwLock::new(outgoing),
             streams: std::sync::Mutex::new(streams),
+            outcomes: std::sync::Mutex::new(outcomes),
             background: std::sync::Mutex::new(None),
         };
         Ok((broker, report))
@@ -404,6 +446,42 @@ impl Broker {
     /// messages the same.
     pub(crate) fn commit_order_lock(&self) -> std::sync::MutexGuard<'_, ()> {
         self.commit_order.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Which transaction ids committed.
+    pub(crate) fn outcomes(&self) -> std::sync::MutexGuard<'_, crate::outcome::Outcomes> {
+        self.outcomes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Fails with a clear error if the journal refuses writes (a write or sync failed): an
+    /// operation that must write (`what`) cannot succeed until mqd restarts.
+    pub(crate) fn check_writable(&self, what: &str) -> Result<(), BrokerError> {
+        if self.journal.is_poisoned() {
+            return Err(BrokerError::Unavailable(format!(
+                "cannot {what}: the journal refuses writes since a write or fdatasync failed; restart mqd after fixing the disk"
+            )));
+        }
+        Ok(())
+    }
+
+    /// `taken` (just taken from `queue`), unless some of them are recoverable and the journal
+    /// refuses writes: their removal could not be stored, so they go back and this fails.
+    pub(crate) fn removable(
+        &self,
+        queue: &Queue,
+        taken: Vec<Entry>,
+    ) -> Result<Vec<Entry>, BrokerError> {
+        if taken
+            .iter()
+            .any(|e| e.msg.delivery == Delivery::Recoverable)
+        {
+            if let Err(e) = self.check_writable("receive recoverable messages") {
+                let gone = queue.restore(taken);
+                self.forget(queue, &gone);
+                return Err(e);
+            }
+        }
+        Ok(taken)
     }
 
     /// Stops the journal after writing what is pending.
@@ -544,6 +622,7 @@ impl Broker {
                 quote(name)
             )));
         }
+        self.check_writable("delete a queue")?;
         let q = {
             let mut queues = self.queues.write().unwrap_or_else(|p| p.into_inner());
             match queues.get(&key) {
@@ -608,6 +687,13 @@ impl Broker {
     /// Removes every ready message of a queue.
     pub fn purge(&self, name: &str) -> Result<u64, BrokerError> {
         let q = self.queue(name)?;
+        if self.journal.is_poisoned()
+            && q.peek(usize::MAX)?
+                .iter()
+                .any(|e| e.msg.delivery == Delivery::Recoverable)
+        {
+            self.check_writable("purge recoverable messages")?;
+        }
         let purged = q.purge();
         self.forget(&q, &purged);
         Ok(purged.len() as u64)

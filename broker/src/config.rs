@@ -90,6 +90,10 @@ pub struct BrokerConfig {
     pub tx_timeout: std::time::Duration,
     /// How long a graceful shutdown waits for open streams before closing them.
     pub shutdown_grace: std::time::Duration,
+    /// How long the ids of committed transactions are remembered (`TransactionOutcome`).
+    pub tx_outcome_retention: std::time::Duration,
+    /// Most committed transaction ids remembered (the oldest are forgotten first).
+    pub tx_outcome_max: usize,
     /// First wait before retrying a failed forwarding connection (doubles each failure).
     pub forward_retry_min: std::time::Duration,
     /// Longest wait between forwarding connection attempts.
@@ -165,6 +169,8 @@ impl BrokerConfig {
             journal_io: None,
             tx_timeout: std::time::Duration::from_secs(60),
             shutdown_grace: std::time::Duration::from_secs(5),
+            tx_outcome_retention: crate::outcome::DEFAULT_TX_OUTCOME_RETENTION,
+            tx_outcome_max: crate::outcome::DEFAULT_TX_OUTCOME_MAX,
             forward_retry_min: DEFAULT_FORWARD_RETRY_MIN,
             forward_retry_max: DEFAULT_FORWARD_RETRY_MAX,
             flow: FlowLimits::default(),
@@ -206,6 +212,8 @@ impl std::fmt::Debug for BrokerConfig {
             .field("faulty_journal_io", &self.journal_io.is_some())
             .field("tx_timeout", &self.tx_timeout)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("tx_outcome_retention", &self.tx_outcome_retention)
+            .field("tx_outcome_max", &self.tx_outcome_max)
             .field("forward_retry_min", &self.forward_retry_min)
             .field("forward_retry_max", &self.forward_retry_max)
             .field("flow", &self.flow)

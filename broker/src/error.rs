@@ -19,6 +19,9 @@ pub enum BrokerError {
     /// The queue exists already.
     #[error("queue \"{0}\" already exists")]
     QueueExists(String),
+    /// Something other than a queue exists already (a transaction id that committed, ...).
+    #[error("{0}")]
+    AlreadyExists(String),
     /// A quota would be exceeded; nothing was stored.
     #[error("{0}")]
     QuotaExceeded(String),
@@ -43,7 +46,7 @@ impl BrokerError {
         match self {
             BrokerError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             BrokerError::QueueNotFound(_) | BrokerError::NotFound(_) => ErrorCode::NotFound,
-            BrokerError::QueueExists(_) => ErrorCode::AlreadyExists,
+            BrokerError::QueueExists(_) | BrokerError::AlreadyExists(_) => ErrorCode::AlreadyExists,
             BrokerError::QuotaExceeded(_) => ErrorCode::ResourceExhausted,
             BrokerError::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
             BrokerError::ShuttingDown | BrokerError::Unavailable(_) => ErrorCode::Unavailable,

@@ -801,11 +801,9 @@ mod lock_tests {
     #[test]
     fn pausing_an_unknown_destination_beside_new_destinations_does_not_deadlock() {
         let dir = tempfile::tempdir().unwrap();
-        let (b, _) = Broker::open(
-            BrokerConfig::new(dir.path()),
-            vec!["127.0.0.1:4000".parse().unwrap()],
-        )
-        .unwrap();
+        let mut config = BrokerConfig::new(dir.path());
+        config.max_outgoing_queues = 20_000;
+        let (b, _) = Broker::open(config, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
         let b = Arc::new(b);
         let deadline = Instant::now() + Duration::from_secs(3);
         let (done, finished) = std::sync::mpsc::channel();

@@ -338,7 +338,16 @@ mod tests {
                         queue: name,
                         timeout_ms: small,
                         max: (n % 7) as u32,
-                        ..Default::default()
+                        // Every third peek continues from a cursor, valid or not.
+                        cursor: match n % 3 {
+                            0 => Default::default(),
+                            1 => crate::queue::PeekCursor {
+                                lane: (n % 8) as u8,
+                                seq: small,
+                            }
+                            .encode(),
+                            _ => bytes::Bytes::copy_from_slice(&small.to_le_bytes()),
+                        },
                     }
                     .encode_to_vec()],
                     "Transact" => {

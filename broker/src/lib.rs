@@ -13,6 +13,7 @@
 //! - `broker`: [`Broker`]: the registry of queues, name resolution, quotas, recovery.
 //! - [`journal`]: the durable journal: segments, group commit, recovery, compaction.
 //! - `transaction`: [`Transaction`]: staged sends, hidden receives, one atomic commit record.
+//! - `outcome`: which transaction ids committed (journaled with the commit, kept for a window).
 //! - `service`: the gRPC service.
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
 //! - `fuzzing` (tests and the `fuzzing` feature): entry points of the fuzz targets in `fuzz/`.
@@ -38,6 +39,7 @@ pub mod fuzzing;
 mod inbound;
 pub mod journal;
 mod message;
+mod outcome;
 mod outgoing_admin;
 mod queue;
 mod ratelog;
@@ -58,6 +60,7 @@ pub use config::{
 pub use deadletter::class_name;
 pub use error::BrokerError;
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};
+pub use outcome::{DEFAULT_TX_OUTCOME_MAX, DEFAULT_TX_OUTCOME_RETENTION};
 pub use queue::{Queue, QueueStats};
 pub use server::{run, run_with_ready, RunError};
 pub use transaction::{Committed, Transaction};

@@ -69,6 +69,8 @@ pub enum QueueRole {
     },
     /// Internal: the receive side's forwarding-stream high-water marks.
     Streams,
+    /// Internal: the ids of committed transactions (see `outcome.rs`).
+    TxOutcomes,
 }
 
 impl QueueRole {

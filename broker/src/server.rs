@@ -105,6 +105,9 @@ pub async fn run_with_ready(
             "streams still open after the grace period; closing them"
         ),
     }
+    // Whatever the streams wrote on their way out (removals of acknowledged messages, given
+    // back in-flight ones) is written and synced before `run` returns.
+    broker.close();
     tracing::info!("broker stopped");
     Ok(())
 }

@@ -135,6 +135,11 @@ impl MessageQueue for Service {
             }
         })
         .await?;
+        let found = if peek {
+            found
+        } else {
+            self.broker.removable(&queue, found)?
+        };
         let dest = queue.info().format_name;
         let message = match found.first() {
             Some(e) if peek => Some(e.msg.to_wire(&dest, self.broker.body(&queue, e)?, e.aborts)),
@@ -181,10 +186,23 @@ impl MessageQueue for Service {
             ))
         })?;
         let (broker, inbound) = (self.broker.clone(), req.into_inner());
-        Ok(spawn_stream(4, |tx| async move {
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
             transact(broker, inbound, tx).await;
             drop(slot);
-        }))
+        });
+        // Every error the broker ends a transaction with means it did not commit; the client
+        // tells that from a broken connection (in doubt) by this mark.
+        let stream = tokio_stream::StreamExt::map(ReceiverStream::new(rx), |r| {
+            r.map_err(|mut s: Status| {
+                s.metadata_mut().insert(
+                    mq_proto::TX_ENDED_METADATA,
+                    "aborted".parse().expect("ascii"),
+                );
+                s
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 
     type ForwardStream = BoxStream<v1::ForwardAck>;
@@ -236,6 +254,24 @@ impl MessageQueue for Service {
         let dest = req.into_inner().destination;
         self.broker.delete_outgoing(&dest).await?;
         Ok(Response::new(v1::Empty {}))
+    }
+
+    async fn transaction_outcome(
+        &self,
+        req: Request<v1::TransactionOutcomeRequest>,
+    ) -> Result<Response<v1::TransactionOutcomeResponse>, Status> {
+        let raw = req.into_inner().id;
+        let id = uuid::Uuid::from_slice(&raw).map_err(|_| {
+            Status::invalid_argument(format!("a transaction id is 16 bytes; got {}", raw.len()))
+        })?;
+        let outcomes = self.broker.outcomes();
+        let a = outcomes.outcome(id);
+        Ok(Response::new(v1::TransactionOutcomeResponse {
+            outcome: a.outcome as i32,
+            time_ms: a.time_ms,
+            detail: a.detail,
+            retention_ms: outcomes.retention_ms(),
+        }))
     }
 
     async fn peek(
@@ -463,7 +499,10 @@ async fn consume(
         };
         let mut blocked_by_connection = granted < want;
         if granted > 0 {
-            let taken = match queue.take_bounded(granted as usize, MAX_DELIVERY_BATCH_BYTES) {
+            let taken = match queue
+                .take_bounded(granted as usize, MAX_DELIVERY_BATCH_BYTES)
+                .and_then(|t| broker.removable(&queue, t))
+            {
                 Ok(t) => t,
                 Err(e) => {
                     conn.release_unacked(granted);
@@ -529,10 +568,16 @@ async fn consume(
             _ = room, if blocked_by_connection => continue,
             _ = tokio::time::sleep_until(ack_deadline), if oldest.is_some() => continue,
             r = inbound.message() => match r {
-                Ok(Some(r)) => { credit = credit.saturating_add(apply(&broker, &queue, &conn, &mut in_flight, &r)); }
+                Ok(Some(r)) => match apply(&broker, &queue, &conn, &mut in_flight, &r) {
+                    Ok(c) => credit = credit.saturating_add(c),
+                    Err(e) => break Some(e.into()),
+                },
                 _ => break None,
             },
-            _ = broker.shutting_down() => break Some(BrokerError::ShuttingDown.into()),
+            _ = broker.shutting_down() => {
+                let r = drain_acks(&broker, &queue, &conn, &mut in_flight, &mut inbound).await;
+                break Some(r.err().unwrap_or(BrokerError::ShuttingDown).into());
+            }
         }
     };
     // Whatever was delivered and not acknowledged goes back, in order.
@@ -552,15 +597,55 @@ fn apply(
     conn: &Connection,
     in_flight: &mut VecDeque<(u64, Entry, tokio::time::Instant)>,
     r: &v1::ReceiveRequest,
-) -> u64 {
+) -> Result<u64, BrokerError> {
     if r.ack_through > 0 {
         let n = in_flight.partition_point(|(tag, _, _)| *tag <= r.ack_through);
+        // The removal of recoverable messages must be stored: not once the journal refuses
+        // writes (they stay in flight and go back when the stream ends).
+        if in_flight
+            .iter()
+            .take(n)
+            .any(|(_, e, _)| e.msg.delivery == crate::message::Delivery::Recoverable)
+        {
+            broker.check_writable("store the acknowledgement of recoverable messages")?;
+        }
         let done: Vec<Entry> = in_flight.drain(..n).map(|(_, e, _)| e).collect();
         queue.complete(&done);
         broker.forget(queue, &done);
         conn.release_unacked(n as u64);
     }
-    r.credit as u64
+    Ok(r.credit as u64)
+}
+
+/// How long a receive stream keeps reading acknowledgements at shutdown once the receiver is
+/// quiet...
+const ACK_DRAIN_IDLE: Duration = Duration::from_millis(200);
+/// ...and at most in all.
+const ACK_DRAIN_MAX: Duration = Duration::from_secs(2);
+
+/// At shutdown, before anything is given back: applies the acknowledgements the receiver has
+/// already sent (they may still be on the way, in the connection's buffers) and those it sends
+/// while it finishes what it was handed, so their messages are removed (and the removals
+/// journaled before the journal closes) rather than redelivered after the restart. Reads until
+/// the receiver is quiet for [`ACK_DRAIN_IDLE`], ends its stream, or [`ACK_DRAIN_MAX`] passed.
+async fn drain_acks(
+    broker: &Broker,
+    queue: &Queue,
+    conn: &Connection,
+    in_flight: &mut VecDeque<(u64, Entry, tokio::time::Instant)>,
+    inbound: &mut Streaming<v1::ReceiveRequest>,
+) -> Result<(), BrokerError> {
+    let end = tokio::time::Instant::now() + ACK_DRAIN_MAX;
+    while !in_flight.is_empty() {
+        let until = end.min(tokio::time::Instant::now() + ACK_DRAIN_IDLE);
+        match tokio::time::timeout_at(until, inbound.message()).await {
+            Ok(Ok(Some(r))) => {
+                apply(broker, queue, conn, in_flight, &r)?;
+            }
+            _ => break,
+        }
+    }
+    Ok(())
 }
 
 /// One transaction stream. Every way out of the loop but a successful commit aborts (the
@@ -574,7 +659,8 @@ async fn transact(
     use v1::tx_response::Result as Res;
     let timeout = broker.config().tx_timeout;
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut tx = Transaction::begin(broker.clone());
+    // Created by a first `TxBegin` (the client's id), else by the first other request.
+    let mut open: Option<Transaction> = None;
     let timed_out = || {
         Status::aborted(format!(
             "the transaction was open longer than the broker's transaction timeout ({}s, mqd --tx-timeout-secs) and was aborted",
@@ -605,7 +691,7 @@ async fn transact(
             }
             Err(status) => {
                 if let Some(status) = refused_input(status) {
-                    drop(tx);
+                    drop(open.take());
                     let _ = out.send(Err(status)).await;
                 }
                 return;
@@ -613,14 +699,40 @@ async fn transact(
             // The client went away: abort.
             Ok(None) => return,
         };
+        if let Req::Begin(b) = &op {
+            let begun = match (&open, uuid::Uuid::from_slice(&b.id)) {
+                (Some(_), _) => Err(Status::invalid_argument(
+                    "TxBegin must be the first request of a transaction",
+                )),
+                (None, Err(_)) => Err(Status::invalid_argument(format!(
+                    "a transaction id is 16 bytes; got {}",
+                    b.id.len()
+                ))),
+                (None, Ok(id)) => {
+                    Transaction::begin_with_id(broker.clone(), id).map_err(Status::from)
+                }
+            };
+            match begun {
+                Ok(t) => {
+                    open = Some(t);
+                    continue;
+                }
+                Err(status) => {
+                    let _ = out.send(Err(status)).await;
+                    return;
+                }
+            }
+        }
+        let tx = open.get_or_insert_with(|| Transaction::begin(broker.clone()));
         let reply = match op {
+            Req::Begin(_) => unreachable!("handled above"),
             Req::Send(s) => {
                 // A send refused by a limit (a quota, what a transaction may stage) ends the
                 // transaction now, so nothing more is sent and held for it; other refusals make
                 // the commit fail.
                 if let Err(e @ BrokerError::QuotaExceeded(_)) = tx.send(&s.destination, s.messages)
                 {
-                    drop(tx);
+                    drop(open.take());
                     let _ = out.send(Err(e.into())).await;
                     return;
                 }
@@ -637,7 +749,7 @@ async fn transact(
                 }
             }
             Req::Commit(_) => {
-                let r = tx.commit().await;
+                let r = open.take().expect("opened above").commit().await;
                 let reply = match r {
                     Ok(c) => {
                         let mut ids = BytesMut::with_capacity(16 * c.ids.len());
@@ -648,6 +760,7 @@ async fn transact(
                             result: Some(Res::Committed(v1::TxCommitted {
                                 ids: ids.freeze(),
                                 received: c.received as u32,
+                                id: c.id.as_bytes().to_vec().into(),
                             })),
                         })
                     }
@@ -657,7 +770,7 @@ async fn transact(
                 return;
             }
             Req::Abort(_) => {
-                tx.abort();
+                open.take().expect("opened above").abort();
                 let _ = out
                     .send(Ok(v1::TxResponse {
                         result: Some(Res::Aborted(true)),

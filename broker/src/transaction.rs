@@ -10,6 +10,8 @@
 //!   (`Remove`), waits for `fdatasync`, then makes the sends visible and forgets the receives.
 //! - Abort (or dropping the transaction: client gone, timeout) releases the staged sends and
 //!   puts each received message back at its place in its queue, its abort count incremented.
+//! - Every transaction has an id; the commit record also records it (see `outcome.rs`), so its
+//!   outcome can be asked for later, and an id that committed cannot commit again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +35,9 @@ struct Staged {
 /// One open transaction. Dropping it without [`Transaction::commit`] aborts it.
 pub struct Transaction {
     broker: Arc<Broker>,
+    id: uuid::Uuid,
+    /// The id is registered as open in the broker's outcomes (and must be released).
+    registered: bool,
     sends: Vec<Staged>,
     received: Vec<(Arc<Queue>, Entry)>,
     /// The first send that could not be staged: the commit fails with it.
@@ -45,6 +50,7 @@ pub struct Transaction {
 impl std::fmt::Debug for Transaction {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Transaction")
+            .field("id", &self.id)
             .field("sends", &self.sends.len())
             .field("received", &self.received.len())
             .field("failed", &self.failed)
@@ -59,19 +65,36 @@ pub struct Committed {
     pub ids: Vec<uuid::Uuid>,
     /// Messages received (and now removed).
     pub received: usize,
+    /// The transaction's id.
+    pub id: uuid::Uuid,
 }
 
 impl Transaction {
-    /// A new, empty transaction.
+    /// A new, empty transaction with a broker-assigned id.
     pub fn begin(broker: Arc<Broker>) -> Self {
-        Transaction {
+        Self::begin_with_id(broker, uuid::Uuid::now_v7())
+            .expect("a fresh UUID v7 is neither committed nor open")
+    }
+
+    /// A new, empty transaction with the client's `id`. Refused if a transaction with that id
+    /// committed (within the retention window) or is open on another connection.
+    pub fn begin_with_id(broker: Arc<Broker>, id: uuid::Uuid) -> Result<Self, BrokerError> {
+        broker.outcomes().begin(id)?;
+        Ok(Transaction {
             broker,
+            id,
+            registered: true,
             sends: Vec::new(),
             received: Vec::new(),
             failed: None,
             staged_bytes: 0,
             done: false,
-        }
+        })
+    }
+
+    /// The transaction's id.
+    pub fn id(&self) -> uuid::Uuid {
+        self.id
     }
 
     /// Stages messages for `destination` (transactional queues only). A failure is remembered
@@ -226,16 +249,9 @@ impl Transaction {
         if let Some(e) = self.failed.take() {
             return Err(e); // Drop aborts.
         }
-        if self.sends.is_empty() && self.received.is_empty() {
-            self.done = true;
-            return Ok(Committed {
-                ids: Vec::new(),
-                received: 0,
-            });
-        }
         let broker = self.broker.clone();
         // Positions and the journal record, in commit order.
-        let (commit, placed) = {
+        let (commit, placed, committed_at) = {
             let _order = broker.commit_order_lock();
             let mut placed: Vec<(Arc<Queue>, Entry)> = Vec::with_capacity(self.sends.len());
             let mut ops = Vec::new();
@@ -278,7 +294,9 @@ impl Transaction {
                     seqs: vec![e.seq],
                 });
             }
-            (broker.journal().submit(ops), placed)
+            let (outcome_ops, committed_at) = broker.outcomes().commit_ops(self.id);
+            ops.extend(outcome_ops);
+            (broker.journal().submit(ops), placed, committed_at)
         };
         if let Err(e) = commit.await {
             for (q, e) in &placed {
@@ -287,6 +305,8 @@ impl Transaction {
             return Err(journal_failed(e)); // Drop aborts and releases the reservations.
         }
         self.done = true;
+        self.registered = false;
+        broker.outcomes().committed(self.id, committed_at);
         // The queue and storage charges now belong to the stored messages; the staging budget
         // is free again.
         self.broker.tx_staged.give(self.staged_bytes);
@@ -307,6 +327,7 @@ impl Transaction {
         Ok(Committed {
             ids,
             received: received.len(),
+            id: self.id,
         })
     }
 
@@ -316,6 +337,10 @@ impl Transaction {
     }
 
     fn rollback(&mut self) {
+        if self.registered {
+            self.registered = false;
+            self.broker.outcomes().aborted(self.id);
+        }
         if self.done {
             return;
         }

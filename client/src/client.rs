@@ -6,11 +6,12 @@ use mq_proto::format_name::FormatName;
 use mq_proto::v1::{self, message_queue_client::MessageQueueClient};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::deadline::{self, ClientOptions};
 use crate::error::{Error, Result};
 use crate::outgoing::OutgoingQueue;
 use crate::queue::Queue;
 use crate::sender::{Sender, SenderOptions};
-use crate::transaction::Transaction;
+use crate::transaction::{CommitOnce, Transaction, TxId, TxOutcome, TxStatus};
 
 /// The broker URL used when none is given.
 pub const DEFAULT_BROKER_URL: &str = "http://127.0.0.1:1801";
@@ -20,6 +21,7 @@ pub const DEFAULT_BROKER_URL: &str = "http://127.0.0.1:1801";
 pub struct Client {
     pub(crate) rpc: MessageQueueClient<Channel>,
     url: String,
+    pub(crate) options: ClientOptions,
 }
 
 /// Properties of a new queue.
@@ -64,8 +66,14 @@ impl From<v1::QueueInfo> for QueueInfo {
 }
 
 impl Client {
-    /// Connects to the broker at `url` (e.g. `http://127.0.0.1:1801`).
+    /// Connects to the broker at `url` (e.g. `http://127.0.0.1:1801`) with the default
+    /// [`ClientOptions`] (deadlines: connect 5 s, calls 30 s).
     pub async fn connect(url: impl Into<String>) -> Result<Client> {
+        Self::connect_with(url, ClientOptions::default()).await
+    }
+
+    /// Connects to the broker at `url` with the given deadlines and keepalive.
+    pub async fn connect_with(url: impl Into<String>, options: ClientOptions) -> Result<Client> {
         let url = url.into();
         let connect_err = |reason: String| Error::Connect {
             url: url.clone(),
@@ -74,10 +82,23 @@ impl Client {
         let endpoint = Endpoint::from_shared(url.clone())
             .map_err(|e| connect_err(format!("not a valid URL ({e})")))?
             .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(5))
+            .connect_timeout(options.connect_timeout)
+            .http2_keep_alive_interval(options.keepalive_interval)
+            .keep_alive_timeout(options.keepalive_timeout)
+            .keep_alive_while_idle(true)
             .initial_stream_window_size(Some(8 * 1024 * 1024))
             .initial_connection_window_size(Some(16 * 1024 * 1024));
-        let channel = endpoint.connect().await.map_err(|e| {
+        // The connect timeout covers TCP only; a broker that accepts but does not answer (a
+        // stopped process: the kernel still accepts) would hang the HTTP/2 handshake.
+        let connected = tokio::time::timeout(options.connect_timeout, endpoint.connect())
+            .await
+            .map_err(|_| {
+                connect_err(format!(
+                    "no answer within {} (mq --connect-timeout, ClientOptions::connect_timeout)",
+                    humantime::format_duration(options.connect_timeout)
+                ))
+            })?;
+        let channel = connected.map_err(|e| {
             let mut reason = e.to_string();
             let mut src = std::error::Error::source(&e);
             while let Some(s) = src {
@@ -89,7 +110,23 @@ impl Client {
         let rpc = MessageQueueClient::new(channel)
             .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
             .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
-        Ok(Client { rpc, url })
+        Ok(Client { rpc, url, options })
+    }
+
+    /// The deadlines this client works with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.options
+    }
+
+    /// Runs a unary call with the call deadline plus `extra` (a wait the call asks for).
+    pub(crate) async fn call<T>(
+        &self,
+        what: &str,
+        extra: Duration,
+        fut: impl std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T> {
+        let limit = self.options.call_timeout.saturating_add(extra);
+        Ok(deadline::within(limit, what, fut).await?.into_inner())
     }
 
     /// The URL this client connected to.
@@ -113,69 +150,65 @@ impl Client {
             quota_bytes: options.quota_bytes,
             label: options.label,
         };
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.create_queue(req);
         Ok(self
-            .rpc
-            .clone()
-            .create_queue(req)
+            .call("creating the queue", Duration::ZERO, rpc)
             .await?
-            .into_inner()
             .into())
     }
 
     /// Deletes a queue and every message in it.
     pub async fn delete_queue(&self, name: &str) -> Result<()> {
         FormatName::parse(name)?;
-        self.rpc
-            .clone()
-            .delete_queue(v1::QueueRequest {
-                name: name.to_string(),
-            })
-            .await?;
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.delete_queue(v1::QueueRequest {
+            name: name.to_string(),
+        });
+        self.call("deleting the queue", Duration::ZERO, rpc).await?;
         Ok(())
     }
 
     /// A queue's description and counters.
     pub async fn queue_info(&self, name: &str) -> Result<QueueInfo> {
         FormatName::parse(name)?;
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.get_queue_info(v1::QueueRequest {
+            name: name.to_string(),
+        });
         Ok(self
-            .rpc
-            .clone()
-            .get_queue_info(v1::QueueRequest {
-                name: name.to_string(),
-            })
+            .call("about the queue", Duration::ZERO, rpc)
             .await?
-            .into_inner()
             .into())
     }
 
     /// Every queue on the broker, sorted by name.
     pub async fn list_queues(&self) -> Result<Vec<QueueInfo>> {
-        let r = self
-            .rpc
-            .clone()
-            .list_queues(v1::ListQueuesRequest {})
-            .await?;
-        Ok(r.into_inner().queues.into_iter().map(Into::into).collect())
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.list_queues(v1::ListQueuesRequest {});
+        let r = self.call("listing queues", Duration::ZERO, rpc).await?;
+        Ok(r.queues.into_iter().map(Into::into).collect())
     }
 
     /// Removes every message waiting in a queue; returns how many.
     pub async fn purge(&self, name: &str) -> Result<u64> {
         FormatName::parse(name)?;
-        let r = self
-            .rpc
-            .clone()
-            .purge(v1::QueueRequest {
-                name: name.to_string(),
-            })
-            .await?;
-        Ok(r.into_inner().purged)
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.purge(v1::QueueRequest {
+            name: name.to_string(),
+        });
+        Ok(self.call("purging", Duration::ZERO, rpc).await?.purged)
     }
 
     /// The broker's outgoing queues (store-and-forward: one per destination broker that this
     /// broker has messages for, or had since it started), with their state and counters.
     pub async fn outgoing(&self) -> Result<Vec<OutgoingQueue>> {
-        let r = self.rpc.clone().list_outgoing(v1::Empty {}).await?;
-        Ok(r.into_inner().queues.into_iter().map(Into::into).collect())
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.list_outgoing(v1::Empty {});
+        let r = self
+            .call("listing outgoing queues", Duration::ZERO, rpc)
+            .await?;
+        Ok(r.queues.into_iter().map(Into::into).collect())
     }
 
     /// Pauses forwarding to a destination broker (state [`OnHold`](crate::OutgoingState::OnHold)):
@@ -184,12 +217,11 @@ impl Client {
     /// shows it, or the format name of any queue on that broker. Returns the queue's new state.
     pub async fn pause_outgoing(&self, destination: &str) -> Result<OutgoingQueue> {
         let req = outgoing_request(destination)?;
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.pause_outgoing(req);
         Ok(self
-            .rpc
-            .clone()
-            .pause_outgoing(req)
+            .call("pausing the outgoing queue", Duration::ZERO, rpc)
             .await?
-            .into_inner()
             .into())
     }
 
@@ -198,12 +230,11 @@ impl Client {
     /// queue's new state.
     pub async fn resume_outgoing(&self, destination: &str) -> Result<OutgoingQueue> {
         let req = outgoing_request(destination)?;
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.resume_outgoing(req);
         Ok(self
-            .rpc
-            .clone()
-            .resume_outgoing(req)
+            .call("resuming the outgoing queue", Duration::ZERO, rpc)
             .await?
-            .into_inner()
             .into())
     }
 
@@ -217,9 +248,94 @@ impl Client {
         Ok(())
     }
 
-    /// Begins a transaction (see [`Transaction`]).
+    /// Begins a transaction (see [`Transaction`]) with a new id (a UUID v7 chosen here).
     pub async fn begin(&self) -> Result<Transaction> {
-        Transaction::begin(self).await
+        Transaction::begin(self, TxId::new()).await
+    }
+
+    /// Begins a transaction with the id `id`: to retry one whose commit was in doubt
+    /// ([`Error::InDoubt`]). The broker refuses an id that already committed
+    /// ([`Error::AlreadyCommitted`]), so the retry commits at most once; [`Client::commit_once`]
+    /// does all of it.
+    pub async fn begin_with_id(&self, id: TxId) -> Result<Transaction> {
+        Transaction::begin(self, id).await
+    }
+
+    /// Whether the transaction `id` committed, as far as the broker knows (it remembers commits
+    /// for a retention window, `mqd --tx-outcome-retention`, default 24 h).
+    pub async fn transaction_outcome(&self, id: TxId) -> Result<TxStatus> {
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.transaction_outcome(v1::TransactionOutcomeRequest {
+            id: id.0.as_bytes().to_vec().into(),
+        });
+        let r = self
+            .call("about the transaction", Duration::ZERO, rpc)
+            .await?;
+        Ok(TxStatus::from_wire(r))
+    }
+
+    /// Runs a transaction with id `id` until it is known to have committed, at most once:
+    /// asks the broker whether `id` committed; if not, begins a transaction with that id, lets
+    /// `build` stage its sends and receives, and commits. An in-doubt commit is asked about and
+    /// retried (up to `attempts` times in all). The broker refuses an id that committed, so
+    /// `build`'s work is committed at most once. Returns whether this call committed it or it
+    /// had committed before.
+    pub async fn commit_once<F, Fut>(
+        &self,
+        id: TxId,
+        attempts: u32,
+        mut build: F,
+    ) -> Result<CommitOnce>
+    where
+        F: FnMut(Transaction) -> Fut,
+        Fut: std::future::Future<Output = Result<Transaction>>,
+    {
+        let mut last = None;
+        for attempt in 0..attempts.max(1) {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(100 << attempt.min(5))).await;
+            }
+            match self.transaction_outcome(id).await {
+                Ok(s) if s.outcome == TxOutcome::Committed => {
+                    return Ok(CommitOnce::AlreadyCommitted)
+                }
+                Ok(s) if s.outcome == TxOutcome::InProgress => {
+                    last = Some(Error::InDoubt {
+                        id,
+                        reason: s.detail,
+                    });
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e @ Error::Unavailable(_)) | Err(e @ Error::Connect { .. }) => {
+                    last = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            let tx = match self.begin_with_id(id).await {
+                Ok(tx) => tx,
+                Err(e @ Error::Unavailable(_)) => {
+                    last = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let tx = build(tx).await?;
+            match tx.commit().await {
+                Ok(ids) => return Ok(CommitOnce::Committed(ids)),
+                Err(Error::AlreadyCommitted { .. }) => return Ok(CommitOnce::AlreadyCommitted),
+                Err(e @ (Error::InDoubt { .. } | Error::Unavailable(_))) => last = Some(e),
+                Err(Error::FailedPrecondition(m)) if m.contains("open on another connection") => {
+                    last = Some(Error::InDoubt { id, reason: m })
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::InDoubt {
+            id,
+            reason: "no attempt was made".into(),
+        }))
     }
 
     /// A pipelining sender to `destination` (a queue or a multiple-element format name).

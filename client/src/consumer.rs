@@ -93,12 +93,11 @@ impl Consumer {
         })
         .await
         .map_err(|_| Error::Internal("request channel closed".into()))?;
+        let mut grpc = client.rpc.clone();
+        let rpc = grpc.receive(ReceiverStream::new(rx));
         let inbound = client
-            .rpc
-            .clone()
-            .receive(ReceiverStream::new(rx))
-            .await?
-            .into_inner();
+            .call("opening the receive stream", Duration::ZERO, rpc)
+            .await?;
         Ok(Consumer {
             out: Some(out),
             inbound: Some(inbound),

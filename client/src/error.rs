@@ -40,6 +40,19 @@ pub enum Error {
     /// The broker failed internally, or answered something this client does not understand.
     #[error("{0}")]
     Internal(String),
+    /// The commit's answer was lost (the connection broke, or no answer within the deadline)
+    /// after the commit was sent: the transaction may or may not have committed. Ask with
+    /// `Client::transaction_outcome(id)` (`mq tx status ID`), or retry with
+    /// `Client::commit_once(id, ..)`, which commits at most once.
+    #[error("the outcome of transaction {id} is unknown ({reason}); it may or may not have committed: ask with `mq tx status {id}`, or retry with the same id (commits at most once)")]
+    InDoubt {
+        id: crate::transaction::TxId,
+        reason: String,
+    },
+    /// A transaction with this id already committed (an earlier attempt whose answer was lost);
+    /// nothing was done this time.
+    #[error("transaction {id} was already committed; nothing was done this time")]
+    AlreadyCommitted { id: crate::transaction::TxId },
     /// A body could not be encoded or decoded.
     #[error(transparent)]
     Format(#[from] crate::formatter::FormatError),

@@ -5,7 +5,8 @@
 //! receives stream with a prefetch window ([`Consumer`]). It is not a broker: see `mq-broker`.
 //!
 //! # Layout
-//! - `client`: [`Client`]: connect, queue administration, outgoing queues.
+//! - `client`: [`Client`]: connect, queue administration, outgoing queues, transaction outcomes.
+//! - `deadline`: [`ClientOptions`]: call deadlines and HTTP/2 keepalive.
 //! - `queue`: [`Queue`]: send, receive, peek, purge one queue.
 //! - `sender`: [`Sender`]: pipelined sends with acknowledgements.
 //! - `transaction`: [`Transaction`]: atomic sends and receives across transactional queues.
@@ -32,6 +33,7 @@
 
 mod client;
 mod consumer;
+mod deadline;
 mod error;
 pub mod formatter;
 mod message;
@@ -42,10 +44,11 @@ mod transaction;
 
 pub use client::{Client, QueueInfo, QueueOptions, DEFAULT_BROKER_URL};
 pub use consumer::{Consumer, ConsumerOptions, DEFAULT_CLOSE_TIMEOUT};
+pub use deadline::{ClientOptions, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT};
 pub use error::{Error, Result};
 pub use message::{DeadLetterClass, DeadLetterInfo, Delivery, Message, MessageId, ReceivedMessage};
 pub use mq_proto::format_name;
 pub use outgoing::{OutgoingQueue, OutgoingState};
 pub use queue::{PeekCursor, PeekPage, Queue};
 pub use sender::{Receipt, SendSummary, Sender, SenderOptions};
-pub use transaction::Transaction;
+pub use transaction::{CommitOnce, Transaction, TxId, TxOutcome, TxStatus};

@@ -117,18 +117,14 @@ impl Queue {
         timeout: Duration,
     ) -> Result<PeekPage> {
         self.receivable()?;
-        let r = self
-            .client
-            .rpc
-            .clone()
-            .peek(v1::PeekRequest {
-                queue: self.name.clone(),
-                timeout_ms: timeout.as_millis() as u64,
-                max,
-                cursor: after.map(|c| c.0.clone()).unwrap_or_default(),
-            })
-            .await?
-            .into_inner();
+        let mut grpc = self.client.rpc.clone();
+        let rpc = grpc.peek(v1::PeekRequest {
+            queue: self.name.clone(),
+            timeout_ms: timeout.as_millis() as u64,
+            max,
+            cursor: after.map(|c| c.0.clone()).unwrap_or_default(),
+        });
+        let r = self.client.call("to a peek", timeout, rpc).await?;
         let messages = r
             .messages
             .into_iter()
@@ -141,20 +137,14 @@ impl Queue {
 
     async fn one(&self, timeout: Duration, peek: bool) -> Result<Option<ReceivedMessage>> {
         self.receivable()?;
-        let r = self
-            .client
-            .rpc
-            .clone()
-            .receive_one(v1::ReceiveOneRequest {
-                queue: self.name.clone(),
-                timeout_ms: timeout.as_millis() as u64,
-                peek,
-            })
-            .await?;
-        r.into_inner()
-            .message
-            .map(ReceivedMessage::from_wire)
-            .transpose()
+        let mut grpc = self.client.rpc.clone();
+        let rpc = grpc.receive_one(v1::ReceiveOneRequest {
+            queue: self.name.clone(),
+            timeout_ms: timeout.as_millis() as u64,
+            peek,
+        });
+        let r = self.client.call("to a receive", timeout, rpc).await?;
+        r.message.map(ReceivedMessage::from_wire).transpose()
     }
 
     /// A streaming receiver with a prefetch window (the fast way to receive many messages).

@@ -73,6 +73,9 @@ struct Shared {
     submitted: AtomicU64,
     acknowledged: AtomicU64,
     failed: AtomicU64,
+    /// Messages handed to the stream whose answer never came because the stream ended: they
+    /// may or may not be stored.
+    in_doubt: AtomicU64,
 }
 
 impl Shared {
@@ -157,12 +160,11 @@ impl Sender {
         let window_units =
             (options.window_messages + options.window_bytes / BYTES_PER_UNIT).max(1) as u32;
         let (out_tx, out_rx) = mpsc::channel::<v1::SendBatch>(16);
+        let mut grpc = client.rpc.clone();
+        let rpc = grpc.send(ReceiverStream::new(out_rx));
         let mut inbound = client
-            .rpc
-            .clone()
-            .send(ReceiverStream::new(out_rx))
-            .await?
-            .into_inner();
+            .call("opening the send stream", std::time::Duration::ZERO, rpc)
+            .await?;
         let (tx, rx) = mpsc::unbounded_channel::<Item>();
         let shared = Arc::new(Shared::default());
         let window = Arc::new(Semaphore::new(window_units as usize));
@@ -200,6 +202,8 @@ impl Sender {
                 if !pending.is_empty() {
                     shared.record(&end);
                 }
+                let lost: usize = pending.iter().map(|b| b.replies.len()).sum();
+                shared.in_doubt.fetch_add(lost as u64, Ordering::AcqRel);
                 for b in pending {
                     for r in b.replies.into_iter().flatten() {
                         let _ = r.send(Err(end.clone()));
@@ -271,6 +275,13 @@ impl Sender {
     /// may or may not be stored). `None` (the default): as long as the connection lives.
     pub fn set_ack_timeout(&mut self, timeout: Option<std::time::Duration>) {
         self.ack_timeout = timeout;
+    }
+
+    /// Messages whose outcome is unknown: handed to the stream, and the stream ended (the
+    /// connection broke, the broker stopped) before their acknowledgement or refusal came. They
+    /// may or may not be stored. 0 while the stream is alive.
+    pub fn in_doubt(&self) -> u64 {
+        self.shared.in_doubt.load(Ordering::Acquire)
     }
 
     /// Waits until every message sent so far is acknowledged or refused. Returns the first

@@ -1,4 +1,5 @@
-//! [`Transaction`]: sends and receives across transactional queues, committed or aborted as one.
+//! [`Transaction`]: sends and receives across transactional queues, committed or aborted as one;
+//! its id ([`TxId`]) and what a commit whose answer was lost means ([`Error::InDoubt`]).
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Streaming;
 
 use crate::client::Client;
+use crate::deadline::deadline_error;
 use crate::error::{Error, Result};
 use crate::message::{Message, MessageId, ReceivedMessage};
 
@@ -35,20 +37,127 @@ use crate::message::{Message, MessageId, ReceivedMessage};
 /// ```
 #[derive(Debug)]
 pub struct Transaction {
+    id: TxId,
     out: mpsc::UnboundedSender<v1::TxRequest>,
     inbound: Streaming<v1::TxResponse>,
+    call_timeout: Duration,
+}
+
+/// A transaction's id: 16 bytes, a UUID v7 chosen by the client unless given. The broker
+/// journals it with the commit record, so [`Client::transaction_outcome`] can tell whether a
+/// commit whose answer was lost happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TxId(pub uuid::Uuid);
+
+impl TxId {
+    /// A new id (UUID v7: it carries the time it was made).
+    pub fn new() -> Self {
+        TxId(uuid::Uuid::now_v7())
+    }
+}
+
+impl Default for TxId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Display for TxId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::str::FromStr for TxId {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        uuid::Uuid::parse_str(s.trim()).map(TxId).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "\"{}\" is not a transaction id (a UUID such as 0190b6f0-7c1e-7d3a-9b1e-5f2a9c4d8e10): {e}",
+                s.chars().take(64).collect::<String>()
+            ))
+        })
+    }
+}
+
+/// What the broker knows about a transaction id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TxOutcome {
+    /// Its commit record is on disk.
+    Committed,
+    /// It did not commit and will not (aborted, or rolled back when the broker stopped).
+    Aborted,
+    /// Open or committing right now; ask again.
+    InProgress,
+    /// No record: older than the broker's retention window, or never seen.
+    Unknown,
+}
+
+/// [`Client::transaction_outcome`]'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TxStatus {
+    pub outcome: TxOutcome,
+    /// When it committed or aborted (Unix ms), if known.
+    pub time_ms: Option<u64>,
+    /// One line for people.
+    pub detail: String,
+    /// How long the broker remembers commits, in ms.
+    pub retention_ms: u64,
+}
+
+impl TxStatus {
+    pub(crate) fn from_wire(r: v1::TransactionOutcomeResponse) -> Self {
+        let outcome = match v1::TxOutcome::try_from(r.outcome).unwrap_or(v1::TxOutcome::Unknown) {
+            v1::TxOutcome::Committed => TxOutcome::Committed,
+            v1::TxOutcome::Aborted => TxOutcome::Aborted,
+            v1::TxOutcome::InProgress => TxOutcome::InProgress,
+            v1::TxOutcome::Unknown => TxOutcome::Unknown,
+        };
+        TxStatus {
+            outcome,
+            time_ms: (r.time_ms > 0).then_some(r.time_ms),
+            detail: r.detail,
+            retention_ms: r.retention_ms,
+        }
+    }
+}
+
+/// [`Client::commit_once`]'s success.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitOnce {
+    /// This call committed it: the ids of the messages sent.
+    Committed(Vec<MessageId>),
+    /// It had committed before (an earlier, in-doubt attempt); nothing was done again.
+    AlreadyCommitted,
 }
 
 impl Transaction {
-    pub(crate) async fn begin(client: &Client) -> Result<Transaction> {
+    pub(crate) async fn begin(client: &Client, id: TxId) -> Result<Transaction> {
         let (out, rx) = mpsc::unbounded_channel();
+        // The id goes first; the broker answers nothing to it (an id it refuses ends the
+        // stream, and the next answer says why).
+        let _ = out.send(v1::TxRequest {
+            op: Some(Op::Begin(v1::TxBegin {
+                id: id.0.as_bytes().to_vec().into(),
+            })),
+        });
+        let mut grpc = client.rpc.clone();
+        let rpc = grpc.transact(UnboundedReceiverStream::new(rx));
         let inbound = client
-            .rpc
-            .clone()
-            .transact(UnboundedReceiverStream::new(rx))
-            .await?
-            .into_inner();
-        Ok(Transaction { out, inbound })
+            .call("beginning the transaction", Duration::ZERO, rpc)
+            .await?;
+        Ok(Transaction {
+            id,
+            out,
+            inbound,
+            call_timeout: client.options.call_timeout,
+        })
+    }
+
+    /// The transaction's id.
+    pub fn id(&self) -> TxId {
+        self.id
     }
 
     /// Sends a request. If the broker has already ended the stream (it aborted the transaction:
@@ -91,7 +200,11 @@ impl Transaction {
             timeout_ms: timeout.as_millis() as u64,
         }))
         .await?;
-        match self.next().await? {
+        let limit = self.call_timeout.saturating_add(timeout);
+        let next = tokio::time::timeout(limit, self.next())
+            .await
+            .map_err(|_| deadline_error("to a transactional receive", limit))?;
+        match next? {
             Res::Received(m) => Ok(Some(ReceivedMessage::from_wire(m)?)),
             Res::ReceiveTimeout(_) => Ok(None),
             other => Err(unexpected(other)),
@@ -100,15 +213,62 @@ impl Transaction {
 
     /// Commits; returns the ids of the messages sent, in send order, once the commit record is
     /// on disk.
+    ///
+    /// If the answer is lost (the connection breaks, or no answer within the call deadline)
+    /// after the commit was sent, the transaction may or may not have committed: that is
+    /// [`Error::InDoubt`], carrying the id. Ask with [`Client::transaction_outcome`], or retry
+    /// with [`Client::commit_once`] (at most once). A transaction whose id already committed
+    /// fails with [`Error::AlreadyCommitted`] and does nothing.
     pub async fn commit(mut self) -> Result<Vec<MessageId>> {
-        self.request(Op::Commit(true)).await?;
-        match self.next().await? {
-            Res::Committed(c) => Ok(c
+        let id = self.id;
+        let in_doubt = |reason: String| Error::InDoubt { id, reason };
+        if self
+            .out
+            .send(v1::TxRequest {
+                op: Some(Op::Commit(true)),
+            })
+            .is_err()
+        {
+            // The request stream is gone before the commit left: the broker ended the
+            // transaction and says why, or the connection broke before the commit: either way
+            // it did not commit.
+            return Err(match self.next_raw().await {
+                Err((e, _)) => self.classify(e, true),
+                Ok(r) => unexpected(r),
+            });
+        }
+        let limit = self.call_timeout;
+        let next = match tokio::time::timeout(limit, self.next_raw()).await {
+            Ok(r) => r,
+            Err(_) => {
+                return Err(in_doubt(format!(
+                    "no answer to the commit within {} (the client's call deadline)",
+                    humantime::format_duration(limit)
+                )))
+            }
+        };
+        match next {
+            Ok(Res::Committed(c)) => Ok(c
                 .ids
                 .chunks_exact(16)
                 .map(|b| uuid::Uuid::from_slice(b).unwrap_or_default())
                 .collect()),
-            other => Err(unexpected(other)),
+            Ok(other) => Err(unexpected(other)),
+            Err((e, definite)) => Err(self.classify(e, definite)),
+        }
+    }
+
+    /// What an error ending the transaction's stream after the commit was sent means for its
+    /// outcome. `definite`: the broker said so itself (it did not commit).
+    fn classify(&self, e: Error, definite: bool) -> Error {
+        match e {
+            Error::AlreadyExists(_) => Error::AlreadyCommitted { id: self.id },
+            e if definite => e,
+            // A lost connection after the commit left: nobody knows whether it committed.
+            e => Error::InDoubt {
+                id: self.id,
+                reason: e.to_string(),
+            },
         }
     }
 
@@ -122,15 +282,31 @@ impl Transaction {
     }
 
     async fn next(&mut self) -> Result<Res> {
+        self.next_raw().await.map_err(|(e, _)| match e {
+            Error::AlreadyExists(_) => Error::AlreadyCommitted { id: self.id },
+            e => e,
+        })
+    }
+
+    /// The next answer, or the error and whether the broker itself ended the transaction
+    /// (then it did not commit) rather than the connection breaking.
+    async fn next_raw(&mut self) -> std::result::Result<Res, (Error, bool)> {
         match self.inbound.message().await {
             Ok(Some(v1::TxResponse { result: Some(r) })) => Ok(r),
-            Ok(Some(_)) => Err(Error::Internal(
-                "the broker sent an empty transaction response".into(),
+            Ok(Some(_)) => Err((
+                Error::Internal("the broker sent an empty transaction response".into()),
+                false,
             )),
-            Ok(None) => Err(Error::Unavailable(
-                "the broker ended the transaction's stream; the transaction was aborted".into(),
+            Ok(None) => Err((
+                Error::Unavailable(
+                    "the broker ended the transaction's stream without an answer".into(),
+                ),
+                false,
             )),
-            Err(status) => Err(Error::from(status)),
+            Err(status) => {
+                let definite = status.metadata().get(mq_proto::TX_ENDED_METADATA).is_some();
+                Err((Error::from(status), definite))
+            }
         }
     }
 }

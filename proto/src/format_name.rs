@@ -352,7 +352,7 @@ impl FormatNameError {
         &self.reason
     }
 
-    /// The name as given.
+    /// The name as given (cut after 4 KiB, marked with `…`).
     pub fn input(&self) -> &str {
         &self.input
     }

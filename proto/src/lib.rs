@@ -26,3 +26,8 @@ pub mod v1 {
 /// Largest gRPC message the broker and client accept or send. Above the default 4 MiB body
 /// limit plus headers; a batch of sends is cut before it reaches this size.
 pub const MAX_GRPC_MESSAGE: usize = 64 * 1024 * 1024;
+
+/// Metadata key the broker puts on every error that ends a `Transact` stream: the transaction
+/// did not commit. An error without it after a commit was sent (a broken connection) leaves
+/// the outcome in doubt.
+pub const TX_ENDED_METADATA: &str = "mq-tx-ended";

@@ -242,8 +242,12 @@ fn built_binaries() -> &'static Path {
     }
 }
 
-/// The path of the `mqd` binary (built on first use).
+/// The path of the `mqd` binary (built on first use), or `$MQ_TEST_MQD` if set (a measurement
+/// against a release build from a debug test).
 pub fn mqd_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("MQ_TEST_MQD") {
+        return PathBuf::from(p);
+    }
     built_binaries().join(format!("mqd{}", std::env::consts::EXE_SUFFIX))
 }
 
@@ -326,8 +330,9 @@ impl MqdProcess {
         Self::spawn(mqd_command_on(data_dir, &addr.to_string(), extra))
     }
 
-    /// Runs `cmd` (an [`mqd_command`]) and waits for its `listening on <addr>` line.
-    fn spawn(mut cmd: Command) -> anyhow::Result<MqdProcess> {
+    /// Runs `cmd` (an [`mqd_command`], or one that execs `mqd` in the same process, such as
+    /// `ip netns exec NS mqd ...`) and waits for its `listening on <addr>` line.
+    pub fn spawn(mut cmd: Command) -> anyhow::Result<MqdProcess> {
         let mut child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", mqd_path().display()))?;
@@ -455,6 +460,18 @@ impl MqdProcess {
                 self.stderr()
             ),
         }
+    }
+
+    /// Sends `signal` (a `kill` name: `STOP`, `CONT`, `TERM`, ...) to it by PID, without waiting.
+    pub fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .with_context(|| format!("run `kill -{signal}`"))?;
+        if !status.success() {
+            bail!("`kill -{signal} {}` failed: {status}", self.child.id());
+        }
+        Ok(())
     }
 
     /// Waits at most `timeout` for it to exit on its own.

@@ -55,6 +55,13 @@ struct Args {
     /// A transaction open longer than this many seconds is aborted.
     #[arg(long, default_value_t = 60)]
     tx_timeout_secs: u64,
+    /// How long the ids of committed transactions are remembered, so a client whose commit
+    /// answer was lost can ask (`mq tx status ID`), e.g. 24h, 30m.
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    tx_outcome_retention: std::time::Duration,
+    /// Most committed transaction ids remembered (the oldest are forgotten first).
+    #[arg(long, default_value_t = mq_broker::DEFAULT_TX_OUTCOME_MAX)]
+    tx_outcome_max: usize,
     /// Store-and-forward: first wait before retrying a destination broker that could not be
     /// reached (doubles after each failure), e.g. 100ms, 2s.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
@@ -134,6 +141,11 @@ async fn main() -> anyhow::Result<()> {
     config.journal_segment_bytes = args.journal_segment_bytes;
     config.truncate_damaged_journal = args.truncate_damaged_journal;
     config.tx_timeout = std::time::Duration::from_secs(args.tx_timeout_secs.max(1));
+    if args.tx_outcome_max == 0 || args.tx_outcome_retention.is_zero() {
+        anyhow::bail!("--tx-outcome-retention and --tx-outcome-max must be above zero");
+    }
+    config.tx_outcome_retention = args.tx_outcome_retention;
+    config.tx_outcome_max = args.tx_outcome_max;
     if args.forward_retry_min.is_zero() || args.forward_retry_max < args.forward_retry_min {
         anyhow::bail!(
             "--forward-retry-min must be above zero and at most --forward-retry-max (got {:?} and {:?})",

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use base64::Engine;
 use clap::{Args, Parser, Subcommand};
 use mq_client::{
-    Client, ConsumerOptions, DeadLetterInfo, Delivery, Message, OutgoingQueue, QueueOptions,
-    ReceivedMessage, SenderOptions,
+    Client, ClientOptions, ConsumerOptions, DeadLetterInfo, Delivery, Message, OutgoingQueue,
+    QueueOptions, ReceivedMessage, SenderOptions, TxId,
 };
 
 const AFTER_HELP: &str = "\
@@ -51,9 +51,19 @@ struct Cli {
     /// Broker URL.
     #[arg(long, global = true, env = "MQ_BROKER", default_value = mq_client::DEFAULT_BROKER_URL)]
     broker: String,
+    /// Most time to connect to the broker (TCP and HTTP/2 handshake).
+    #[arg(long, global = true, default_value = "5s", value_parser = humantime::parse_duration)]
+    connect_timeout: Duration,
+    /// Most time a call waits for the broker's answer, beyond any wait it asks for
+    /// (receive --timeout): a silent broker fails the command instead of hanging it.
+    #[arg(long, global = true, default_value = "30s", value_parser = humantime::parse_duration)]
+    call_timeout: Duration,
     #[command(subcommand)]
     command: Command,
 }
+
+/// What `mq receive` and `mq peek` allow beyond --timeout, in all, for the broker to answer.
+const RECEIVE_ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -74,6 +84,23 @@ enum Command {
     /// Outgoing queues (store-and-forward to other brokers): list, pause, resume, delete.
     #[command(subcommand, after_help = OUTGOING_HELP)]
     Outgoing(OutgoingCommand),
+    /// Transactions: whether one whose outcome was unknown committed.
+    #[command(subcommand)]
+    Tx(TxCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum TxCommand {
+    /// Whether transaction ID committed: prints committed, aborted, in-progress or unknown and
+    /// a line of detail (exit 0 whatever the answer). The broker remembers commits for
+    /// mqd --tx-outcome-retention (default 24h).
+    Status {
+        /// The id `mq send --tx` printed with "outcome unknown".
+        id: String,
+        /// One JSON object: {"id", "outcome", "time_ms", "detail", "retention_ms"}.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -181,6 +208,10 @@ struct SendArgs {
     /// transactional queues.
     #[arg(long, conflicts_with = "recoverable")]
     tx: bool,
+    /// With --tx: the transaction's id (default: a new one). Repeating a send whose outcome was
+    /// unknown with the id it printed commits at most once ("already committed").
+    #[arg(long, requires = "tx", value_name = "ID")]
+    tx_id: Option<String>,
     /// Time-to-reach-queue (e.g. 500ms, 5s, 1m): the message must reach its destination queue
     /// within this time of the send, else it goes to the dead-letter queue with class
     /// ReachQueueTimeout (it matters for queues on other brokers, reached by store-and-forward).
@@ -281,8 +312,50 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Outgoing(OutgoingCommand::List { .. }) => {}
+        Command::Tx(TxCommand::Status { id, .. }) => {
+            id.parse::<TxId>()?;
+        }
     }
-    let client = Client::connect(&cli.broker).await?;
+    let options = ClientOptions {
+        connect_timeout: cli.connect_timeout,
+        call_timeout: cli.call_timeout,
+        ..ClientOptions::default()
+    };
+    // `receive --timeout` bounds the whole command, connecting included: a broker that does
+    // not answer fails it RECEIVE_ANSWER_GRACE after the timeout.
+    if let Command::Receive(a) | Command::Peek(a) = &cli.command {
+        let limit = a.timeout.saturating_add(RECEIVE_ANSWER_GRACE);
+        let (broker, timeout) = (cli.broker.clone(), a.timeout);
+        return match tokio::time::timeout(limit, connect_and_run(cli, options)).await {
+            Ok(r) => r,
+            Err(_) => Err(Failure {
+                code: 1,
+                message: format!(
+                    "no answer from the broker at {broker} within {} (--timeout {} plus {} for the broker to answer); is it stopped or overloaded?",
+                    humantime::format_duration(limit),
+                    humantime::format_duration(timeout),
+                    humantime::format_duration(RECEIVE_ANSWER_GRACE)
+                ),
+            }),
+        };
+    }
+    connect_and_run(cli, options).await
+}
+
+async fn connect_and_run(cli: Cli, options: ClientOptions) -> Result<(), Failure> {
+    let client = match Client::connect_with(&cli.broker, options).await {
+        Ok(c) => c,
+        // Every failed send ends with how much of it was acknowledged: here, nothing.
+        Err(e) => {
+            return Err(match &cli.command {
+                Command::Send(a) => Failure {
+                    code: 1,
+                    message: format!("{e}; acknowledged 0 of {}", a.count),
+                },
+                _ => e.into(),
+            })
+        }
+    };
     let mut out = std::io::stdout().lock();
     match cli.command {
         Command::Queue(q) => queue_command(&client, q, &mut out).await,
@@ -290,7 +363,36 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Receive(a) => receive(&client, a, false, &mut out).await,
         Command::Peek(a) => receive(&client, a, true, &mut out).await,
         Command::Outgoing(o) => outgoing_command(&client, o, &mut out).await,
+        Command::Tx(t) => tx_command(&client, t, &mut out).await,
     }
+}
+
+async fn tx_command(client: &Client, cmd: TxCommand, out: &mut impl Write) -> Result<(), Failure> {
+    match cmd {
+        TxCommand::Status { id, json } => {
+            let id: TxId = id.parse()?;
+            let s = client.transaction_outcome(id).await?;
+            if json {
+                let v = serde_json::json!({
+                    "id": id.to_string(),
+                    "outcome": s.outcome,
+                    "time_ms": s.time_ms,
+                    "detail": s.detail,
+                    "retention_ms": s.retention_ms,
+                });
+                writeln!(out, "{v}")?;
+            } else {
+                let word = match s.outcome {
+                    mq_client::TxOutcome::Committed => "committed",
+                    mq_client::TxOutcome::Aborted => "aborted",
+                    mq_client::TxOutcome::InProgress => "in-progress",
+                    mq_client::TxOutcome::Unknown => "unknown",
+                };
+                writeln!(out, "{word}: {}", s.detail)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn check_name(name: &str) -> Result<(), Failure> {
@@ -546,12 +648,26 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
     if a.tx {
         return send_tx(client, &a, make).await;
     }
-    let sender = client
+    let none_acked = |e: mq_client::Error| Failure {
+        code: 1,
+        message: format!("{e}; acknowledged 0 of {}", a.count),
+    };
+    let mut sender = client
         .sender(&a.destination, SenderOptions::default())
-        .await?;
+        .await
+        .map_err(none_acked)?;
     if a.count == 1 {
-        let receipt = sender.send_with_receipt(make(1)).await?;
-        let id = receipt.await?;
+        let receipt = sender
+            .send_with_receipt(make(1))
+            .await
+            .map_err(none_acked)?;
+        let id = match receipt.await {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = sender.flush().await;
+                return Err(send_failure(&e, 0, sender.in_doubt(), 1));
+            }
+        };
         sender.close().await?;
         println!("{id}");
         return Ok(());
@@ -570,22 +686,15 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
             }
         }
     }
-    let acked_before_close = sender.acknowledged();
+    let flushed = sender.flush().await;
+    let (acknowledged, in_doubt) = (sender.acknowledged(), sender.in_doubt());
     let closed = sender.close().await;
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
-    let acknowledged = match &closed {
-        Ok(s) => s.acknowledged,
-        Err(_) => acked_before_close,
-    };
-    let err = result.err().or(closed.err());
+    let err = result.err().or(flushed.err()).or(closed.err());
     if let Some(e) = err {
-        let acknowledged = acknowledged.max(acked_before_close);
-        return Err(Failure {
-            code: 1,
-            message: format!("{e}; acknowledged {acknowledged} of {}", a.count),
-        });
+        return Err(send_failure(&e, acknowledged, in_doubt, a.count));
     }
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
@@ -600,6 +709,20 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The last line of a failed `mq send`: the error, then how many of the `count` messages were
+/// acknowledged, and how many have an unknown outcome (sent, no answer before the stream ended).
+fn send_failure(e: &mq_client::Error, acknowledged: u64, in_doubt: u64, count: u64) -> Failure {
+    let unknown = if in_doubt > 0 {
+        format!(", outcome unknown for {in_doubt}")
+    } else {
+        String::new()
+    };
+    Failure {
+        code: 1,
+        message: format!("{e}; acknowledged {acknowledged} of {count}{unknown}"),
+    }
+}
+
 /// `mq send --tx`: every message in one transaction.
 async fn send_tx(
     client: &Client,
@@ -607,17 +730,46 @@ async fn send_tx(
     make: impl Fn(u64) -> Message,
 ) -> Result<(), Failure> {
     let started = Instant::now();
-    let mut tx = client.begin().await?;
-    for n in 1..=a.count {
-        tx.send(&a.destination, make(n))?;
-    }
-    let ids = tx.commit().await.map_err(|e| Failure {
+    let not_committed = |e: &dyn std::fmt::Display| Failure {
         code: 1,
         message: format!(
             "{e}; the transaction was not committed: acknowledged 0 of {}",
             a.count
         ),
-    })?;
+    };
+    let id = match &a.tx_id {
+        Some(s) => s.parse::<TxId>().map_err(|e| Failure {
+            code: 2,
+            message: e.to_string(),
+        })?,
+        None => TxId::new(),
+    };
+    let mut tx = client
+        .begin_with_id(id)
+        .await
+        .map_err(|e| not_committed(&e))?;
+    for n in 1..=a.count {
+        tx.send(&a.destination, make(n))
+            .map_err(|e| not_committed(&e))?;
+    }
+    let ids = match tx.commit().await {
+        Ok(ids) => ids,
+        Err(mq_client::Error::InDoubt { id, reason }) => {
+            return Err(Failure {
+                code: 1,
+                message: format!(
+                    "the connection to the broker was lost during the commit ({reason}): transaction {id} outcome unknown; it may or may not have committed: ask with `mq tx status {id}`, or repeat this send with --tx-id {id} (commits at most once); acknowledged 0 of {}, outcome unknown for {}",
+                    a.count, a.count
+                ),
+            });
+        }
+        Err(e @ mq_client::Error::AlreadyCommitted { .. }) => {
+            // The retry of an in-doubt send: done before, not done again. Success.
+            eprintln!("{e} (by an earlier attempt; nothing was sent again)");
+            return Ok(());
+        }
+        Err(e) => return Err(not_committed(&e)),
+    };
     if a.count == 1 {
         if let Some(id) = ids.first() {
             println!("{id}");

@@ -182,7 +182,10 @@ fn mqd_refuses_zero_flow_limits() {
         .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "mqd {flag:?} started");
-        assert!(stderr.contains(flag[0]), "mqd {flag:?}: {stderr}");
+        assert!(
+            stderr.contains(flag[0]) && stderr.contains("must be above zero"),
+            "mqd {flag:?}: {stderr}"
+        );
     }
 }
 
@@ -435,6 +438,25 @@ fn signal(pid: u32, sig: &str) {
         .unwrap()
         .success();
     assert!(ok, "kill {sig} {pid}");
+    if sig == "-STOP" {
+        // Every thread stopped (state T in /proc/<pid>/task/*/stat), not just signalled.
+        let stopped = mq_tests::wait_until(WAIT, || {
+            std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|tasks| {
+                    tasks.flatten().all(|t| {
+                        std::fs::read_to_string(t.path().join("stat"))
+                            .ok()
+                            .and_then(|st| {
+                                st.rsplit_once(')')
+                                    .map(|(_, r)| r.trim_start().starts_with('T'))
+                            })
+                            .unwrap_or(false)
+                    })
+                })
+                .unwrap_or(false)
+        });
+        assert!(stopped, "mqd {pid} did not stop after SIGSTOP");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

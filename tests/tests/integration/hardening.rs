@@ -599,6 +599,40 @@ async fn errors_quote_huge_client_values_cut_short() {
             s.message().len()
         );
     }
+    // Errors carried in answers (not in gRPC headers, which the transport limits anyway).
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    for destination in [huge.clone(), format!("FORMATNAME:{huge},{huge}")] {
+        tx.send(v1::SendBatch {
+            first_seq: 1,
+            destination,
+            messages: vec![v1::OutMessage::default()],
+            transactional: false,
+        })
+        .await
+        .unwrap();
+    }
+    drop(tx);
+    let mut acks = rpc
+        .send(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    for _ in 0..2 {
+        let ack = acks.message().await.unwrap().unwrap();
+        let m = &ack.failures[0].message;
+        assert!(m.len() < 1000, "a send failure of {} bytes", m.len());
+    }
+    let (_tx, ack, _acks) = open_forward(
+        broker.url(),
+        batch(uuid::Uuid::now_v7(), "peer", vec![forwarded(&huge, 1)]),
+    )
+    .await;
+    let r = &ack.unwrap().rejected[0];
+    assert!(
+        r.reason.len() <= 512,
+        "a refusal of {} bytes",
+        r.reason.len()
+    );
     drop(client);
     broker.stop().await.unwrap();
 }
@@ -649,12 +683,14 @@ async fn refusals_are_logged_rate_limited() {
     assert!(dead, "all 300 refused and dead-lettered");
     let a_lines = a.stderr().matches("dead-lettered").count();
     let b_lines = b.stderr().matches("refused forwarded messages").count();
+    // At most one a second (sender) or one per peer every 10 s (destination): a loaded machine
+    // may take a while, but never one line per message.
     assert!(
-        a_lines <= 10,
+        a_lines <= 50,
         "the sender logged {a_lines} dead-letter lines for 300 refusals"
     );
     assert!(
-        (1..=10).contains(&b_lines),
+        (1..=20).contains(&b_lines),
         "the destination logged {b_lines} refusal lines for 300 refusals"
     );
 }

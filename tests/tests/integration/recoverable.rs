@@ -203,7 +203,9 @@ async fn mq_send_count_reports_acknowledged_k_of_n() {
     let last = stderr.lines().last().unwrap_or_default();
     let k: u64 = last
         .split_once("acknowledged ")
-        .and_then(|(_, rest)| rest.strip_suffix(" of 200000"))
+        // "acknowledged K of N", and ", outcome unknown for M" when some were in flight.
+        .and_then(|(_, rest)| rest.split(',').next())
+        .and_then(|rest| rest.strip_suffix(" of 200000"))
         .and_then(|k| k.parse().ok())
         .unwrap_or_else(|| {
             panic!("last stderr line {last:?} has no \"acknowledged K of 200000\"; all: {stderr}")

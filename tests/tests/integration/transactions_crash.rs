@@ -194,14 +194,23 @@ async fn mqd_killed_before_commit_keeps_nothing_after_commit_everything() {
     // A round trip: every staged send above has reached the broker.
     assert!(tx.receive(EMPTY, Duration::ZERO).await.unwrap().is_none());
     mqd.kill9_checked();
+    let id = tx.id();
     let e = tx.commit().await.unwrap_err();
-    assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
+    // The connection is gone: either the commit never left (not committed) or nobody can
+    // tell whether it reached the broker (in doubt). Never a success.
+    assert!(
+        matches!(e, Error::Unavailable(_) | Error::InDoubt { .. }),
+        "{e:?}"
+    );
 
     let mut mqd = MqdProcess::launch(dir.path(), &[]);
     let client = mqd.connect().await;
     for q in [A, B] {
         assert_eq!(client.queue_info(q).await.unwrap().messages, 0, "{q}");
     }
+    // After the restart the broker tells the truth: it did not commit.
+    let s = client.transaction_outcome(id).await.unwrap();
+    assert_eq!(s.outcome, mq_client::TxOutcome::Aborted, "{s:?}");
 
     // Right after the commit.
     let mut tx = client.begin().await.unwrap();
