@@ -104,7 +104,7 @@ pub struct JournalOptions {
     /// Default 64 MiB.
     pub max_queued_bytes: usize,
     /// Submissions allowed to wait for the writer; [`Journal::submit`] blocks while the queue
-    /// holds this many. Default 65,536.
+    /// holds this many (the channel preallocates a slot for each). Default 4,096.
     pub max_queued_records: usize,
     /// Size of the reserve file kept for disk-full mode (see the module docs); `None` = one
     /// segment (`segment_size`). `Some(0)` keeps no reserve.
@@ -126,7 +126,7 @@ impl Default for JournalOptions {
             compact_live_ratio: 0.5,
             max_batch_bytes: 8 << 20,
             max_queued_bytes: 64 << 20,
-            max_queued_records: 65_536,
+            max_queued_records: 4096,
             reserve_bytes: None,
             truncate_damaged: false,
         }
