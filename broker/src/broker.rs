@@ -1210,8 +1210,10 @@ impl Broker {
         self.release(Delivery::Recoverable, stored);
         if !seqs.is_empty() {
             // Not awaited on purpose (see above); a failure poisons the journal, and later
-            // sends report it.
-            drop(self.journal.submit(vec![Op::Remove {
+            // sends report it. The removal lane: the entries' `Put`s are durable (they were
+            // in the queue), so it rides the next group commit instead of queueing behind
+            // pending sends; that bounds the redelivery window after a crash.
+            drop(self.journal.submit_removal(vec![Op::Remove {
                 queue_id: queue.def().id,
                 seqs,
             }]));
@@ -1237,7 +1239,7 @@ impl Broker {
         entries: Vec<Entry>,
     ) -> Result<Vec<Entry>, BrokerError> {
         let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
-        let commit = self.journal.submit(vec![Op::Remove {
+        let commit = self.journal.submit_removal(vec![Op::Remove {
             queue_id: queue.def().id,
             seqs,
         }]);

@@ -245,7 +245,14 @@ pub(crate) async fn forward_stream(
 ) {
     let first = match inbound.message().await {
         Ok(Some(b)) => b,
-        _ => return,
+        Err(status) => {
+            // A batch above the size limit: the sending broker shows why (its last error).
+            if let Some(refused) = crate::service::refused_input(status) {
+                let _ = out.send(Err(refused)).await;
+            }
+            return;
+        }
+        Ok(None) => return,
     };
     let Ok(id) = uuid::Uuid::from_slice(&first.stream_id) else {
         let _ = out
@@ -353,6 +360,10 @@ pub(crate) async fn forward_stream(
                     Ok(None) => break,
                     Err(status) => {
                         tracing::debug!(%status, "forwarding stream ended by the sender");
+                        if let Some(refused) = crate::service::refused_input(status) {
+                            // Answered after every batch before it.
+                            let _ = pending_tx.send(Box::pin(async move { Err(refused) })).await;
+                        }
                         break;
                     }
                 }

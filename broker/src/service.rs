@@ -535,7 +535,7 @@ async fn send_stream(
 
 /// A request stream's error as its client should hear it: a message above the size limit is
 /// refused naming the limit (`Some`); anything else means the client is gone (`None`).
-fn refused_input(status: Status) -> Option<Status> {
+pub(crate) fn refused_input(status: Status) -> Option<Status> {
     (status.code() == tonic::Code::OutOfRange).then(|| {
         Status::out_of_range(format!(
             "{}; one gRPC message may hold at most the body limit (mqd --max-body-bytes) plus 8 MiB",

@@ -284,7 +284,10 @@ impl Client {
     /// [`Client::pause_outgoing`].
     pub async fn delete_outgoing(&self, destination: &str) -> Result<()> {
         let req = outgoing_request(destination)?;
-        self.rpc.clone().delete_outgoing(req).await?;
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.delete_outgoing(req);
+        self.call("deleting the outgoing queue", Duration::ZERO, rpc)
+            .await?;
         Ok(())
     }
 
@@ -347,7 +350,7 @@ impl Client {
                     continue;
                 }
                 Ok(_) => {}
-                Err(e @ Error::Unavailable(_)) | Err(e @ Error::Connect { .. }) => {
+                Err(e @ (Error::Unavailable(_) | Error::Timeout(_) | Error::Connect { .. })) => {
                     last = Some(e);
                     continue;
                 }
@@ -355,7 +358,7 @@ impl Client {
             }
             let tx = match self.begin_with_id(id).await {
                 Ok(tx) => tx,
-                Err(e @ Error::Unavailable(_)) => {
+                Err(e @ (Error::Unavailable(_) | Error::Timeout(_))) => {
                     last = Some(e);
                     continue;
                 }
@@ -365,7 +368,9 @@ impl Client {
             match tx.commit().await {
                 Ok(ids) => return Ok(CommitOnce::Committed(ids)),
                 Err(Error::AlreadyCommitted { .. }) => return Ok(CommitOnce::AlreadyCommitted),
-                Err(e @ (Error::InDoubt { .. } | Error::Unavailable(_))) => last = Some(e),
+                Err(e @ (Error::InDoubt { .. } | Error::Unavailable(_) | Error::Timeout(_))) => {
+                    last = Some(e)
+                }
                 Err(Error::FailedPrecondition(m)) if m.contains("open on another connection") => {
                     last = Some(Error::InDoubt { id, reason: m })
                 }

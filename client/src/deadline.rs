@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
-/// How a [`crate::Client`] bounds its waits. Every call fails with [`Error::Unavailable`] (a
+/// How a [`crate::Client`] bounds its waits. Every call fails with [`Error::Timeout`] (a
 /// commit: [`Error::InDoubt`]) once its deadline passes without an answer.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
@@ -41,7 +41,7 @@ impl Default for ClientOptions {
 
 /// The error of a call whose deadline `limit` passed.
 pub(crate) fn deadline_error(what: &str, limit: Duration) -> Error {
-    Error::Unavailable(format!(
+    Error::Timeout(format!(
         "no answer from the broker {what} within {} (the client's deadline, ClientOptions::call_timeout, mq --call-timeout); is the broker stopped or overloaded?",
         humantime::format_duration(limit)
     ))

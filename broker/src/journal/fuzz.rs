@@ -40,6 +40,7 @@ fn opts(truncate_damaged: bool) -> JournalOptions {
         segment_size: 4096,
         max_batch_bytes: 64 << 10,
         reserve_bytes: Some(0),
+        max_queued_records: 64,
         truncate_damaged,
         ..JournalOptions::default()
     }

@@ -104,7 +104,7 @@ pub struct JournalOptions {
     /// Default 64 MiB.
     pub max_queued_bytes: usize,
     /// Submissions allowed to wait for the writer; [`Journal::submit`] blocks while the queue
-    /// holds this many. Default 65,536.
+    /// holds this many (the channel preallocates a slot for each). Default 4,096.
     pub max_queued_records: usize,
     /// Size of the reserve file kept for disk-full mode (see the module docs); `None` = one
     /// segment (`segment_size`). `Some(0)` keeps no reserve.
@@ -126,7 +126,7 @@ impl Default for JournalOptions {
             compact_live_ratio: 0.5,
             max_batch_bytes: 8 << 20,
             max_queued_bytes: 64 << 20,
-            max_queued_records: 65_536,
+            max_queued_records: 4096,
             reserve_bytes: None,
             truncate_damaged: false,
         }
@@ -263,6 +263,8 @@ impl Shared {
 struct Inner {
     shared: Arc<Shared>,
     tx: Sender<Msg>,
+    /// The lane of [`Journal::submit_removal`].
+    urgent: Sender<Msg>,
     closed: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -402,7 +404,8 @@ impl Journal {
             pending: AtomicU64::new(0),
         });
         let (tx, rx) = crossbeam_channel::bounded(opts.max_queued_records);
-        let mut w = Writer::new(shared.clone(), rx, opts.clone(), active);
+        let (urgent, urgent_rx) = crossbeam_channel::unbounded();
+        let mut w = Writer::new(shared.clone(), rx, urgent_rx, opts.clone(), active);
         w.restore_reserve();
         let thread = std::thread::Builder::new()
             .name("mq-journal-writer".into())
@@ -427,6 +430,7 @@ impl Journal {
             inner: Arc::new(Inner {
                 shared,
                 tx,
+                urgent,
                 closed: AtomicBool::new(false),
                 thread: Mutex::new(Some(thread)),
             }),
@@ -440,6 +444,46 @@ impl Journal {
     /// from one thread; an empty `ops` completes after everything submitted before it.
     pub fn submit(&self, ops: Vec<Op>) -> Commit {
         self.submit_inner(ops, false)
+    }
+
+    /// Like [`Journal::submit`], for ops that only remove records that are already durable
+    /// (the `Remove` of a message that was delivered, or purged, after its `Put` was synced):
+    /// it rides the very next group commit, ahead of submissions queued before it, instead of
+    /// waiting behind them (and is not held back by the queue's bounds). That bounds the time
+    /// from a receiver's acknowledgement to the durable removal to about two group commits.
+    /// Because its targets are durable, writing it before earlier submissions changes nothing
+    /// else; do not use it for anything that must follow an earlier record.
+    pub fn submit_removal(&self, ops: Vec<Op>) -> Commit {
+        let shared = &self.inner.shared;
+        if let Some(e) = shared.poisoned_error() {
+            return Commit::ready(Err(e));
+        }
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Commit::ready(Err(JournalError::Closed));
+        }
+        let payload: usize = ops.iter().map(Op::encoded_len).sum();
+        if payload > MAX_PAYLOAD || ops.iter().any(Op::has_oversized_field) {
+            return Commit::ready(Err(JournalError::TooLarge {
+                size: (payload + FRAME_HEADER) as u64,
+                max: (MAX_PAYLOAD + FRAME_HEADER) as u64,
+            }));
+        }
+        let (tx, rx) = oneshot::channel();
+        let msg = Msg::Submit {
+            ops,
+            size: payload + FRAME_HEADER,
+            done: tx,
+            detached: false,
+        };
+        if self.inner.urgent.send(msg).is_err() {
+            return Commit::ready(Err(shared.dropped_error()));
+        }
+        Commit {
+            state: CommitState::Pending {
+                rx,
+                shared: shared.clone(),
+            },
+        }
     }
 
     fn submit_inner(&self, ops: Vec<Op>, detached: bool) -> Commit {

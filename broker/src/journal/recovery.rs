@@ -93,19 +93,56 @@ fn valid_record_at(buf: &[u8], x: usize, flags: bool) -> Option<usize> {
 }
 
 /// Valid records from `from` to the end of `buf` (each found by [`find_valid_record`] with
-/// `flags`, then those chained after it): what truncating at `from` drops, for the log.
-fn count_valid_records(buf: &[u8], from: usize, flags: bool) -> u64 {
+/// `flags`, then those chained after it): what truncating at `from` drops, for the log. Returns
+/// their number and a summary of their ops (the first few, by kind, queue and seq).
+fn count_valid_records(buf: &[u8], from: usize, flags: bool) -> (u64, String) {
+    const SHOWN: usize = 20;
     let mut n = 0;
+    let mut ops: Vec<String> = Vec::new();
+    let mut total_ops = 0usize;
+    let mut note = |payload: &[u8]| {
+        if let Ok(entries) = decode_payload(&Bytes::copy_from_slice(payload)) {
+            for (e, _) in entries {
+                total_ops += 1;
+                if ops.len() < SHOWN {
+                    ops.push(match e {
+                        Entry::Op(super::Op::Put { queue_id, seq, .. }) => {
+                            format!("put {queue_id}:{seq}")
+                        }
+                        Entry::Op(super::Op::Remove { queue_id, seqs }) => {
+                            format!("remove {queue_id}:{} seqs", seqs.len())
+                        }
+                        Entry::Op(super::Op::DefineQueue { queue_id, .. }) => {
+                            format!("define {queue_id}")
+                        }
+                        Entry::Op(super::Op::DeleteQueue { queue_id }) => {
+                            format!("delete {queue_id}")
+                        }
+                        Entry::Op(super::Op::Purge {
+                            queue_id,
+                            through_seq,
+                        }) => format!("purge {queue_id}:..={through_seq}"),
+                        Entry::Mark(_) => "mark".to_string(),
+                    });
+                }
+            }
+        }
+    };
     let mut at = from;
-    while let Some((_, mut end)) = find_valid_record(buf, at, flags) {
+    while let Some((start, mut end)) = find_valid_record(buf, at, flags) {
         n += 1;
-        while let Frame::Record { next, .. } = decode_frame(buf, end, flags) {
+        note(&buf[start + FRAME_HEADER..end]);
+        while let Frame::Record { next, payload, .. } = decode_frame(buf, end, flags) {
             n += 1;
+            note(&buf[payload]);
             end = next;
         }
         at = end;
     }
-    n
+    if total_ops > ops.len() {
+        ops.push(format!("and {} more ops", total_ops - ops.len()));
+    }
+    (n, ops.join(", "))
 }
 
 pub(crate) fn scan(dir: &Path, io: &dyn Io, truncate_damaged: bool) -> Result<Scan, JournalError> {
@@ -155,8 +192,8 @@ pub(crate) fn scan(dir: &Path, io: &dyn Io, truncate_damaged: bool) -> Result<Sc
                             next_record: at as u64,
                         });
                     }
-                    let dropped = count_valid_records(&buf, hl, false);
-                    tracing::error!(path = %path.display(), %reason, records = dropped, bytes = len,
+                    let (dropped, ops) = count_valid_records(&buf, hl, false);
+                    tracing::error!(path = %path.display(), %reason, records = dropped, bytes = len, %ops,
                         "journal: --truncate-damaged-journal: removing the last segment, whose header is damaged; its records are lost");
                     out.dropped_records += dropped;
                 } else {
@@ -225,8 +262,8 @@ pub(crate) fn scan(dir: &Path, io: &dyn Io, truncate_damaged: bool) -> Result<Sc
                         next_record: next as u64,
                     });
                 }
-                let dropped = count_valid_records(&buf, at + 1, flags);
-                tracing::error!(path = %path.display(), offset = at, %reason, records = dropped,
+                let (dropped, ops) = count_valid_records(&buf, at + 1, flags);
+                tracing::error!(path = %path.display(), offset = at, %reason, records = dropped, %ops,
                     first_valid_record_after = next,
                     "journal: --truncate-damaged-journal: dropping everything from the damage to the end of the segment, including records that were written after it");
                 out.dropped_records += dropped;

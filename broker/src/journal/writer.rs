@@ -49,7 +49,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+use crossbeam_channel::{Receiver, TryRecvError};
 use tokio::sync::oneshot;
 
 use super::error::JournalError;
@@ -115,6 +115,10 @@ pub(crate) struct Active {
 pub(crate) struct Writer {
     pub shared: Arc<Shared>,
     pub rx: Receiver<Msg>,
+    /// Removals of durable records (`Journal::submit_removal`): taken into the very next batch,
+    /// ahead of whatever queues in `rx`, so an acknowledged message's removal is never stuck
+    /// behind a backlog of sends.
+    pub urgent: Receiver<Msg>,
     pub opts: JournalOptions,
     pub active: Active,
     pub buf: Vec<u8>,
@@ -170,6 +174,7 @@ impl Writer {
     pub fn new(
         shared: Arc<Shared>,
         rx: Receiver<Msg>,
+        urgent: Receiver<Msg>,
         opts: JournalOptions,
         active: Active,
     ) -> Self {
@@ -177,6 +182,7 @@ impl Writer {
         Writer {
             shared,
             rx,
+            urgent,
             opts,
             active,
             buf: Vec::new(),
@@ -233,33 +239,76 @@ impl Writer {
 
     pub fn run(mut self) {
         loop {
+            // `None`: only urgent submissions are waiting.
             let first = if self.compaction_target().is_some() {
                 match self.rx.try_recv() {
-                    Ok(m) => m,
+                    Ok(m) => Some(m),
+                    Err(TryRecvError::Empty) if !self.urgent.is_empty() => None,
                     Err(TryRecvError::Empty) => {
                         self.compact_step();
                         continue;
                     }
                     Err(TryRecvError::Disconnected) => break,
                 }
-            } else if self.compact_retry_at.is_some() {
-                // Compaction waits for space: look again after a while even when idle.
-                match self.rx.recv_timeout(DISK_FULL_RETRY) {
-                    Ok(m) => m,
-                    Err(RecvTimeoutError::Timeout) => {
-                        self.compact_step();
-                        continue;
-                    }
-                    Err(RecvTimeoutError::Disconnected) => break,
-                }
             } else {
-                match self.rx.recv() {
-                    Ok(m) => m,
-                    Err(_) => break,
+                let mut sel = crossbeam_channel::Select::new();
+                let from_rx = sel.recv(&self.rx);
+                sel.recv(&self.urgent);
+                let ready = if self.compact_retry_at.is_some() {
+                    // Compaction waits for space: look again after a while even when idle.
+                    match sel.ready_timeout(DISK_FULL_RETRY) {
+                        Ok(i) => i,
+                        Err(_) => {
+                            self.compact_step();
+                            continue;
+                        }
+                    }
+                } else {
+                    sel.ready()
+                };
+                if ready == from_rx {
+                    match self.rx.try_recv() {
+                        Ok(m) => Some(m),
+                        Err(TryRecvError::Empty) => None,
+                        Err(TryRecvError::Disconnected) => break,
+                    }
+                } else {
+                    None
                 }
             };
             let mut batch: Vec<Sub> = Vec::new();
             let mut bytes = 0usize;
+            // Urgent removals first: every one waiting rides this batch, whatever its size.
+            loop {
+                match self.urgent.try_recv() {
+                    Ok(Msg::Submit {
+                        ops,
+                        size,
+                        done,
+                        detached,
+                    }) => {
+                        bytes += size;
+                        batch.push(Sub {
+                            ops,
+                            done,
+                            detached,
+                        });
+                    }
+                    Ok(Msg::Shutdown) | Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        if first.is_none() {
+                            return;
+                        }
+                        break;
+                    }
+                }
+            }
+            let Some(first) = first else {
+                if !batch.is_empty() {
+                    self.commit(batch);
+                }
+                continue;
+            };
             let mut stop = false;
             let mut next = Some(first);
             while let Some(m) = next.take() {

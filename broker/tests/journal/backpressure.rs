@@ -88,3 +88,53 @@ fn one_submission_larger_than_the_byte_limit_still_goes_through() {
     j.submit(vec![put(1, 1, 50_000)]).wait().unwrap();
     assert_eq!(j.read_body(1, 1).unwrap(), body(1, 1, 50_000));
 }
+
+/// A removal (`submit_removal`) does not queue behind pending submissions: it rides the next
+/// group commit. Here it is durable at the second sync from now while most of a backlog of
+/// earlier puts is not (the disk "crashes" at the third).
+#[test]
+fn a_removal_rides_the_next_group_commit_ahead_of_queued_submissions() {
+    let io = FaultyIo::new(5);
+    let opts = JournalOptions {
+        max_batch_bytes: 4096,
+        ..small_opts(1 << 20)
+    };
+    let (j, _) = Journal::open_with_io("/fake".as_ref(), opts, Arc::new(io.clone())).unwrap();
+    for s in 1..=3 {
+        j.submit(vec![put(1, s, 100)]).wait().unwrap();
+    }
+    io.pause_syncs(true);
+    // The writer takes this one and waits in its sync.
+    let _held = j.submit(vec![put(1, 4, 1000)]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while j.stats().queued_bytes > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the writer never took the first put"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _backlog: Vec<_> = (5..=60).map(|s| j.submit(vec![put(1, s, 1000)])).collect();
+    let removal = j.submit_removal(vec![Op::Remove {
+        queue_id: 1,
+        seqs: vec![1],
+    }]);
+    io.crash_at_sync(3);
+    io.pause_syncs(false);
+    removal
+        .wait()
+        .expect("the removal is durable at the second sync");
+    drop(j);
+    let (_, r) = Journal::open_with_io(
+        "/fake".as_ref(),
+        small_opts(1 << 20),
+        Arc::new(io.restart()),
+    )
+    .unwrap();
+    let s = seqs(&r, 1);
+    assert!(!s.contains(&1), "the removal is on disk: {s:?}");
+    assert!(
+        !s.contains(&60),
+        "the removal was written ahead of the backlog: {s:?}"
+    );
+}

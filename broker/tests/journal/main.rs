@@ -12,7 +12,8 @@
 //!   coming back is noticed by itself.
 //! - `damage`: damage in the last segment followed by later writes refuses to open, unless
 //!   `truncate_damaged`; a torn group commit is still cut.
-//! - `backpressure`: the submission queue is bounded; submitters wait.
+//! - `backpressure`: the submission queue is bounded; submitters wait; a removal rides the next
+//!   group commit ahead of the queue.
 //! - `compaction`: disk use stays bounded under put/remove churn, live messages stay
 //!   readable while compaction moves them, watermarks survive dropped segments.
 //! - `concurrency`: many threads submitting share syncs (group commit).

@@ -813,14 +813,15 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
 /// The last line of a failed `mq send`: the error, then how many of the `count` messages were
 /// acknowledged, and how many have an unknown outcome (sent, no answer before the stream ended).
 fn send_failure(e: &mq_client::Error, acknowledged: u64, in_doubt: u64, count: u64) -> Failure {
+    // The line always ends with "acknowledged K of N" (scripts parse it).
     let unknown = if in_doubt > 0 {
-        format!(", outcome unknown for {in_doubt}")
+        format!("outcome unknown for {in_doubt}; ")
     } else {
         String::new()
     };
     Failure {
         code: 1,
-        message: format!("{e}; acknowledged {acknowledged} of {count}{unknown}"),
+        message: format!("{e}; {unknown}acknowledged {acknowledged} of {count}"),
     }
 }
 
@@ -859,7 +860,7 @@ async fn send_tx(
             return Err(Failure {
                 code: 1,
                 message: format!(
-                    "the connection to the broker was lost during the commit ({reason}): transaction {id} outcome unknown; it may or may not have committed: ask with `mq tx status {id}`, or repeat this send with --tx-id {id} (commits at most once); acknowledged 0 of {}, outcome unknown for {}",
+                    "the connection to the broker was lost during the commit ({reason}): transaction {id} outcome unknown; it may or may not have committed: ask with `mq tx status {id}`, or repeat this send with --tx-id {id} (commits at most once); outcome unknown for {}; acknowledged 0 of {}",
                     a.count, a.count
                 ),
             });
@@ -1277,6 +1278,26 @@ beta.example.com:1801  ONHOLD               3              30          0        
         assert_eq!(v[0]["next_retry_ms"], 1_700_000_001_200u64);
         assert_eq!(v[1]["state"], "ONHOLD");
         assert!(v[1]["last_error"].is_null());
+    }
+
+    #[test]
+    fn a_failed_send_ends_with_acknowledged_k_of_n_and_says_what_is_unknown() {
+        let e = mq_client::Error::Unavailable("the connection to the broker was lost".into());
+        let f = send_failure(&e, 7, 0, 10);
+        assert!(
+            f.message.ends_with("; acknowledged 7 of 10"),
+            "{}",
+            f.message
+        );
+        assert!(!f.message.contains("unknown"), "{}", f.message);
+        let f = send_failure(&e, 7, 3, 10);
+        assert!(
+            f.message
+                .ends_with("; outcome unknown for 3; acknowledged 7 of 10"),
+            "{}",
+            f.message
+        );
+        assert_eq!(f.code, 1);
     }
 
     #[test]

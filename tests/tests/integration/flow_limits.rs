@@ -189,6 +189,41 @@ fn mqd_refuses_zero_flow_limits() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_batch_above_the_destinations_limit_is_refused_with_the_reason() {
+    // B takes bodies up to 4 MiB (gRPC messages up to 12 MiB); A up to 16 MiB.
+    let b = InProcessBroker::start().await;
+    let b_client = b.client().await;
+    mq_tests::create_default_queue(&b_client, Q).await;
+    let a = InProcessBroker::start_with(|c| c.max_body_bytes = 16 << 20).await;
+    let a_client = a.client().await;
+    let remote = format!(r"DIRECT=TCP:{}\private$\flow", b.addr());
+    a_client
+        .queue(&remote)
+        .unwrap()
+        .send(Message::new(vec![b'f'; 13 << 20]))
+        .await
+        .unwrap();
+    let shown = eventually(WAIT, || {
+        let c = a_client.clone();
+        async move {
+            c.outgoing().await.unwrap().iter().any(|q| {
+                q.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("--max-body-bytes"))
+            })
+        }
+    })
+    .await;
+    let last = a_client.outgoing().await.unwrap();
+    assert!(
+        shown,
+        "the outgoing queue does not say why B refused: {last:?}"
+    );
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
 // ---- point 6: transactions -------------------------------------------------------------------
 
 async fn create_tx_queue(client: &Client, name: &str, quota: Option<u64>) {

@@ -194,7 +194,7 @@ async fn a_commit_to_a_stopped_broker_is_in_doubt_at_the_deadline_then_resolved_
         let started = Instant::now();
         let e = client.queue_info(Q).await.unwrap_err();
         assert!(
-            matches!(&e, Error::Unavailable(m) if m.contains("deadline")),
+            matches!(&e, Error::Timeout(m) if m.contains("deadline")),
             "{e:?}"
         );
         assert!(started.elapsed() < WAIT);

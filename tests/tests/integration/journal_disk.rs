@@ -105,7 +105,9 @@ fn damaged_journal_refuses_to_start_until_told_to_truncate() {
     mqd.terminate(WAIT).unwrap();
     let log = mqd.stderr();
     assert!(
-        log.contains("--truncate-damaged-journal") && log.contains("records=15"),
+        log.contains("--truncate-damaged-journal")
+            && log.contains("records=15")
+            && log.contains("put "),
         "logs what it dropped: {log}"
     );
 }

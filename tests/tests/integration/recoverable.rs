@@ -203,7 +203,7 @@ async fn mq_send_count_reports_acknowledged_k_of_n() {
     let last = stderr.lines().last().unwrap_or_default();
     let k: u64 = last
         .split_once("acknowledged ")
-        // "acknowledged K of N", and ", outcome unknown for M" when some were in flight.
+        // "...; [outcome unknown for M; ]acknowledged K of N" (M: sent, no answer).
         .and_then(|(_, rest)| rest.split(',').next())
         .and_then(|rest| rest.strip_suffix(" of 200000"))
         .and_then(|k| k.parse().ok())
