@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -934,17 +935,44 @@ impl Broker {
         for o in &all {
             self.start_forwarder(o);
         }
+        self.spawn_periodic(crate::deadletter::SWEEP_INTERVAL, |b| async move {
+            b.sweep_expired().await
+        });
+        // Idle outgoing queues and incoming streams are checked every quarter of their idle
+        // time (100 ms to 1 min).
+        let quarter =
+            |idle: Duration| (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+        let idle = self.config.outgoing_idle_expiry;
+        self.spawn_periodic(quarter(idle), move |b| async move {
+            b.expire_idle_outgoing(idle).await;
+        });
+        let idle = self.config.forward_stream_idle;
+        self.spawn_periodic(quarter(idle), move |b| async move {
+            b.prune_streams(idle);
+        });
+    }
+
+    /// Runs `work` every `period` (a late tick is delayed, not bunched) until the broker shuts
+    /// down or is gone: the broker's background housekeeping.
+    fn spawn_periodic<F, Fut>(self: &Arc<Self>, period: Duration, mut work: F)
+    where
+        F: FnMut(Arc<Broker>) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
         let broker = Arc::downgrade(self);
-        let shutdown = self.shutdown.subscribe();
-        tokio::spawn(crate::deadletter::sweep_loop(broker, shutdown));
-        tokio::spawn(crate::outgoing_admin::expiry_loop(
-            Arc::downgrade(self),
-            self.shutdown.subscribe(),
-        ));
-        tokio::spawn(crate::stream_bounds::prune_loop(
-            Arc::downgrade(self),
-            self.shutdown.subscribe(),
-        ));
+        let mut shutdown = self.shutdown.subscribe();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = shutdown.wait_for(|s| *s) => return,
+                }
+                let Some(b) = broker.upgrade() else { return };
+                work(b).await;
+            }
+        });
     }
 
     fn start_forwarder(self: &Arc<Self>, o: &Arc<crate::forward::Outgoing>) {

@@ -9,7 +9,7 @@
 //! A move is one journal record (`Put` into the dead-letter queue and `Remove` from where it
 //! was), so a crash leaves the message in exactly one of the two places.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use mq_proto::limits::quote;
@@ -49,20 +49,11 @@ pub fn class_name(class: DeadLetterClass) -> &'static str {
     }
 }
 
-/// Every [`SWEEP_INTERVAL`], moves expired messages of every queue to a dead-letter queue.
-/// Ends when the broker shuts down or is gone.
-pub(crate) async fn sweep_loop(
-    broker: Weak<Broker>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.wait_for(|s| *s) => return,
-        }
-        let Some(b) = broker.upgrade() else { return };
+impl Broker {
+    /// Moves expired messages of every queue to a dead-letter queue (every
+    /// [`SWEEP_INTERVAL`], see `Broker::start_background`).
+    pub(crate) async fn sweep_expired(&self) {
+        let b = self;
         for q in b.all_queues() {
             let now = now_ms();
             if !q.needs_sweep(now) {
@@ -109,9 +100,7 @@ pub(crate) async fn sweep_loop(
             b.dead_letter(&q, items).await;
         }
     }
-}
 
-impl Broker {
     /// Moves taken entries of `src` to the dead-letter queue that fits each (DEADXACT for
     /// transactional messages). Recoverable ones move in one journal record with their removal
     /// from `src`; if that write fails they go back to `src`.

@@ -1,7 +1,7 @@
 //! Deleting outgoing queues: on request when empty (`DeleteOutgoing`, `mq outgoing delete`),
 //! and by expiry once empty, unpaused and unused for `--outgoing-idle-expiry`.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::broker::Broker;
@@ -107,27 +107,5 @@ impl Broker {
             }
         }
         n
-    }
-}
-
-/// Checks for idle outgoing queues every quarter of the expiry time (100 ms to 1 min) until the
-/// broker shuts down or is gone.
-pub(crate) async fn expiry_loop(
-    broker: Weak<Broker>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
-    let Some(idle) = broker.upgrade().map(|b| b.config().outgoing_idle_expiry) else {
-        return;
-    };
-    let every = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.wait_for(|s| *s) => return,
-        }
-        let Some(b) = broker.upgrade() else { return };
-        b.expire_idle_outgoing(idle).await;
     }
 }

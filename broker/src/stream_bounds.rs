@@ -3,7 +3,7 @@
 //! storage-quota charge per stream record, bounded refusal memory, rate-limited refusal logs.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use mq_proto::limits::{quote, truncate};
@@ -242,28 +242,6 @@ impl Broker {
                 "refused forwarded messages (at most one line per peer every 10 s)"
             );
         }
-    }
-}
-
-/// Prunes idle streams every quarter of `--forward-stream-idle` (100 ms to 1 min) until the
-/// broker shuts down or is gone.
-pub(crate) async fn prune_loop(
-    broker: Weak<Broker>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
-    let Some(idle) = broker.upgrade().map(|b| b.config().forward_stream_idle) else {
-        return;
-    };
-    let every = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.wait_for(|s| *s) => return,
-        }
-        let Some(b) = broker.upgrade() else { return };
-        b.prune_streams(idle);
     }
 }
 
