@@ -87,6 +87,9 @@ use record::{FRAME_HEADER, MAX_PAYLOAD};
 use segment::{segment_path, HEADER_LEN};
 use writer::{Active, Msg, Writer};
 
+/// The writer's answer to one submission.
+type Completion = oneshot::Receiver<Result<(), JournalError>>;
+
 /// Tuning. The defaults suit a broker; tests use small segments.
 #[derive(Debug, Clone)]
 pub struct JournalOptions {
@@ -454,52 +457,49 @@ impl Journal {
     /// Because its targets are durable, writing it before earlier submissions changes nothing
     /// else; do not use it for anything that must follow an earlier record.
     pub fn submit_removal(&self, ops: Vec<Op>) -> Commit {
-        let shared = &self.inner.shared;
-        if let Some(e) = shared.poisoned_error() {
-            return Commit::ready(Err(e));
-        }
-        if self.inner.closed.load(Ordering::Acquire) {
-            return Commit::ready(Err(JournalError::Closed));
-        }
-        let payload: usize = ops.iter().map(Op::encoded_len).sum();
-        if payload > MAX_PAYLOAD || ops.iter().any(Op::has_oversized_field) {
-            return Commit::ready(Err(JournalError::TooLarge {
-                size: (payload + FRAME_HEADER) as u64,
-                max: (MAX_PAYLOAD + FRAME_HEADER) as u64,
-            }));
-        }
-        let (tx, rx) = oneshot::channel();
-        let msg = Msg::Submit {
-            ops,
-            size: payload + FRAME_HEADER,
-            done: tx,
-            detached: false,
+        let (msg, _, rx) = match self.prepare(ops, false) {
+            Ok(p) => p,
+            Err(failed) => return failed,
         };
         if self.inner.urgent.send(msg).is_err() {
-            return Commit::ready(Err(shared.dropped_error()));
+            return Commit::ready(Err(self.inner.shared.dropped_error()));
         }
-        Commit {
-            state: CommitState::Pending {
-                rx,
-                shared: shared.clone(),
-            },
-        }
+        self.pending_commit(rx)
     }
 
     fn submit_inner(&self, ops: Vec<Op>, detached: bool) -> Commit {
+        let (msg, size, rx) = match self.prepare(ops, detached) {
+            Ok(p) => p,
+            Err(failed) => return failed,
+        };
+        let shared = &self.inner.shared;
+        // Backpressure: wait for room in the queue (bytes here, count in the channel).
+        shared.admission.acquire(size);
+        shared.pending.fetch_add(1, Ordering::AcqRel);
+        if self.inner.tx.send(msg).is_err() {
+            shared.admission.release(size);
+            shared.pending.fetch_sub(1, Ordering::AcqRel);
+            return Commit::ready(Err(shared.dropped_error()));
+        }
+        self.pending_commit(rx)
+    }
+
+    /// The checks every submission passes (poisoned, closed, too large) and its message for
+    /// the writer: `(message, record size, completion)`, or the already failed commit.
+    fn prepare(&self, ops: Vec<Op>, detached: bool) -> Result<(Msg, usize, Completion), Commit> {
         let shared = &self.inner.shared;
         if let Some(e) = shared.poisoned_error() {
-            return Commit::ready(Err(e));
+            return Err(Commit::ready(Err(e)));
         }
         if self.inner.closed.load(Ordering::Acquire) {
-            return Commit::ready(Err(JournalError::Closed));
+            return Err(Commit::ready(Err(JournalError::Closed)));
         }
         let payload: usize = ops.iter().map(Op::encoded_len).sum();
         if payload > MAX_PAYLOAD || ops.iter().any(Op::has_oversized_field) {
-            return Commit::ready(Err(JournalError::TooLarge {
+            return Err(Commit::ready(Err(JournalError::TooLarge {
                 size: (payload + FRAME_HEADER) as u64,
                 max: (MAX_PAYLOAD + FRAME_HEADER) as u64,
-            }));
+            })));
         }
         let (tx, rx) = oneshot::channel();
         let size = payload + FRAME_HEADER;
@@ -509,18 +509,14 @@ impl Journal {
             done: tx,
             detached,
         };
-        // Backpressure: wait for room in the queue (bytes here, count in the channel).
-        shared.admission.acquire(size);
-        shared.pending.fetch_add(1, Ordering::AcqRel);
-        if self.inner.tx.send(msg).is_err() {
-            shared.admission.release(size);
-            shared.pending.fetch_sub(1, Ordering::AcqRel);
-            return Commit::ready(Err(shared.dropped_error()));
-        }
+        Ok((msg, size, rx))
+    }
+
+    fn pending_commit(&self, rx: Completion) -> Commit {
         Commit {
             state: CommitState::Pending {
                 rx,
-                shared: shared.clone(),
+                shared: self.inner.shared.clone(),
             },
         }
     }
