@@ -440,7 +440,7 @@ impl Auth {
         let who = match self.identify(&req, peer) {
             Ok(who) => who,
             Err(why) => {
-                self.log_refusal(peer, "?", &why);
+                self.log_refusal(peer, "?", None, &why);
                 return Err(Status::unauthenticated(why));
             }
         };
@@ -557,7 +557,12 @@ impl Auth {
             None => format!("the broker-wide right \"{}\"", right.name()),
         };
         let msg = format!("identity \"{}\" lacks {what}", quote(&who.name));
-        self.log_refusal(who.peer, &who.name, &msg);
+        self.log_refusal(
+            who.peer,
+            &who.name,
+            queue.map(|q| q.def().name.as_str()),
+            &msg,
+        );
         Err(Status::permission_denied(msg))
     }
 
@@ -585,8 +590,9 @@ impl Auth {
             .any(|r| self.allowed(who, r, Some(queue)))
     }
 
-    /// Logs a refusal with identity and peer; at most one line per peer address per interval.
-    fn log_refusal(&self, peer: Option<SocketAddr>, who: &str, why: &str) {
+    /// Logs a refusal with identity, peer and queue as fields; at most one line per peer address
+    /// per interval.
+    fn log_refusal(&self, peer: Option<SocketAddr>, who: &str, queue: Option<&str>, why: &str) {
         let ip = peer.map(|p| p.ip()).unwrap_or(IpAddr::from([0, 0, 0, 0]));
         let now = Instant::now();
         let mut m = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
@@ -598,7 +604,8 @@ impl Auth {
             let suppressed = e.1;
             *e = (now, 0);
             drop(m);
-            tracing::warn!(identity = %quote(who), peer = ?peer, suppressed, "refused: {}", quote(why));
+            let peer = peer.map_or_else(|| "unknown".to_string(), |p| p.to_string());
+            tracing::warn!(identity = %quote(who), %peer, queue = queue.map(quote).as_deref(), reason = %quote(why), suppressed, "refused: {}", quote(why));
         } else {
             e.1 += 1;
         }

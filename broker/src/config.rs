@@ -114,6 +114,9 @@ pub struct BrokerConfig {
     pub max_forward_streams: usize,
     /// An incoming forwarding stream unused this long is forgotten.
     pub forward_stream_idle: std::time::Duration,
+    /// The broker's phase (starting, serving, stopping), set by `run`; clone it before `run`
+    /// to watch it (`mqd` tells systemd; health endpoints answer from it).
+    pub readiness: crate::readiness::Readiness,
 }
 
 /// What one client, connection or stream may hold of the broker (README "Limits").
@@ -183,6 +186,7 @@ impl BrokerConfig {
             max_forward_streams_per_peer: DEFAULT_MAX_FORWARD_STREAMS_PER_PEER,
             max_forward_streams: DEFAULT_MAX_FORWARD_STREAMS,
             forward_stream_idle: DEFAULT_FORWARD_STREAM_IDLE,
+            readiness: Default::default(),
         }
     }
 

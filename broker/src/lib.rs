@@ -6,6 +6,7 @@
 //!
 //! # Layout
 //! - `config`: [`BrokerConfig`] and the documented limits.
+//! - [`config_file`]: `mqd`'s config file and `MQD_*` variables, derived from its flags.
 //! - `flow`: live connections and what each holds (transactions, unacknowledged deliveries).
 //! - `error`: [`BrokerError`] and its one mapping to gRPC status.
 //! - `message`: [`StoredMessage`], validation of what senders send.
@@ -16,6 +17,7 @@
 //! - `outcome`: which transaction ids committed (journaled with the commit, kept for a window).
 //! - `service`: the gRPC service.
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
+//! - `readiness`: [`Readiness`]: starting, serving, stopping (systemd, health checks).
 //! - `auth`: identities (users file, tokens, certificates), rights, queue ACLs, `authorize`.
 //! - `tls`: [`SecurityConfig`]: TLS, protected mode, forwarding credentials.
 //! - `fuzzing` (tests and the `fuzzing` feature): entry points of the fuzz targets in `fuzz/`.
@@ -32,6 +34,7 @@
 mod auth;
 mod broker;
 mod config;
+pub mod config_file;
 mod deadletter;
 mod error;
 mod flow;
@@ -46,6 +49,7 @@ mod outcome;
 mod outgoing_admin;
 mod queue;
 mod ratelog;
+mod readiness;
 mod server;
 mod service;
 mod stream_bounds;
@@ -67,6 +71,7 @@ pub use error::BrokerError;
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};
 pub use outcome::{DEFAULT_TX_OUTCOME_MAX, DEFAULT_TX_OUTCOME_RETENTION};
 pub use queue::{Queue, QueueStats};
+pub use readiness::{Phase, Readiness};
 pub use server::{run, run_with_ready, RunError};
 pub use tls::{Credentials, ForwardCredentials, SecurityConfig};
 pub use transaction::{Committed, Transaction};

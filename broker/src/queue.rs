@@ -92,6 +92,10 @@ pub struct QueueStats {
     pub bytes: u64,
     /// Delivered to a streaming receiver, not yet acknowledged.
     pub in_flight: u64,
+    /// Messages that entered the queue since the broker started (not those recovered).
+    pub sent: u64,
+    /// Messages received (acknowledged) from the queue since the broker started.
+    pub received: u64,
 }
 
 #[derive(Debug, Default)]
@@ -329,6 +333,7 @@ impl Queue {
             }
             st.stats.messages += 1;
             st.stats.bytes += e.msg.body_len as u64;
+            st.stats.sent += 1;
             st.ready += 1;
             if let Some(d) = self.deadline_ms(&e) {
                 st.timed += 1;
@@ -466,6 +471,7 @@ impl Queue {
         st.stats.bytes = st.stats.bytes.saturating_sub(body);
         st.stats.messages = st.stats.messages.saturating_sub(n);
         st.stats.in_flight = st.stats.in_flight.saturating_sub(n);
+        st.stats.received += n;
         st.charged = st.charged.saturating_sub(charged);
     }
 
@@ -674,6 +680,8 @@ impl Queue {
             label: self.def.label.clone(),
             created_ms: self.def.created_ms,
             in_flight: s.in_flight,
+            sent: s.sent,
+            received: s.received,
         }
     }
 }

@@ -56,6 +56,8 @@ pub async fn run_with_ready(
     shutdown: impl Future<Output = ()>,
     ready: impl FnOnce(),
 ) -> Result<(), RunError> {
+    let readiness = config.readiness.clone();
+    let _stopped = crate::readiness::StoppedOnDrop(readiness.clone());
     let local = listener.local_addr().map_err(RunError::Listener)?;
     let sec = config.security.clone();
     let secured = sec.tls_enabled() && sec.users_file.is_some();
@@ -124,6 +126,7 @@ pub async fn run_with_ready(
             let _ = stop_rx.await;
         });
     tokio::pin!(server);
+    readiness.advance(crate::readiness::Phase::Serving);
     ready();
     tracing::info!(%local, name = %broker.config().name, "broker started");
     tokio::select! {
@@ -134,6 +137,7 @@ pub async fn run_with_ready(
         _ = shutdown => {}
     }
     tracing::info!("shutting down: no new connections; finishing what is in flight");
+    readiness.advance(crate::readiness::Phase::Stopping);
     broker.begin_shutdown();
     let _ = stop_tx.send(());
     match tokio::time::timeout(grace, server).await {

@@ -47,6 +47,10 @@ pub struct QueueInfo {
     pub quota_bytes: Option<u64>,
     pub label: String,
     pub created_ms: u64,
+    /// Messages that entered the queue since the broker started.
+    pub sent: u64,
+    /// Messages received (acknowledged) from the queue since the broker started.
+    pub received: u64,
 }
 
 impl From<v1::QueueInfo> for QueueInfo {
@@ -61,6 +65,8 @@ impl From<v1::QueueInfo> for QueueInfo {
             quota_bytes: q.quota_bytes,
             label: q.label,
             created_ms: q.created_ms,
+            sent: q.sent,
+            received: q.received,
         }
     }
 }

@@ -15,6 +15,7 @@
 //! - `consumer`: [`Consumer`]: streaming receives with prefetch and acknowledgement.
 //! - `message`: [`Message`] (builder) and [`ReceivedMessage`] (with [`DeadLetterInfo`]).
 //! - `outgoing`: [`OutgoingQueue`], [`OutgoingState`]: store-and-forward to other brokers.
+//! - [`stats`]: queue rates between two snapshots (`mq stats`).
 //! - [`formatter`]: typed bodies: binary (postcard), XML, JSON, raw, manual.
 //! - `error`: [`Error`].
 //!
@@ -43,6 +44,7 @@ mod message;
 mod outgoing;
 mod queue;
 mod sender;
+pub mod stats;
 mod transaction;
 
 pub use builder::ClientBuilder;

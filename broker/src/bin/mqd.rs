@@ -5,24 +5,52 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::Parser;
-use mq_broker::BrokerConfig;
+use clap::{CommandFactory, FromArgMatches, Parser};
+use mq_broker::{config_file, BrokerConfig};
 
 /// The mq message-queue broker.
 ///
 /// Prints `listening on <addr>` as its first line on stdout once it accepts connections; logs go
 /// to stderr (set the level with RUST_LOG, e.g. RUST_LOG=mq_broker=debug). SIGTERM or Ctrl-C stops
 /// accepting, finishes what is in flight, and exits 0.
+///
+/// Every option below can also be given as a key of the --config file (the flag without its
+/// dashes) or as an MQD_* variable (shown with each); the command line wins over the variable,
+/// the variable over the file. Exit codes: 0 stopped cleanly, 1 failed (one line on stderr),
+/// 2 usage or configuration error.
 #[derive(Debug, Parser)]
 #[command(name = "mqd", version, args_conflicts_with_subcommands = true)]
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,
+    /// Read options from this TOML file: each key is a long flag without its dashes
+    /// (`max-body-bytes = 1048576`; see docs/examples/mqd.toml). The command line and MQD_*
+    /// variables override it. An unknown key or a bad value stops mqd (exit 2).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Print the effective configuration (command line > MQD_* variables > --config file >
+    /// defaults) as TOML, which --config reads back, and exit.
+    #[arg(long)]
+    print_config: bool,
+    /// Log lines on stderr: `text` for people, `json` for log collectors (one JSON object per
+    /// line, with the queue, peer and identity as fields where an event has them).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     /// Address to listen on; port 0 picks a free port (printed on the first line).
-    #[arg(long, default_value = "127.0.0.1:1801", env = "MQD_LISTEN")]
+    #[arg(
+        long,
+        default_value = "127.0.0.1:1801",
+        env = "MQD_LISTEN",
+        value_name = "ADDR"
+    )]
     listen: SocketAddr,
     /// Directory for durable state (created if missing; one mqd per directory).
-    #[arg(long, default_value = "./mq-data", env = "MQD_DATA_DIR")]
+    #[arg(
+        long,
+        default_value = "./mq-data",
+        env = "MQD_DATA_DIR",
+        value_name = "DIR"
+    )]
     data_dir: PathBuf,
     /// This broker's name: format names with this host are local. Default: the host name.
     #[arg(long, env = "MQD_NAME")]
@@ -38,16 +66,16 @@ struct Args {
     )]
     aliases: Vec<String>,
     /// Largest message body accepted, in bytes.
-    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_BODY_BYTES)]
+    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_BODY_BYTES, value_name = "BYTES")]
     max_body_bytes: usize,
     /// Broker-wide quota for express messages held in memory, in bytes.
-    #[arg(long, default_value_t = mq_broker::DEFAULT_EXPRESS_QUOTA_BYTES)]
+    #[arg(long, default_value_t = mq_broker::DEFAULT_EXPRESS_QUOTA_BYTES, value_name = "BYTES")]
     express_quota_bytes: u64,
     /// Broker-wide quota for recoverable message bytes stored on disk, in bytes.
-    #[arg(long, default_value_t = mq_broker::DEFAULT_STORAGE_QUOTA_BYTES)]
+    #[arg(long, default_value_t = mq_broker::DEFAULT_STORAGE_QUOTA_BYTES, value_name = "BYTES")]
     storage_quota_bytes: u64,
     /// Size of each preallocated journal segment file, in bytes.
-    #[arg(long, default_value_t = mq_broker::DEFAULT_JOURNAL_SEGMENT_BYTES)]
+    #[arg(long, default_value_t = mq_broker::DEFAULT_JOURNAL_SEGMENT_BYTES, value_name = "BYTES")]
     journal_segment_bytes: u64,
     /// Start even if the journal's last segment is damaged before records that were written
     /// after the damage: drop everything from the damage to the end of that segment, and log
@@ -55,55 +83,76 @@ struct Args {
     #[arg(long)]
     truncate_damaged_journal: bool,
     /// A transaction open longer than this many seconds is aborted.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..), value_name = "SECONDS")]
     tx_timeout_secs: u64,
     /// How long the ids of committed transactions are remembered, so a client whose commit
     /// answer was lost can ask (`mq tx status ID`), e.g. 24h, 30m.
-    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "24h", value_parser = nonzero_duration, value_name = "DURATION")]
     tx_outcome_retention: std::time::Duration,
     /// Most committed transaction ids remembered (the oldest are forgotten first).
-    #[arg(long, default_value_t = mq_broker::DEFAULT_TX_OUTCOME_MAX)]
+    #[arg(long, default_value_t = mq_broker::DEFAULT_TX_OUTCOME_MAX, value_parser = at_least_one())]
     tx_outcome_max: usize,
     /// Store-and-forward: first wait before retrying a destination broker that could not be
     /// reached (doubles after each failure), e.g. 100ms, 2s.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "100ms", value_parser = nonzero_duration, value_name = "DURATION")]
     forward_retry_min: std::time::Duration,
     /// Store-and-forward: longest wait between attempts to reach a destination broker.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     forward_retry_max: std::time::Duration,
     /// Most open client connections; connections past it are closed at once.
-    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_connections)]
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_connections, value_parser = at_least_one())]
     max_connections: usize,
     /// Most concurrent calls (HTTP/2 streams) per connection; more wait for one to end.
-    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_streams_per_connection)]
+    #[arg(
+        long,
+        default_value_t = mq_broker::FlowLimits::default().max_streams_per_connection,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
     max_streams_per_connection: u32,
     /// Most delivered, unacknowledged messages per receive stream, whatever credit it grants.
-    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_unacked_per_stream)]
+    #[arg(
+        long,
+        default_value_t = mq_broker::FlowLimits::default().max_unacked_per_stream,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
     max_unacked_per_stream: u64,
     /// Most delivered, unacknowledged messages per connection (all its receive streams).
-    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_unacked_per_connection)]
+    #[arg(
+        long,
+        default_value_t = mq_broker::FlowLimits::default().max_unacked_per_connection,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
     max_unacked_per_connection: u64,
     /// A receiver holding a delivered message this long without acknowledging it loses its
     /// stream, and its unacknowledged messages go back to the queue, e.g. 30m, 90s.
-    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30m", value_parser = nonzero_duration, value_name = "DURATION")]
     ack_timeout: std::time::Duration,
     /// Most bytes one transaction may stage (its sends are held in memory until commit).
-    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_bytes)]
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_bytes, value_name = "BYTES")]
     max_tx_bytes: u64,
     /// Most bytes all open transactions together may stage.
-    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_total_bytes)]
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_total_bytes, value_name = "BYTES")]
     max_tx_total_bytes: u64,
     /// Most messages (sends and receives) in one transaction.
-    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_messages)]
+    #[arg(
+        long,
+        default_value_t = mq_broker::FlowLimits::default().max_tx_messages,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
     max_tx_messages: u64,
     /// Most open transactions per connection.
-    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_per_connection)]
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_per_connection, value_parser = at_least_one())]
     max_tx_per_connection: usize,
     /// Most elements in a multiple-element format name (FORMATNAME:a,b,...) one send may use.
-    #[arg(long, default_value_t = mq_proto::limits::DEFAULT_MAX_FORMAT_NAME_ELEMENTS)]
+    #[arg(
+        long,
+        default_value_t = mq_proto::limits::DEFAULT_MAX_FORMAT_NAME_ELEMENTS,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+            .range(1..=mq_proto::format_name::MAX_FORMAT_NAME_ELEMENTS_CEILING as u64)
+    )]
     max_format_name_elements: usize,
     /// An empty, unpaused outgoing queue unused this long is deleted (e.g. 1h, 10m).
-    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration, value_name = "DURATION")]
     outgoing_idle_expiry: std::time::Duration,
     /// Most outgoing queues (destination brokers) at once; a send that needs one more is
     /// refused.
@@ -111,36 +160,42 @@ struct Args {
     max_outgoing_queues: usize,
     /// Most incoming forwarding streams kept per sending address; beyond it the least recently
     /// used idle one is forgotten, and a new stream is refused if all are busy.
-    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS_PER_PEER)]
+    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS_PER_PEER, value_parser = at_least_one())]
     max_forward_streams_per_peer: usize,
     /// Most incoming forwarding streams kept in all.
-    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS)]
+    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS, value_parser = at_least_one())]
     max_forward_streams: usize,
     /// An incoming forwarding stream unused this long is forgotten with its duplicate mark
     /// (e.g. 24h).
-    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration, value_name = "DURATION")]
     forward_stream_idle: std::time::Duration,
     /// Users file (TOML, argon2id hashes; see `mqd user add`). Without one, mqd serves only
     /// loopback addresses and every caller has every right. Reread on SIGHUP.
-    #[arg(long, env = "MQD_USERS")]
+    #[arg(long, env = "MQD_USERS", value_name = "FILE")]
     users: Option<PathBuf>,
     /// Serve gRPC over TLS with this certificate chain (PEM); needs --tls-key.
-    #[arg(long, env = "MQD_TLS_CERT")]
+    #[arg(long, env = "MQD_TLS_CERT", value_name = "FILE")]
     tls_cert: Option<PathBuf>,
     /// The private key (PEM) of --tls-cert.
-    #[arg(long, env = "MQD_TLS_KEY")]
+    #[arg(long, env = "MQD_TLS_KEY", value_name = "FILE")]
     tls_key: Option<PathBuf>,
     /// Require client certificates signed by this CA (PEM): mTLS; the identity of a caller is
     /// its certificate's subject common name.
-    #[arg(long, env = "MQD_TLS_CLIENT_CA")]
+    #[arg(long, env = "MQD_TLS_CLIENT_CA", value_name = "FILE")]
     tls_client_ca: Option<PathBuf>,
     /// Serve a non-loopback address without TLS and a users file (refused otherwise).
     #[arg(long)]
     insecure: bool,
     /// Store-and-forward: how to reach and authenticate to each destination broker, a TOML
     /// table per host:port with user+password or token, ca, cert+key, domain.
-    #[arg(long, env = "MQD_FORWARD_CREDENTIALS")]
+    #[arg(long, env = "MQD_FORWARD_CREDENTIALS", value_name = "FILE")]
     forward_credentials: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -216,17 +271,35 @@ fn user_command(cmd: UserCommand) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    // One source of truth for every option: the flags below, each also a key of the --config
+    // file and an MQD_* variable (see mq_broker::config_file).
+    let cmd = config_file::with_env(Args::command(), "MQD_");
+    let matches = match config_file::parse(&cmd, std::env::args_os()) {
+        Ok(m) => m,
+        Err(config_file::LayerError::Clap(e)) => e.exit(),
+        Err(config_file::LayerError::File(msg)) => usage_exit(&msg),
+    };
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if args.print_config {
+        print!("{}", config_file::print(&cmd, &matches));
+        return Ok(());
+    }
     if let Some(Command::User(cmd)) = args.command {
         return user_command(cmd);
     }
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+        );
+    match args.log_format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // One object per line: time, level, target, message and the event's fields at the top
+        // level (`queue`, `peer`, `identity`, ...), the spans it is in as a list.
+        LogFormat::Json => logs.json().flatten_event(true).with_ansi(false).init(),
+    }
     let mut config = BrokerConfig::new(args.data_dir);
     if let Some(name) = args.name {
         config.name = name;
@@ -237,18 +310,14 @@ async fn main() -> anyhow::Result<()> {
     config.storage_quota_bytes = args.storage_quota_bytes;
     config.journal_segment_bytes = args.journal_segment_bytes;
     config.truncate_damaged_journal = args.truncate_damaged_journal;
-    config.tx_timeout = std::time::Duration::from_secs(args.tx_timeout_secs.max(1));
-    if args.tx_outcome_max == 0 || args.tx_outcome_retention.is_zero() {
-        anyhow::bail!("--tx-outcome-retention and --tx-outcome-max must be above zero");
-    }
+    config.tx_timeout = std::time::Duration::from_secs(args.tx_timeout_secs);
     config.tx_outcome_retention = args.tx_outcome_retention;
     config.tx_outcome_max = args.tx_outcome_max;
-    if args.forward_retry_min.is_zero() || args.forward_retry_max < args.forward_retry_min {
-        anyhow::bail!(
-            "--forward-retry-min must be above zero and at most --forward-retry-max (got {:?} and {:?})",
-            args.forward_retry_min,
-            args.forward_retry_max
-        );
+    if args.forward_retry_max < args.forward_retry_min {
+        usage_exit(&format!(
+            "--forward-retry-min must be at most --forward-retry-max (got {:?} and {:?})",
+            args.forward_retry_min, args.forward_retry_max
+        ));
     }
     config.forward_retry_min = args.forward_retry_min;
     config.forward_retry_max = args.forward_retry_max;
@@ -262,18 +331,6 @@ async fn main() -> anyhow::Result<()> {
             mq_broker::SecurityConfig::load_forward_credentials(f).map_err(anyhow::Error::msg)?,
         );
     }
-    if args.max_connections == 0
-        || args.max_streams_per_connection == 0
-        || args.max_unacked_per_stream == 0
-        || args.max_unacked_per_connection == 0
-        || args.ack_timeout.is_zero()
-        || args.max_tx_per_connection == 0
-        || args.max_tx_messages == 0
-    {
-        anyhow::bail!(
-            "--max-connections, --max-streams-per-connection, --max-unacked-per-stream, --max-unacked-per-connection, --ack-timeout, --max-tx-messages and --max-tx-per-connection must be above zero"
-        );
-    }
     config.flow = mq_broker::FlowLimits {
         max_connections: args.max_connections,
         max_streams_per_connection: args.max_streams_per_connection,
@@ -285,20 +342,6 @@ async fn main() -> anyhow::Result<()> {
         max_tx_messages: args.max_tx_messages,
         max_tx_per_connection: args.max_tx_per_connection,
     };
-    if args.max_format_name_elements == 0
-        || args.max_format_name_elements > mq_proto::format_name::MAX_FORMAT_NAME_ELEMENTS_CEILING
-    {
-        anyhow::bail!(
-            "--max-format-name-elements must be 1 to {} (got {})",
-            mq_proto::format_name::MAX_FORMAT_NAME_ELEMENTS_CEILING,
-            args.max_format_name_elements
-        );
-    }
-    if args.max_forward_streams_per_peer == 0 || args.max_forward_streams == 0 {
-        anyhow::bail!(
-            "--max-forward-streams-per-peer and --max-forward-streams must be at least 1"
-        );
-    }
     config.max_format_name_elements = args.max_format_name_elements;
     config.outgoing_idle_expiry = args.outgoing_idle_expiry;
     config.max_outgoing_queues = args.max_outgoing_queues;
@@ -312,18 +355,67 @@ async fn main() -> anyhow::Result<()> {
     // Install the signal handlers before announcing the address, so a SIGTERM sent right after
     // the announcement is a graceful stop, not the default kill.
     let shutdown = shutdown_signal()?;
+    // systemd (Type=notify): READY=1 once recovery is done, STOPPING=1 when shutdown begins.
+    let notifier = tokio::spawn(notify_systemd(config.readiness.subscribe(), addr));
     // The handshake with scripts and tests: the first line on stdout, printed once the journal
     // is recovered and requests are served.
     let run = mq_broker::run_with_ready(listener, config, shutdown, || {
         println!("listening on {addr}")
     });
-    if let Err(e) = run.await {
+    let result = run.await;
+    // `run` has moved to Stopped on every way out, so the notifier has said what it had to.
+    let _ = notifier.await;
+    if let Err(e) = result {
         // One line an operator can act on (a damaged journal names file and offset), no
         // backtrace, exit status 1.
         eprintln!("mqd: {e}");
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// Tells the service manager (`$NOTIFY_SOCKET`; nothing without it) when the broker is ready
+/// and when it begins to stop.
+async fn notify_systemd(
+    mut phase: tokio::sync::watch::Receiver<mq_broker::Phase>,
+    addr: SocketAddr,
+) {
+    use mq_broker::Phase;
+    use sd_notify::NotifyState;
+    let send = |states: &[NotifyState]| {
+        if let Err(e) = sd_notify::notify(states) {
+            tracing::warn!("cannot notify the service manager: {e}");
+        }
+    };
+    match phase.wait_for(|p| *p != Phase::Starting).await.map(|p| *p) {
+        Ok(Phase::Serving) => {}
+        _ => return,
+    }
+    let status = format!("serving on {addr}");
+    send(&[NotifyState::Ready, NotifyState::Status(&status)]);
+    // The sender goes away only once `run` has returned: stopping then too.
+    let _ = phase.wait_for(|p| *p >= Phase::Stopping).await;
+    send(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+}
+
+/// A configuration mistake: one line on stderr, exit status 2 (a usage error).
+fn usage_exit(msg: &str) -> ! {
+    eprintln!("mqd: {msg}");
+    std::process::exit(2)
+}
+
+/// A count option's parser: 1 or more.
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+}
+
+/// A duration option's parser (humantime: 100ms, 30s, 24h), above zero.
+fn nonzero_duration(s: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Err("must be above zero".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {

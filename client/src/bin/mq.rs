@@ -48,11 +48,11 @@ Exit codes: 0 success, 1 error (one line on stderr), 2 usage error.";
 #[derive(Debug, Parser)]
 #[command(name = "mq", version, after_help = AFTER_HELP)]
 struct Cli {
-    /// Broker URL.
-    #[arg(long, global = true, env = "MQ_BROKER", default_value = mq_client::DEFAULT_BROKER_URL)]
+    /// Broker URL (https:// for TLS).
+    #[arg(long, global = true, env = "MQ_BROKER", default_value = mq_client::DEFAULT_BROKER_URL, value_name = "URL", help_heading = CONNECTION)]
     broker: String,
     /// Authenticate as this user; the password is read from MQ_PASSWORD or a prompt.
-    #[arg(long, global = true, env = "MQ_USER")]
+    #[arg(long, global = true, env = "MQ_USER", value_name = "NAME", help_heading = CONNECTION)]
     user: Option<String>,
     /// Authenticate with this bearer token.
     #[arg(
@@ -60,28 +60,32 @@ struct Cli {
         global = true,
         env = "MQ_TOKEN",
         hide_env_values = true,
-        conflicts_with = "user"
+        conflicts_with = "user",
+        help_heading = CONNECTION
     )]
     token: Option<String>,
     /// The CA certificate (PEM) that signed the broker's certificate (for https:// brokers).
-    #[arg(long, global = true, env = "MQ_CA")]
+    #[arg(long, global = true, env = "MQ_CA", value_name = "FILE", help_heading = CONNECTION)]
     ca: Option<std::path::PathBuf>,
     /// A client certificate (PEM) for brokers that require one (mTLS); needs --key.
-    #[arg(long, global = true, env = "MQ_CERT", requires = "key")]
+    #[arg(long, global = true, env = "MQ_CERT", requires = "key", value_name = "FILE", help_heading = CONNECTION)]
     cert: Option<std::path::PathBuf>,
     /// The private key (PEM) of --cert.
-    #[arg(long, global = true, env = "MQ_KEY")]
+    #[arg(long, global = true, env = "MQ_KEY", value_name = "FILE", help_heading = CONNECTION)]
     key: Option<std::path::PathBuf>,
-    /// Most time to connect to the broker (TCP and HTTP/2 handshake).
-    #[arg(long, global = true, default_value = "5s", value_parser = humantime::parse_duration)]
+    /// Most time to connect to the broker (TCP and HTTP/2 handshake), e.g. 500ms, 5s.
+    #[arg(long, global = true, default_value = "5s", value_parser = humantime::parse_duration, value_name = "DURATION", help_heading = CONNECTION)]
     connect_timeout: Duration,
     /// Most time a call waits for the broker's answer, beyond any wait it asks for
     /// (receive --timeout): a silent broker fails the command instead of hanging it.
-    #[arg(long, global = true, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, global = true, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION", help_heading = CONNECTION)]
     call_timeout: Duration,
     #[command(subcommand)]
     command: Command,
 }
+
+/// The heading of the options every command takes (where the broker is, who is calling).
+const CONNECTION: &str = "Connection (every command)";
 
 /// What `mq receive` and `mq peek` allow beyond --timeout, in all, for the broker to answer.
 const RECEIVE_ANSWER_GRACE: Duration = Duration::from_secs(1);
@@ -108,6 +112,79 @@ enum Command {
     /// Transactions: whether one whose outcome was unknown committed.
     #[command(subcommand)]
     Tx(TxCommand),
+    /// One line per queue: messages, bytes, in flight, and messages sent and received per
+    /// second over the last --interval (like top with --watch; Ctrl-C ends it).
+    Stats(StatsArgs),
+}
+
+#[derive(Debug, Args)]
+struct StatsArgs {
+    /// Refresh in place every --interval until Ctrl-C (or --iterations).
+    #[arg(long)]
+    watch: bool,
+    /// The interval the rates are measured over, e.g. 500ms, 1s, 5s.
+    #[arg(long, default_value = "1s", value_parser = stats_interval, value_name = "DURATION")]
+    interval: Duration,
+    /// With --watch: stop after N intervals. Default: until Ctrl-C.
+    #[arg(long, value_name = "N", requires = "watch", value_parser = clap::value_parser!(u64).range(1..))]
+    iterations: Option<u64>,
+    /// One JSON document per interval instead of the table: {"time_ms", "interval_ms",
+    /// "queues": [{"name", "messages", "bytes", "in_flight", "sent", "received",
+    /// "sent_in_interval", "received_in_interval", "sent_per_sec", "received_per_sec"}]}.
+    #[arg(long)]
+    json: bool,
+}
+
+/// An --interval: 10ms to 1h.
+fn stats_interval(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d < Duration::from_millis(10) || d > Duration::from_secs(3600) {
+        return Err("must be 10ms to 1h".into());
+    }
+    Ok(d)
+}
+
+/// `mq stats`: snapshots of the queue list an --interval apart, printed as rates.
+async fn stats(
+    client: &Client,
+    a: StatsArgs,
+    out: &mut impl std::io::Write,
+) -> Result<(), Failure> {
+    use std::io::IsTerminal;
+    let redraw = a.watch && !a.json && std::io::stdout().is_terminal();
+    let rounds = if a.watch { a.iterations } else { Some(1) };
+    let mut before = client.list_queues().await?;
+    let mut at = std::time::Instant::now();
+    let mut done = 0u64;
+    while rounds.is_none_or(|n| done < n) {
+        tokio::time::sleep_until((at + a.interval).into()).await;
+        let now = client.list_queues().await?;
+        let now_at = std::time::Instant::now();
+        let rows = mq_client::stats::rates(&before, &now, now_at - at);
+        if a.json {
+            let time_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let doc = serde_json::json!({
+                "time_ms": time_ms,
+                "interval_ms": (now_at - at).as_millis() as u64,
+                "queues": rows,
+            });
+            writeln!(out, "{doc}")?;
+        } else {
+            if redraw {
+                // Home and clear, like top.
+                write!(out, "\x1b[H\x1b[2J")?;
+            } else if done > 0 {
+                writeln!(out)?;
+            }
+            write!(out, "{}", mq_client::stats::table(&rows))?;
+        }
+        out.flush()?;
+        (before, at) = (now, now_at);
+        done += 1;
+    }
+    Ok(())
 }
 
 #[derive(Debug, Subcommand)]
@@ -167,50 +244,74 @@ enum OutgoingCommand {
 enum QueueCommand {
     /// Create a queue.
     Create {
+        /// The queue: a path name (.\private$\orders) or a format name.
         name: String,
         /// Transactional queue (fixed at creation): accepts only transactional sends.
         #[arg(long)]
         transactional: bool,
-        /// Most bytes the queue may hold.
-        #[arg(long)]
+        /// Most bytes the queue may hold (each message counts its body, label, ids and 128 bytes);
+        /// sends past it are refused. Default: no limit but the broker's quotas.
+        #[arg(long, value_name = "BYTES")]
         quota_bytes: Option<u64>,
-        /// A free-text label.
-        #[arg(long, default_value = "")]
+        /// A free-text label (at most 250 characters). Default: none.
+        #[arg(
+            long,
+            default_value = "",
+            hide_default_value = true,
+            value_name = "TEXT"
+        )]
         label: String,
     },
     /// Delete a queue and every message in it.
-    Delete { name: String },
+    Delete {
+        /// The queue: a path name (.\private$\orders) or a format name.
+        name: String,
+    },
     /// Show a queue's properties and counters.
     Info {
+        /// The queue: a path name (.\private$\orders) or a format name.
         name: String,
+        /// One JSON object instead of the text lines.
         #[arg(long)]
         json: bool,
     },
     /// Remove every waiting message.
-    Purge { name: String },
+    Purge {
+        /// The queue: a path name (.\private$\orders) or a format name.
+        name: String,
+    },
     /// List every queue.
     List {
+        /// A JSON array of objects instead of the table.
         #[arg(long)]
         json: bool,
     },
     /// Grant rights on a queue (needs admin on it). WHO is a user, group:NAME, everyone
     /// (every authenticated caller) or anonymous; RIGHTS are send, receive, peek, admin, all.
     Grant {
+        /// The queue: a path name (.\private$\orders) or a format name.
         name: String,
+        /// A user, group:NAME, everyone (every authenticated caller) or anonymous.
         who: String,
+        /// Comma-separated: send, receive, peek, admin, or all.
         #[arg(value_name = "RIGHT[,RIGHT..]")]
         rights: String,
     },
     /// Revoke rights on a queue (needs admin on it).
     Revoke {
+        /// The queue: a path name (.\private$\orders) or a format name.
         name: String,
+        /// A user, group:NAME, everyone (every authenticated caller) or anonymous.
         who: String,
+        /// Comma-separated: send, receive, peek, admin, or all.
         #[arg(value_name = "RIGHT[,RIGHT..]")]
         rights: String,
     },
     /// Show who may do what with a queue (needs admin on it).
     Acl {
+        /// The queue: a path name (.\private$\orders) or a format name.
         name: String,
+        /// One JSON object instead of the text lines: each principal and its list of rights.
         #[arg(long)]
         json: bool,
     },
@@ -220,31 +321,50 @@ enum QueueCommand {
 struct SendArgs {
     /// Destination: a path name, a format name, or a multiple-element format name.
     destination: String,
-    /// The body. With --count, `{n}` becomes 1..N. Absent (and no --file): read from stdin.
+    // Not a doc comment: clap turns `{n}` in help text into a line break (see `placeholder_help`).
+    #[arg(help = placeholder_help(
+        "The body. With --count, {n} in it becomes the message's number, 1..N. Absent (and no --file): read from stdin"
+    ))]
     body: Option<String>,
     /// Read the body from this file.
     #[arg(long, conflicts_with = "body")]
     file: Option<std::path::PathBuf>,
-    /// Label (at most 250 characters).
-    #[arg(long, default_value = "")]
+    /// The message's label (at most 250 characters). Default: none.
+    #[arg(
+        long,
+        default_value = "",
+        hide_default_value = true,
+        value_name = "TEXT"
+    )]
     label: String,
-    /// Priority 0 (lowest) to 7 (highest).
-    #[arg(long, default_value_t = 3)]
+    /// Priority, 0 (lowest) to 7 (highest); non-transactional queues deliver higher first.
+    #[arg(long, default_value_t = 3, value_name = "0-7")]
     priority: u8,
-    /// Correlation id.
-    #[arg(long, default_value = "")]
+    /// Correlation id (at most 255 characters), e.g. the id of the request this answers.
+    /// Default: none.
+    #[arg(long, default_value = "", hide_default_value = true, value_name = "ID")]
     correlation_id: String,
-    /// Application-specific integer.
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    /// An application-defined number carried with the message (MSMQ's AppSpecific).
+    #[arg(
+        long,
+        default_value_t = 0,
+        allow_negative_numbers = true,
+        value_name = "N"
+    )]
     app_specific: i64,
-    /// Queue to answer to.
-    #[arg(long, default_value = "")]
+    /// The queue the receiver should answer to (a path or format name). Default: none.
+    #[arg(
+        long,
+        default_value = "",
+        hide_default_value = true,
+        value_name = "QUEUE"
+    )]
     response_queue: String,
     /// Recoverable delivery: acknowledged once on disk, survives a broker crash.
     #[arg(long)]
     recoverable: bool,
-    /// Send N messages, pipelined.
-    #[arg(long, default_value_t = 1)]
+    /// Send N messages, pipelined (see BODY for numbering them).
+    #[arg(long, default_value_t = 1, value_name = "N")]
     count: u64,
     /// Send in one transaction (all --count messages commit together, or none do); required for
     /// transactional queues.
@@ -267,6 +387,14 @@ struct SendArgs {
     ttbr: Option<Duration>,
 }
 
+/// Help text with a literal `{n}`: clap turns a plain `{n}` into a line break, so its `n` is
+/// set in bold, which keeps the braces apart in the raw text and reads `{n}` with or without
+/// colours.
+fn placeholder_help(text: &str) -> clap::builder::StyledStr {
+    let bold = clap::builder::styling::Style::new().bold();
+    text.replace("{n}", &format!("{{{bold}n{bold:#}}}")).into()
+}
+
 /// A --ttrq / --ttbr value: a humantime duration above zero (leave the flag out for no limit).
 fn time_limit(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
@@ -281,16 +409,17 @@ struct ReceiveArgs {
     /// The queue.
     queue: String,
     /// How many messages (at least 1).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..), value_name = "N")]
     count: u64,
     /// How long to wait for them, in all (e.g. 500ms, 5s, 2m).
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     timeout: Duration,
     /// One JSON object per message instead of the bare body (with "dead_letter": {"class",
     /// "reason", "destination", "broker", "time_ms"} for dead-lettered messages, else null).
     #[arg(long)]
     json: bool,
-    /// Receive each message in its own transaction (transactional queues).
+    /// mq receive: receive each message in its own transaction (transactional queues).
+    /// mq peek refuses it (a peek removes nothing).
     #[arg(long)]
     tx: bool,
 }
@@ -336,7 +465,18 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     // Check names before connecting, so a typo is reported as such even with no broker.
     match &cli.command {
         Command::Send(a) => check_name(&a.destination)?,
-        Command::Receive(a) | Command::Peek(a) => check_name(&a.queue)?,
+        Command::Receive(a) => check_name(&a.queue)?,
+        Command::Peek(a) => {
+            if a.tx {
+                return Err(Failure {
+                    code: 2,
+                    message:
+                        "mq peek does not take --tx (a peek removes nothing); use mq receive --tx"
+                            .into(),
+                });
+            }
+            check_name(&a.queue)?
+        }
         Command::Queue(
             QueueCommand::Create { name, .. }
             | QueueCommand::Delete { name }
@@ -356,7 +496,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 check_name(destination)?;
             }
         }
-        Command::Outgoing(OutgoingCommand::List { .. }) => {}
+        Command::Outgoing(OutgoingCommand::List { .. }) | Command::Stats(_) => {}
         Command::Tx(TxCommand::Status { id, .. }) => {
             id.parse::<TxId>()?;
         }
@@ -409,6 +549,7 @@ async fn connect_and_run(cli: Cli, options: ClientOptions) -> Result<(), Failure
         Command::Peek(a) => receive(&client, a, true, &mut out).await,
         Command::Outgoing(o) => outgoing_command(&client, o, &mut out).await,
         Command::Tx(t) => tx_command(&client, t, &mut out).await,
+        Command::Stats(a) => stats(&client, a, &mut out).await,
     }
 }
 

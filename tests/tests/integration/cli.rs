@@ -432,3 +432,33 @@ fn sends_to_an_alias_of_the_broker_are_local() {
         "{outgoing}"
     );
 }
+
+/// Help that reads right: clap turns a plain `{n}` into a line break, which hid the placeholder
+/// `mq send --help` is about; `mq peek` refuses the `--tx` it shares with `mq receive`.
+#[test]
+fn send_help_shows_the_placeholder_and_peek_refuses_tx() {
+    let help = mq("http://127.0.0.1:1", &["send", "--help"], None);
+    assert!(help.status.success());
+    let text = stdout(&help);
+    assert!(
+        text.contains("With --count, {n} in it becomes the message's number, 1..N"),
+        "{text}"
+    );
+    assert!(text.contains("Connection (every command):"), "{text}");
+    for sub in [
+        &["queue", "create", "--help"][..],
+        &["receive", "--help"],
+        &["outgoing", "list", "--help"],
+        &["stats", "--help"],
+    ] {
+        let o = mq("http://127.0.0.1:1", sub, None);
+        assert!(o.status.success(), "{sub:?}");
+    }
+    let peek = mq(
+        "http://127.0.0.1:1",
+        &["peek", r".\private$\q", "--tx"],
+        None,
+    );
+    assert_eq!(peek.status.code(), Some(2), "{peek:?}");
+    assert!(String::from_utf8_lossy(&peek.stderr).contains("--tx"));
+}

@@ -12,6 +12,8 @@
 //! - `express_quota`: the broker-wide express memory quota refuses, then recovers.
 //! - `multiple_element_names`: `FORMATNAME:a,b` fans out one message; not receivable.
 //! - `send_pipelining`: a pipelined sender, in order; a refusal fails only its message.
+//! - `config_file`: `mqd --config`, `MQD_*` variables, `--print-config`: the example covers
+//!   every flag and round-trips, precedence, a bad file names the file and the key (exit 2).
 //! - `cli`: the `mq` command line against an `mqd` process: commands, JSON, exit codes.
 //! - `bad_input`: every kind of bad input (CLI and raw gRPC) is refused clearly and hurts
 //!   nothing.
@@ -52,6 +54,9 @@
 //!   streams per connection, gRPC message size, transactions (bytes, messages, per connection,
 //!   the queue quota when staging, the broker's memory), peek pages (`mq peek --count
 //!   1000000`), receivers that never read, the ack timeout, an unconfirmed `Consumer::close`.
+//! - `service`: `deploy/mqd.service` verifies; READY=1 after recovery and STOPPING=1 on SIGTERM
+//!   to `$NOTIFY_SOCKET`; `--log-format json` lines with identity, peer and queue fields.
+//! - `stats`: `mq stats` (table, `--watch --json`): per-interval counts add up to what was done.
 //! - `security`: identities (password, token, certificate, anonymous), every right allowed
 //!   and denied (client and `mq`), rights after a restart, protected mode, TLS and mTLS,
 //!   authenticated forwarding between two TLS brokers (stream hijack refused, `sender`).
@@ -59,6 +64,7 @@
 mod bad_input;
 mod cli;
 mod competing_receivers;
+mod config_file;
 mod dead_letter;
 mod express_quota;
 mod flow_limits;
@@ -76,8 +82,10 @@ mod recoverable_quota;
 mod redelivery_window;
 mod security;
 mod send_pipelining;
+mod service;
 mod shutdown_acks;
 mod silent_broker;
+mod stats;
 mod store_and_forward;
 mod transactions;
 mod transactions_crash;
