@@ -114,6 +114,10 @@ pub struct BrokerConfig {
     pub max_forward_streams: usize,
     /// An incoming forwarding stream unused this long is forgotten.
     pub forward_stream_idle: std::time::Duration,
+    /// The HTTP port (`/metrics`, `/healthz`, `/readyz`); `None`: no HTTP server.
+    pub http_listen: Option<std::net::SocketAddr>,
+    /// Serve the HTTP port on a non-loopback address (it has no authentication).
+    pub http_insecure: bool,
 }
 
 /// What one client, connection or stream may hold of the broker (README "Limits").
@@ -183,6 +187,8 @@ impl BrokerConfig {
             max_forward_streams_per_peer: DEFAULT_MAX_FORWARD_STREAMS_PER_PEER,
             max_forward_streams: DEFAULT_MAX_FORWARD_STREAMS,
             forward_stream_idle: DEFAULT_FORWARD_STREAM_IDLE,
+            http_listen: None,
+            http_insecure: false,
         }
     }
 
@@ -230,6 +236,8 @@ impl std::fmt::Debug for BrokerConfig {
             )
             .field("max_forward_streams", &self.max_forward_streams)
             .field("forward_stream_idle", &self.forward_stream_idle)
+            .field("http_listen", &self.http_listen)
+            .field("http_insecure", &self.http_insecure)
             .finish()
     }
 }

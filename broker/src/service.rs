@@ -34,6 +34,8 @@ pub struct Service {
     broker: Arc<Broker>,
     connections: Arc<Connections>,
     auth: Arc<Auth>,
+    /// Start time and addresses for `GetBrokerInfo` (absent in the fuzzing harness).
+    ready: Option<Arc<crate::ready::Readiness>>,
 }
 
 impl Service {
@@ -42,7 +44,13 @@ impl Service {
             broker,
             connections,
             auth,
+            ready: None,
         }
+    }
+
+    pub(crate) fn with_readiness(mut self, ready: Arc<crate::ready::Readiness>) -> Self {
+        self.ready = Some(ready);
+        self
     }
 
     /// The connection a request came on.
@@ -378,6 +386,16 @@ impl MessageQueue for Service {
         let who = Identity::of(&req);
         let q = self.queue_for(&who, Right::Admin, &req.into_inner().name)?;
         Ok(Response::new(wire_acl(&q, &q.acl())))
+    }
+
+    async fn get_broker_info(
+        &self,
+        _req: Request<v1::Empty>,
+    ) -> Result<Response<v1::BrokerInfo>, Status> {
+        Ok(Response::new(crate::info::broker_info(
+            &self.broker,
+            self.ready.as_deref(),
+        )))
     }
 }
 
@@ -788,6 +806,9 @@ async fn transact(
         let req = tokio::select! {
             r = inbound.message() => r,
             _ = tokio::time::sleep_until(deadline) => {
+                if let Some(t) = open.as_mut() {
+                    t.timed_out();
+                }
                 let _ = out.send(Err(timed_out())).await;
                 return;
             }

@@ -141,6 +141,18 @@ struct Args {
     /// table per host:port with user+password or token, ca, cert+key, domain.
     #[arg(long, env = "MQD_FORWARD_CREDENTIALS")]
     forward_credentials: Option<PathBuf>,
+    /// Serve HTTP on this address: GET /metrics (Prometheus), /healthz (live), /readyz (recovered,
+    /// journal healthy). Loopback only unless --http-insecure; --http-listen is the same option.
+    #[arg(
+        long,
+        visible_alias = "http-listen",
+        value_name = "ADDR",
+        env = "MQD_HTTP_LISTEN"
+    )]
+    metrics_listen: Option<SocketAddr>,
+    /// Serve --metrics-listen on a non-loopback address (the HTTP port has no authentication).
+    #[arg(long)]
+    http_insecure: bool,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -305,6 +317,8 @@ async fn main() -> anyhow::Result<()> {
     config.max_forward_streams_per_peer = args.max_forward_streams_per_peer;
     config.max_forward_streams = args.max_forward_streams;
     config.forward_stream_idle = args.forward_stream_idle;
+    config.http_listen = args.metrics_listen;
+    config.http_insecure = args.http_insecure;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
