@@ -371,3 +371,86 @@ fn mq_info_describes_the_broker() {
     assert!(text.contains(&format!("http        {http}")), "{text}");
     mqd.terminate(WAIT).unwrap();
 }
+
+/// A poisoned journal (a failed fdatasync, injected) is not ready: `/readyz` 503 naming it,
+/// gRPC health NOT_SERVING, `mq_journal_poisoned` 1; `/healthz` still 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poisoned_journal_is_not_ready() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+
+    let dir = temp_data_dir("mq-poison-ready");
+    let io = mq_broker::journal::FaultyIo::new(19);
+    let http = format!("127.0.0.1:{}", free_port());
+    let broker = {
+        let (dir, io, http) = (dir.path().to_path_buf(), io.clone(), http.clone());
+        mq_tests::InProcessBroker::start_with(move |c| {
+            c.data_dir = dir;
+            c.journal_io = Some(std::sync::Arc::new(io));
+            c.http_listen = Some(http.parse().unwrap());
+        })
+        .await
+    };
+    let client = broker.client().await;
+    client
+        .create_queue(Q, QueueOptions::default())
+        .await
+        .unwrap();
+    let readyz = |http: String| async move {
+        tokio::task::spawn_blocking(move || get(&http, "/readyz"))
+            .await
+            .unwrap()
+    };
+    assert_eq!(readyz(http.clone()).await.0, 200);
+    let mut health = HealthClient::new(
+        tonic::transport::Endpoint::from_shared(broker.url().to_string())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let status = |mut h: HealthClient<tonic::transport::Channel>| async move {
+        h.check(HealthCheckRequest {
+            service: "mq.v1.MessageQueue".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status()
+    };
+    assert_eq!(status(health.clone()).await, ServingStatus::Serving);
+
+    io.fail_sync_at(1);
+    let q = client.queue(Q).unwrap();
+    assert!(q.send(Message::new("x").recoverable(true)).await.is_err());
+
+    let (code, body) = readyz(http.clone()).await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("poisoned"), "{body}");
+    assert!(
+        mq_tests::eventually(WAIT, || {
+            let h = health.clone();
+            async move { status(h).await == ServingStatus::NotServing }
+        })
+        .await,
+        "gRPC health never said NOT_SERVING"
+    );
+    let http2 = http.clone();
+    let s = tokio::task::spawn_blocking(move || scrape(&http2))
+        .await
+        .unwrap();
+    assert_eq!(s.value("mq_journal_poisoned", &[]), 1.0);
+    assert_eq!(s.value("mq_ready", &[]), 0.0);
+    let h = http.clone();
+    assert_eq!(
+        tokio::task::spawn_blocking(move || get(&h, "/healthz"))
+            .await
+            .unwrap()
+            .0,
+        200
+    );
+    let _ = health.check(HealthCheckRequest::default()).await;
+    drop(client);
+    let _ = broker.stop().await;
+}
