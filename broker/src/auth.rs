@@ -204,8 +204,29 @@ impl Acl {
                 "a principal must be 1 to {MAX_PRINCIPAL_CHARS} characters (a user, group:NAME, everyone or anonymous)"
             ));
         }
+        if who.chars().any(char::is_control) {
+            return Err(format!(
+                "principal \"{}\" contains control characters",
+                quote(who)
+            ));
+        }
         let who = if who.eq_ignore_ascii_case(EVERYONE) || who.eq_ignore_ascii_case(ANONYMOUS) {
             who.to_ascii_lowercase()
+        } else if let Some(group) = who
+            .get(..6)
+            .filter(|p| p.eq_ignore_ascii_case("group:"))
+            .map(|_| &who[6..])
+        {
+            // `Group:x` would never match: the prefix is always spelled `group:`.
+            if group.is_empty() || group.contains(':') {
+                return Err(format!("principal \"{}\" is not group:NAME", quote(who)));
+            }
+            format!("group:{group}")
+        } else if who.contains(':') {
+            return Err(format!(
+                "principal \"{}\" is not a user, group:NAME, everyone or anonymous",
+                quote(who)
+            ));
         } else {
             who.to_string()
         };
@@ -864,16 +885,10 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// A client-supplied value for messages and logs: at most 128 characters.
+/// A client-supplied value for messages and logs: cut short, control characters escaped
+/// ([`mq_proto::limits::quote`]).
 pub(crate) fn quote(s: &str) -> String {
-    const MAX: usize = 128;
-    if s.chars().count() <= MAX {
-        s.to_string()
-    } else {
-        let mut t: String = s.chars().take(MAX).collect();
-        t.push('…');
-        t
-    }
+    mq_proto::limits::quote(s)
 }
 
 #[cfg(test)]
@@ -920,6 +935,13 @@ mod tests {
             .unwrap();
         assert!(!acl.0.contains_key("alice"));
         assert!(Rights::parse_list("forward", true).is_err());
+        // Review m2: no control characters; `Group:` is `group:`; no other `x:` principals.
+        let send = Rights::parse_list("send", true).unwrap();
+        assert!(acl.change("ev\nil", send, true).is_err());
+        assert!(acl.change("role:x", send, true).is_err());
+        acl.change("Group:Ops2", send, true).unwrap();
+        assert!(acl.0.contains_key("group:Ops2"));
+        assert_eq!(quote("a\nb"), "a\\nb");
         assert!(Rights::parse_list("fly", false).is_err());
     }
 
