@@ -325,6 +325,13 @@ impl MessageQueue for Service {
         &self,
         req: Request<v1::TransactionOutcomeRequest>,
     ) -> Result<Response<v1::TransactionOutcomeResponse>, Status> {
+        // With a users file, only authenticated callers learn what became of a transaction.
+        let who = Identity::of(&req);
+        if who.anonymous && self.auth.has_users() {
+            return Err(Status::permission_denied(
+                "identity \"anonymous\" may not ask for a transaction's outcome; give credentials",
+            ));
+        }
         let raw = req.into_inner().id;
         let id = uuid::Uuid::from_slice(&raw).map_err(|_| {
             Status::invalid_argument(format!("a transaction id is 16 bytes; got {}", raw.len()))

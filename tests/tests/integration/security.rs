@@ -809,6 +809,19 @@ async fn batches_of_too_many_messages_are_refused_whole() {
         }
         Ok(_) => panic!("an anonymous send stream was opened"),
     }
+    // Review m3: nor does anonymous learn transaction outcomes.
+    let status = anon
+        .transaction_outcome(v1::TransactionOutcomeRequest {
+            id: bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
+        })
+        .await
+        .expect_err("anonymous may not ask for outcomes");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    let admin = as_user(mqd.url(), "admin", "admin-pw").await;
+    admin
+        .transaction_outcome(mq_client::TxId::new())
+        .await
+        .expect("an authenticated caller may");
 }
 
 /// Review M7: a client certificate's subject common name is an identity only if it is a valid
