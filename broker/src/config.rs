@@ -57,6 +57,10 @@ pub const DEFAULT_MAX_TX_TOTAL_BYTES: u64 = 512 * 1024 * 1024;
 pub const DEFAULT_MAX_TX_MESSAGES: u64 = 100_000;
 /// Default most open transactions per connection.
 pub const DEFAULT_MAX_TX_PER_CONNECTION: usize = 64;
+/// Default most messages in one send batch, transactional send or forwarded batch.
+pub const DEFAULT_MAX_BATCH_MESSAGES: usize = 10_000;
+/// The least `--max-batch-messages` may be: a forwarding broker sends batches of up to 512.
+pub const MIN_MAX_BATCH_MESSAGES: usize = 512;
 /// Most messages in one `Peek` response (a page; the client asks for the next).
 pub const PEEK_PAGE_MESSAGES: usize = 1000;
 /// A `Peek` page is cut once its bodies reach this size (at least one message per page).
@@ -142,6 +146,9 @@ pub struct FlowLimits {
     pub max_tx_messages: u64,
     /// Most open transactions per connection.
     pub max_tx_per_connection: usize,
+    /// Most messages in one `SendBatch`, `TxSend` or `ForwardBatch`; a bigger one ends its
+    /// stream with one refusal.
+    pub max_batch_messages: usize,
 }
 
 impl Default for FlowLimits {
@@ -156,6 +163,7 @@ impl Default for FlowLimits {
             max_tx_total_bytes: DEFAULT_MAX_TX_TOTAL_BYTES,
             max_tx_messages: DEFAULT_MAX_TX_MESSAGES,
             max_tx_per_connection: DEFAULT_MAX_TX_PER_CONNECTION,
+            max_batch_messages: DEFAULT_MAX_BATCH_MESSAGES,
         }
     }
 }

@@ -46,6 +46,7 @@ pub fn class_name(class: DeadLetterClass) -> &'static str {
         DeadLetterClass::ReachQueueTimeout => "ReachQueueTimeout",
         DeadLetterClass::ReceiveTimeout => "ReceiveTimeout",
         DeadLetterClass::BadMessage => "BadMessage",
+        DeadLetterClass::AccessDenied => "AccessDenied",
     }
 }
 

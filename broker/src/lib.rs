@@ -32,6 +32,7 @@
 //! ```
 
 mod auth;
+mod auth_layer;
 mod broker;
 mod config;
 mod deadletter;
@@ -65,7 +66,7 @@ pub use config::{
     default_name, BrokerConfig, DEFAULT_EXPRESS_QUOTA_BYTES, DEFAULT_JOURNAL_SEGMENT_BYTES,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_STORAGE_QUOTA_BYTES, MAX_CORRELATION_ID_CHARS, MAX_LABEL_CHARS,
 };
-pub use config::{FlowLimits, PEEK_PAGE_BYTES, PEEK_PAGE_MESSAGES};
+pub use config::{FlowLimits, MIN_MAX_BATCH_MESSAGES, PEEK_PAGE_BYTES, PEEK_PAGE_MESSAGES};
 pub use config::{
     DEFAULT_MAX_FORWARD_STREAMS, DEFAULT_MAX_FORWARD_STREAMS_PER_PEER, DEFAULT_MAX_OUTGOING_QUEUES,
 };

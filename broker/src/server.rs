@@ -120,11 +120,9 @@ pub async fn run_with_ready(
     )
     .max_decoding_message_size(limit)
     .max_encoding_message_size(limit);
-    // The identity of every call is established here, once per call (a stream is one call).
-    let svc = tonic::service::interceptor::InterceptedService::new(svc, {
-        let auth = auth.clone();
-        move |req| auth.authenticate(req)
-    });
+    // The identity of every call is established here, once per call (a stream is one call),
+    // asynchronously: password hashes run on blocking threads, a core at a time.
+    let svc = crate::auth_layer::Authenticated::new(svc, auth.clone());
     let _reloader = auth.has_users().then(|| spawn_reloader(auth.clone()));
     // Health and reflection are served beside the identity layer: they need no credentials
     // (README "Security"), and they only describe the broker.
