@@ -143,6 +143,15 @@ struct Args {
     /// Most open transactions per connection.
     #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_per_connection, value_parser = at_least_one())]
     max_tx_per_connection: usize,
+    /// Most messages in one send batch, transactional send or forwarded batch (at least 512);
+    /// a bigger batch ends its stream with one refusal.
+    #[arg(
+        long,
+        default_value_t = mq_broker::FlowLimits::default().max_batch_messages,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+            .range(mq_broker::MIN_MAX_BATCH_MESSAGES as u64..)
+    )]
+    max_batch_messages: usize,
     /// Most elements in a multiple-element format name (FORMATNAME:a,b,...) one send may use.
     #[arg(
         long,
@@ -162,7 +171,8 @@ struct Args {
     /// used idle one is forgotten, and a new stream is refused if all are busy.
     #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS_PER_PEER, value_parser = at_least_one())]
     max_forward_streams_per_peer: usize,
-    /// Most incoming forwarding streams kept in all.
+    /// Most incoming forwarding streams kept in all; beyond it only the sending peer's own
+    /// least recently used idle stream is forgotten, else a new stream is refused.
     #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS, value_parser = at_least_one())]
     max_forward_streams: usize,
     /// An incoming forwarding stream unused this long is forgotten with its duplicate mark
@@ -190,6 +200,18 @@ struct Args {
     /// table per host:port with user+password or token, ca, cert+key, domain.
     #[arg(long, env = "MQD_FORWARD_CREDENTIALS", value_name = "FILE")]
     forward_credentials: Option<PathBuf>,
+    /// Serve HTTP on this address: GET /metrics (Prometheus), /healthz (live), /readyz (recovered,
+    /// journal healthy). Loopback only unless --http-insecure; --http-listen is the same option.
+    #[arg(
+        long,
+        visible_alias = "http-listen",
+        value_name = "ADDR",
+        env = "MQD_HTTP_LISTEN"
+    )]
+    metrics_listen: Option<SocketAddr>,
+    /// Serve --metrics-listen on a non-loopback address (the HTTP port has no authentication).
+    #[arg(long)]
+    http_insecure: bool,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -341,6 +363,7 @@ async fn main() -> anyhow::Result<()> {
         max_tx_total_bytes: args.max_tx_total_bytes,
         max_tx_messages: args.max_tx_messages,
         max_tx_per_connection: args.max_tx_per_connection,
+        max_batch_messages: args.max_batch_messages,
     };
     config.max_format_name_elements = args.max_format_name_elements;
     config.outgoing_idle_expiry = args.outgoing_idle_expiry;
@@ -348,24 +371,35 @@ async fn main() -> anyhow::Result<()> {
     config.max_forward_streams_per_peer = args.max_forward_streams_per_peer;
     config.max_forward_streams = args.max_forward_streams;
     config.forward_stream_idle = args.forward_stream_idle;
+    config.http_listen = args.metrics_listen;
+    config.http_insecure = args.http_insecure;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
     // Install the signal handlers before announcing the address, so a SIGTERM sent right after
     // the announcement is a graceful stop, not the default kill.
-    let shutdown = shutdown_signal()?;
-    // systemd (Type=notify): READY=1 once recovery is done, STOPPING=1 when shutdown begins.
-    let notifier = tokio::spawn(notify_systemd(config.readiness.subscribe(), addr));
+    let signal = shutdown_signal()?;
+    // systemd (Type=notify): READY=1 at the broker's readiness hook (recovery done, requests
+    // served), STOPPING=1 when the signal starts the graceful stop (where readiness ends).
+    let shutdown = async move {
+        signal.await;
+        notify_systemd(&[
+            sd_notify::NotifyState::Stopping,
+            sd_notify::NotifyState::Status("stopping"),
+        ]);
+    };
     // The handshake with scripts and tests: the first line on stdout, printed once the journal
     // is recovered and requests are served.
     let run = mq_broker::run_with_ready(listener, config, shutdown, || {
-        println!("listening on {addr}")
+        println!("listening on {addr}");
+        let status = format!("serving on {addr}");
+        notify_systemd(&[
+            sd_notify::NotifyState::Ready,
+            sd_notify::NotifyState::Status(&status),
+        ]);
     });
-    let result = run.await;
-    // `run` has moved to Stopped on every way out, so the notifier has said what it had to.
-    let _ = notifier.await;
-    if let Err(e) = result {
+    if let Err(e) = run.await {
         // One line an operator can act on (a damaged journal names file and offset), no
         // backtrace, exit status 1.
         eprintln!("mqd: {e}");
@@ -374,28 +408,11 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Tells the service manager (`$NOTIFY_SOCKET`; nothing without it) when the broker is ready
-/// and when it begins to stop.
-async fn notify_systemd(
-    mut phase: tokio::sync::watch::Receiver<mq_broker::Phase>,
-    addr: SocketAddr,
-) {
-    use mq_broker::Phase;
-    use sd_notify::NotifyState;
-    let send = |states: &[NotifyState]| {
-        if let Err(e) = sd_notify::notify(states) {
-            tracing::warn!("cannot notify the service manager: {e}");
-        }
-    };
-    match phase.wait_for(|p| *p != Phase::Starting).await.map(|p| *p) {
-        Ok(Phase::Serving) => {}
-        _ => return,
+/// Tells the service manager (`$NOTIFY_SOCKET`; nothing without it) how mqd is doing.
+fn notify_systemd(states: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::warn!("cannot notify the service manager: {e}");
     }
-    let status = format!("serving on {addr}");
-    send(&[NotifyState::Ready, NotifyState::Status(&status)]);
-    // The sender goes away only once `run` has returned: stopping then too.
-    let _ = phase.wait_for(|p| *p >= Phase::Stopping).await;
-    send(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
 }
 
 /// A configuration mistake: one line on stderr, exit status 2 (a usage error).

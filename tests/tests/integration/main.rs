@@ -14,6 +14,8 @@
 //! - `send_pipelining`: a pipelined sender, in order; a refusal fails only its message.
 //! - `config_file`: `mqd --config`, `MQD_*` variables, `--print-config`: the example covers
 //!   every flag and round-trips, precedence, a bad file names the file and the key (exit 2).
+//! - `observability`: `/metrics` after a known workload, `/readyz`, gRPC health and reflection
+//!   without credentials, `mq info`.
 //! - `cli`: the `mq` command line against an `mqd` process: commands, JSON, exit codes.
 //! - `bad_input`: every kind of bad input (CLI and raw gRPC) is refused clearly and hurts
 //!   nothing.
@@ -74,6 +76,7 @@ mod journal_disk;
 mod message_properties;
 mod mqd_process;
 mod multiple_element_names;
+mod observability;
 mod poisoned_journal;
 mod queue_admin;
 mod recoverable;
