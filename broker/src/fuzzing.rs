@@ -333,6 +333,7 @@ mod tests {
                         queue: name,
                         timeout_ms: small,
                         peek: flag,
+                        ..Default::default()
                     }
                     .encode_to_vec()],
                     "Peek" => vec![v1::PeekRequest {
@@ -349,6 +350,7 @@ mod tests {
                             .encode(),
                             _ => bytes::Bytes::copy_from_slice(&small.to_le_bytes()),
                         },
+                        ..Default::default()
                     }
                     .encode_to_vec()],
                     "Transact" => {
@@ -362,6 +364,7 @@ mod tests {
                             op(Op::Receive(v1::TxReceive {
                                 queue: name,
                                 timeout_ms: small,
+                                ..Default::default()
                             })),
                             op(if flag {
                                 Op::Commit(true)
@@ -485,6 +488,7 @@ mod tests {
                 queue: q.clone(),
                 timeout_ms: 10,
                 peek: false,
+                ..Default::default()
             }
             .encode_to_vec()],
         };
@@ -588,6 +592,7 @@ mod tests {
                 queue: q.clone(),
                 timeout_ms: 10,
                 peek: false,
+                ..Default::default()
             }
             .encode_to_vec()],
         };

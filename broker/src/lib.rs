@@ -10,6 +10,9 @@
 //! - `error`: [`BrokerError`] and its one mapping to gRPC status.
 //! - `message`: [`StoredMessage`], validation of what senders send.
 //! - `queue`: [`Queue`]: priority levels, delivery, acknowledgement, give-back.
+//! - `index`: a queue's ready messages by id and correlation id (built on first lookup).
+//! - `cursor`: MSMQ cursors (peek current, peek next, receive current) on a browse stream.
+//! - `props`: queue properties changed after creation (`SetQueueProperties`).
 //! - `broker`: [`Broker`]: the registry of queues, name resolution, quotas, recovery.
 //! - [`journal`]: the durable journal: segments, group commit, recovery, compaction.
 //! - `transaction`: [`Transaction`]: staged sends, hidden receives, one atomic commit record.
@@ -32,6 +35,7 @@
 mod auth;
 mod broker;
 mod config;
+mod cursor;
 mod deadletter;
 mod error;
 mod flow;
@@ -40,10 +44,12 @@ mod forward;
 #[doc(hidden)]
 pub mod fuzzing;
 mod inbound;
+mod index;
 pub mod journal;
 mod message;
 mod outcome;
 mod outgoing_admin;
+mod props;
 mod queue;
 mod ratelog;
 mod server;

@@ -16,7 +16,7 @@ use crate::auth::{Acl, Auth, Identity, Right};
 use crate::broker::Broker;
 use crate::error::BrokerError;
 use crate::flow::{Connection, Connections};
-use crate::queue::{Entry, PeekCursor, Queue};
+use crate::queue::{Entry, PeekCursor, Queue, Select};
 use crate::transaction::Transaction;
 
 /// Most messages pushed to a receiver in one stream item.
@@ -168,48 +168,27 @@ impl MessageQueue for Service {
         };
         let queue = self.queue_for(&who, right, &req.queue)?;
         let peek = req.peek;
+        let select = crate::cursor::select_of(&req.id, &req.correlation_id)?;
         let found = wait_for(&self.broker, &queue, req.timeout_ms, |q| {
-            if peek {
-                q.peek(1)
-            } else {
-                q.take(1)
+            match (&select, peek) {
+                (Select::Head, true) => q.peek(1),
+                (Select::Head, false) => q.take(1),
+                (s, true) => Ok(q.peek_by(s)?.into_iter().collect()),
+                (s, false) => Ok(q.take_by(s)?.into_iter().collect()),
             }
         })
         .await?;
-        let found = if peek {
-            found
-        } else {
-            self.broker.removable(&queue, found)?
-        };
-        let dest = queue.info().format_name;
-        let message = match found.first() {
-            Some(e) if peek => Some(e.msg.to_wire(&dest, self.broker.body(&queue, e)?, e.aborts)),
-            Some(e) => {
-                let wire = match self.broker.body(&queue, e) {
-                    Ok(body) => e.msg.to_wire(&dest, body, e.aborts),
-                    Err(err) => {
-                        let gone = queue.restore(found);
-                        self.broker.forget(&queue, &gone);
-                        return Err(err.into());
-                    }
-                };
-                if queue.def().transactional {
-                    // A committed single-message transaction before the message is handed out.
-                    // In its own task, so a client that gives up meanwhile cannot leave the
-                    // message taken but neither removed nor given back.
-                    let (broker, q) = (self.broker.clone(), queue.clone());
-                    tokio::spawn(async move { broker.remove_durably(&q, found).await })
-                        .await
-                        .map_err(|e| {
-                            BrokerError::Internal(format!("the removal task failed: {e}"))
-                        })??;
-                } else {
-                    queue.complete(&found);
-                    self.broker.forget(&queue, &found);
-                }
-                Some(wire)
+        if found.is_empty() && req.timeout_ms == 0 && select != Select::Head {
+            return Err(crate::cursor::not_found(&queue, &select).into());
+        }
+        let message = if peek {
+            let dest = queue.info().format_name;
+            match found.first() {
+                Some(e) => Some(e.msg.to_wire(&dest, self.broker.body(&queue, e)?, e.aborts)),
+                None => None,
             }
-            None => None,
+        } else {
+            hand_out(&self.broker, &queue, found).await?
         };
         Ok(Response::new(v1::ReceiveOneResponse { message }))
     }
@@ -335,7 +314,24 @@ impl MessageQueue for Service {
         let queue = self.queue_for(&who, Right::Peek, &req.queue)?;
         // One page: the client asks for the next with `next_cursor`.
         let max = (req.max.max(1) as usize).min(crate::config::PEEK_PAGE_MESSAGES);
-        let after = PeekCursor::decode(&req.cursor)?;
+        let mut after = PeekCursor::decode(&req.cursor)?;
+        if !req.from_id.is_empty() {
+            // Start at that message (inclusive): just after the position before it.
+            let select = crate::cursor::select_of(&req.from_id, "")?;
+            if after.is_some() {
+                return Err(Status::invalid_argument(
+                    "give a cursor or from_id, not both",
+                ));
+            }
+            let e = queue
+                .peek_by(&select)?
+                .ok_or_else(|| crate::cursor::not_found(&queue, &select))?;
+            let p = queue.position(&e);
+            after = Some(PeekCursor {
+                lane: p.lane,
+                seq: p.seq - 1,
+            });
+        }
         let mut next = None;
         let found = wait_for(&self.broker, &queue, req.timeout_ms, |q| {
             let (page, cursor) = q.peek_page(after, max, crate::config::PEEK_PAGE_BYTES)?;
@@ -369,6 +365,41 @@ impl MessageQueue for Service {
             .await?;
         tracing::info!(queue = %q.def().name, by = %who.name, principal = %crate::auth::quote(&req.principal), rights = ?rights.names(), grant = req.grant, "queue rights changed");
         Ok(Response::new(wire_acl(&q, &acl)))
+    }
+
+    type BrowseStream = BoxStream<v1::CursorResponse>;
+
+    async fn browse(
+        &self,
+        req: Request<Streaming<v1::CursorRequest>>,
+    ) -> Result<Response<Self::BrowseStream>, Status> {
+        let who = Identity::of(&req);
+        let max = self.broker.config().flow.max_cursors_per_connection;
+        let slot = self.connection(&req).open_cursor(max).ok_or_else(|| {
+            Status::resource_exhausted(format!(
+                "this connection has {max} open cursors (mqd --max-cursors-per-connection); close one first"
+            ))
+        })?;
+        let mut inbound = req.into_inner();
+        let first = inbound.message().await?.ok_or_else(|| {
+            Status::invalid_argument("a browse stream must start with a request naming the queue")
+        })?;
+        let queue = self.queue_for(&who, Right::Peek, &first.queue)?;
+        let (broker, auth) = (self.broker.clone(), self.auth.clone());
+        Ok(spawn_stream(4, move |tx| {
+            crate::cursor::run(broker, auth, who, queue, first, inbound, tx, slot)
+        }))
+    }
+
+    async fn set_queue_properties(
+        &self,
+        req: Request<v1::SetQueuePropertiesRequest>,
+    ) -> Result<Response<v1::QueueInfo>, Status> {
+        let who = Identity::of(&req);
+        let req = req.into_inner();
+        let q = self.queue_for(&who, Right::Admin, &req.name)?;
+        self.broker.set_queue_properties(&q, &req).await?;
+        Ok(Response::new(q.info()))
     }
 
     async fn get_acl(
@@ -405,6 +436,42 @@ where
     let (tx, rx) = mpsc::channel(capacity);
     tokio::spawn(run(tx));
     Response::new(Box::pin(ReceiverStream::new(rx)))
+}
+
+/// Removes a message taken for a one-shot receive (at most one in `found`) and returns it:
+/// recoverable ones with their removal journaled; from a transactional queue as a committed
+/// single-message transaction, on disk before it is handed out.
+pub(crate) async fn hand_out(
+    broker: &Arc<Broker>,
+    queue: &Arc<Queue>,
+    found: Vec<Entry>,
+) -> Result<Option<v1::Message>, BrokerError> {
+    let found = broker.removable(queue, found)?;
+    let Some(e) = found.first() else {
+        return Ok(None);
+    };
+    let dest = queue.info().format_name;
+    let wire = match broker.body(queue, e) {
+        Ok(body) => e.msg.to_wire(&dest, body, e.aborts),
+        Err(err) => {
+            let gone = queue.restore(found);
+            broker.forget(queue, &gone);
+            return Err(err);
+        }
+    };
+    if queue.def().transactional {
+        // A committed single-message transaction before the message is handed out. In its own
+        // task, so a client that gives up meanwhile cannot leave the message taken but neither
+        // removed nor given back.
+        let (broker, q) = (broker.clone(), queue.clone());
+        tokio::spawn(async move { broker.remove_durably(&q, found).await })
+            .await
+            .map_err(|e| BrokerError::Internal(format!("the removal task failed: {e}")))??;
+    } else {
+        queue.complete(&found);
+        broker.forget(queue, &found);
+    }
+    Ok(Some(wire))
 }
 
 /// Runs `attempt` until it finds something, the timeout passes, or the broker shuts down.
@@ -880,7 +947,14 @@ async fn transact(
                 }
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 let wait = Duration::from_millis(r.timeout_ms).min(left);
-                match tx.receive(&r.queue, wait).await {
+                let select = match crate::cursor::select_of(&r.id, &r.correlation_id) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = out.send(Err(e.into())).await;
+                        return;
+                    }
+                };
+                match tx.receive_selected(&r.queue, &select, wait).await {
                     Ok(Some(m)) => Ok(Res::Received(m)),
                     Ok(None) if tokio::time::Instant::now() >= deadline => Err(timed_out()),
                     Ok(None) => Ok(Res::ReceiveTimeout(true)),

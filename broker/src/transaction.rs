@@ -216,6 +216,17 @@ impl Transaction {
         queue: &str,
         timeout: Duration,
     ) -> Result<Option<v1::Message>, BrokerError> {
+        self.receive_selected(queue, &crate::queue::Select::Head, timeout)
+            .await
+    }
+
+    /// [`Transaction::receive`] of the message `select` names (by id or correlation id).
+    pub(crate) async fn receive_selected(
+        &mut self,
+        queue: &str,
+        select: &crate::queue::Select,
+        timeout: Duration,
+    ) -> Result<Option<v1::Message>, BrokerError> {
         self.check_count()?;
         let q = self.broker.queue(queue)?;
         if !q.def().transactional {
@@ -224,9 +235,14 @@ impl Transaction {
                 q.def().name
             )));
         }
-        let found =
-            crate::service::wait_for(&self.broker, &q, timeout.as_millis() as u64, |q| q.take(1))
-                .await?;
+        let timeout_ms = timeout.as_millis() as u64;
+        let found = crate::service::wait_for(&self.broker, &q, timeout_ms, |q| match select {
+            crate::queue::Select::Head => q.take(1),
+            s => Ok(q.take_by(s)?.into_iter().collect()),
+        })
+        .await?;
+        // Nothing (for a selection: no such message now) is `None`, not an error, so the
+        // transaction goes on (the client says MQ_ERROR_MESSAGE_NOT_FOUND).
         let Some(entry) = found.into_iter().next() else {
             return Ok(None);
         };

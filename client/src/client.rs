@@ -35,6 +35,15 @@ pub struct QueueOptions {
     pub label: String,
 }
 
+/// Properties [`Client::set_queue_properties`] changes; `None` leaves one as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueProperties {
+    pub label: Option<String>,
+    /// `Some(None)` removes the queue quota; `Some(Some(n))` sets it.
+    pub quota_bytes: Option<Option<u64>>,
+}
+
 /// A queue's description and counters.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct QueueInfo {
@@ -194,6 +203,27 @@ impl Client {
         let rpc = grpc.create_queue(req);
         Ok(self
             .call("creating the queue", Duration::ZERO, rpc)
+            .await?
+            .into())
+    }
+
+    /// Changes a queue's properties (needs `admin` on it); returns once the change is on disk.
+    pub async fn set_queue_properties(
+        &self,
+        name: &str,
+        props: QueueProperties,
+    ) -> Result<QueueInfo> {
+        FormatName::parse(name)?;
+        let req = v1::SetQueuePropertiesRequest {
+            name: name.to_string(),
+            label: props.label,
+            quota_bytes: props.quota_bytes.flatten(),
+            remove_quota: matches!(props.quota_bytes, Some(None)),
+        };
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.set_queue_properties(req);
+        Ok(self
+            .call("changing the queue", Duration::ZERO, rpc)
             .await?
             .into())
     }

@@ -99,6 +99,12 @@ struct Args {
     /// Most open transactions per connection.
     #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_per_connection)]
     max_tx_per_connection: usize,
+    /// Most open cursors (`mq browse`-style browse streams) per connection.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_cursors_per_connection)]
+    max_cursors_per_connection: usize,
+    /// A cursor with no request for this many seconds is closed.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().cursor_idle.as_secs())]
+    cursor_idle_secs: u64,
     /// Most elements in a multiple-element format name (FORMATNAME:a,b,...) one send may use.
     #[arg(long, default_value_t = mq_proto::limits::DEFAULT_MAX_FORMAT_NAME_ELEMENTS)]
     max_format_name_elements: usize,
@@ -269,9 +275,11 @@ async fn main() -> anyhow::Result<()> {
         || args.ack_timeout.is_zero()
         || args.max_tx_per_connection == 0
         || args.max_tx_messages == 0
+        || args.max_cursors_per_connection == 0
+        || args.cursor_idle_secs == 0
     {
         anyhow::bail!(
-            "--max-connections, --max-streams-per-connection, --max-unacked-per-stream, --max-unacked-per-connection, --ack-timeout, --max-tx-messages and --max-tx-per-connection must be above zero"
+            "--max-connections, --max-streams-per-connection, --max-unacked-per-stream, --max-unacked-per-connection, --ack-timeout, --max-tx-messages, --max-tx-per-connection, --max-cursors-per-connection and --cursor-idle-secs must be above zero"
         );
     }
     config.flow = mq_broker::FlowLimits {
@@ -284,6 +292,8 @@ async fn main() -> anyhow::Result<()> {
         max_tx_total_bytes: args.max_tx_total_bytes,
         max_tx_messages: args.max_tx_messages,
         max_tx_per_connection: args.max_tx_per_connection,
+        max_cursors_per_connection: args.max_cursors_per_connection,
+        cursor_idle: std::time::Duration::from_secs(args.cursor_idle_secs),
     };
     if args.max_format_name_elements == 0
         || args.max_format_name_elements > mq_proto::format_name::MAX_FORMAT_NAME_ELEMENTS_CEILING

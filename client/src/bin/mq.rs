@@ -102,6 +102,10 @@ enum Command {
     /// --timeout for the first; exit 3 if fewer than --count are there).
     #[command(after_help = AFTER_HELP)]
     Peek(ReceiveArgs),
+    /// Page through a queue without removing anything, from the head (or --from a message),
+    /// printing every waiting message in receive order; only one page (at most 1000 messages)
+    /// is held in memory at a time.
+    Browse(BrowseArgs),
     /// Outgoing queues (store-and-forward to other brokers): list, pause, resume, delete.
     #[command(subcommand, after_help = OUTGOING_HELP)]
     Outgoing(OutgoingCommand),
@@ -183,6 +187,23 @@ enum QueueCommand {
     /// Show a queue's properties and counters.
     Info {
         name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change a queue's properties (needs admin on it); the change is on disk when this
+    /// returns. Flags left out keep their value.
+    Set {
+        name: String,
+        /// A free-text label (at most 250 characters).
+        #[arg(long)]
+        label: Option<String>,
+        /// Most bytes the queue may hold (body + label + overhead per message).
+        #[arg(long, visible_alias = "quota")]
+        quota_bytes: Option<u64>,
+        /// Remove the queue quota (only the broker's applies).
+        #[arg(long, conflicts_with = "quota_bytes")]
+        no_quota: bool,
+        /// The resulting queue as `mq queue info --json` shows it.
         #[arg(long)]
         json: bool,
     },
@@ -293,6 +314,28 @@ struct ReceiveArgs {
     /// Receive each message in its own transaction (transactional queues).
     #[arg(long)]
     tx: bool,
+    /// Only the message with this id (MSMQ ReceiveById / PeekById); waits up to --timeout
+    /// for it to arrive; with --timeout 0s, fails at once if it is not there.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["correlation_id", "count"])]
+    id: Option<uuid::Uuid>,
+    /// Only the first message with this correlation id (ReceiveByCorrelationId), as --id.
+    #[arg(long, value_name = "ID", conflicts_with = "count")]
+    correlation_id: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct BrowseArgs {
+    /// The queue.
+    queue: String,
+    /// Start at the message with this id (it must be waiting).
+    #[arg(long, value_name = "ID")]
+    from: Option<uuid::Uuid>,
+    /// Stop after this many messages (default: all).
+    #[arg(long)]
+    count: Option<u64>,
+    /// One JSON object per message (as `mq receive --json`).
+    #[arg(long)]
+    json: bool,
 }
 
 /// An error with its exit code.
@@ -337,8 +380,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     match &cli.command {
         Command::Send(a) => check_name(&a.destination)?,
         Command::Receive(a) | Command::Peek(a) => check_name(&a.queue)?,
+        Command::Browse(a) => check_name(&a.queue)?,
         Command::Queue(
             QueueCommand::Create { name, .. }
+            | QueueCommand::Set { name, .. }
             | QueueCommand::Delete { name }
             | QueueCommand::Info { name, .. }
             | QueueCommand::Purge { name }
@@ -407,6 +452,7 @@ async fn connect_and_run(cli: Cli, options: ClientOptions) -> Result<(), Failure
         Command::Send(a) => send(&client, a).await,
         Command::Receive(a) => receive(&client, a, false, &mut out).await,
         Command::Peek(a) => receive(&client, a, true, &mut out).await,
+        Command::Browse(a) => browse(&client, a, &mut out).await,
         Command::Outgoing(o) => outgoing_command(&client, o, &mut out).await,
         Command::Tx(t) => tx_command(&client, t, &mut out).await,
     }
@@ -497,6 +543,27 @@ async fn queue_command(
         QueueCommand::Delete { name } => {
             client.delete_queue(&name).await?;
             writeln!(out, "deleted {name}")?;
+        }
+        QueueCommand::Set {
+            name,
+            label,
+            quota_bytes,
+            no_quota,
+            json,
+        } => {
+            let mut props = mq_client::QueueProperties::default();
+            props.label = label;
+            props.quota_bytes = if no_quota {
+                Some(None)
+            } else {
+                quota_bytes.map(Some)
+            };
+            let q = client.set_queue_properties(&name, props).await?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string(&q)?)?;
+            } else {
+                writeln!(out, "changed {}", q.name)?;
+            }
         }
         QueueCommand::Purge { name } => {
             let n = client.purge(&name).await?;
@@ -913,6 +980,40 @@ async fn receive(
     let queue = client.queue(&a.queue)?;
     let deadline = Instant::now() + a.timeout;
     let mut got = 0u64;
+    if a.id.is_some() || a.correlation_id.is_some() {
+        let (id, corr) = (a.id, a.correlation_id.as_deref().unwrap_or(""));
+        let m = if a.tx && !peek {
+            let mut tx = client.begin().await?;
+            let m = match id {
+                Some(id) => tx.receive_by_id(&a.queue, id, a.timeout).await?,
+                None => {
+                    tx.receive_by_correlation_id(&a.queue, corr, a.timeout)
+                        .await?
+                }
+            };
+            match &m {
+                Some(m) => {
+                    print_message(out, m, a.json)?;
+                    out.flush()?;
+                    tx.commit().await?;
+                }
+                None => tx.abort().await?,
+            }
+            return found_or_timeout(m.is_some(), id, corr, a.timeout);
+        } else {
+            match (id, peek) {
+                (Some(id), false) => queue.receive_by_id(id, a.timeout).await?,
+                (Some(id), true) => queue.peek_by_id(id, a.timeout).await?,
+                (None, false) => queue.receive_by_correlation_id(corr, a.timeout).await?,
+                (None, true) => queue.peek_by_correlation_id(corr, a.timeout).await?,
+            }
+        };
+        if let Some(m) = &m {
+            print_message(out, m, a.json)?;
+        }
+        out.flush()?;
+        return found_or_timeout(m.is_some(), id, corr, a.timeout);
+    }
     if a.tx && !peek {
         // Each receive its own transaction: receive, print, commit.
         while got < a.count {
@@ -986,6 +1087,60 @@ async fn receive(
     }
     Ok(())
 }
+
+/// Exit 3 when the message asked for by id or correlation id did not arrive in time.
+fn found_or_timeout(
+    found: bool,
+    id: Option<uuid::Uuid>,
+    corr: &str,
+    timeout: Duration,
+) -> Result<(), Failure> {
+    if found {
+        return Ok(());
+    }
+    let what = match id {
+        Some(id) => format!("with id {id}"),
+        None => format!("with correlation id \"{}\"", one_line(corr)),
+    };
+    Err(Failure {
+        code: 3,
+        message: format!(
+            "no message {what} arrived within {} (MQ_ERROR_IO_TIMEOUT)",
+            humantime::format_duration(timeout)
+        ),
+    })
+}
+
+/// `mq browse`: peek pages from the head (or a message) to the end, printed as they come.
+async fn browse(client: &Client, a: BrowseArgs, out: &mut impl Write) -> Result<(), Failure> {
+    let queue = client.queue(&a.queue)?;
+    let limit = a.count.unwrap_or(u64::MAX);
+    let mut got = 0u64;
+    let page_max = |got: u64| (limit - got).min(BROWSE_PAGE) as u32;
+    let mut page = match a.from {
+        Some(id) => queue.peek_page_from(page_max(0), id).await?,
+        None => queue.peek_page(page_max(0), None, Duration::ZERO).await?,
+    };
+    loop {
+        for m in &page.messages {
+            print_message(out, m, a.json)?;
+            got += 1;
+        }
+        match page.next {
+            Some(c) if got < limit => {
+                page = queue
+                    .peek_page(page_max(got), Some(&c), Duration::ZERO)
+                    .await?;
+            }
+            _ => break,
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Messages asked for per browse page (the broker's page limit).
+const BROWSE_PAGE: u64 = 1000;
 
 fn print_message(out: &mut impl Write, m: &ReceivedMessage, json: bool) -> std::io::Result<()> {
     if json {

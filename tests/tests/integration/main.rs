@@ -55,21 +55,29 @@
 //! - `security`: identities (password, token, certificate, anonymous), every right allowed
 //!   and denied (client and `mq`), rights after a restart, protected mode, TLS and mTLS,
 //!   authenticated forwarding between two TLS brokers (stream hijack refused, `sender`).
+//! - `message_lookup`: receive and peek by id and by correlation id (waiting, not found, in
+//!   transactions, after `kill -9`, `mq receive --id / --correlation-id`).
+//! - `cursors`: cursors walking a queue while others receive, receive-current, limits, and
+//!   `mq browse`.
+//! - `queue_properties`: `mq queue set` (label, quota), kept across `kill -9`.
 
 mod bad_input;
 mod cli;
 mod competing_receivers;
+mod cursors;
 mod dead_letter;
 mod express_quota;
 mod flow_limits;
 mod hardening;
 mod in_doubt;
 mod journal_disk;
+mod message_lookup;
 mod message_properties;
 mod mqd_process;
 mod multiple_element_names;
 mod poisoned_journal;
 mod queue_admin;
+mod queue_properties;
 mod recoverable;
 mod recoverable_faults;
 mod recoverable_quota;
