@@ -313,6 +313,7 @@ mod tests {
                         destination: name,
                         messages: vec![m.clone(), m],
                         transactional: flag,
+                        tx_stream: Default::default(),
                     }
                     .encode_to_vec()],
                     "Receive" => vec![
@@ -476,6 +477,7 @@ mod tests {
                     ..Default::default()
                 }],
                 transactional: false,
+                tx_stream: Default::default(),
             }
             .encode_to_vec()],
         };
@@ -579,6 +581,7 @@ mod tests {
                     ..Default::default()
                 }],
                 transactional: false,
+                tx_stream: Default::default(),
             }
             .encode_to_vec()],
         };
@@ -653,6 +656,7 @@ mod tests {
                     ..Default::default()
                 }],
                 transactional: false,
+                tx_stream: Default::default(),
             }
             .encode_to_vec()],
         };

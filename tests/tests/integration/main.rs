@@ -55,6 +55,8 @@
 //! - `security`: identities (password, token, certificate, anonymous), every right allowed
 //!   and denied (client and `mq`), rights after a restart, protected mode, TLS and mTLS,
 //!   authenticated forwarding between two TLS brokers (stream hijack refused, `sender`).
+//! - `in_doubt_pipelined`: a pipelined transactional sender cut by `kill -9`: in-doubt receipts
+//!   carry transaction ids that `TransactionOutcome` resolves truthfully; retries commit once.
 
 mod bad_input;
 mod cli;
@@ -64,6 +66,7 @@ mod express_quota;
 mod flow_limits;
 mod hardening;
 mod in_doubt;
+mod in_doubt_pipelined;
 mod journal_disk;
 mod message_properties;
 mod mqd_process;
