@@ -1019,6 +1019,19 @@ impl Broker {
         msgs: Vec<v1::OutMessage>,
         transactional: bool,
     ) -> Pin<Box<dyn Future<Output = BatchOutcome> + Send + 'static>> {
+        self.send_batch_on(plan, msgs, transactional, None)
+    }
+
+    /// [`Broker::send_batch`] of single-message transactions on a send stream with an id
+    /// (`stream`, the first message's seq): the batch's record also records its outcome (see
+    /// `outcome.rs`), so each message's transaction id can be asked about.
+    pub(crate) fn send_batch_on(
+        self: &Arc<Self>,
+        plan: &Destinations,
+        msgs: Vec<v1::OutMessage>,
+        transactional: bool,
+        stream: Option<(u128, u64)>,
+    ) -> Pin<Box<dyn Future<Output = BatchOutcome> + Send + 'static>> {
         let n = msgs.len();
         let mut ids = vec![None; n];
         let mut failures: Vec<(usize, BrokerError)> = Vec::new();
@@ -1144,12 +1157,29 @@ impl Broker {
             }
             self.insert_or_forget(q, express);
         }
+        let stream = stream.map(|(id, first_seq)| {
+            let mut refused: Vec<usize> = failures.iter().map(|(i, _)| *i).collect();
+            refused.sort_unstable();
+            refused.dedup();
+            let (outcome_ops, batch) =
+                self.outcomes()
+                    .stream_batch(id, first_seq, n as u64, &refused, !ops.is_empty());
+            ops.extend(outcome_ops);
+            batch
+        });
         let commit = (!ops.is_empty()).then(|| self.journal.submit(ops));
         drop(order_guard);
         let broker = self.clone();
         Box::pin(async move {
             if let Some(commit) = commit {
-                match commit.await {
+                let result = commit.await;
+                if let Some(batch) = stream {
+                    match &result {
+                        Ok(()) => broker.outcomes().stream_committed(batch),
+                        Err(_) => broker.outcomes().stream_failed(batch),
+                    }
+                }
+                match result {
                     Ok(()) => {
                         let placed = durable.into_iter().map(|(q, _, e)| (q, e));
                         for (q, entries) in group_by_queue(placed) {

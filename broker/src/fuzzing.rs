@@ -313,6 +313,7 @@ mod tests {
                         destination: name,
                         messages: vec![m.clone(), m],
                         transactional: flag,
+                        tx_stream: Default::default(),
                     }
                     .encode_to_vec()],
                     "Receive" => vec![
@@ -479,6 +480,7 @@ mod tests {
                     ..Default::default()
                 }],
                 transactional: false,
+                tx_stream: Default::default(),
             }
             .encode_to_vec()],
         };
@@ -583,6 +585,7 @@ mod tests {
                     ..Default::default()
                 }],
                 transactional: false,
+                tx_stream: Default::default(),
             }
             .encode_to_vec()],
         };
@@ -658,6 +661,7 @@ mod tests {
                     ..Default::default()
                 }],
                 transactional: false,
+                tx_stream: Default::default(),
             }
             .encode_to_vec()],
         };

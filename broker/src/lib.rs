@@ -17,6 +17,7 @@
 //! - [`journal`]: the durable journal: segments, group commit, recovery, compaction.
 //! - `transaction`: [`Transaction`]: staged sends, hidden receives, one atomic commit record.
 //! - `outcome`: which transaction ids committed (journaled with the commit, kept for a window).
+//! - `tx_stream`: the id of a pipelined transactional send stream (one transaction per message).
 //! - `service`: the gRPC service.
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
 //! - `auth`: identities (users file, tokens, certificates), rights, queue ACLs, `authorize`.
@@ -65,6 +66,7 @@ mod service;
 mod stream_bounds;
 mod tls;
 mod transaction;
+mod tx_stream;
 
 pub use auth::{add_user, hash_password, Acl, Identity, Right, Rights};
 pub use broker::{Broker, Destinations, RecoveryReport, Target};

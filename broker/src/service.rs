@@ -563,6 +563,7 @@ async fn send_stream(
     let mut refused = None;
     // The last destination's resolution, so a stream of batches to one queue parses it once.
     let mut cached: Option<(String, bool, crate::broker::Destinations)> = None;
+    let mut tx_stream = crate::tx_stream::TxStream::new(broker.clone());
     loop {
         let batch = tokio::select! {
             b = inbound.message() => b,
@@ -589,6 +590,7 @@ async fn send_stream(
         let n = batch.messages.len();
         let first_seq = batch.first_seq;
         let tx = batch.transactional;
+        let stream = tx_stream.batch(&batch);
         let dests = match &cached {
             Some((name, t, d)) if *name == batch.destination && *t == tx && d.is_current() => {
                 Ok(d.clone())
@@ -600,9 +602,13 @@ async fn send_stream(
                     cached = Some((batch.destination.clone(), tx, d.clone()));
                 }),
         };
-        let ack: Pending = match dests {
-            Ok(dests) => {
-                let stored = broker.send_batch(&dests, batch.messages, tx);
+        // A batch of a transactional send stream refused as a whole still uses up its seqs.
+        if let (Ok(Some(_)), Err(_)) = (&stream, &dests) {
+            tx_stream.refused(first_seq, n);
+        }
+        let ack: Pending = match stream.and_then(|s| dests.map(|d| (d, s))) {
+            Ok((dests, stream)) => {
+                let stored = broker.send_batch_on(&dests, batch.messages, tx, stream);
                 Box::pin(async move {
                     let outcome = stored.await;
                     let mut ids = BytesMut::with_capacity(16 * n);
@@ -637,7 +643,9 @@ async fn send_stream(
     }
     // Answer everything already accepted, then end the stream.
     drop(pending_tx);
-    if let (Ok(tx), Some(status)) = (acker.await, refused) {
+    let acker = acker.await;
+    drop(tx_stream);
+    if let (Ok(tx), Some(status)) = (acker, refused) {
         let _ = tx.send(Err(status)).await;
     }
 }

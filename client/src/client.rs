@@ -8,6 +8,7 @@ use mq_proto::v1;
 
 use crate::deadline::{self, ClientOptions};
 use crate::error::{Error, Result};
+use crate::message::Message;
 use crate::outgoing::OutgoingQueue;
 use crate::queue::Queue;
 use crate::sender::{Sender, SenderOptions};
@@ -419,6 +420,29 @@ impl Client {
             id,
             reason: "no attempt was made".into(),
         }))
+    }
+
+    /// Sends `message` to `destination` as the transaction `id`, at most once: the retry of a
+    /// single-message transactional send whose outcome was unknown ([`Error::InDoubt`] from a
+    /// [`Sender`] with `SenderOptions::transactional`, or [`Sender::in_doubt_ids`]). Asks the
+    /// broker whether `id` committed; if not, sends and commits it in a transaction with that
+    /// id ([`Client::commit_once`], up to `attempts` tries).
+    pub async fn send_once(
+        &self,
+        id: TxId,
+        destination: &str,
+        message: Message,
+        attempts: u32,
+    ) -> Result<CommitOnce> {
+        FormatName::parse(destination)?;
+        self.commit_once(id, attempts, |mut tx| {
+            let m = message.clone();
+            async move {
+                tx.send(destination, m)?;
+                Ok(tx)
+            }
+        })
+        .await
     }
 
     /// A pipelining sender to `destination` (a queue or a multiple-element format name).

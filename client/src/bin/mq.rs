@@ -282,6 +282,12 @@ struct SendArgs {
     /// unknown with the id it printed commits at most once ("already committed").
     #[arg(long, requires = "tx", value_name = "ID")]
     tx_id: Option<String>,
+    /// Send each message as its own transaction (MSMQ's single-message transaction), pipelined:
+    /// for transactional queues. If the connection breaks, the error names the transaction ids
+    /// whose outcome is unknown (`mq tx status ID` tells; `--tx --tx-id ID` repeats one at most
+    /// once).
+    #[arg(long, conflicts_with_all = ["recoverable", "tx"])]
+    tx_each: bool,
     /// Time-to-reach-queue (e.g. 500ms, 5s, 1m): the message must reach its destination queue
     /// within this time of the send, else it goes to the dead-letter queue with class
     /// ReachQueueTimeout (it matters for queues on other brokers, reached by store-and-forward).
@@ -897,8 +903,12 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
         code: 1,
         message: format!("{e}; acknowledged 0 of {}", a.count),
     };
+    let options = SenderOptions {
+        transactional: a.tx_each,
+        ..SenderOptions::default()
+    };
     let mut sender = client
-        .sender(&a.destination, SenderOptions::default())
+        .sender(&a.destination, options)
         .await
         .map_err(none_acked)?;
     if a.count == 1 {
@@ -910,7 +920,7 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
             Ok(id) => id,
             Err(e) => {
                 let _ = sender.flush().await;
-                return Err(send_failure(&e, 0, sender.in_doubt(), 1));
+                return Err(send_failure(&e, 0, sender.in_doubt(), 1, &[]));
             }
         };
         sender.close().await?;
@@ -933,13 +943,20 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
     }
     let flushed = sender.flush().await;
     let (acknowledged, in_doubt) = (sender.acknowledged(), sender.in_doubt());
+    let in_doubt_ids = sender.in_doubt_ids();
     let closed = sender.close().await;
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
     let err = result.err().or(flushed.err()).or(closed.err());
     if let Some(e) = err {
-        return Err(send_failure(&e, acknowledged, in_doubt, a.count));
+        return Err(send_failure(
+            &e,
+            acknowledged,
+            in_doubt,
+            a.count,
+            &in_doubt_ids,
+        ));
     }
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
@@ -955,9 +972,26 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
 }
 
 /// The last line of a failed `mq send`: the error, then how many of the `count` messages were
-/// acknowledged, and how many have an unknown outcome (sent, no answer before the stream ended).
-fn send_failure(e: &mq_client::Error, acknowledged: u64, in_doubt: u64, count: u64) -> Failure {
+/// acknowledged, and how many have an unknown outcome (sent, no answer before the stream ended);
+/// with `--tx-each`, their transaction ids (`ids`, consecutive).
+fn send_failure(
+    e: &mq_client::Error,
+    acknowledged: u64,
+    in_doubt: u64,
+    count: u64,
+    ids: &[TxId],
+) -> Failure {
     // The line always ends with "acknowledged K of N" (scripts parse it).
+    let which = match (ids.first(), ids.last()) {
+        (Some(a), Some(b)) if a == b => format!(
+            "transaction {a} may or may not have committed (ask with `mq tx status ID`; `mq send --tx --tx-id ID` repeats it at most once); "
+        ),
+        (Some(a), Some(b)) => format!(
+            "transactions {a} to {b} ({} ids in a row) may or may not have committed (ask with `mq tx status ID`; `mq send --tx --tx-id ID` repeats one at most once); ",
+            ids.len()
+        ),
+        _ => String::new(),
+    };
     let unknown = if in_doubt > 0 {
         format!("outcome unknown for {in_doubt}; ")
     } else {
@@ -965,7 +999,7 @@ fn send_failure(e: &mq_client::Error, acknowledged: u64, in_doubt: u64, count: u
     };
     Failure {
         code: 1,
-        message: format!("{e}; {unknown}acknowledged {acknowledged} of {count}"),
+        message: format!("{e}; {which}{unknown}acknowledged {acknowledged} of {count}"),
     }
 }
 
@@ -1515,17 +1549,29 @@ beta.example.com:1801  ONHOLD               3              30          0        
     #[test]
     fn a_failed_send_ends_with_acknowledged_k_of_n_and_says_what_is_unknown() {
         let e = mq_client::Error::Unavailable("the connection to the broker was lost".into());
-        let f = send_failure(&e, 7, 0, 10);
+        let f = send_failure(&e, 7, 0, 10, &[]);
         assert!(
             f.message.ends_with("; acknowledged 7 of 10"),
             "{}",
             f.message
         );
         assert!(!f.message.contains("unknown"), "{}", f.message);
-        let f = send_failure(&e, 7, 3, 10);
+        let f = send_failure(&e, 7, 3, 10, &[]);
         assert!(
             f.message
                 .ends_with("; outcome unknown for 3; acknowledged 7 of 10"),
+            "{}",
+            f.message
+        );
+        let ids = [TxId::new(), TxId::new()];
+        let f = send_failure(&e, 7, 2, 10, &ids);
+        assert!(
+            f.message.contains(&format!(
+                "transactions {} to {} (2 ids in a row)",
+                ids[0], ids[1]
+            )) && f
+                .message
+                .ends_with("; outcome unknown for 2; acknowledged 7 of 10"),
             "{}",
             f.message
         );

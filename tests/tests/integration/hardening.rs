@@ -312,6 +312,7 @@ async fn multiple_element_names_have_a_configurable_limit() {
         destination: huge,
         messages: vec![v1::OutMessage::default()],
         transactional: false,
+        tx_stream: Default::default(),
     })
     .await
     .unwrap();
@@ -607,6 +608,7 @@ async fn errors_quote_huge_client_values_cut_short() {
             destination,
             messages: vec![v1::OutMessage::default()],
             transactional: false,
+            tx_stream: Default::default(),
         })
         .await
         .unwrap();

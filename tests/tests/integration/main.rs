@@ -62,6 +62,8 @@
 //! - `cursors`: cursors walking a queue while others receive, receive-current, limits, and
 //!   `mq browse`.
 //! - `queue_properties`: `mq queue set` (label, quota), kept across `kill -9`.
+//! - `in_doubt_pipelined`: a pipelined transactional sender cut by `kill -9`: in-doubt receipts
+//!   carry transaction ids that `TransactionOutcome` resolves truthfully; retries commit once.
 
 mod bad_input;
 mod cli;
@@ -72,6 +74,7 @@ mod express_quota;
 mod flow_limits;
 mod hardening;
 mod in_doubt;
+mod in_doubt_pipelined;
 mod journal_disk;
 mod message_lookup;
 mod message_properties;

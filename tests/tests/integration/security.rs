@@ -707,6 +707,7 @@ async fn batches_of_too_many_messages_are_refused_whole() {
         destination: Q.into(),
         messages: vec![v1::OutMessage::default(); 200_000],
         transactional: false,
+        tx_stream: Default::default(),
     };
     let r = tokio::time::timeout(limit, async {
         let mut acks = rpc

@@ -753,6 +753,7 @@ async fn a_sender_that_vanishes_mid_stream_does_not_stall_forwarding() {
                 first_seq: i * 50 + 1,
                 destination: dest.clone(),
                 transactional: false,
+                tx_stream: Default::default(),
                 messages: (0..50)
                     .map(|_| v1::OutMessage {
                         body: body.clone(),
