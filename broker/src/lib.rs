@@ -16,6 +16,7 @@
 //! - `outcome`: which transaction ids committed (journaled with the commit, kept for a window).
 //! - `service`: the gRPC service.
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
+//! - `subqueue`: subqueues (`Q;name`), moving a message by id, dead-letter replay, poison messages.
 //! - `auth`: identities (users file, tokens, certificates), rights, queue ACLs, `authorize`.
 //! - `tls`: [`SecurityConfig`]: TLS, protected mode, forwarding credentials.
 //! - `fuzzing` (tests and the `fuzzing` feature): entry points of the fuzz targets in `fuzz/`.
@@ -49,6 +50,7 @@ mod ratelog;
 mod server;
 mod service;
 mod stream_bounds;
+mod subqueue;
 mod tls;
 mod transaction;
 
