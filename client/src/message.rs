@@ -226,6 +226,9 @@ pub enum DeadLetterClass {
     ReceiveTimeout,
     /// The destination refused the message itself.
     BadMessage,
+    /// The destination queue's ACL does not let the forwarding broker send to it (MSMQ's
+    /// `MQMSG_CLASS_NACK_ACCESS_DENIED`).
+    AccessDenied,
     /// A wire code this client does not know (including 0, unspecified).
     Unknown(i32),
 }
@@ -242,6 +245,7 @@ impl DeadLetterClass {
             Ok(W::ReachQueueTimeout) => DeadLetterClass::ReachQueueTimeout,
             Ok(W::ReceiveTimeout) => DeadLetterClass::ReceiveTimeout,
             Ok(W::BadMessage) => DeadLetterClass::BadMessage,
+            Ok(W::AccessDenied) => DeadLetterClass::AccessDenied,
             Ok(W::Unspecified) | Err(_) => DeadLetterClass::Unknown(code),
         }
     }
@@ -257,6 +261,7 @@ impl DeadLetterClass {
             DeadLetterClass::ReachQueueTimeout => W::ReachQueueTimeout as i32,
             DeadLetterClass::ReceiveTimeout => W::ReceiveTimeout as i32,
             DeadLetterClass::BadMessage => W::BadMessage as i32,
+            DeadLetterClass::AccessDenied => W::AccessDenied as i32,
             DeadLetterClass::Unknown(n) => n,
         }
     }
@@ -278,6 +283,7 @@ impl std::fmt::Display for DeadLetterClass {
             DeadLetterClass::ReachQueueTimeout => "ReachQueueTimeout",
             DeadLetterClass::ReceiveTimeout => "ReceiveTimeout",
             DeadLetterClass::BadMessage => "BadMessage",
+            DeadLetterClass::AccessDenied => "AccessDenied",
             DeadLetterClass::Unknown(n) => return write!(f, "Unknown({n})"),
         };
         f.write_str(name)
@@ -505,6 +511,7 @@ mod tests {
             (5, DeadLetterClass::ReachQueueTimeout, "ReachQueueTimeout"),
             (6, DeadLetterClass::ReceiveTimeout, "ReceiveTimeout"),
             (7, DeadLetterClass::BadMessage, "BadMessage"),
+            (8, DeadLetterClass::AccessDenied, "AccessDenied"),
         ];
         for (code, class, name) in all {
             assert_eq!(DeadLetterClass::from_i32(code), class);
