@@ -303,6 +303,7 @@ mod tests {
                         transactional: flag,
                         quota_bytes: (n % 3 == 0).then_some(n % 10_000),
                         label: String::new(),
+                        max_aborts: (n % 4) as u32,
                     }
                     .encode_to_vec()],
                     "DeleteQueue" | "GetQueueInfo" | "Purge" => {

@@ -20,6 +20,7 @@
 //! - `tx_stream`: the id of a pipelined transactional send stream (one transaction per message).
 //! - `service`: the gRPC service.
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
+//! - `subqueue`: subqueues (`Q;name`), moving a message by id, dead-letter replay, poison messages.
 //! - `auth`: identities (users file, tokens, certificates), rights, queue ACLs, `authorize`.
 //! - `tls`: [`SecurityConfig`]: TLS, protected mode, forwarding credentials.
 //! - `ready`: [`Readiness`] (recovered, serving, shutting down) and gRPC health.
@@ -64,6 +65,7 @@ mod ready;
 mod server;
 mod service;
 mod stream_bounds;
+mod subqueue;
 mod tls;
 mod transaction;
 mod tx_stream;

@@ -61,6 +61,8 @@ pub struct QueueDef {
     /// Who may do what with the queue, as stored with the definition (the live one is
     /// [`Queue::acl`]).
     pub acl: crate::auth::Acl,
+    /// Poison-message handling of a transactional queue (see `subqueue.rs`).
+    pub poison: crate::subqueue::PoisonPolicy,
 }
 
 /// What a queue is for.
@@ -83,6 +85,9 @@ pub enum QueueRole {
     Streams,
     /// Internal: the ids of committed transactions (see `outcome.rs`).
     TxOutcomes,
+    /// `Q;name`: a subqueue of a queue (see `subqueue.rs`); its key is the main queue's key,
+    /// `;` and the subqueue's name.
+    Subqueue,
 }
 
 impl QueueRole {
@@ -166,6 +171,10 @@ pub struct Queue {
     state: Mutex<State>,
     notify: Notify,
     acl: std::sync::RwLock<Arc<crate::auth::Acl>>,
+    /// A subqueue's main queue: its ACL and quota are the main queue's.
+    parent: std::sync::OnceLock<Arc<Queue>>,
+    /// Messages moved to this queue's poison subqueue since the broker started.
+    pub(crate) poisoned: std::sync::atomic::AtomicU64,
 }
 
 impl Queue {
@@ -182,6 +191,8 @@ impl Queue {
             }),
             def,
             notify: Notify::new(),
+            parent: std::sync::OnceLock::new(),
+            poisoned: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -191,6 +202,9 @@ impl Queue {
 
     /// Who may do what with the queue now.
     pub fn acl(&self) -> Arc<crate::auth::Acl> {
+        if let Some(p) = self.parent.get() {
+            return p.acl();
+        }
         self.acl.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
@@ -525,6 +539,8 @@ impl Queue {
         st.stats.in_flight = st.stats.in_flight.saturating_sub(n);
         st.charged = st.charged.saturating_sub(charged);
         st.totals.removed += n;
+        drop(st);
+        self.release_parent_quota(charged);
     }
 
     /// Counts messages moved out to a dead-letter queue (also completed) and receives undone
@@ -666,8 +682,10 @@ impl Queue {
         st.next_deadline = u64::MAX;
         st.stats.messages -= out.len() as u64;
         st.stats.bytes -= body;
-        st.charged -= charged;
+        st.charged = st.charged.saturating_sub(charged);
         st.totals.purged += out.len() as u64;
+        drop(st);
+        self.release_parent_quota(charged);
         out
     }
 
@@ -935,6 +953,8 @@ impl Queue {
             label,
             created_ms: self.def.created_ms,
             in_flight: s.in_flight,
+            max_aborts: self.def.poison.max_aborts,
+            poisoned: self.poisoned.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }
@@ -996,6 +1016,50 @@ impl Select {
     }
 }
 
+/// Subqueues and moves (see `subqueue.rs`): a subqueue's messages are charged to its main
+/// queue's quota, so moving between them changes no charge.
+impl Queue {
+    /// Makes this queue a subqueue of `parent`: its ACL and quota are the parent's from now on,
+    /// and what it holds charged (recovery loaded it) moves to the parent.
+    pub(crate) fn set_parent(&self, parent: Arc<Queue>) {
+        let moved = std::mem::take(&mut self.lock().charged);
+        parent.lock().charged += moved;
+        let _ = self.parent.set(parent);
+    }
+
+    /// A subqueue's main queue.
+    pub fn parent(&self) -> Option<&Arc<Queue>> {
+        self.parent.get()
+    }
+
+    fn release_parent_quota(&self, charged: u64) {
+        if let Some(p) = self.parent.get() {
+            p.release_quota(charged);
+        }
+    }
+
+    /// Takes the ready message with this id (counted in flight, as [`Queue::take`]), or
+    /// `None` if it is not waiting here (in flight, expired, or never here). Indexed: see
+    /// [`Queue::take_by`].
+    pub fn take_id(&self, id: uuid::Uuid) -> Result<Option<Entry>, BrokerError> {
+        self.take_by(&Select::Id(id))
+    }
+
+    /// An entry taken from here that now lives in another queue of the same main queue: it
+    /// leaves this queue's counters; its quota charge stays with the main queue
+    /// (`keep_charge`), or is given back (a dead letter moved elsewhere).
+    pub fn complete_moved(&self, e: &Entry, keep_charge: bool) {
+        if !keep_charge {
+            self.complete(std::slice::from_ref(e));
+            return;
+        }
+        let mut st = self.lock();
+        st.stats.bytes = st.stats.bytes.saturating_sub(e.msg.body_len as u64);
+        st.stats.messages = st.stats.messages.saturating_sub(1);
+        st.stats.in_flight = st.stats.in_flight.saturating_sub(1);
+    }
+}
+
 /// Entries grouped by their queue, each queue's entries in the order given (for inserting or
 /// restoring one batch per queue).
 pub(crate) fn group_by_queue(
@@ -1031,6 +1095,7 @@ impl QueueDef {
             created_ms: now_ms(),
             role: QueueRole::Normal,
             acl: crate::auth::Acl::default(),
+            poison: crate::subqueue::PoisonPolicy::default(),
         }
     }
 }
@@ -1061,6 +1126,7 @@ mod tests {
             route: None,
             dead_letter: None,
             sender: None,
+            move_count: 0,
         })
     }
 

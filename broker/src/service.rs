@@ -439,6 +439,32 @@ impl MessageQueue for Service {
         Ok(Response::new(wire_acl(&q, &q.acl())))
     }
 
+    async fn move_message(
+        &self,
+        req: Request<v1::MoveRequest>,
+    ) -> Result<Response<v1::MoveResponse>, Status> {
+        let who = Identity::of(&req);
+        let req = req.into_inner();
+        // Taking a message out of a queue (or a dead-letter queue) is a receive there; a
+        // replay to another queue is a send there.
+        let src = self.queue_for(&who, Right::Receive, &req.queue)?;
+        let id = uuid::Uuid::from_slice(&req.id).map_err(|_| {
+            Status::invalid_argument(format!("a message id is 16 bytes; got {}", req.id.len()))
+        })?;
+        let auth = self.auth.clone();
+        let may_send = move |q: Option<&Arc<Queue>>| {
+            auth.authorize(&who, Right::Send, q.map(|q| &**q))
+                .map_err(|s| BrokerError::PermissionDenied(s.message().to_string()))
+        };
+        let message = self
+            .broker
+            .move_message(&src, id, &req.destination, &may_send)
+            .await?;
+        Ok(Response::new(v1::MoveResponse {
+            message: Some(message),
+        }))
+    }
+
     async fn get_broker_info(
         &self,
         _req: Request<v1::Empty>,

@@ -375,14 +375,22 @@ impl Transaction {
         self.done = true;
         self.broker.counters().tx_aborted(self.abort_reason);
         self.release_staged();
-        // Back in their original order; each queue restores by seq.
+        // Back in their original order; each queue restores by seq. A message aborted as
+        // often as its queue's max_aborts goes to the poison subqueue instead.
         let received = self.received.drain(..).map(|(q, mut e)| {
             e.aborts += 1;
             (q, e)
         });
         for (q, entries) in group_by_queue(received) {
             q.count(0, entries.len() as u64);
-            let gone = q.restore(entries);
+            let max = q.def().poison.max_aborts;
+            let (poison, back): (Vec<Entry>, Vec<Entry>) = entries
+                .into_iter()
+                .partition(|e| max > 0 && e.aborts >= max);
+            if !poison.is_empty() {
+                self.broker.poison_later(q.clone(), poison);
+            }
+            let gone = q.restore(back);
             self.broker.forget(&q, &gone);
         }
     }

@@ -34,6 +34,9 @@ pub struct QueueOptions {
     pub quota_bytes: Option<u64>,
     /// A free-text label.
     pub label: String,
+    /// Transactional queues: a message whose receive was aborted this many times is moved to
+    /// the subqueue `Q;poison` instead of being handed out again (0 = never).
+    pub max_aborts: u32,
 }
 
 /// Properties [`Client::set_queue_properties`] changes; `None` leaves one as it is.
@@ -57,6 +60,10 @@ pub struct QueueInfo {
     pub quota_bytes: Option<u64>,
     pub label: String,
     pub created_ms: u64,
+    /// Poison-message threshold (0 = none).
+    pub max_aborts: u32,
+    /// Messages moved to `Q;poison` since the broker started.
+    pub poisoned: u64,
 }
 
 impl From<v1::QueueInfo> for QueueInfo {
@@ -71,6 +78,8 @@ impl From<v1::QueueInfo> for QueueInfo {
             quota_bytes: q.quota_bytes,
             label: q.label,
             created_ms: q.created_ms,
+            max_aborts: q.max_aborts,
+            poisoned: q.poisoned,
         }
     }
 }
@@ -199,6 +208,7 @@ impl Client {
             transactional: options.transactional,
             quota_bytes: options.quota_bytes,
             label: options.label,
+            max_aborts: options.max_aborts,
         };
         let mut grpc = self.rpc.clone();
         let rpc = grpc.create_queue(req);
@@ -269,6 +279,33 @@ impl Client {
             name: name.to_string(),
         });
         Ok(self.call("purging", Duration::ZERO, rpc).await?.purged)
+    }
+
+    /// Moves the waiting message `id` out of `queue` (MSMQ's MoveMessage): from a queue or
+    /// subqueue to the subqueue `destination` of the same queue (`""`: the main queue), or
+    /// out of a dead-letter queue to the format name `destination` (`""`: where it was going),
+    /// keeping its id and properties. Returns the message as it is now, without its body.
+    pub async fn move_message(
+        &self,
+        queue: &str,
+        id: crate::MessageId,
+        destination: &str,
+    ) -> Result<crate::ReceivedMessage> {
+        FormatName::parse(queue)?;
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.move_message(v1::MoveRequest {
+            queue: queue.to_string(),
+            id: bytes::Bytes::copy_from_slice(id.as_bytes()),
+            destination: destination.to_string(),
+        });
+        let m = self
+            .call("moving the message", Duration::ZERO, rpc)
+            .await?
+            .message
+            .ok_or_else(|| {
+                crate::Error::Internal("the broker answered a move without the message".into())
+            })?;
+        crate::ReceivedMessage::from_wire(m)
     }
 
     /// The broker's outgoing queues (store-and-forward: one per destination broker that this

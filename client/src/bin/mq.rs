@@ -119,6 +119,35 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Move a waiting message by id: between a queue and its subqueues (QUEUE;name), or out
+    /// of a dead-letter queue back to where it was going (replay; alias `requeue`).
+    #[command(alias = "requeue", after_help = MOVE_HELP)]
+    Move(MoveArgs),
+}
+
+const MOVE_HELP: &str = "\
+Within a queue (MSMQ subqueues): DEST is a subqueue name, created on first use; '' (or nothing)
+is the main queue. Each move adds 1 to the message's move count and resets its abort count.
+  mq move '.\\private$\\orders' ID poison        mq move '.\\private$\\orders;poison' ID ''
+Out of a dead-letter queue (replay): DEST is a queue's format name; '' (or nothing) is the
+message's original destination. It keeps its id and properties; the dead-letter record and
+timers that passed are removed.
+  mq requeue 'DIRECT=OS:.\\SYSTEM$;DEADLETTER' ID          mq move '.\\SYSTEM$;DEADXACT' ID '.\\private$\\other'
+Exit codes: 0 moved, 1 error (one line on stderr: no such message, bad name, no right), 2 usage.";
+
+#[derive(Debug, Args)]
+struct MoveArgs {
+    /// Where the message is: a queue, a subqueue (QUEUE;name) or a dead-letter queue.
+    queue: String,
+    /// The message's id (as `mq receive --json` or `mq peek --json` shows it).
+    id: String,
+    /// A subqueue name ('' = the main queue), or for a dead letter a queue's format name
+    /// ('' = its original destination).
+    #[arg(default_value = "")]
+    destination: String,
+    /// The moved message (without body) as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -188,6 +217,10 @@ enum QueueCommand {
         /// A free-text label.
         #[arg(long, default_value = "")]
         label: String,
+        /// Transactional queues: move a message whose receive was aborted N times to the
+        /// subqueue NAME;poison instead of handing it out again (0 = never).
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        max_aborts: u32,
     },
     /// Delete a queue and every message in it.
     Delete { name: String },
@@ -418,6 +451,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Tx(TxCommand::Status { id, .. }) => {
             id.parse::<TxId>()?;
         }
+        Command::Move(a) => {
+            check_name(&a.queue)?;
+            parse_message_id(&a.id)?;
+            if a.destination.contains(['\\', '/', '=']) {
+                check_name(&a.destination)?;
+            }
+        }
         Command::Info { .. } => {}
     }
     let options = ClientOptions {
@@ -469,8 +509,35 @@ async fn connect_and_run(cli: Cli, options: ClientOptions) -> Result<(), Failure
         Command::Browse(a) => browse(&client, a, &mut out).await,
         Command::Outgoing(o) => outgoing_command(&client, o, &mut out).await,
         Command::Tx(t) => tx_command(&client, t, &mut out).await,
+        Command::Move(a) => move_command(&client, a, &mut out).await,
         Command::Info { json } => info_command(&client, json, &mut out).await,
     }
+}
+
+/// A message id as `mq receive --json` prints it (a UUID).
+fn parse_message_id(id: &str) -> Result<uuid::Uuid, Failure> {
+    id.parse::<uuid::Uuid>().map_err(|e| Failure {
+        code: 2,
+        message: format!(
+            "\"{}\" is not a message id (a UUID as mq receive --json shows it): {e}",
+            id.chars().take(64).collect::<String>()
+        ),
+    })
+}
+
+async fn move_command(client: &Client, a: MoveArgs, out: &mut impl Write) -> Result<(), Failure> {
+    let id = parse_message_id(&a.id)?;
+    let m = client.move_message(&a.queue, id, &a.destination).await?;
+    if a.json {
+        writeln!(out, "{}", message_json(&m))?;
+    } else {
+        writeln!(
+            out,
+            "moved {} to {} (move count {})",
+            m.id, m.destination, m.move_count
+        )?;
+    }
+    Ok(())
 }
 
 /// Connects with the TLS and credential options.
@@ -610,6 +677,7 @@ async fn queue_command(
             transactional,
             quota_bytes,
             label,
+            max_aborts,
         } => {
             let info = client
                 .create_queue(
@@ -618,6 +686,7 @@ async fn queue_command(
                         transactional,
                         quota_bytes,
                         label,
+                        max_aborts,
                     },
                 )
                 .await?;
@@ -670,6 +739,10 @@ async fn queue_command(
                 let quota = q.quota_bytes.map_or("none".to_string(), |b| b.to_string());
                 writeln!(out, "quota (bytes):  {quota}")?;
                 writeln!(out, "label:          {}", q.label)?;
+                if q.max_aborts > 0 {
+                    writeln!(out, "max aborts:     {}", q.max_aborts)?;
+                    writeln!(out, "poisoned:       {}", q.poisoned)?;
+                }
             }
         }
         QueueCommand::Grant { name, who, rights } => {
@@ -1333,6 +1406,7 @@ fn message_json(m: &ReceivedMessage) -> serde_json::Value {
     o.insert("response_queue".into(), m.response_queue.clone().into());
     o.insert("destination".into(), m.destination.clone().into());
     o.insert("abort_count".into(), m.abort_count.into());
+    o.insert("move_count".into(), m.move_count.into());
     o.insert("transactional".into(), m.transactional.into());
     o.insert(
         "reach_queue_by_ms".into(),
@@ -1383,6 +1457,7 @@ mod tests {
             reach_queue_by: None,
             receive_by: None,
             dead_letter: None,
+            move_count: 0,
         }
     }
 

@@ -54,6 +54,9 @@
 //!   streams per connection, gRPC message size, transactions (bytes, messages, per connection,
 //!   the queue quota when staging, the broker's memory), peek pages (`mq peek --count
 //!   1000000`), receivers that never read, the ack timeout, an unconfirmed `Consumer::close`.
+//! - `subqueues`: subqueues and `mq move` (to a subqueue and back, recoverable, express and
+//!   transactional, across kill -9, shared quota), poison messages after `--max-aborts`, and
+//!   dead-letter replay (`mq requeue`).
 //! - `security`: identities (password, token, certificate, anonymous), every right allowed
 //!   and denied (client and `mq`), rights after a restart, protected mode, TLS and mTLS,
 //!   authenticated forwarding between two TLS brokers (stream hijack refused, `sender`).
@@ -93,5 +96,6 @@ mod send_pipelining;
 mod shutdown_acks;
 mod silent_broker;
 mod store_and_forward;
+mod subqueues;
 mod transactions;
 mod transactions_crash;
