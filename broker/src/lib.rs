@@ -18,6 +18,8 @@
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
 //! - `auth`: identities (users file, tokens, certificates), rights, queue ACLs, `authorize`.
 //! - `tls`: [`SecurityConfig`]: TLS, protected mode, forwarding credentials.
+//! - `memtrim`: after a burst is drained, malloc's free pages go back to the system.
+//! - `receive_acks`: per-message acknowledgements waiting on a receive stream are applied as one.
 //! - `fuzzing` (tests and the `fuzzing` feature): entry points of the fuzz targets in `fuzz/`.
 //!
 //! # Example
@@ -41,11 +43,13 @@ mod forward;
 pub mod fuzzing;
 mod inbound;
 pub mod journal;
+mod memtrim;
 mod message;
 mod outcome;
 mod outgoing_admin;
 mod queue;
 mod ratelog;
+mod receive_acks;
 mod server;
 mod service;
 mod stream_bounds;
