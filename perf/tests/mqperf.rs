@@ -494,7 +494,10 @@ fn table_starts_with_the_banner() {
     // The row, then the embedded broker's RSS after the phase.
     let lines: Vec<&str> = out.lines().collect();
     assert!(lines[lines.len() - 2].starts_with("empty "), "{out}");
-    assert!(lines[lines.len() - 1].starts_with("  rss: after send "), "{out}");
+    assert!(
+        lines[lines.len() - 1].starts_with("  rss: after send "),
+        "{out}"
+    );
     // Not a terminal: no progress bar escapes.
     assert!(!stderr(&o).contains('\u{1b}'));
 }
