@@ -10,7 +10,7 @@ pub const TRIM_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Resident bytes not in use by malloc (RSS minus malloc's bytes in use), beyond what stayed
 /// after the last trim, that make a trim worth its cost (it walks every arena).
-pub const TRIM_THRESHOLD_BYTES: usize = 32 << 20;
+pub const TRIM_THRESHOLD_BYTES: usize = 16 << 20;
 
 /// Trims when much more memory is resident than malloc has in use.
 #[derive(Debug, Default)]

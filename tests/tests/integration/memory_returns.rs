@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use mq_client::{ConsumerOptions, Message, SenderOptions};
 use mq_tests::{temp_data_dir, MqdProcess};
 
-/// 100,000 × 1000 B: a 100 MB burst (peak RSS about 145 MiB).
-const COUNT: u64 = 100_000;
+/// 150,000 × 1000 B: a 150 MB burst (peak RSS about 200 MiB).
+const COUNT: u64 = 150_000;
 const BODY: usize = 1000;
-/// RSS after the drain must fall below this (a release mqd starts at about 8 MiB and falls to
-/// about 16 MiB after the drain; before the fix about 46 MiB stayed, for good).
-const BOUND_MIB: u64 = 32;
+/// RSS after the drain must fall to at most this much above mqd's RSS before the burst (a
+/// release mqd goes from about 8 MiB to 16 MiB; before the fix it stayed at 74 MiB, for good).
+const ABOVE_START_MIB: u64 = 40;
 /// How long the RSS may take to fall.
 const WITHIN: Duration = Duration::from_secs(60);
 
@@ -39,6 +39,7 @@ async fn rss_falls_after_an_express_burst_is_drained() {
     let dir = temp_data_dir("mq-memory-");
     let q = r".\private$\burst";
     let (mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], q).await;
+    let bound = rss_mib(mqd.pid()) + ABOVE_START_MIB;
     let queue = client.queue(q).unwrap();
     let mut sender = queue.sender(SenderOptions::default()).await.unwrap();
     let body = bytes::Bytes::from(vec![b'm'; BODY]);
@@ -49,7 +50,7 @@ async fn rss_falls_after_an_express_burst_is_drained() {
     sender.close().await.unwrap();
     let peak = rss_mib(mqd.pid());
     assert!(
-        peak > BOUND_MIB * 2,
+        peak > bound * 2,
         "the burst should have grown mqd: {peak} MiB"
     );
 
@@ -72,13 +73,13 @@ async fn rss_falls_after_an_express_burst_is_drained() {
 
     let start = Instant::now();
     let mut rss = rss_mib(mqd.pid());
-    while rss >= BOUND_MIB && start.elapsed() < WITHIN {
+    while rss > bound && start.elapsed() < WITHIN {
         tokio::time::sleep(Duration::from_millis(250)).await;
         rss = rss_mib(mqd.pid());
     }
     assert!(
-        rss < BOUND_MIB,
-        "mqd still holds {rss} MiB {:?} after draining the burst (peak {peak} MiB); bound {BOUND_MIB} MiB",
+        rss <= bound,
+        "mqd still holds {rss} MiB {:?} after draining the burst (peak {peak} MiB); bound {bound} MiB",
         start.elapsed()
     );
 }
