@@ -1029,6 +1029,23 @@ impl Broker {
         self.spawn_periodic(quarter(idle), move |b| async move {
             b.prune_streams(idle);
         });
+        // After a drained burst, give malloc's free pages back (off the async workers).
+        let trimmer = Arc::new(std::sync::Mutex::new(crate::memtrim::Trimmer::default()));
+        self.spawn_periodic(crate::memtrim::TRIM_INTERVAL, move |_| {
+            let trimmer = trimmer.clone();
+            async move {
+                let _ = tokio::task::spawn_blocking(move || {
+                    let mut t = trimmer.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(freed) = t.tick(crate::memtrim::TRIM_THRESHOLD_BYTES) {
+                        tracing::debug!(
+                            freed_mib = freed >> 20,
+                            "returned free memory to the system"
+                        );
+                    }
+                })
+                .await;
+            }
+        });
     }
 
     /// Runs `work` every `period` (a late tick is delayed, not bunched) until the broker shuts

@@ -23,6 +23,8 @@
 //! - `subqueue`: subqueues (`Q;name`), moving a message by id, dead-letter replay, poison messages.
 //! - `auth`: identities (users file, tokens, certificates), rights, queue ACLs, `authorize`.
 //! - `tls`: [`SecurityConfig`]: TLS, protected mode, forwarding credentials.
+//! - `memtrim`: after a burst is drained, malloc's free pages go back to the system.
+//! - `receive_acks`: per-message acknowledgements waiting on a receive stream are applied as one.
 //! - `ready`: [`Readiness`] (recovered, serving, shutting down) and gRPC health.
 //! - `metrics`, `histogram`: counters and the Prometheus collector; `http`: the HTTP port.
 //! - `fuzzing` (tests and the `fuzzing` feature): entry points of the fuzz targets in `fuzz/`.
@@ -54,6 +56,7 @@ mod inbound;
 mod index;
 mod info;
 pub mod journal;
+mod memtrim;
 mod message;
 mod metrics;
 mod outcome;
@@ -62,6 +65,7 @@ mod props;
 mod queue;
 mod ratelog;
 mod ready;
+mod receive_acks;
 mod server;
 mod service;
 mod stream_bounds;

@@ -108,6 +108,9 @@ pub struct QueueStats {
     pub in_flight: u64,
 }
 
+/// An emptied priority level keeping room for more entries than this gives it back.
+const SHRINK_EMPTY_LEVEL_ABOVE: usize = 4096;
+
 /// What went through a queue since the broker started (the metrics' counters). Kept under the
 /// queue's lock with the other counters, so counting adds no lock or allocation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -476,6 +479,12 @@ impl Queue {
         }
         st.ready -= out.len() + expired;
         st.stats.in_flight += (out.len() + expired) as u64;
+        // A drained backlog gives its index memory back (1,000,000 entries: 32 MiB).
+        for level in st.levels.iter_mut() {
+            if level.is_empty() && level.capacity() > SHRINK_EMPTY_LEVEL_ABOVE {
+                level.shrink_to_fit();
+            }
+        }
         Ok(out)
     }
 

@@ -839,10 +839,17 @@ async fn consume(
             _ = room, if blocked_by_connection => continue,
             _ = tokio::time::sleep_until(ack_deadline), if oldest.is_some() => continue,
             r = inbound.message() => match r {
-                Ok(Some(r)) => match apply(&broker, &queue, &conn, &mut in_flight, &r) {
-                    Ok(c) => credit = credit.saturating_add(c),
-                    Err(e) => break Some(e.into()),
-                },
+                Ok(Some(r)) => {
+                    // Per-message acknowledgements waiting: one removal, one bigger delivery.
+                    let (r, ended) = crate::receive_acks::coalesce(r, &mut inbound);
+                    match apply(&broker, &queue, &conn, &mut in_flight, &r) {
+                        Ok(c) => credit = credit.saturating_add(c),
+                        Err(e) => break Some(e.into()),
+                    }
+                    if ended {
+                        break None;
+                    }
+                }
                 _ => break None,
             },
             _ = broker.shutting_down() => {

@@ -9,6 +9,7 @@
 //! - `message_properties`: send, receive, peek, timeouts, priority, label, correlation id,
 //!   app-specific, body limits, ids, times.
 //! - `competing_receivers`: many receivers, each message once; a dropped consumer gives back.
+//! - `memory_returns`: after an express burst is drained, mqd's RSS falls (bounded wait).
 //! - `express_quota`: the broker-wide express memory quota refuses, then recovers.
 //! - `multiple_element_names`: `FORMATNAME:a,b` fans out one message; not receivable.
 //! - `send_pipelining`: a pipelined sender, in order; a refusal fails only its message.
@@ -79,6 +80,7 @@ mod hardening;
 mod in_doubt;
 mod in_doubt_pipelined;
 mod journal_disk;
+mod memory_returns;
 mod message_lookup;
 mod message_properties;
 mod mqd_process;
