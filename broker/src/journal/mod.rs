@@ -461,8 +461,12 @@ impl Journal {
             Ok(p) => p,
             Err(failed) => return failed,
         };
+        let shared = &self.inner.shared;
+        // Counted like every submission: the writer's completion takes it off again.
+        shared.pending.fetch_add(1, Ordering::AcqRel);
         if self.inner.urgent.send(msg).is_err() {
-            return Commit::ready(Err(self.inner.shared.dropped_error()));
+            shared.pending.fetch_sub(1, Ordering::AcqRel);
+            return Commit::ready(Err(shared.dropped_error()));
         }
         self.pending_commit(rx)
     }

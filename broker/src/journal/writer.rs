@@ -89,8 +89,9 @@ impl Sub {
                 shared.poison(e);
             }
         }
-        let _ = self.done.send(r);
+        // Before the answer, so a waiter that got it never still sees it pending.
         shared.pending.fetch_sub(1, Ordering::AcqRel);
+        let _ = self.done.send(r);
     }
 }
 
