@@ -46,6 +46,7 @@ mod outcome;
 mod outgoing_admin;
 mod queue;
 mod ratelog;
+mod refused_seqs;
 mod server;
 mod service;
 mod stream_bounds;

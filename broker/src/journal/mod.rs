@@ -136,6 +136,54 @@ impl Default for JournalOptions {
     }
 }
 
+/// Submissions whose records must reach the disk in order, each only if every earlier one
+/// did ([`Journal::submit_chained`]): once one fails, for any reason, every later one of the
+/// chain fails with [`JournalError::EarlierFailed`] without being written, until
+/// [`Chain::reset`]. A stream whose records each carry a high-water mark uses one, so that a
+/// later record never marks an earlier, lost one as stored.
+#[derive(Debug, Clone, Default)]
+pub struct Chain {
+    broken: Arc<Mutex<Option<Arc<str>>>>,
+}
+
+impl Chain {
+    /// A new, unbroken chain.
+    pub fn new() -> Self {
+        Chain::default()
+    }
+
+    /// Whether a submission of this chain failed since the last reset.
+    pub fn is_broken(&self) -> bool {
+        self.broken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    /// Accepts submissions again. Call only once every earlier submission of the chain has
+    /// completed.
+    pub fn reset(&self) {
+        *self.broken.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Marks the chain broken by `e` (keeps the first cause).
+    pub(crate) fn break_with(&self, e: &JournalError) {
+        let mut b = self.broken.lock().unwrap_or_else(|p| p.into_inner());
+        if b.is_none() {
+            *b = Some(Arc::from(e.to_string()));
+        }
+    }
+
+    /// The error for a submission refused because the chain is broken.
+    pub(crate) fn refusal(&self) -> Option<JournalError> {
+        self.broken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .map(|cause| JournalError::EarlierFailed { cause })
+    }
+}
+
 /// What recovery found. Bodies are not loaded: read them with [`Journal::read_body`].
 #[derive(Debug, Clone)]
 pub struct Recovery {
@@ -446,7 +494,16 @@ impl Journal {
     /// `fdatasync` returned) or failed. Submissions are written in the order they are made
     /// from one thread; an empty `ops` completes after everything submitted before it.
     pub fn submit(&self, ops: Vec<Op>) -> Commit {
-        self.submit_inner(ops, false)
+        self.submit_inner(ops, false, None)
+    }
+
+    /// Like [`Journal::submit`], as the next record of `chain`: written only if every earlier
+    /// submission of the chain was (see [`Chain`]).
+    pub fn submit_chained(&self, ops: Vec<Op>, chain: &Chain) -> Commit {
+        if let Some(e) = chain.refusal() {
+            return Commit::ready(Err(e));
+        }
+        self.submit_inner(ops, false, Some(chain.clone()))
     }
 
     /// Like [`Journal::submit`], for ops that only remove records that are already durable
@@ -457,7 +514,7 @@ impl Journal {
     /// Because its targets are durable, writing it before earlier submissions changes nothing
     /// else; do not use it for anything that must follow an earlier record.
     pub fn submit_removal(&self, ops: Vec<Op>) -> Commit {
-        let (msg, _, rx) = match self.prepare(ops, false) {
+        let (msg, _, rx) = match self.prepare(ops, false, None) {
             Ok(p) => p,
             Err(failed) => return failed,
         };
@@ -471,10 +528,15 @@ impl Journal {
         self.pending_commit(rx)
     }
 
-    fn submit_inner(&self, ops: Vec<Op>, detached: bool) -> Commit {
-        let (msg, size, rx) = match self.prepare(ops, detached) {
+    fn submit_inner(&self, ops: Vec<Op>, detached: bool, chain: Option<Chain>) -> Commit {
+        let (msg, size, rx) = match self.prepare(ops, detached, chain.clone()) {
             Ok(p) => p,
-            Err(failed) => return failed,
+            Err(failed) => {
+                if let (Some(c), CommitState::Ready(Some(Err(e)))) = (&chain, &failed.state) {
+                    c.break_with(e);
+                }
+                return failed;
+            }
         };
         let shared = &self.inner.shared;
         // Backpressure: wait for room in the queue (bytes here, count in the channel).
@@ -483,14 +545,23 @@ impl Journal {
         if self.inner.tx.send(msg).is_err() {
             shared.admission.release(size);
             shared.pending.fetch_sub(1, Ordering::AcqRel);
-            return Commit::ready(Err(shared.dropped_error()));
+            let e = shared.dropped_error();
+            if let Some(c) = &chain {
+                c.break_with(&e);
+            }
+            return Commit::ready(Err(e));
         }
         self.pending_commit(rx)
     }
 
     /// The checks every submission passes (poisoned, closed, too large) and its message for
     /// the writer: `(message, record size, completion)`, or the already failed commit.
-    fn prepare(&self, ops: Vec<Op>, detached: bool) -> Result<(Msg, usize, Completion), Commit> {
+    fn prepare(
+        &self,
+        ops: Vec<Op>,
+        detached: bool,
+        chain: Option<Chain>,
+    ) -> Result<(Msg, usize, Completion), Commit> {
         let shared = &self.inner.shared;
         if let Some(e) = shared.poisoned_error() {
             return Err(Commit::ready(Err(e)));
@@ -512,6 +583,7 @@ impl Journal {
             size,
             done: tx,
             detached,
+            chain,
         };
         Ok((msg, size, rx))
     }
@@ -531,7 +603,7 @@ impl Journal {
     /// can become durable without it.
     pub fn submit_detached(&self, ops: Vec<Op>) {
         // A pending one is checked by the writer (`Msg::Submit::detached`).
-        if let CommitState::Ready(Some(Err(e))) = self.submit_inner(ops, true).state {
+        if let CommitState::Ready(Some(Err(e))) = self.submit_inner(ops, true, None).state {
             if !e.is_poisoned() && !matches!(e, JournalError::Closed) {
                 self.inner.shared.poison(&e);
             }

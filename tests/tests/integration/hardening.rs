@@ -152,6 +152,7 @@ fn batch(stream: uuid::Uuid, source: &str, msgs: Vec<v1::ForwardedMessage>) -> v
         stream_id: bytes::Bytes::copy_from_slice(stream.as_bytes()),
         source: source.to_string(),
         batch: 1,
+        settled_below: 0,
         messages: msgs,
     }
 }

@@ -544,6 +544,7 @@ async fn authenticated_forwarding_between_two_tls_brokers() {
         stream_id,
         source: "a".into(),
         batch: 1,
+        settled_below: 0,
         messages: vec![v1::ForwardedMessage {
             seq: u64::MAX,
             destination: format!(r"DIRECT=TCP:{b_addr}\private$\missing"),
