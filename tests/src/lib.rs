@@ -45,6 +45,18 @@ use mq_client::Client;
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long [`MqdProcess::start`] waits for the `listening on <addr>` line.
 pub const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// The environment variable that overrides [`START_TIMEOUT`] (whole seconds), for slow
+/// machines and for long `mqtorture` runs whose journals grow large.
+pub const START_TIMEOUT_ENV: &str = "MQ_TEST_START_TIMEOUT_SECS";
+
+/// [`START_TIMEOUT`], or the whole seconds in [`START_TIMEOUT_ENV`] when that is set.
+pub fn start_timeout() -> Duration {
+    std::env::var(START_TIMEOUT_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(START_TIMEOUT)
+}
 /// How long [`mq`] lets one CLI invocation run before killing it.
 pub const CLI_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -308,7 +320,7 @@ pub struct MqdProcess {
 
 impl MqdProcess {
     /// Starts `mqd --listen 127.0.0.1:0 --data-dir <data_dir>` and waits (at most
-    /// [`START_TIMEOUT`]) for its first stdout line, `listening on <addr>`.
+    /// [`start_timeout`]) for its first stdout line, `listening on <addr>`.
     pub fn start(data_dir: &Path) -> anyhow::Result<MqdProcess> {
         Self::start_with_args(data_dir, &[])
     }
@@ -363,7 +375,8 @@ impl MqdProcess {
             stdout,
             stderr,
         };
-        let line = match line_rx.recv_timeout(START_TIMEOUT) {
+        let start_timeout = start_timeout();
+        let line = match line_rx.recv_timeout(start_timeout) {
             // End of stdout before any line: mqd exited (bad flags, port in use, ...). Let it
             // finish writing its reason to stderr, so the error below carries it.
             Ok(Ok(l)) if l.is_empty() => {
@@ -374,7 +387,7 @@ impl MqdProcess {
             Ok(Ok(l)) => l,
             Ok(Err(e)) => bail!("reading mqd's stdout: {e}; stderr: {}", proc.stderr()),
             Err(_) => bail!(
-                "mqd printed no first line within {START_TIMEOUT:?}; stderr: {}",
+                "mqd printed no first line within {start_timeout:?}; stderr: {}",
                 proc.stderr()
             ),
         };
@@ -667,9 +680,9 @@ impl MqdProcess {
 
     /// [`MqdProcess::start_on`], panicking with the reason: for tests. While mqd fails because
     /// the port is still in use (a broker killed a moment ago on the same port), retries for at
-    /// most [`START_TIMEOUT`].
+    /// most [`start_timeout`].
     pub fn launch_on(data_dir: &Path, addr: SocketAddr, extra: &[&str]) -> MqdProcess {
-        let deadline = Instant::now() + START_TIMEOUT;
+        let deadline = Instant::now() + start_timeout();
         loop {
             match MqdProcess::start_on(data_dir, addr, extra) {
                 Ok(p) => return p,

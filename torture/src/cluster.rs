@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use mq_tests::{free_port, loopback, temp_data_dir, MqdProcess, START_TIMEOUT};
+use mq_tests::{free_port, loopback, start_timeout, temp_data_dir, MqdProcess};
 
 /// How long a SIGTERM may take before the broker is killed instead (and that is reported).
 pub const TERM_TIMEOUT: Duration = Duration::from_secs(20);
@@ -97,7 +97,7 @@ impl Node {
             bail!("{} already runs", self.name);
         }
         let args = ["--name", self.name.as_str(), "--forward-retry-max", "300ms"];
-        let deadline = Instant::now() + START_TIMEOUT;
+        let deadline = Instant::now() + start_timeout();
         loop {
             let started = match &self.netns {
                 None => MqdProcess::start_on(self.dir.path(), self.addr, &args),

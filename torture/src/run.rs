@@ -153,6 +153,14 @@ pub async fn run(opts: &Options) -> anyhow::Result<RunResult> {
     let schedule = Schedule::new(opts.seed, brokers, opts.duration_per_cycle, net.is_some());
     for f in schedule.take(opts.cycles as usize) {
         let cycle_start = tokio::time::Instant::now();
+        if !opts.verbose && f.cycle % 50 == 0 {
+            println!(
+                "cycle {} of {}, {} s into the run",
+                f.cycle,
+                opts.cycles,
+                history.now() / 1000
+            );
+        }
         tokio::time::sleep(f.at).await;
         if f.kind == FaultKind::Netem && !netem_ok {
             if opts.verbose {

@@ -54,10 +54,18 @@ struct Args {
     /// Print each fault as it strikes.
     #[arg(long, short)]
     verbose: bool,
+    /// Longest wait for a (re)started broker to listen (its recovery included); long runs
+    /// grow large journals. Sets MQ_TEST_START_TIMEOUT_SECS for this process and its children.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    start_timeout: Option<Duration>,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(t) = args.start_timeout {
+        // Still one thread here: nothing reads the environment concurrently.
+        std::env::set_var(mq_tests::START_TIMEOUT_ENV, t.as_secs().max(1).to_string());
+    }
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
     println!("mqtorture seed {seed} (replay with --seed {seed})");
     if args.partitions && args.net_id.is_none() {
