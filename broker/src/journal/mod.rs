@@ -10,7 +10,9 @@
 //! is poisoned and refuses every later write until it is reopened.
 //!
 //! A full disk (ENOSPC) does not poison: the journal enters *disk-full* mode, where it refuses
-//! records that store data ([`Op::Put`], [`Op::DefineQueue`]) with [`JournalError::NoSpace`]
+//! records that store data ([`Op::Put`], [`Op::DefineQueue`]; not a detached definition,
+//! [`Journal::submit_detached`], which is written while the active segment has room, as
+//! refusing it would poison) with [`JournalError::NoSpace`]
 //! and keeps writing records that only free data (removes, purges, deletes), for which it
 //! keeps a reserve file on disk (`reserve.bin`, one segment's size) that it gives up when a
 //! new segment cannot be allocated otherwise. It leaves disk-full mode by itself once the

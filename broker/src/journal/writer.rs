@@ -431,7 +431,9 @@ impl Writer {
                 continue;
             }
             let stores = stores_data(ops);
-            if refuse_data && stores {
+            // A detached record (a queue definition used at once) is written even in disk-full
+            // mode, while the active segment has room: refusing it would poison the journal.
+            if refuse_data && stores && !sub.detached {
                 refused[i] = true;
                 if let Some(c) = &sub.chain {
                     // Later records of its chain in this batch must not be written either.

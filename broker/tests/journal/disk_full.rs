@@ -338,3 +338,36 @@ fn a_chain_stops_at_its_first_failed_record() {
         "seq 2 removed after the reset, seq 1 never"
     );
 }
+
+/// Review M6: a queue definition submitted detached (nobody waits; its queue is used at once)
+/// while the journal is in disk-full mode is written if the active segment has room, instead
+/// of being refused, which poisoned the journal.
+#[test]
+fn a_detached_definition_in_disk_full_mode_does_not_poison() {
+    let io = FaultyIo::new(8);
+    let (j, _) = open(&io, small_opts(1 << 20));
+    j.submit(vec![put(1, 1, 10)]).wait().unwrap();
+    io.fail_writes_with_enospc(true);
+    assert!(j.submit(vec![put(1, 2, 10)]).wait().is_err());
+    io.fail_writes_with_enospc(false);
+    assert!(
+        j.is_disk_full(),
+        "a write that hit ENOSPC enters disk-full mode"
+    );
+    j.submit_detached(vec![Op::DefineQueue {
+        queue_id: 9,
+        def: Bytes::from_static(b"def"),
+    }]);
+    // A barrier: completes after the detached record.
+    j.submit(vec![]).wait().unwrap();
+    assert!(
+        !j.is_poisoned(),
+        "the detached definition poisoned the journal"
+    );
+    drop(j);
+    let (_, r) = open(&io.restart(), small_opts(1 << 20));
+    assert!(
+        r.queues.iter().any(|(id, _)| *id == 9),
+        "the definition is on disk"
+    );
+}
