@@ -6,8 +6,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY-free: build scripts are single-threaded; prost-build reads PROTOC.
     std::env::set_var("PROTOC", protoc);
     println!("cargo:rerun-if-changed=proto/mq/v1/mq.proto");
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
         .bytes(".")
+        // For gRPC server reflection (`grpcurl list` / `describe`).
+        .file_descriptor_set_path(out.join("mq_descriptor.bin"))
         .compile_protos(&["proto/mq/v1/mq.proto"], &["proto"])?;
     Ok(())
 }

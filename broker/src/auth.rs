@@ -1,12 +1,14 @@
 //! Identities and rights: the users file, credentials, per-queue ACLs, and [`Auth::authorize`].
 //!
 //! An [`Identity`] is established once per connection/stream (per RPC call) by
-//! [`Auth::authenticate`], the interceptor in front of the service: an `authorization: Basic`
-//! user and password (checked against the argon2id hash in the users file; verified credentials
-//! are cached, so a hash is computed once per credentials, not per call), an
-//! `authorization: Bearer` token (its SHA-256 is in the users file), a client certificate's
-//! subject common name (mTLS), or `anonymous`. The service calls [`Auth::authorize`] before it
-//! touches the broker.
+//! [`Auth::authenticate`], in the layer in front of the service ([`crate::auth_layer`]): an
+//! `authorization: Basic` user and password (checked against the argon2id hash in the users
+//! file on a blocking thread, a core at a time; verified credentials are cached, so a hash is
+//! computed once per credentials, not per call; failures are not cached but limited per peer
+//! address; an unknown user costs the same hash), an `authorization: Bearer` token (its SHA-256
+//! is in the users file), a client certificate's subject common name (mTLS; it must be a valid
+//! user name), or `anonymous`. The service calls [`Auth::authorize`] before it touches the
+//! broker.
 //!
 //! Without a users file the broker is in protected mode: it serves loopback only (checked at
 //! start) and every caller has every right.
@@ -202,8 +204,29 @@ impl Acl {
                 "a principal must be 1 to {MAX_PRINCIPAL_CHARS} characters (a user, group:NAME, everyone or anonymous)"
             ));
         }
+        if who.chars().any(char::is_control) {
+            return Err(format!(
+                "principal \"{}\" contains control characters",
+                quote(who)
+            ));
+        }
         let who = if who.eq_ignore_ascii_case(EVERYONE) || who.eq_ignore_ascii_case(ANONYMOUS) {
             who.to_ascii_lowercase()
+        } else if let Some(group) = who
+            .get(..6)
+            .filter(|p| p.eq_ignore_ascii_case("group:"))
+            .map(|_| &who[6..])
+        {
+            // `Group:x` would never match: the prefix is always spelled `group:`.
+            if group.is_empty() || group.contains(':') {
+                return Err(format!("principal \"{}\" is not group:NAME", quote(who)));
+            }
+            format!("group:{group}")
+        } else if who.contains(':') {
+            return Err(format!(
+                "principal \"{}\" is not a user, group:NAME, everyone or anonymous",
+                quote(who)
+            ));
         } else {
             who.to_string()
         };
@@ -372,43 +395,91 @@ pub fn check_user_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Most verified credentials remembered (cleared when full and on reload).
+/// Most verified credentials remembered (only successes; when full, more are verified again
+/// each time; cleared on reload).
 const CREDENTIAL_CACHE: usize = 10_000;
 /// Refusals from one peer address are logged at most once per this interval.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// Peers tracked by the refusal log limiter.
 const REFUSAL_LOG_PEERS: usize = 4096;
+/// Failed password checks allowed per peer address in [`FAILURE_WINDOW`]; beyond them the
+/// peer's password checks (not yet verified credentials) are refused without hashing.
+pub(crate) const MAX_FAILURES_PER_PEER: u32 = 20;
+/// The window [`MAX_FAILURES_PER_PEER`] counts in.
+pub(crate) const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+/// Peer addresses tracked by the failure limiter (when full, those whose window passed are
+/// dropped; a new peer beyond it is not tracked, the hashing semaphore still bounds the cost).
+const FAILURE_PEERS: usize = 4096;
+
+/// What a caller presented: the `authorization` header, its address, its client
+/// certificate's name (mTLS).
+#[derive(Default)]
+pub(crate) struct Presented {
+    pub authorization: Option<Result<String, ()>>,
+    pub peer: Option<SocketAddr>,
+    pub cert_name: Option<String>,
+}
+
+impl std::fmt::Debug for Presented {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Presented")
+            .field(
+                "authorization",
+                &self.authorization.as_ref().map(|_| "<redacted>"),
+            )
+            .field("peer", &self.peer)
+            .field("cert_name", &self.cert_name)
+            .finish()
+    }
+}
 
 /// Identities and rights of one broker.
 #[derive(Debug)]
 pub struct Auth {
     path: Option<PathBuf>,
     users: RwLock<Option<Arc<Users>>>,
-    /// SHA-256 of `user \0 password` -> verified (Some(name)) or refused (None).
-    cache: Mutex<HashMap<[u8; 32], Option<String>>>,
+    /// SHA-256 of `user \0 password` -> the verified user (successes only).
+    cache: Mutex<HashMap<[u8; 32], String>>,
     refusals: Mutex<HashMap<IpAddr, (Instant, u64)>>,
+    /// Per peer address: start of its failure window, failures in it.
+    failures: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+    /// Password hashes computed at once (off the async workers), at most one per core.
+    hashing: tokio::sync::Semaphore,
+}
+
+/// An argon2id hash of nothing anyone knows, verified for an unknown user so that the answer
+/// takes as long as for a known one (no user enumeration by timing).
+fn dummy_hash() -> &'static str {
+    static DUMMY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    DUMMY.get_or_init(|| {
+        hash_password(&uuid::Uuid::new_v4().to_string()).unwrap_or_else(|_| {
+            "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHRzb21lc2FsdA$AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA".into()
+        })
+    })
 }
 
 impl Auth {
-    /// Protected mode: no users file, every caller has every right.
-    pub fn open() -> Auth {
+    fn with(path: Option<PathBuf>, users: Option<Users>) -> Auth {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         Auth {
-            path: None,
-            users: RwLock::new(None),
+            path,
+            users: RwLock::new(users.map(Arc::new)),
             cache: Mutex::new(HashMap::new()),
             refusals: Mutex::new(HashMap::new()),
+            failures: Mutex::new(HashMap::new()),
+            hashing: tokio::sync::Semaphore::new(cores),
         }
+    }
+
+    /// Protected mode: no users file, every caller has every right.
+    pub fn open() -> Auth {
+        Auth::with(None, None)
     }
 
     /// Reads the users file at `path`.
     pub fn from_file(path: &Path) -> Result<Auth, String> {
         let users = Users::load(path)?;
-        Ok(Auth {
-            path: Some(path.to_path_buf()),
-            users: RwLock::new(Some(Arc::new(users))),
-            cache: Mutex::new(HashMap::new()),
-            refusals: Mutex::new(HashMap::new()),
-        })
+        Ok(Auth::with(Some(path.to_path_buf()), Some(users)))
     }
 
     /// Whether a users file is in force (else every caller has every right).
@@ -432,51 +503,58 @@ impl Auth {
         self.users.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// The interceptor: establishes the caller's identity and puts it in the request's
-    /// extensions, or refuses with UNAUTHENTICATED.
-    #[allow(clippy::result_large_err)]
-    pub fn authenticate(&self, mut req: Request<()>) -> Result<Request<()>, Status> {
-        let peer = req.remote_addr();
-        let who = match self.identify(&req, peer) {
-            Ok(who) => who,
-            Err(why) => {
-                self.log_refusal(peer, "?", &why);
-                return Err(Status::unauthenticated(why));
+    /// Establishes the caller's identity (see [`crate::auth_layer`], in front of the service),
+    /// or refuses: UNAUTHENTICATED for bad credentials, RESOURCE_EXHAUSTED for a peer over the
+    /// failed-login limit. A password is hashed off the async workers, a core at a time.
+    pub(crate) async fn authenticate(&self, p: Presented) -> Result<Identity, Status> {
+        let peer = p.peer;
+        match self.identify(p).await {
+            Ok(who) => Ok(who),
+            Err(status) => {
+                self.log_refusal(peer, "?", status.message());
+                Err(status)
             }
-        };
-        req.extensions_mut().insert(who);
-        Ok(req)
+        }
     }
 
-    fn identify(&self, req: &Request<()>, peer: Option<SocketAddr>) -> Result<Identity, String> {
+    async fn identify(&self, p: Presented) -> Result<Identity, Status> {
+        let peer = p.peer;
         let users = self.users();
-        let header = req.metadata().get("authorization");
-        if let (Some(h), Some(users)) = (header, &users) {
-            let h = h
-                .to_str()
-                .map_err(|_| "the authorization header is not text".to_string())?;
+        let refuse = |why: String| Status::unauthenticated(why);
+        if let (Some(h), Some(users)) = (p.authorization, &users) {
+            let h = h.map_err(|()| refuse("the authorization header is not text".into()))?;
             if let Some(b) = h.strip_prefix("Basic ") {
                 let raw = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b)
-                    .map_err(|_| "the Basic credentials are not base64".to_string())?;
+                    .map_err(|_| refuse("the Basic credentials are not base64".into()))?;
                 let raw = String::from_utf8(raw)
-                    .map_err(|_| "the Basic credentials are not UTF-8".to_string())?;
+                    .map_err(|_| refuse("the Basic credentials are not UTF-8".into()))?;
                 let (user, password) = raw
                     .split_once(':')
-                    .ok_or_else(|| "the Basic credentials must be user:password".to_string())?;
-                let name = self.verify_password(users, user, password)?;
+                    .ok_or_else(|| refuse("the Basic credentials must be user:password".into()))?;
+                let name = self.verify_password(users, user, password, peer).await?;
                 return Ok(users.identity(&name, IdentityKind::Password, peer));
             }
             if let Some(t) = h.strip_prefix("Bearer ") {
                 let key = format!("sha256:{}", hex(&Sha256::digest(t.trim().as_bytes())));
                 let name = users.by_token.get(&key).ok_or_else(|| {
-                    "the bearer token is not known to this broker (mqd user add --token)"
-                        .to_string()
+                    refuse(
+                        "the bearer token is not known to this broker (mqd user add --token)"
+                            .into(),
+                    )
                 })?;
                 return Ok(users.identity(name, IdentityKind::Token, peer));
             }
-            return Err("the authorization header must be Basic or Bearer".to_string());
+            return Err(refuse(
+                "the authorization header must be Basic or Bearer".into(),
+            ));
         }
-        if let Some(name) = cert_name(req) {
+        if let Some(name) = p.cert_name {
+            // A certificate's name is a user name: no `group:`, `everyone` or `anonymous`.
+            check_user_name(&name).map_err(|e| {
+                refuse(format!(
+                    "the client certificate's subject common name is not a valid identity: {e}"
+                ))
+            })?;
             return Ok(match &users {
                 Some(u) => u.identity(&name, IdentityKind::Certificate, peer),
                 None => Identity {
@@ -492,8 +570,16 @@ impl Auth {
         Ok(Identity::anonymous(peer))
     }
 
-    fn verify_password(&self, users: &Users, user: &str, password: &str) -> Result<String, String> {
-        let refused = || format!("user \"{}\" or its password is wrong", quote(user));
+    /// Checks `user`'s password: remembered successes at once; else, unless `peer` is over the
+    /// failed-login limit, an argon2 verification on a blocking thread (a dummy one for an
+    /// unknown user).
+    async fn verify_password(
+        &self,
+        users: &Users,
+        user: &str,
+        password: &str,
+        peer: Option<SocketAddr>,
+    ) -> Result<String, Status> {
         let mut h = Sha256::new();
         h.update(user.as_bytes());
         h.update([0u8]);
@@ -505,24 +591,81 @@ impl Auth {
             .unwrap_or_else(|p| p.into_inner())
             .get(&key)
         {
-            return hit.clone().ok_or_else(refused);
+            return Ok(hit.clone());
         }
-        let ok = users
-            .file
-            .users
-            .get(user)
-            .and_then(|u| u.password.as_deref())
-            .is_some_and(|hash| verify_hash(hash, password));
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.len() >= CREDENTIAL_CACHE {
-            cache.clear();
+        let ip = peer.map(|p| p.ip());
+        if let Some(ip) = ip {
+            self.check_failures(ip)?;
         }
-        cache.insert(key, ok.then(|| user.to_string()));
+        let hash = users.file.users.get(user).and_then(|u| u.password.clone());
+        let known = hash.is_some();
+        let hash = hash.unwrap_or_else(|| dummy_hash().to_string());
+        let password = password.to_string();
+        let ok = {
+            let _permit = self
+                .hashing
+                .acquire()
+                .await
+                .map_err(|_| Status::unavailable("the broker is shutting down"))?;
+            // Again now: calls that waited for a permit count the failures of those before.
+            if let Some(ip) = ip {
+                self.check_failures(ip)?;
+            }
+            tokio::task::spawn_blocking(move || verify_hash(&hash, &password))
+                .await
+                .unwrap_or(false)
+        } && known;
         if ok {
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            if cache.len() < CREDENTIAL_CACHE {
+                cache.insert(key, user.to_string());
+            }
             Ok(user.to_string())
         } else {
-            Err(refused())
+            if let Some(ip) = ip {
+                self.count_failure(ip);
+            }
+            Err(Status::unauthenticated(format!(
+                "user \"{}\" or its password is wrong",
+                quote(user)
+            )))
         }
+    }
+
+    /// Refuses a peer that failed [`MAX_FAILURES_PER_PEER`] times in the current window.
+    #[allow(clippy::result_large_err)]
+    fn check_failures(&self, ip: IpAddr) -> Result<(), Status> {
+        let now = Instant::now();
+        let m = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        match m.get(&ip) {
+            Some((start, n))
+                if *n >= MAX_FAILURES_PER_PEER && now.duration_since(*start) < FAILURE_WINDOW =>
+            {
+                let left = FAILURE_WINDOW.saturating_sub(now.duration_since(*start));
+                Err(Status::resource_exhausted(format!(
+                    "{ip} failed to log in {n} times within {}s (the limit is {MAX_FAILURES_PER_PEER}); password logins from it are refused for {}s",
+                    FAILURE_WINDOW.as_secs(),
+                    left.as_secs().max(1)
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn count_failure(&self, ip: IpAddr) {
+        let now = Instant::now();
+        let mut m = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() >= FAILURE_PEERS && !m.contains_key(&ip) {
+            m.retain(|_, (start, _)| now.duration_since(*start) < FAILURE_WINDOW);
+            if m.len() >= FAILURE_PEERS {
+                return;
+            }
+        }
+        let e = m.entry(ip).or_insert((now, 0));
+        if now.duration_since(e.0) >= FAILURE_WINDOW {
+            *e = (now, 0);
+        }
+        e.1 += 1;
     }
 
     /// The one check: may `who` use `right` (on `queue`, for queue rights)? PERMISSION_DENIED
@@ -571,8 +714,10 @@ impl Auth {
                 who.rights.contains(Right::DeadLetter)
             }
             Some(q) if right.is_queue_right() => q.acl().rights_of(who).contains(right),
-            // A send to another broker's queue: any authenticated caller; the destination
-            // broker's ACL decides.
+            // A send to another broker's queue: any authenticated caller here. The
+            // destination broker checks `send` on its queue for the identity this broker
+            // forwards with (inbound::Forwarder); a refusal comes back as an AccessDenied
+            // dead letter.
             None if right == Right::Send => !who.anonymous,
             _ => false,
         }
@@ -634,11 +779,9 @@ impl crate::broker::Broker {
     }
 }
 
-/// The common name of the client certificate's subject (mTLS), else the whole subject.
-fn cert_name<T>(req: &Request<T>) -> Option<String> {
-    let certs = req.peer_certs()?;
-    let first = certs.first()?;
-    let (_, cert) = x509_parser::parse_x509_certificate(first.as_ref()).ok()?;
+/// The common name of a client certificate's subject (mTLS, DER), else the whole subject.
+pub(crate) fn cert_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     let subject = cert.subject();
     let cn = subject
         .iter_common_name()
@@ -742,16 +885,10 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// A client-supplied value for messages and logs: at most 128 characters.
+/// A client-supplied value for messages and logs: cut short, control characters escaped
+/// ([`mq_proto::limits::quote`]).
 pub(crate) fn quote(s: &str) -> String {
-    const MAX: usize = 128;
-    if s.chars().count() <= MAX {
-        s.to_string()
-    } else {
-        let mut t: String = s.chars().take(MAX).collect();
-        t.push('…');
-        t
-    }
+    mq_proto::limits::quote(s)
 }
 
 #[cfg(test)]
@@ -798,6 +935,13 @@ mod tests {
             .unwrap();
         assert!(!acl.0.contains_key("alice"));
         assert!(Rights::parse_list("forward", true).is_err());
+        // Review m2: no control characters; `Group:` is `group:`; no other `x:` principals.
+        let send = Rights::parse_list("send", true).unwrap();
+        assert!(acl.change("ev\nil", send, true).is_err());
+        assert!(acl.change("role:x", send, true).is_err());
+        acl.change("Group:Ops2", send, true).unwrap();
+        assert!(acl.0.contains_key("group:Ops2"));
+        assert_eq!(quote("a\nb"), "a\\nb");
         assert!(Rights::parse_list("fly", false).is_err());
     }
 
@@ -806,8 +950,11 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/users.toml");
         let auth = Auth::from_file(&path).unwrap();
         let users = auth.users().unwrap();
-        assert!(auth
-            .verify_password(&users, "alice", "example-only-change-me")
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert!(rt
+            .block_on(auth.verify_password(&users, "alice", "example-only-change-me", None))
             .is_ok());
         let creds = crate::tls::SecurityConfig::load_forward_credentials(
             &Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -838,22 +985,92 @@ mod tests {
         assert!(!text.contains(&token));
         let auth = Auth::from_file(&path).unwrap();
         let users = auth.users().unwrap();
-        assert_eq!(
-            auth.verify_password(&users, "alice", "pw").unwrap(),
-            "alice"
-        );
-        assert!(auth.verify_password(&users, "alice", "bad").is_err());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let check = |u: &str, p: &str| rt.block_on(auth.verify_password(&users, u, p, None));
+        assert_eq!(check("alice", "pw").unwrap(), "alice");
+        assert!(check("alice", "bad").is_err());
         // Cached answers stay right.
-        assert!(auth.verify_password(&users, "alice", "bad").is_err());
-        assert!(auth.verify_password(&users, "alice", "pw").is_ok());
-        let mut req = Request::new(());
-        req.metadata_mut()
-            .insert("authorization", format!("Bearer {token}").parse().unwrap());
-        let id = auth.identify(&req, None).unwrap();
+        assert!(check("alice", "bad").is_err());
+        assert!(check("alice", "pw").is_ok());
+        assert!(check("nobody", "pw").is_err());
+        let id = rt
+            .block_on(auth.identify(Presented {
+                authorization: Some(Ok(format!("Bearer {token}"))),
+                ..Default::default()
+            }))
+            .unwrap();
         assert_eq!(&*id.name, "ci");
         let alice = users.identity("alice", IdentityKind::Password, None);
         assert!(auth.allowed(&alice, Right::CreateQueue, None));
         assert!(!auth.allowed(&alice, Right::Forward, None));
         assert!(check_user_name("everyone").is_err());
+    }
+
+    /// Review M2: failures are limited per peer address and not cached; a remembered success
+    /// still works for that peer, which is over the limit.
+    #[test]
+    fn failed_logins_are_limited_per_peer_and_successes_stay_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("users.toml");
+        add_user(&path, "alice", Some("pw"), &[], &[], false).unwrap();
+        let auth = Auth::from_file(&path).unwrap();
+        let users = auth.users().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let peer: Option<SocketAddr> = Some("10.1.2.3:5000".parse().unwrap());
+        let other: Option<SocketAddr> = Some("10.1.2.4:5000".parse().unwrap());
+        let check = |u: &str, p: &str, from| rt.block_on(auth.verify_password(&users, u, p, from));
+        assert!(check("alice", "pw", peer).is_ok());
+        for i in 0..MAX_FAILURES_PER_PEER {
+            let e = check("alice", &format!("wrong-{i}"), peer).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+        }
+        let e = check("alice", "wrong-again", peer).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("10.1.2.3"), "{e:?}");
+        // Not yet verified credentials are refused too, verified ones still work.
+        assert_eq!(
+            check("bob", "x", peer).unwrap_err().code(),
+            tonic::Code::ResourceExhausted
+        );
+        assert!(check("alice", "pw", peer).is_ok());
+        // Another address is not affected; failures are not remembered as answers.
+        assert_eq!(
+            check("alice", "wrong-0", other).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        assert!(auth.cache.lock().unwrap().len() == 1);
+    }
+
+    /// Review M7: a certificate's common name is an identity only if it is a valid user name.
+    #[test]
+    fn certificate_names_are_checked_like_user_names() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let auth = Auth::open();
+        for bad in ["group:admins", "anonymous", "Everyone", "a\u{7}b"] {
+            let r = rt.block_on(auth.identify(Presented {
+                cert_name: Some(bad.into()),
+                ..Default::default()
+            }));
+            assert_eq!(
+                r.unwrap_err().code(),
+                tonic::Code::Unauthenticated,
+                "{bad:?}"
+            );
+        }
+        let ok = rt
+            .block_on(auth.identify(Presented {
+                cert_name: Some("app-1".into()),
+                ..Default::default()
+            }))
+            .unwrap();
+        assert_eq!(&*ok.name, "app-1");
     }
 }

@@ -49,6 +49,8 @@ pub struct Broker {
     background: std::sync::Mutex<Option<tokio::runtime::Handle>>,
     /// Bytes staged by all open transactions (`mqd --max-tx-total-bytes`).
     pub(crate) tx_staged: crate::flow::Budget,
+    /// Counters for the metrics that nothing else keeps.
+    counters: Arc<crate::metrics::Counters>,
 }
 
 /// Keys of the system queues.
@@ -459,6 +461,7 @@ impl Broker {
             streams: std::sync::Mutex::new(streams),
             outcomes: std::sync::Mutex::new(outcomes),
             background: std::sync::Mutex::new(None),
+            counters: Arc::default(),
         };
         Ok((broker, report))
     }
@@ -511,6 +514,15 @@ impl Broker {
     }
 
     /// The journal (for statistics).
+    /// The addresses this broker answers on (the bound one, and the interfaces' for 0.0.0.0).
+    pub(crate) fn local_addrs(&self) -> &[SocketAddr] {
+        &self.local_addrs
+    }
+
+    pub(crate) fn counters(&self) -> &Arc<crate::metrics::Counters> {
+        &self.counters
+    }
+
     pub fn journal(&self) -> &Journal {
         &self.journal
     }
@@ -1201,7 +1213,6 @@ impl Broker {
     }
 
     /// Bytes charged to the storage quota now.
-    #[cfg(test)]
     pub(crate) fn stored_used(&self) -> u64 {
         self.stored_used.load(Ordering::Acquire)
     }

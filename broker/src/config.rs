@@ -57,6 +57,10 @@ pub const DEFAULT_MAX_TX_TOTAL_BYTES: u64 = 512 * 1024 * 1024;
 pub const DEFAULT_MAX_TX_MESSAGES: u64 = 100_000;
 /// Default most open transactions per connection.
 pub const DEFAULT_MAX_TX_PER_CONNECTION: usize = 64;
+/// Default most messages in one send batch, transactional send or forwarded batch.
+pub const DEFAULT_MAX_BATCH_MESSAGES: usize = 10_000;
+/// The least `--max-batch-messages` may be: a forwarding broker sends batches of up to 512.
+pub const MIN_MAX_BATCH_MESSAGES: usize = 512;
 /// Most messages in one `Peek` response (a page; the client asks for the next).
 pub const PEEK_PAGE_MESSAGES: usize = 1000;
 /// A `Peek` page is cut once its bodies reach this size (at least one message per page).
@@ -114,6 +118,10 @@ pub struct BrokerConfig {
     pub max_forward_streams: usize,
     /// An incoming forwarding stream unused this long is forgotten.
     pub forward_stream_idle: std::time::Duration,
+    /// The HTTP port (`/metrics`, `/healthz`, `/readyz`); `None`: no HTTP server.
+    pub http_listen: Option<std::net::SocketAddr>,
+    /// Serve the HTTP port on a non-loopback address (it has no authentication).
+    pub http_insecure: bool,
 }
 
 /// What one client, connection or stream may hold of the broker (README "Limits").
@@ -138,6 +146,9 @@ pub struct FlowLimits {
     pub max_tx_messages: u64,
     /// Most open transactions per connection.
     pub max_tx_per_connection: usize,
+    /// Most messages in one `SendBatch`, `TxSend` or `ForwardBatch`; a bigger one ends its
+    /// stream with one refusal.
+    pub max_batch_messages: usize,
 }
 
 impl Default for FlowLimits {
@@ -152,6 +163,7 @@ impl Default for FlowLimits {
             max_tx_total_bytes: DEFAULT_MAX_TX_TOTAL_BYTES,
             max_tx_messages: DEFAULT_MAX_TX_MESSAGES,
             max_tx_per_connection: DEFAULT_MAX_TX_PER_CONNECTION,
+            max_batch_messages: DEFAULT_MAX_BATCH_MESSAGES,
         }
     }
 }
@@ -183,6 +195,8 @@ impl BrokerConfig {
             max_forward_streams_per_peer: DEFAULT_MAX_FORWARD_STREAMS_PER_PEER,
             max_forward_streams: DEFAULT_MAX_FORWARD_STREAMS,
             forward_stream_idle: DEFAULT_FORWARD_STREAM_IDLE,
+            http_listen: None,
+            http_insecure: false,
         }
     }
 
@@ -230,6 +244,8 @@ impl std::fmt::Debug for BrokerConfig {
             )
             .field("max_forward_streams", &self.max_forward_streams)
             .field("forward_stream_idle", &self.forward_stream_idle)
+            .field("http_listen", &self.http_listen)
+            .field("http_insecure", &self.http_insecure)
             .finish()
     }
 }

@@ -46,6 +46,7 @@ pub fn class_name(class: DeadLetterClass) -> &'static str {
         DeadLetterClass::ReachQueueTimeout => "ReachQueueTimeout",
         DeadLetterClass::ReceiveTimeout => "ReceiveTimeout",
         DeadLetterClass::BadMessage => "BadMessage",
+        DeadLetterClass::AccessDenied => "AccessDenied",
     }
 }
 
@@ -116,6 +117,7 @@ impl Broker {
         let mut done: Vec<Entry> = Vec::new();
         let mut back: Vec<Entry> = Vec::new();
         let mut counted = 0u64;
+        let mut classes = Vec::new();
         for item in items {
             let m = &item.entry.msg;
             let destination = match &m.route {
@@ -177,6 +179,7 @@ impl Broker {
                 }
             };
             counted += 1;
+            classes.push((item.class, m.delivery));
             match m.delivery {
                 Delivery::Express => {
                     self.insert_or_forget(&dl, vec![Entry::new(seq, moved)]);
@@ -206,6 +209,7 @@ impl Broker {
                     dl.unadmit(e.seq, e.msg.charged_bytes());
                 }
                 counted -= undo.len() as u64;
+                classes.retain(|(_, d)| *d == Delivery::Express);
                 done = keep;
                 back.extend(undo);
                 durable.clear();
@@ -215,6 +219,10 @@ impl Broker {
             self.insert_or_forget(&dl, entries);
         }
         src.complete(&done);
+        src.count(done.len() as u64, 0);
+        for (class, _) in &classes {
+            self.counters().dead_lettered(*class, 1);
+        }
         let gone = src.restore(back);
         self.forget(src, &gone);
         if let QueueRole::Outgoing { destination, .. } = &src.def().role {

@@ -49,7 +49,6 @@ impl Connections {
     }
 
     /// Connections open now.
-    #[cfg(test)]
     pub(crate) fn live(&self) -> usize {
         self.live.load(Ordering::Acquire)
     }

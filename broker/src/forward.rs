@@ -64,6 +64,9 @@ pub struct Outgoing {
     status: Mutex<Status>,
     forwarded: AtomicU64,
     dead_lettered: AtomicU64,
+    /// Failed attempts to reach the destination, and Unix ms of the last (0: none).
+    retries: AtomicU64,
+    last_error_ms: AtomicU64,
     /// Wakes the forwarder: paused, resumed.
     wake: Notify,
     /// Held while the paused flag changes and its definition record is handed to the journal,
@@ -100,6 +103,8 @@ impl Outgoing {
             }),
             forwarded: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            last_error_ms: AtomicU64::new(0),
             wake: Notify::new(),
             pause_order: Mutex::new(()),
             last_used_ms: AtomicU64::new(now_ms()),
@@ -154,9 +159,21 @@ impl Outgoing {
         let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
         s.state = state;
         if let Some(e) = error {
+            if !e.is_empty() {
+                self.retries.fetch_add(1, Ordering::Relaxed);
+                self.last_error_ms.store(now_ms(), Ordering::Relaxed);
+            }
             s.last_error = e;
         }
         s.next_retry_ms = next_retry_ms;
+    }
+
+    /// For the metrics: failed attempts to reach the destination, and Unix ms of the last.
+    pub(crate) fn metrics(&self) -> (u64, u64) {
+        (
+            self.retries.load(Ordering::Relaxed),
+            self.last_error_ms.load(Ordering::Relaxed),
+        )
     }
 
     /// The wire description (`mq outgoing list`).

@@ -288,6 +288,7 @@ type Pending = Pin<Box<dyn Future<Output = Result<v1::ForwardAck, Status>> + Sen
 pub(crate) async fn forward_stream(
     broker: Arc<Broker>,
     peer: Option<std::net::SocketAddr>,
+    auth: Arc<crate::auth::Auth>,
     who: crate::auth::Identity,
     mut inbound: Streaming<v1::ForwardBatch>,
     out: mpsc::Sender<Result<v1::ForwardAck, Status>>,
@@ -387,6 +388,10 @@ pub(crate) async fn forward_stream(
             }
         }
     });
+    let from = Forwarder {
+        auth,
+        who: who.clone(),
+    };
     let mut next = Some(first);
     loop {
         let batch = match next.take() {
@@ -418,7 +423,14 @@ pub(crate) async fn forward_stream(
                 }
             }
         };
-        let ack = broker.store_forwarded(&stream, &mut accepted, batch);
+        if let Err(status) =
+            crate::service::check_batch(&broker, batch.messages.len(), "a forwarded batch")
+        {
+            // Answered after every batch before it; nothing of this one is stored.
+            let _ = pending_tx.send(Box::pin(async move { Err(status) })).await;
+            break;
+        }
+        let ack = broker.store_forwarded_by(&stream, &mut accepted, batch, &from);
         if pending_tx.send(ack).await.is_err() {
             break;
         }
@@ -433,14 +445,70 @@ pub(crate) async fn forward_stream(
     drop(accepted);
 }
 
+/// The identity forwarding on a stream, and the check of its rights on each destination queue.
+///
+/// A forwarded message needs `send` on its queue here for the forwarding broker's identity
+/// (the one it authenticated with, which also needs `forward`). The `sender` it carries is not
+/// checked: it names an identity of the sending broker, which this broker cannot verify (a
+/// `carol` there is not the `carol` here), so the forwarding broker is the principal this
+/// broker's ACLs decide on. MSMQ checks the sender's own rights at the destination; here a
+/// destination that wants to tell the users of one sending broker apart gives that broker its
+/// own identity and grants per queue.
+pub(crate) struct Forwarder {
+    auth: Arc<crate::auth::Auth>,
+    who: crate::auth::Identity,
+}
+
+impl Forwarder {
+    /// Everything allowed (tests of the storing logic).
+    #[cfg(test)]
+    fn trusted() -> Forwarder {
+        Forwarder {
+            auth: Arc::new(crate::auth::Auth::open()),
+            who: crate::auth::Identity::anonymous(None),
+        }
+    }
+
+    /// `send` on `queue` for the forwarding identity, else the class and reason to refuse with.
+    fn may_send(&self, queue: &Queue, broker: &str) -> Result<(), (DeadLetterClass, String)> {
+        if self
+            .auth
+            .allowed(&self.who, crate::auth::Right::Send, Some(queue))
+        {
+            return Ok(());
+        }
+        Err((
+            DeadLetterClass::AccessDenied,
+            format!(
+                "access denied: identity \"{}\" (the forwarding broker) lacks the right \"send\" on queue \"{}\" on {broker}",
+                quote(&self.who.name),
+                queue.def().name
+            ),
+        ))
+    }
+}
+
 impl Broker {
-    /// Checks and stores one forwarded batch. Positions and the journal record are taken now,
-    /// in stream order; the returned future resolves with the answer once the record is on disk.
+    /// [`Broker::store_forwarded_by`] for a forwarder with every right.
+    #[cfg(test)]
     fn store_forwarded(
         self: &Arc<Self>,
         stream: &Arc<InboundStream>,
         accepted: &mut u64,
         batch: v1::ForwardBatch,
+    ) -> Pending {
+        self.store_forwarded_by(stream, accepted, batch, &Forwarder::trusted())
+    }
+
+    /// Checks and stores one forwarded batch from `from`. Positions and the journal record are
+    /// taken now, in stream order; the returned future resolves with the answer once the
+    /// record is on disk.
+    fn store_forwarded_by(
+        self: &Arc<Self>,
+        stream: &Arc<InboundStream>,
+        accepted: &mut u64,
+        batch: v1::ForwardBatch,
+        from: &Forwarder,
     ) -> Pending {
         let now = now_ms();
         let n = batch.messages.len();
@@ -497,7 +565,9 @@ impl Broker {
                 {
                     Ok(q.clone())
                 }
-                _ => self.forward_target(&fm.destination, fm.transactional),
+                _ => self
+                    .forward_target(&fm.destination, fm.transactional)
+                    .and_then(|q| from.may_send(&q, &self.config().name).map(|()| q)),
             };
             let queue = match queue {
                 Ok(q) => {

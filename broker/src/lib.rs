@@ -18,6 +18,8 @@
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
 //! - `auth`: identities (users file, tokens, certificates), rights, queue ACLs, `authorize`.
 //! - `tls`: [`SecurityConfig`]: TLS, protected mode, forwarding credentials.
+//! - `ready`: [`Readiness`] (recovered, serving, shutting down) and gRPC health.
+//! - `metrics`, `histogram`: counters and the Prometheus collector; `http`: the HTTP port.
 //! - `fuzzing` (tests and the `fuzzing` feature): entry points of the fuzz targets in `fuzz/`.
 //!
 //! # Example
@@ -30,6 +32,7 @@
 //! ```
 
 mod auth;
+mod auth_layer;
 mod broker;
 mod config;
 mod deadletter;
@@ -39,13 +42,18 @@ mod forward;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod histogram;
+mod http;
 mod inbound;
+mod info;
 pub mod journal;
 mod message;
+mod metrics;
 mod outcome;
 mod outgoing_admin;
 mod queue;
 mod ratelog;
+mod ready;
 mod refused_seqs;
 mod server;
 mod service;
@@ -59,7 +67,7 @@ pub use config::{
     default_name, BrokerConfig, DEFAULT_EXPRESS_QUOTA_BYTES, DEFAULT_JOURNAL_SEGMENT_BYTES,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_STORAGE_QUOTA_BYTES, MAX_CORRELATION_ID_CHARS, MAX_LABEL_CHARS,
 };
-pub use config::{FlowLimits, PEEK_PAGE_BYTES, PEEK_PAGE_MESSAGES};
+pub use config::{FlowLimits, MIN_MAX_BATCH_MESSAGES, PEEK_PAGE_BYTES, PEEK_PAGE_MESSAGES};
 pub use config::{
     DEFAULT_MAX_FORWARD_STREAMS, DEFAULT_MAX_FORWARD_STREAMS_PER_PEER, DEFAULT_MAX_OUTGOING_QUEUES,
 };
@@ -67,7 +75,8 @@ pub use deadletter::class_name;
 pub use error::BrokerError;
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};
 pub use outcome::{DEFAULT_TX_OUTCOME_MAX, DEFAULT_TX_OUTCOME_RETENTION};
-pub use queue::{Queue, QueueStats};
+pub use queue::{Queue, QueueStats, QueueTotals};
+pub use ready::Readiness;
 pub use server::{run, run_with_ready, RunError};
 pub use tls::{Credentials, ForwardCredentials, SecurityConfig};
 pub use transaction::{Committed, Transaction};

@@ -94,11 +94,36 @@ pub struct QueueStats {
     pub in_flight: u64,
 }
 
+/// What went through a queue since the broker started (the metrics' counters). Kept under the
+/// queue's lock with the other counters, so counting adds no lock or allocation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueTotals {
+    /// Messages put in (sent, forwarded in, dead-lettered into it).
+    pub sent: u64,
+    /// Messages removed for good by an acknowledgement (received; for an outgoing queue
+    /// forwarded), or moved out to a dead-letter queue (`dead_lettered`).
+    pub removed: u64,
+    /// Messages removed by purges.
+    pub purged: u64,
+    /// Messages moved from it to a dead-letter queue.
+    pub dead_lettered: u64,
+    /// Receives of its messages undone by an aborted transaction.
+    pub receive_aborts: u64,
+}
+
+impl QueueTotals {
+    /// Messages received (for an outgoing queue: forwarded).
+    pub fn received(&self) -> u64 {
+        self.removed.saturating_sub(self.dead_lettered)
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     levels: [VecDeque<Entry>; 8],
     ready: usize,
     stats: QueueStats,
+    totals: QueueTotals,
     /// Bytes charged against the queue quota (body + label + overhead).
     charged: u64,
     next_seq: u64,
@@ -329,6 +354,7 @@ impl Queue {
             }
             st.stats.messages += 1;
             st.stats.bytes += e.msg.body_len as u64;
+            st.totals.sent += 1;
             st.ready += 1;
             if let Some(d) = self.deadline_ms(&e) {
                 st.timed += 1;
@@ -467,6 +493,15 @@ impl Queue {
         st.stats.messages = st.stats.messages.saturating_sub(n);
         st.stats.in_flight = st.stats.in_flight.saturating_sub(n);
         st.charged = st.charged.saturating_sub(charged);
+        st.totals.removed += n;
+    }
+
+    /// Counts messages moved out to a dead-letter queue (also completed) and receives undone
+    /// by aborted transactions.
+    pub(crate) fn count(&self, dead_lettered: u64, receive_aborts: u64) {
+        let mut st = self.lock();
+        st.totals.dead_lettered += dead_lettered;
+        st.totals.receive_aborts += receive_aborts;
     }
 
     /// Gives delivered, unacknowledged messages back: each returns to its place in the order.
@@ -590,6 +625,7 @@ impl Queue {
         st.stats.messages -= out.len() as u64;
         st.stats.bytes -= body;
         st.charged -= charged;
+        st.totals.purged += out.len() as u64;
         out
     }
 
@@ -653,6 +689,12 @@ impl Queue {
 
     pub fn stats(&self) -> QueueStats {
         self.lock().stats
+    }
+
+    /// The counters and the totals, read together.
+    pub fn stats_and_totals(&self) -> (QueueStats, QueueTotals) {
+        let st = self.lock();
+        (st.stats, st.totals)
     }
 
     /// Resolves when messages arrive, come back, or the queue is deleted. To not miss a wake-up,

@@ -34,6 +34,9 @@ pub enum RunError {
     /// Protected mode: a non-loopback address without TLS and a users file.
     #[error("{0}")]
     Protected(String),
+    /// The HTTP port (metrics, health) cannot be served.
+    #[error("{0}")]
+    Http(String),
 }
 
 /// Serves a broker on `listener` until `shutdown` resolves, then stops accepting, lets open
@@ -54,7 +57,7 @@ pub async fn run_with_ready(
     listener: TcpListener,
     config: BrokerConfig,
     shutdown: impl Future<Output = ()>,
-    ready: impl FnOnce(),
+    on_ready: impl FnOnce(),
 ) -> Result<(), RunError> {
     let local = listener.local_addr().map_err(RunError::Listener)?;
     let sec = config.security.clone();
@@ -69,6 +72,25 @@ pub async fn run_with_ready(
             }
         )));
     }
+    let ready = Arc::new(crate::ready::Readiness::default());
+    // The HTTP port answers from the start: live at once, ready after recovery.
+    let http = match config.http_listen {
+        Some(addr) => {
+            crate::http::check_address(addr, config.http_insecure).map_err(RunError::Http)?;
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|e| RunError::Http(format!("cannot listen on {addr} for HTTP: {e}")))?;
+            let bound = l.local_addr().map_err(RunError::Listener)?;
+            ready.set_http_addr(bound);
+            tracing::info!(%bound, "serving HTTP: /metrics, /healthz, /readyz");
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(crate::http::serve(l, ready.clone(), async {
+                let _ = rx.await;
+            }));
+            Some((tx, task))
+        }
+        None => None,
+    };
     let tls = sec.server_tls().map_err(RunError::Tls)?;
     let auth = Arc::new(match &sec.users_file {
         Some(path) => crate::auth::Auth::from_file(path).map_err(RunError::Users)?,
@@ -88,23 +110,30 @@ pub async fn run_with_ready(
     );
     let broker = Arc::new(broker);
     broker.start_background();
+    let grpc_addrs = broker.local_addrs().to_vec();
     let limit = broker.config().grpc_message_limit();
     let flow = broker.config().flow.clone();
     let connections = Arc::new(crate::flow::Connections::new(flow.max_connections));
-    let svc = MessageQueueServer::new(Service::new(
-        broker.clone(),
-        connections.clone(),
-        auth.clone(),
-    ))
+    let svc = MessageQueueServer::new(
+        Service::new(broker.clone(), connections.clone(), auth.clone())
+            .with_readiness(ready.clone()),
+    )
     .max_decoding_message_size(limit)
     .max_encoding_message_size(limit);
-    // The identity of every call is established here, once per call (a stream is one call).
-    let svc = tonic::service::interceptor::InterceptedService::new(svc, {
-        let auth = auth.clone();
-        move |req| auth.authenticate(req)
-    });
+    // The identity of every call is established here, once per call (a stream is one call),
+    // asynchronously: password hashes run on blocking threads, a core at a time.
+    let svc = crate::auth_layer::Authenticated::new(svc, auth.clone());
     let _reloader = auth.has_users().then(|| spawn_reloader(auth.clone()));
-    let incoming = crate::flow::accept(listener, connections);
+    // Health and reflection are served beside the identity layer: they need no credentials
+    // (README "Security"), and they only describe the broker.
+    let health =
+        tonic_health::pb::health_server::HealthServer::new(crate::ready::Health(ready.clone()));
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(mq_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| RunError::Http(format!("cannot build gRPC reflection: {e}")))?;
+    let incoming = crate::flow::accept(listener, connections.clone());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = tls {
@@ -119,21 +148,30 @@ pub async fn run_with_ready(
         .initial_connection_window_size(Some(16 * 1024 * 1024))
         .max_concurrent_streams(Some(flow.max_streams_per_connection))
         .http2_max_header_list_size(Some(crate::config::MAX_HEADER_LIST_BYTES))
+        .layer(crate::metrics::CountCalls(broker.counters().clone()))
         .add_service(svc)
+        .add_service(health)
+        .add_service(reflection)
         .serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
         });
     tokio::pin!(server);
-    ready();
+    ready.recovered(broker.clone(), connections, grpc_addrs);
+    let watch = ready.spawn_watch();
+    on_ready();
     tracing::info!(%local, name = %broker.config().name, "broker started");
     tokio::select! {
         r = &mut server => {
+            ready.stopping();
             broker.close();
+            stop_http(http).await;
             return r.map_err(RunError::from);
         }
         _ = shutdown => {}
     }
     tracing::info!("shutting down: no new connections; finishing what is in flight");
+    ready.stopping();
+    watch.abort();
     broker.begin_shutdown();
     let _ = stop_tx.send(());
     match tokio::time::timeout(grace, server).await {
@@ -146,8 +184,27 @@ pub async fn run_with_ready(
     // Whatever the streams wrote on their way out (removals of acknowledged messages, given
     // back in-flight ones) is written and synced before `run` returns.
     broker.close();
+    stop_http(http).await;
     tracing::info!("broker stopped");
     Ok(())
+}
+
+/// Stops the HTTP port (after the broker, so `/readyz` says "shutting down" meanwhile).
+async fn stop_http(
+    http: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<std::io::Result<()>>,
+    )>,
+) {
+    if let Some((tx, task)) = http {
+        let _ = tx.send(());
+        if tokio::time::timeout(std::time::Duration::from_secs(2), task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the HTTP port did not stop within 2s");
+        }
+    }
 }
 
 /// Rereads the users file on SIGHUP (the old one stays in force if the new one is bad).

@@ -34,6 +34,8 @@ pub struct Service {
     broker: Arc<Broker>,
     connections: Arc<Connections>,
     auth: Arc<Auth>,
+    /// Start time and addresses for `GetBrokerInfo` (absent in the fuzzing harness).
+    ready: Option<Arc<crate::ready::Readiness>>,
 }
 
 impl Service {
@@ -42,7 +44,13 @@ impl Service {
             broker,
             connections,
             auth,
+            ready: None,
         }
+    }
+
+    pub(crate) fn with_readiness(mut self, ready: Arc<crate::ready::Readiness>) -> Self {
+        self.ready = Some(ready);
+        self
     }
 
     /// The connection a request came on.
@@ -130,6 +138,19 @@ impl MessageQueue for Service {
         req: Request<Streaming<v1::SendBatch>>,
     ) -> Result<Response<Self::SendStream>, Status> {
         let who = Identity::of(&req);
+        // Anonymous may send only to a local queue whose ACL grants it: none, no stream.
+        if who.anonymous
+            && self.auth.has_users()
+            && !self
+                .broker
+                .list()
+                .iter()
+                .any(|q| self.auth.allowed(&who, Right::Send, Some(q)))
+        {
+            return Err(Status::permission_denied(
+                "identity \"anonymous\" lacks the right \"send\" on every queue of this broker (no queue grants it to anonymous; give credentials)",
+            ));
+        }
         let (broker, auth, inbound) = (self.broker.clone(), self.auth.clone(), req.into_inner());
         Ok(spawn_stream(SEND_ACK_WINDOW, |tx| {
             send_stream(broker, auth, who, inbound, tx)
@@ -256,9 +277,9 @@ impl MessageQueue for Service {
         let who = Identity::of(&req);
         self.auth.authorize(&who, Right::Forward, None)?;
         let peer = req.remote_addr();
-        let (broker, inbound) = (self.broker.clone(), req.into_inner());
+        let (broker, auth, inbound) = (self.broker.clone(), self.auth.clone(), req.into_inner());
         Ok(spawn_stream(32, |tx| {
-            crate::inbound::forward_stream(broker, peer, who, inbound, tx)
+            crate::inbound::forward_stream(broker, peer, auth, who, inbound, tx)
         }))
     }
 
@@ -312,6 +333,13 @@ impl MessageQueue for Service {
         &self,
         req: Request<v1::TransactionOutcomeRequest>,
     ) -> Result<Response<v1::TransactionOutcomeResponse>, Status> {
+        // With a users file, only authenticated callers learn what became of a transaction.
+        let who = Identity::of(&req);
+        if who.anonymous && self.auth.has_users() {
+            return Err(Status::permission_denied(
+                "identity \"anonymous\" may not ask for a transaction's outcome; give credentials",
+            ));
+        }
         let raw = req.into_inner().id;
         let id = uuid::Uuid::from_slice(&raw).map_err(|_| {
             Status::invalid_argument(format!("a transaction id is 16 bytes; got {}", raw.len()))
@@ -378,6 +406,16 @@ impl MessageQueue for Service {
         let who = Identity::of(&req);
         let q = self.queue_for(&who, Right::Admin, &req.into_inner().name)?;
         Ok(Response::new(wire_acl(&q, &q.acl())))
+    }
+
+    async fn get_broker_info(
+        &self,
+        _req: Request<v1::Empty>,
+    ) -> Result<Response<v1::BrokerInfo>, Status> {
+        Ok(Response::new(crate::info::broker_info(
+            &self.broker,
+            self.ready.as_deref(),
+        )))
     }
 }
 
@@ -474,6 +512,10 @@ async fn send_stream(
                 break;
             }
         };
+        if let Err(status) = check_batch(&broker, batch.messages.len(), "a send batch") {
+            refused = Some(status);
+            break;
+        }
         for m in &mut batch.messages {
             m.sender = who.name.to_string();
         }
@@ -531,6 +573,19 @@ async fn send_stream(
     if let (Ok(tx), Some(status)) = (acker.await, refused) {
         let _ = tx.send(Err(status)).await;
     }
+}
+
+/// Refuses a batch of more than `mqd --max-batch-messages` messages: one status for the whole
+/// batch (it ends the stream), not one failure per message.
+#[allow(clippy::result_large_err)]
+pub(crate) fn check_batch(broker: &Broker, n: usize, what: &str) -> Result<(), Status> {
+    let max = broker.config().flow.max_batch_messages;
+    if n > max {
+        return Err(Status::out_of_range(format!(
+            "{what} holds {n} messages; the limit is {max} (mqd --max-batch-messages)"
+        )));
+    }
+    Ok(())
 }
 
 /// A request stream's error as its client should hear it: a message above the size limit is
@@ -788,6 +843,9 @@ async fn transact(
         let req = tokio::select! {
             r = inbound.message() => r,
             _ = tokio::time::sleep_until(deadline) => {
+                if let Some(t) = open.as_mut() {
+                    t.timed_out();
+                }
                 let _ = out.send(Err(timed_out())).await;
                 return;
             }
@@ -844,6 +902,12 @@ async fn transact(
         let reply = match op {
             Req::Begin(_) => unreachable!("handled above"),
             Req::Send(mut s) => {
+                if let Err(status) = check_batch(&broker, s.messages.len(), "a transactional send")
+                {
+                    drop(open.take());
+                    let _ = out.send(Err(status)).await;
+                    return;
+                }
                 // Refused for a missing right: the transaction ends now.
                 if let Err(BrokerError::PermissionDenied(m)) = broker
                     .destinations(&s.destination, true)

@@ -1,5 +1,5 @@
 //! Bounds on the receive side of forwarding: incoming streams per peer and in all (the least
-//! recently used idle one gives way), idle streams pruned with their journal records, a
+//! recently used idle one of the same peer gives way; another peer's never), idle streams pruned with their journal records, a
 //! storage-quota charge per stream record, bounded refusal memory, rate-limited refusal logs.
 
 use std::collections::VecDeque;
@@ -114,7 +114,8 @@ fn is_idle(s: &Arc<InboundStream>) -> bool {
 impl Broker {
     /// The stream `id` for a new connection from `peer`: an existing one, or a new one within
     /// the limits (per peer, in all, storage quota). At a limit the least recently used idle
-    /// stream (of that peer, or any) is forgotten; if none is idle the stream is refused.
+    /// stream of that peer is forgotten; if it has none, the stream is refused (another peer's
+    /// stream is never forgotten for it).
     pub(crate) fn open_stream(
         &self,
         id: uuid::Uuid,
@@ -141,10 +142,14 @@ impl Broker {
                 quote(peer)
             )));
         }
-        if streams.len() >= total && !self.evict_lru(&mut streams, None) {
+        // At the broker-wide limit only the peer's own least recently used idle stream gives
+        // way: another peer's stream (its duplicate mark, its owner) is never forgotten for a
+        // new one, so one peer cannot make another's resends pass as new messages.
+        if streams.len() >= total && !self.evict_lru(&mut streams, Some(peer)) {
             return Err(BrokerError::QuotaExceeded(format!(
-                "this broker has {} forwarding streams in use; the limit is {total} (mqd --max-forward-streams)",
-                streams.len()
+                "this broker has {} forwarding streams in use; the limit is {total} (mqd --max-forward-streams), and no idle stream of {} can give way (other peers' streams are kept)",
+                streams.len(),
+                quote(peer)
             )));
         }
         self.reserve(Delivery::Recoverable, STREAM_RECORD_CHARGE)?;
@@ -248,6 +253,36 @@ impl Broker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Review M4: at the broker-wide limit a new stream from another peer is refused; the
+    /// streams of the peer that holds them (their duplicate marks and owners) are kept. The
+    /// peer itself may replace its own idle ones.
+    #[tokio::test]
+    async fn the_broker_wide_stream_limit_never_evicts_another_peers_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = crate::config::BrokerConfig::new(dir.path());
+        c.max_forward_streams = 4;
+        let (b, _) = Broker::open(c, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
+        let ids: Vec<uuid::Uuid> = (0..4).map(|_| uuid::Uuid::now_v7()).collect();
+        for id in &ids {
+            drop(b.open_stream(*id, "10.0.0.1").unwrap());
+        }
+        let e = b
+            .open_stream(uuid::Uuid::now_v7(), "10.0.0.2")
+            .expect_err("another peer's idle stream must not give way");
+        assert!(
+            matches!(&e, BrokerError::QuotaExceeded(m) if m.contains("--max-forward-streams")),
+            "{e:?}"
+        );
+        {
+            let streams = b.streams.lock().unwrap();
+            assert!(ids.iter().all(|id| streams.by_id.contains_key(id)));
+        }
+        // The same peer replaces its own least recently used idle stream.
+        drop(b.open_stream(uuid::Uuid::now_v7(), "10.0.0.1").unwrap());
+        assert_eq!(b.streams.lock().unwrap().len(), 4);
+        b.close();
+    }
 
     #[test]
     fn refusals_are_bounded_in_count_bytes_and_age() {

@@ -27,8 +27,9 @@ pub struct SecurityConfig {
     pub forward: Arc<HashMap<String, ForwardCredentials>>,
 }
 
-/// How this broker connects to one destination broker.
-#[derive(Debug, Clone, Default, serde::Deserialize)]
+/// How this broker connects to one destination broker. `Debug` leaves out the password and
+/// the token.
+#[derive(Clone, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ForwardCredentials {
     /// User name and password (Basic), or a bearer token.
@@ -42,6 +43,21 @@ pub struct ForwardCredentials {
     pub key: Option<PathBuf>,
     /// The name in the destination's certificate, if not its host.
     pub domain: Option<String>,
+}
+
+impl std::fmt::Debug for ForwardCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |o: &Option<String>| o.as_ref().map(|_| "<redacted>");
+        f.debug_struct("ForwardCredentials")
+            .field("user", &self.user)
+            .field("password", &redacted(&self.password))
+            .field("token", &redacted(&self.token))
+            .field("ca", &self.ca)
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .field("domain", &self.domain)
+            .finish()
+    }
 }
 
 impl SecurityConfig {
@@ -96,9 +112,20 @@ fn read(p: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
 }
 
-/// Adds `authorization` to every call.
-#[derive(Debug, Clone, Default)]
-pub struct Credentials(Option<MetadataValue<tonic::metadata::Ascii>>);
+/// Adds `authorization` to every call. A token that cannot be a header (not visible ASCII)
+/// fails every call rather than calling as anonymous. `Debug` leaves the secret out.
+#[derive(Clone, Default)]
+pub struct Credentials(Option<Result<MetadataValue<tonic::metadata::Ascii>, ()>>);
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match &self.0 {
+            None => "Credentials(none)",
+            Some(Ok(_)) => "Credentials(<redacted>)",
+            Some(Err(())) => "Credentials(<invalid>)",
+        })
+    }
+}
 
 impl Credentials {
     pub fn basic(user: &str, password: &str) -> Credentials {
@@ -106,18 +133,28 @@ impl Credentials {
             &base64::engine::general_purpose::STANDARD,
             format!("{user}:{password}"),
         );
-        Credentials(format!("Basic {raw}").parse().ok())
+        Credentials(Some(format!("Basic {raw}").parse().map_err(|_| ())))
     }
 
     pub fn bearer(token: &str) -> Credentials {
-        Credentials(format!("Bearer {token}").parse().ok())
+        Credentials(Some(format!("Bearer {token}").parse().map_err(|_| ())))
+    }
+
+    fn is_set(&self) -> bool {
+        self.0.is_some()
     }
 }
 
 impl tonic::service::Interceptor for Credentials {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
+        match &self.0 {
+            Some(Ok(v)) => {
+                req.metadata_mut().insert("authorization", v.clone());
+            }
+            Some(Err(())) => return Err(tonic::Status::unauthenticated(
+                "the forwarding credentials' token is not valid header text (visible ASCII only)",
+            )),
+            None => {}
         }
         Ok(req)
     }
@@ -157,6 +194,66 @@ pub(crate) fn peer_endpoint(
             (Some(u), Some(p), None) => Credentials::basic(u, p),
             _ => Credentials::default(),
         };
+        if !tls && credentials.is_set() && !is_loopback_destination(destination) {
+            tracing::warn!(
+                destination = %mq_proto::limits::quote(destination),
+                "forwarding credentials are sent in plaintext: set `ca` (TLS) for this destination in the credentials file"
+            );
+        }
     }
     Ok((endpoint, credentials))
+}
+
+/// Whether `host:port` names this machine (credentials over plaintext are then not on a wire).
+fn is_loopback_destination(destination: &str) -> bool {
+    let host = destination
+        .rsplit_once(':')
+        .map_or(destination, |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::service::Interceptor;
+
+    /// Review m7: secrets are not printed by `Debug`; a token that cannot be a header fails
+    /// the call instead of calling as anonymous; loopback destinations are told apart.
+    #[test]
+    fn credentials_keep_their_secrets() {
+        let creds = ForwardCredentials {
+            user: Some("broker-a".into()),
+            password: Some("hunter2-secret".into()),
+            token: Some("mqt_secret-token".into()),
+            ..Default::default()
+        };
+        let shown = format!("{creds:?}");
+        assert!(shown.contains("broker-a"), "{shown}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("mqt_secret"),
+            "{shown}"
+        );
+        let basic = Credentials::basic("u", "hunter2-secret");
+        let shown = format!("{basic:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("dTpodW50ZXIy"),
+            "{shown}"
+        );
+        let mut bad = Credentials::bearer("bad\ntoken");
+        let e = bad.call(tonic::Request::new(())).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+        let mut good = Credentials::bearer("mqt_ok");
+        let req = good.call(tonic::Request::new(())).unwrap();
+        assert!(req.metadata().get("authorization").is_some());
+        assert!(is_loopback_destination("127.0.0.1:1801"));
+        assert!(is_loopback_destination("[::1]:1801"));
+        assert!(is_loopback_destination("localhost:1801"));
+        assert!(!is_loopback_destination("broker-b.example.net:1801"));
+        assert!(!is_loopback_destination("10.0.0.5:1801"));
+    }
 }

@@ -45,6 +45,8 @@ pub struct Transaction {
     /// Bytes staged (charged) by `sends`.
     staged_bytes: u64,
     done: bool,
+    /// Why it is aborted if it is rolled back now (the metrics' reason label).
+    abort_reason: crate::metrics::AbortReason,
 }
 
 impl std::fmt::Debug for Transaction {
@@ -80,6 +82,7 @@ impl Transaction {
     /// committed (within the retention window) or is open on another connection.
     pub fn begin_with_id(broker: Arc<Broker>, id: uuid::Uuid) -> Result<Self, BrokerError> {
         broker.outcomes().begin(id)?;
+        broker.counters().tx_begun();
         Ok(Transaction {
             broker,
             id,
@@ -89,6 +92,7 @@ impl Transaction {
             failed: None,
             staged_bytes: 0,
             done: false,
+            abort_reason: crate::metrics::AbortReason::Ended,
         })
     }
 
@@ -246,6 +250,7 @@ impl Transaction {
     /// Commits: returns once the commit record is on disk. On any failure the transaction is
     /// aborted and the error returned.
     pub async fn commit(mut self) -> Result<Committed, BrokerError> {
+        self.abort_reason = crate::metrics::AbortReason::CommitFailed;
         if let Some(e) = self.failed.take() {
             return Err(e); // Drop aborts.
         }
@@ -306,6 +311,7 @@ impl Transaction {
         }
         self.done = true;
         self.registered = false;
+        broker.counters().tx_committed();
         broker.outcomes().committed(self.id, committed_at);
         // The queue and storage charges now belong to the stored messages; the staging budget
         // is free again.
@@ -333,7 +339,13 @@ impl Transaction {
 
     /// Aborts: staged sends vanish, received messages go back to the head of their queues.
     pub fn abort(mut self) {
+        self.abort_reason = crate::metrics::AbortReason::Requested;
         self.rollback();
+    }
+
+    /// It ran out of time (`--tx-timeout-secs`): an abort from now on counts as a timeout.
+    pub(crate) fn timed_out(&mut self) {
+        self.abort_reason = crate::metrics::AbortReason::Timeout;
     }
 
     fn rollback(&mut self) {
@@ -345,6 +357,7 @@ impl Transaction {
             return;
         }
         self.done = true;
+        self.broker.counters().tx_aborted(self.abort_reason);
         self.release_staged();
         // Back in their original order; each queue restores by seq.
         let received = self.received.drain(..).map(|(q, mut e)| {
@@ -352,6 +365,7 @@ impl Transaction {
             (q, e)
         });
         for (q, entries) in group_by_queue(received) {
+            q.count(0, entries.len() as u64);
             let gone = q.restore(entries);
             self.broker.forget(&q, &gone);
         }

@@ -14,8 +14,19 @@ use crate::error::{Error, Result};
 pub(crate) type Rpc = MessageQueueClient<InterceptedService<Channel, Credentials>>;
 
 /// Adds the `authorization` header (Basic user:password, or Bearer token) to every call.
-#[derive(Debug, Clone, Default)]
+/// `Debug` leaves the secret out.
+#[derive(Clone, Default)]
 pub struct Credentials(Option<MetadataValue<Ascii>>);
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Credentials(<redacted>)"
+        } else {
+            "Credentials(none)"
+        })
+    }
+}
 
 impl tonic::service::Interceptor for Credentials {
     fn call(
@@ -40,6 +51,8 @@ pub struct ClientBuilder {
     identity: Option<(Vec<u8>, Vec<u8>)>,
     domain: Option<String>,
     credentials: Credentials,
+    /// A token that cannot be sent (not visible ASCII): `connect` fails with it.
+    bad_token: bool,
     options: ClientOptions,
 }
 
@@ -51,6 +64,7 @@ impl ClientBuilder {
             identity: None,
             domain: None,
             credentials: Credentials::default(),
+            bad_token: false,
             options: ClientOptions::default(),
         }
     }
@@ -91,7 +105,9 @@ impl ClientBuilder {
 
     /// Authenticate with a bearer token.
     pub fn token(mut self, token: &str) -> Self {
-        self.credentials = Credentials(format!("Bearer {}", token.trim()).parse().ok());
+        let value = format!("Bearer {}", token.trim()).parse().ok();
+        self.bad_token = value.is_none();
+        self.credentials = Credentials(value);
         self
     }
 
@@ -111,6 +127,11 @@ impl ClientBuilder {
             .keep_alive_while_idle(true)
             .initial_stream_window_size(Some(8 * 1024 * 1024))
             .initial_connection_window_size(Some(16 * 1024 * 1024));
+        if self.bad_token {
+            return Err(connect_err(
+                "the bearer token is not valid header text (visible ASCII only)".into(),
+            ));
+        }
         let https = url.starts_with("https://");
         if !https && (self.ca.is_some() || self.identity.is_some()) {
             return Err(connect_err(
@@ -159,5 +180,28 @@ impl ClientBuilder {
             .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
             .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
         Ok(Client::from_parts(rpc, url, self.options))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review m7: `Debug` does not print credentials; a token that cannot be sent is an error,
+    /// not a silent anonymous connection.
+    #[tokio::test]
+    async fn credentials_are_redacted_and_a_bad_token_is_an_error() {
+        let b = ClientBuilder::new("http://127.0.0.1:9").user("alice", "hunter2-secret");
+        let shown = format!("{b:?}");
+        assert!(
+            shown.contains("redacted") && !shown.contains("hunter2"),
+            "{shown}"
+        );
+        let e = ClientBuilder::new("http://127.0.0.1:9")
+            .token("bad\ntoken")
+            .connect()
+            .await
+            .expect_err("a token that is not header text must fail");
+        assert!(e.to_string().contains("token"), "{e}");
     }
 }

@@ -317,6 +317,14 @@ impl Client {
         Ok(TxStatus::from_wire(r))
     }
 
+    /// What the broker is: name, version, protocol version, uptime, addresses, data directory
+    /// use and limits (`mq info`).
+    pub async fn broker_info(&self) -> Result<crate::BrokerInfo> {
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.get_broker_info(v1::Empty {});
+        self.call("about the broker", Duration::ZERO, rpc).await
+    }
+
     /// Runs a transaction with id `id` until it is known to have committed, at most once:
     /// asks the broker whether `id` committed; if not, begins a transaction with that id, lets
     /// `build` stage its sends and receives, and commits. An in-doubt commit is asked about and

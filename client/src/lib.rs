@@ -52,6 +52,10 @@ pub use deadline::{ClientOptions, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT}
 pub use error::{Error, Result};
 pub use message::{DeadLetterClass, DeadLetterInfo, Delivery, Message, MessageId, ReceivedMessage};
 pub use mq_proto::format_name;
+/// What [`Client::broker_info`] returns (the wire message).
+pub use mq_proto::v1::BrokerInfo;
+/// The protocol revision this client speaks (compare with [`BrokerInfo::protocol_version`]).
+pub use mq_proto::PROTOCOL_VERSION;
 pub use outgoing::{OutgoingQueue, OutgoingState};
 pub use queue::{PeekCursor, PeekPage, Queue};
 pub use sender::{Receipt, SendSummary, Sender, SenderOptions};

@@ -224,6 +224,9 @@ pub enum DeadLetterClass {
     ReceiveTimeout,
     /// The destination refused the message itself.
     BadMessage,
+    /// The destination queue's ACL does not let the forwarding broker send to it (MSMQ's
+    /// `MQMSG_CLASS_NACK_ACCESS_DENIED`).
+    AccessDenied,
     /// A wire code this client does not know (including 0, unspecified).
     Unknown(i32),
 }
@@ -240,6 +243,7 @@ impl DeadLetterClass {
             Ok(W::ReachQueueTimeout) => DeadLetterClass::ReachQueueTimeout,
             Ok(W::ReceiveTimeout) => DeadLetterClass::ReceiveTimeout,
             Ok(W::BadMessage) => DeadLetterClass::BadMessage,
+            Ok(W::AccessDenied) => DeadLetterClass::AccessDenied,
             Ok(W::Unspecified) | Err(_) => DeadLetterClass::Unknown(code),
         }
     }
@@ -255,6 +259,7 @@ impl DeadLetterClass {
             DeadLetterClass::ReachQueueTimeout => W::ReachQueueTimeout as i32,
             DeadLetterClass::ReceiveTimeout => W::ReceiveTimeout as i32,
             DeadLetterClass::BadMessage => W::BadMessage as i32,
+            DeadLetterClass::AccessDenied => W::AccessDenied as i32,
             DeadLetterClass::Unknown(n) => n,
         }
     }
@@ -276,6 +281,7 @@ impl std::fmt::Display for DeadLetterClass {
             DeadLetterClass::ReachQueueTimeout => "ReachQueueTimeout",
             DeadLetterClass::ReceiveTimeout => "ReceiveTimeout",
             DeadLetterClass::BadMessage => "BadMessage",
+            DeadLetterClass::AccessDenied => "AccessDenied",
             DeadLetterClass::Unknown(n) => return write!(f, "Unknown({n})"),
         };
         f.write_str(name)
@@ -502,6 +508,7 @@ mod tests {
             (5, DeadLetterClass::ReachQueueTimeout, "ReachQueueTimeout"),
             (6, DeadLetterClass::ReceiveTimeout, "ReceiveTimeout"),
             (7, DeadLetterClass::BadMessage, "BadMessage"),
+            (8, DeadLetterClass::AccessDenied, "AccessDenied"),
         ];
         for (code, class, name) in all {
             assert_eq!(DeadLetterClass::from_i32(code), class);

@@ -21,10 +21,16 @@ fn main() -> ExitCode {
         },
         None => None,
     };
-    let user = cli.user.clone().map(|u| {
-        let password = std::env::var("MQ_PASSWORD").unwrap_or_default();
-        (u, password)
-    });
+    let user = match cli.user.clone() {
+        Some(u) => match std::env::var("MQ_PASSWORD") {
+            Ok(password) => Some((u, password)),
+            Err(_) => {
+                eprintln!("mqperf: error: --user {u} needs its password in MQ_PASSWORD");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
     mq_perf::set_connect_settings(mq_perf::ConnectSettings {
         ca,
         user,

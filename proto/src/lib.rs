@@ -23,6 +23,13 @@ pub mod v1 {
     tonic::include_proto!("mq.v1");
 }
 
+/// The encoded file descriptor set of `mq.v1`, served by gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("mq_descriptor");
+
+/// The revision of the `mq.v1` protocol this crate speaks, reported by `GetBrokerInfo`: it
+/// grows when the protocol gains something a client may depend on.
+pub const PROTOCOL_VERSION: u32 = 1;
+
 /// Largest gRPC message the broker and client accept or send. Above the default 4 MiB body
 /// limit plus headers; a batch of sends is cut before it reaches this size.
 pub const MAX_GRPC_MESSAGE: usize = 64 * 1024 * 1024;

@@ -99,6 +99,10 @@ struct Args {
     /// Most open transactions per connection.
     #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_per_connection)]
     max_tx_per_connection: usize,
+    /// Most messages in one send batch, transactional send or forwarded batch (at least 512);
+    /// a bigger batch ends its stream with one refusal.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_batch_messages)]
+    max_batch_messages: usize,
     /// Most elements in a multiple-element format name (FORMATNAME:a,b,...) one send may use.
     #[arg(long, default_value_t = mq_proto::limits::DEFAULT_MAX_FORMAT_NAME_ELEMENTS)]
     max_format_name_elements: usize,
@@ -113,7 +117,8 @@ struct Args {
     /// used idle one is forgotten, and a new stream is refused if all are busy.
     #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS_PER_PEER)]
     max_forward_streams_per_peer: usize,
-    /// Most incoming forwarding streams kept in all.
+    /// Most incoming forwarding streams kept in all; beyond it only the sending peer's own
+    /// least recently used idle stream is forgotten, else a new stream is refused.
     #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS)]
     max_forward_streams: usize,
     /// An incoming forwarding stream unused this long is forgotten with its duplicate mark
@@ -141,6 +146,18 @@ struct Args {
     /// table per host:port with user+password or token, ca, cert+key, domain.
     #[arg(long, env = "MQD_FORWARD_CREDENTIALS")]
     forward_credentials: Option<PathBuf>,
+    /// Serve HTTP on this address: GET /metrics (Prometheus), /healthz (live), /readyz (recovered,
+    /// journal healthy). Loopback only unless --http-insecure; --http-listen is the same option.
+    #[arg(
+        long,
+        visible_alias = "http-listen",
+        value_name = "ADDR",
+        env = "MQD_HTTP_LISTEN"
+    )]
+    metrics_listen: Option<SocketAddr>,
+    /// Serve --metrics-listen on a non-loopback address (the HTTP port has no authentication).
+    #[arg(long)]
+    http_insecure: bool,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -274,6 +291,13 @@ async fn main() -> anyhow::Result<()> {
             "--max-connections, --max-streams-per-connection, --max-unacked-per-stream, --max-unacked-per-connection, --ack-timeout, --max-tx-messages and --max-tx-per-connection must be above zero"
         );
     }
+    if args.max_batch_messages < mq_broker::MIN_MAX_BATCH_MESSAGES {
+        anyhow::bail!(
+            "--max-batch-messages must be at least {} (a forwarding broker sends batches that big); got {}",
+            mq_broker::MIN_MAX_BATCH_MESSAGES,
+            args.max_batch_messages
+        );
+    }
     config.flow = mq_broker::FlowLimits {
         max_connections: args.max_connections,
         max_streams_per_connection: args.max_streams_per_connection,
@@ -284,6 +308,7 @@ async fn main() -> anyhow::Result<()> {
         max_tx_total_bytes: args.max_tx_total_bytes,
         max_tx_messages: args.max_tx_messages,
         max_tx_per_connection: args.max_tx_per_connection,
+        max_batch_messages: args.max_batch_messages,
     };
     if args.max_format_name_elements == 0
         || args.max_format_name_elements > mq_proto::format_name::MAX_FORMAT_NAME_ELEMENTS_CEILING
@@ -305,6 +330,8 @@ async fn main() -> anyhow::Result<()> {
     config.max_forward_streams_per_peer = args.max_forward_streams_per_peer;
     config.max_forward_streams = args.max_forward_streams;
     config.forward_stream_idle = args.forward_stream_idle;
+    config.http_listen = args.metrics_listen;
+    config.http_insecure = args.http_insecure;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

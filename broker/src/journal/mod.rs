@@ -252,21 +252,45 @@ pub struct JournalStats {
     pub poisoned: bool,
     /// True while the disk is full: records that store data are refused.
     pub disk_full: bool,
+    /// Duration of each `fdatasync`, in seconds.
+    pub sync_seconds: crate::histogram::HistogramSnapshot,
+    /// Records per group commit.
+    pub batch_records: crate::histogram::HistogramSnapshot,
     /// Submissions waiting for the writer, and their bytes.
     pub queued_records: u64,
     /// Bytes of the submissions waiting for the writer.
     pub queued_bytes: u64,
 }
 
-#[derive(Default)]
 pub(crate) struct Counters {
     pub syncs: AtomicU64,
+    /// Duration of each `fdatasync`, in seconds.
+    pub sync_seconds: crate::histogram::AtomicHistogram,
+    /// Records per group commit.
+    pub batch_records: crate::histogram::AtomicHistogram,
     pub records: AtomicU64,
     pub batches: AtomicU64,
     pub bytes_written: AtomicU64,
     pub segments_created: AtomicU64,
     pub segments_deleted: AtomicU64,
     pub compacted_bytes: AtomicU64,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        use crate::histogram::{AtomicHistogram, BATCH_RECORDS, SYNC_SECONDS};
+        Counters {
+            syncs: AtomicU64::new(0),
+            sync_seconds: AtomicHistogram::new(SYNC_SECONDS, 1e9),
+            batch_records: AtomicHistogram::new(BATCH_RECORDS, 1.0),
+            records: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            segments_created: AtomicU64::new(0),
+            segments_deleted: AtomicU64::new(0),
+            compacted_bytes: AtomicU64::new(0),
+        }
+    }
 }
 
 /// State shared by handles and the writer thread.
@@ -664,6 +688,8 @@ impl Journal {
             disk_bytes,
             live_bytes,
             syncs: c.syncs.load(Ordering::Relaxed),
+            sync_seconds: c.sync_seconds.snapshot(),
+            batch_records: c.batch_records.snapshot(),
             records_written: c.records.load(Ordering::Relaxed),
             batches: c.batches.load(Ordering::Relaxed),
             bytes_written: c.bytes_written.load(Ordering::Relaxed),

@@ -491,6 +491,9 @@ impl Writer {
         let c = &self.shared.counters;
         c.records.fetch_add(locs.len() as u64, Ordering::Relaxed);
         c.batches.fetch_add(1, Ordering::Relaxed);
+        if !locs.is_empty() {
+            c.batch_records.observe(locs.len() as f64);
+        }
         let written = recs
             .get(..locs.len())
             .and_then(|r| r.last())
@@ -698,8 +701,12 @@ impl Writer {
     }
 
     fn sync_active(&self) -> Result<(), JournalError> {
-        self.shared.counters.syncs.fetch_add(1, Ordering::Relaxed);
-        self.active.file.sync().map_err(|e| {
+        let c = &self.shared.counters;
+        c.syncs.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let r = self.active.file.sync();
+        c.sync_seconds.observe(started.elapsed().as_secs_f64());
+        r.map_err(|e| {
             JournalError::io(
                 "fdatasync",
                 segment_path(&self.shared.dir, self.active.seg),

@@ -108,6 +108,13 @@ enum Command {
     /// Transactions: whether one whose outcome was unknown committed.
     #[command(subcommand)]
     Tx(TxCommand),
+    /// About the broker: name, version, protocol version, uptime, addresses, data directory
+    /// use and limits.
+    Info {
+        /// One JSON object (the fields of the GetBrokerInfo answer) instead of the lines.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -360,6 +367,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Tx(TxCommand::Status { id, .. }) => {
             id.parse::<TxId>()?;
         }
+        Command::Info { .. } => {}
     }
     let options = ClientOptions {
         connect_timeout: cli.connect_timeout,
@@ -409,6 +417,7 @@ async fn connect_and_run(cli: Cli, options: ClientOptions) -> Result<(), Failure
         Command::Peek(a) => receive(&client, a, true, &mut out).await,
         Command::Outgoing(o) => outgoing_command(&client, o, &mut out).await,
         Command::Tx(t) => tx_command(&client, t, &mut out).await,
+        Command::Info { json } => info_command(&client, json, &mut out).await,
     }
 }
 
@@ -461,6 +470,74 @@ async fn tx_command(client: &Client, cmd: TxCommand, out: &mut impl Write) -> Re
                 writeln!(out, "{word}: {}", s.detail)?;
             }
         }
+    }
+    Ok(())
+}
+
+async fn info_command(client: &Client, json: bool, out: &mut impl Write) -> Result<(), Failure> {
+    let i = client.broker_info().await?;
+    let limits: std::collections::BTreeMap<_, _> = i.limits.iter().collect();
+    if json {
+        let v = serde_json::json!({
+            "name": i.name,
+            "version": i.version,
+            "protocol_version": i.protocol_version,
+            "started_ms": i.started_ms,
+            "uptime_ms": i.uptime_ms,
+            "ready": i.ready,
+            "listen": i.listen,
+            "http_listen": i.http_listen,
+            "data_dir": i.data_dir,
+            "journal_disk_bytes": i.journal_disk_bytes,
+            "journal_live_bytes": i.journal_live_bytes,
+            "journal_segments": i.journal_segments,
+            "journal_poisoned": i.journal_poisoned,
+            "stored_bytes": i.stored_bytes,
+            "storage_quota_bytes": i.storage_quota_bytes,
+            "queues": i.queues,
+            "messages": i.messages,
+            "limits": limits,
+        });
+        writeln!(out, "{v}")?;
+        return Ok(());
+    }
+    let uptime = std::time::Duration::from_secs(i.uptime_ms / 1000);
+    writeln!(out, "name        {}", i.name)?;
+    writeln!(
+        out,
+        "version     {} (protocol {}; this mq speaks {})",
+        i.version,
+        i.protocol_version,
+        mq_client::PROTOCOL_VERSION
+    )?;
+    writeln!(out, "uptime      {}", humantime::format_duration(uptime))?;
+    writeln!(out, "ready       {}", if i.ready { "yes" } else { "no" })?;
+    writeln!(out, "listen      {}", i.listen.join(", "))?;
+    if !i.http_listen.is_empty() {
+        writeln!(out, "http        {}", i.http_listen)?;
+    }
+    writeln!(out, "data dir    {}", i.data_dir)?;
+    writeln!(
+        out,
+        "journal     {} segments, {} bytes on disk, {} live{}",
+        i.journal_segments,
+        i.journal_disk_bytes,
+        i.journal_live_bytes,
+        if i.journal_poisoned {
+            ", POISONED (restart mqd)"
+        } else {
+            ""
+        }
+    )?;
+    writeln!(
+        out,
+        "storage     {} of {} bytes (storage quota)",
+        i.stored_bytes, i.storage_quota_bytes
+    )?;
+    writeln!(out, "queues      {} ({} messages)", i.queues, i.messages)?;
+    writeln!(out, "limits")?;
+    for (k, v) in limits {
+        writeln!(out, "  {k:<30} {v}")?;
     }
     Ok(())
 }

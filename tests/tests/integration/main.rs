@@ -12,6 +12,8 @@
 //! - `express_quota`: the broker-wide express memory quota refuses, then recovers.
 //! - `multiple_element_names`: `FORMATNAME:a,b` fans out one message; not receivable.
 //! - `send_pipelining`: a pipelined sender, in order; a refusal fails only its message.
+//! - `observability`: `/metrics` after a known workload, `/readyz`, gRPC health and reflection
+//!   without credentials, `mq info`.
 //! - `cli`: the `mq` command line against an `mqd` process: commands, JSON, exit codes.
 //! - `bad_input`: every kind of bad input (CLI and raw gRPC) is refused clearly and hurts
 //!   nothing.
@@ -68,6 +70,7 @@ mod journal_disk;
 mod message_properties;
 mod mqd_process;
 mod multiple_element_names;
+mod observability;
 mod poisoned_journal;
 mod queue_admin;
 mod recoverable;

@@ -421,8 +421,9 @@ async fn raw(addr: std::net::SocketAddr, pki: &TestPki, user: &str, password: &s
 /// Two `mqd` processes with TLS and users. A forwards to B as `broker-a` (forward right on B).
 /// Forwarding works and keeps `sender`; `mallory`, who also holds `forward` on B, opens B's
 /// Forward with A's stream id and a message numbered 2^64-1 to a missing queue: refused with
-/// PERMISSION_DENIED, and every later message of A's stream still arrives. An express message
-/// to a transactional queue on B is dead-lettered at A with its reason.
+/// PERMISSION_DENIED, and every later message of A's stream still arrives. A message to a queue
+/// of B whose ACL does not give broker-a `send` is dead-lettered at A (AccessDenied). An express
+/// message to a transactional queue on B is dead-lettered at A with its reason.
 #[tokio::test]
 async fn authenticated_forwarding_between_two_tls_brokers() {
     use mq_proto::v1;
@@ -521,8 +522,37 @@ async fn authenticated_forwarding_between_two_tls_brokers() {
         .unwrap();
     let remote = format!(r"DIRECT=TCP:{b_addr}\private$\secured");
     let rq = carol.queue(&remote).unwrap();
-    rq.send(Message::new("m1").recoverable(true)).await.unwrap();
+    let dlq = a_admin.queue(r"DIRECT=OS:.\SYSTEM$;DEADLETTER").unwrap();
+
+    // B's queue grants nothing to broker-a: holding `forward` is not a right to write into
+    // every queue of B. Refused by B with AccessDenied, dead-lettered at A with the reason.
+    rq.send(Message::new("m0").recoverable(true)).await.unwrap();
+    let dead = dlq
+        .receive(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("m0 dead-lettered at A");
+    assert_eq!(&dead.body[..], b"m0");
+    let info = dead.dead_letter.expect("dead-letter info");
+    assert_eq!(
+        info.class,
+        mq_client::DeadLetterClass::AccessDenied,
+        "{info:?}"
+    );
+    assert!(
+        info.reason.contains("broker-a") && info.reason.contains("send"),
+        "{info:?}"
+    );
+    assert_eq!(dead.sender, "carol");
     let bq = b_admin.queue(Q).unwrap();
+    assert!(
+        bq.peek(Duration::ZERO).await.unwrap().is_none(),
+        "m0 must not reach B's queue"
+    );
+
+    // With `send` for broker-a on the queue, forwarding works.
+    b_admin.grant(Q, "broker-a", &["send"]).await.unwrap();
+    rq.send(Message::new("m1").recoverable(true)).await.unwrap();
     let got = bq
         .receive(Duration::from_secs(30))
         .await
@@ -586,7 +616,6 @@ async fn authenticated_forwarding_between_two_tls_brokers() {
         .queue(&format!(r"DIRECT=TCP:{b_addr}\private$\tx"))
         .unwrap();
     rtx.send(Message::new("express")).await.unwrap();
-    let dlq = a_admin.queue(r"DIRECT=OS:.\SYSTEM$;DEADLETTER").unwrap();
     let dead = dlq
         .receive(Duration::from_secs(30))
         .await
@@ -643,4 +672,300 @@ async fn sighup_rereads_the_users_file() {
         mqd.stderr()
     );
     assert!(dave.list_queues().await.is_ok());
+}
+
+/// Review M1: a batch of very many (empty) messages is refused whole, with one status naming
+/// `--max-batch-messages`, on Send, Transact and Forward, quickly, and nothing of it is stored;
+/// with a users file an anonymous Send stream is refused at once when no queue grants
+/// anonymous `send`.
+#[tokio::test]
+async fn batches_of_too_many_messages_are_refused_whole() {
+    use futures::StreamExt;
+    use mq_proto::v1;
+    let dir = mq_tests::temp_data_dir("mq-sec-");
+    let mqd = MqdProcess::launch(dir.path(), &[]);
+    let url = mqd.url().to_string();
+    let client = Client::connect(&url).await.unwrap();
+    client
+        .create_queue(Q, QueueOptions::default())
+        .await
+        .unwrap();
+    let mut rpc = v1::message_queue_client::MessageQueueClient::connect(url.clone())
+        .await
+        .unwrap();
+    let limit = Duration::from_secs(60);
+    let refused = |status: tonic::Status, what: &str| {
+        assert_eq!(status.code(), tonic::Code::OutOfRange, "{what}: {status:?}");
+        assert!(
+            status.message().contains("--max-batch-messages") && status.message().contains("10000"),
+            "{what}: {status:?}"
+        );
+    };
+
+    // Send: 200,000 empty messages (400 KB on the wire).
+    let batch = v1::SendBatch {
+        first_seq: 1,
+        destination: Q.into(),
+        messages: vec![v1::OutMessage::default(); 200_000],
+        transactional: false,
+    };
+    let r = tokio::time::timeout(limit, async {
+        let mut acks = rpc
+            .send(futures::stream::iter(vec![batch]))
+            .await?
+            .into_inner();
+        acks.message().await
+    })
+    .await
+    .expect("the refusal comes quickly");
+    match r {
+        Err(status) => refused(status, "send"),
+        Ok(ack) => panic!(
+            "a 200,000-message batch was accepted: {:?}",
+            ack.map(|a| a.count)
+        ),
+    }
+
+    // Transact: one TxSend of 200,000.
+    let op = v1::TxRequest {
+        op: Some(v1::tx_request::Op::Send(v1::TxSend {
+            destination: Q.into(),
+            messages: vec![v1::OutMessage::default(); 200_000],
+        })),
+    };
+    let commit = v1::TxRequest {
+        op: Some(v1::tx_request::Op::Commit(true)),
+    };
+    let r = tokio::time::timeout(limit, async {
+        let mut answers = rpc
+            .transact(futures::stream::iter(vec![op, commit]))
+            .await?
+            .into_inner();
+        answers.message().await
+    })
+    .await
+    .expect("the refusal comes quickly");
+    match r {
+        Err(status) => refused(status, "transact"),
+        Ok(a) => panic!("a 200,000-message transactional send was accepted: {a:?}"),
+    }
+
+    // Forward: 20,000 messages in one batch.
+    let fwd = v1::ForwardBatch {
+        stream_id: bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
+        source: "test".into(),
+        batch: 1,
+        settled_below: 0,
+        messages: (1..=20_000u64)
+            .map(|seq| v1::ForwardedMessage {
+                seq,
+                destination: String::new(),
+                transactional: false,
+                message: None,
+            })
+            .collect(),
+    };
+    let r = tokio::time::timeout(limit, async {
+        let mut acks = rpc
+            .forward(futures::stream::iter(vec![fwd]))
+            .await?
+            .into_inner();
+        acks.message().await
+    })
+    .await
+    .expect("the refusal comes quickly");
+    match r {
+        Err(status) => refused(status, "forward"),
+        Ok(a) => panic!(
+            "a 20,000-message forwarded batch was answered: {:?}",
+            a.map(|a| a.rejected.len())
+        ),
+    }
+    let q = client.queue(Q).unwrap();
+    assert!(
+        q.peek(Duration::ZERO).await.unwrap().is_none(),
+        "nothing of the refused batches is stored"
+    );
+    drop(mqd);
+
+    // Anonymous with a users file and no queue granting anonymous `send`: refused at open,
+    // before the broker reads (decodes) a single batch.
+    let pki = TestPki::new("test CA");
+    let users = users(&pki);
+    let dir = mq_tests::temp_data_dir("mq-sec-");
+    let users_arg = users.to_str().unwrap().to_string();
+    let mqd = MqdProcess::launch(dir.path(), &["--users", &users_arg]);
+    let mut anon = v1::message_queue_client::MessageQueueClient::connect(mqd.url().to_string())
+        .await
+        .unwrap();
+    let r = tokio::time::timeout(
+        limit,
+        anon.send(futures::stream::pending::<v1::SendBatch>().boxed()),
+    )
+    .await
+    .expect("refused at once, without a batch");
+    match r {
+        Err(status) => {
+            assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+            assert!(status.message().contains("anonymous"), "{status:?}");
+        }
+        Ok(_) => panic!("an anonymous send stream was opened"),
+    }
+    // Review m3: nor does anonymous learn transaction outcomes.
+    let status = anon
+        .transaction_outcome(v1::TransactionOutcomeRequest {
+            id: bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
+        })
+        .await
+        .expect_err("anonymous may not ask for outcomes");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    let admin = as_user(mqd.url(), "admin", "admin-pw").await;
+    admin
+        .transaction_outcome(mq_client::TxId::new())
+        .await
+        .expect("an authenticated caller may");
+}
+
+/// Review M7: a client certificate's subject common name is an identity only if it is a valid
+/// user name: `group:readers` would match the ACL entry of a group, `anonymous` the entry of
+/// callers without credentials. Such certificates are refused with UNAUTHENTICATED; a valid
+/// name still works.
+#[tokio::test]
+async fn certificate_names_that_are_not_user_names_are_refused() {
+    let pki = TestPki::new("test CA");
+    let users = users(&pki);
+    let (cert, key) = pki.issue("broker");
+    let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let (u, c, k, ca) = (s(&users), s(&cert), s(&key), s(&pki.ca));
+    let dir = mq_tests::temp_data_dir("mq-sec-");
+    let mqd = MqdProcess::launch(
+        dir.path(),
+        &[
+            "--users",
+            &u,
+            "--tls-cert",
+            &c,
+            "--tls-key",
+            &k,
+            "--tls-client-ca",
+            &ca,
+        ],
+    );
+    let https = format!("https://{}", mqd.addr());
+    let as_cert = |cn: &str| {
+        let (cc, ck) = pki.issue(cn);
+        Client::builder(&https)
+            .ca_pem(pki.ca_pem())
+            .client_cert_pem(std::fs::read(cc).unwrap(), std::fs::read(ck).unwrap())
+    };
+    for cn in ["group:readers", "anonymous", "everyone"] {
+        let r = match as_cert(cn).connect().await {
+            Ok(c) => c.list_queues().await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match r {
+            Err(Error::Unauthenticated(m)) => assert!(m.contains("common name"), "{cn}: {m}"),
+            other => panic!("a certificate named {cn:?} must be refused, got {other:?}"),
+        }
+    }
+    let ok = as_cert("app-2").connect().await.unwrap();
+    ok.list_queues().await.unwrap();
+}
+
+/// Presents Basic `user` and a new wrong password on every call.
+#[derive(Clone)]
+struct Guess(&'static str);
+
+impl tonic::service::Interceptor for Guess {
+    fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let password = format!("wrong-{}", uuid::Uuid::new_v4());
+        mq_broker::Credentials::basic(self.0, &password).call(req)
+    }
+}
+
+type GuessClient = mq_proto::v1::message_queue_client::MessageQueueClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Guess>,
+>;
+
+/// A raw client to `url` whose every call presents Basic `user` and a new wrong password.
+async fn guessing(url: &str, user: &'static str) -> GuessClient {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    mq_proto::v1::message_queue_client::MessageQueueClient::with_interceptor(channel, Guess(user))
+}
+
+/// Review M2: password hashing is off the async workers and failed logins are limited per peer
+/// address. Hundreds of wrong-password calls in parallel do not stall an authenticated client,
+/// every one is refused (UNAUTHENTICATED, then RESOURCE_EXHAUSTED), and after more than 10,000
+/// distinct wrong passwords the right one still works (remembered successes are not evicted).
+#[tokio::test]
+async fn password_guessing_does_not_stall_the_broker_or_evict_logins() {
+    let pki = TestPki::new("test CA");
+    let users = users(&pki);
+    let dir = mq_tests::temp_data_dir("mq-sec-");
+    let users_arg = users.to_str().unwrap().to_string();
+    let mqd = MqdProcess::launch(dir.path(), &["--users", &users_arg]);
+    let url = mqd.url().to_string();
+    let admin = as_user(&url, "admin", "admin-pw").await;
+    admin
+        .create_queue(Q, QueueOptions::default())
+        .await
+        .unwrap();
+
+    // 300 wrong-password calls in flight at once, on three connections.
+    let mut attack = tokio::task::JoinSet::new();
+    for _ in 0..3 {
+        let c = guessing(&url, "alice").await;
+        for _ in 0..100 {
+            let mut c = c.clone();
+            attack.spawn(async move {
+                c.list_queues(mq_proto::v1::ListQueuesRequest::default())
+                    .await
+                    .map(|_| ())
+            });
+        }
+    }
+    // Meanwhile the authenticated client is served (a generous bound per call).
+    for _ in 0..10 {
+        tokio::time::timeout(Duration::from_secs(20), admin.list_queues())
+            .await
+            .expect("an authenticated call stalled behind password guessing")
+            .unwrap();
+    }
+    let (mut unauthenticated, mut limited) = (0, 0);
+    while let Some(r) = attack.join_next().await {
+        match r.unwrap() {
+            Err(s) if s.code() == tonic::Code::Unauthenticated => unauthenticated += 1,
+            Err(s) if s.code() == tonic::Code::ResourceExhausted => limited += 1,
+            other => panic!("a wrong password was not refused: {other:?}"),
+        }
+    }
+    assert!(limited > 0, "{unauthenticated} refused, none limited");
+
+    // More than 10,000 distinct wrong passwords (refused without hashing once over the limit).
+    let guesses = tokio::time::timeout(Duration::from_secs(300), async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            let mut c = guessing(&url, "admin").await;
+            tasks.spawn(async move {
+                for _ in 0..1260 {
+                    let r = c
+                        .list_queues(mq_proto::v1::ListQueuesRequest::default())
+                        .await;
+                    assert!(r.is_err(), "a wrong password was accepted");
+                }
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r.unwrap();
+        }
+    })
+    .await;
+    assert!(guesses.is_ok(), "10,080 wrong passwords took over 300 s");
+    // The right password, on a new connection: still known.
+    let again = as_user(&url, "admin", "admin-pw").await;
+    assert_eq!(again.list_queues().await.unwrap().len(), 1);
 }
