@@ -379,6 +379,7 @@ mod tests {
                         stream_id: (0..(n % 20) as u8).collect::<Vec<u8>>().into(),
                         source: "peer".into(),
                         batch: 1,
+                        settled_below: 0,
                         messages: vec![v1::ForwardedMessage {
                             seq: small,
                             destination: name,
@@ -637,6 +638,7 @@ mod tests {
                 stream_id: vec![7u8; 16].into(),
                 source: "peer".into(),
                 batch: 1,
+                settled_below: 0,
                 messages: vec![v1::ForwardedMessage {
                     seq: 1,
                     destination: r"DIRECT=TCP:127.0.0.1:1801\private$\q".into(),

@@ -66,6 +66,7 @@ mod queue;
 mod ratelog;
 mod ready;
 mod receive_acks;
+mod refused_seqs;
 mod server;
 mod service;
 mod stream_bounds;

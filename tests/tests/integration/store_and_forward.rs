@@ -803,6 +803,7 @@ async fn a_new_forwarding_connection_takes_over_from_a_silent_one() {
         stream_id: stream_id.clone(),
         source: "test".into(),
         batch: n,
+        settled_below: 0,
         messages: seqs
             .map(|seq| v1::ForwardedMessage {
                 seq,
