@@ -775,7 +775,7 @@ impl crate::broker::Broker {
                 .map_err(BrokerError::InvalidArgument)?;
             let def = crate::queue::QueueDef {
                 acl: acl.clone(),
-                ..q.def().clone()
+                ..q.current_def()
             };
             let commit = self.redefine_queue(q, &def)?;
             *cur = Arc::new(acl.clone());

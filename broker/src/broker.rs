@@ -143,6 +143,7 @@ enum RoleRecord {
     },
     Streams,
     TxOutcomes,
+    Subqueue,
 }
 
 impl QueueDefRecord {
@@ -162,6 +163,7 @@ impl QueueDefRecord {
             },
             QueueRole::Streams => RoleRecord::Streams,
             QueueRole::TxOutcomes => RoleRecord::TxOutcomes,
+            QueueRole::Subqueue => RoleRecord::Subqueue,
         };
         let r = QueueDefRecordV2 {
             name: def.name.clone(),
@@ -173,19 +175,29 @@ impl QueueDefRecord {
             role,
         };
         let mut v = postcard::to_allocvec(&r).expect("encoding into a Vec cannot fail");
-        // Version 3: the ACL follows version 2's fields, only when there is one.
-        if !def.acl.0.is_empty() {
+        // Version 3: the ACL follows version 2's fields, only when there is one (or the poison
+        // policy follows).
+        if !def.acl.0.is_empty() || !def.poison.is_default() {
             v.extend(postcard::to_allocvec(&def.acl).expect("encoding into a Vec cannot fail"));
+        }
+        // Version 4: the poison policy follows the ACL, only when there is one.
+        if !def.poison.is_default() {
+            v.extend(postcard::to_allocvec(&def.poison).expect("encoding into a Vec cannot fail"));
         }
         Bytes::from(v)
     }
 
     fn decode(id: u64, bytes: &[u8]) -> Result<QueueDef, postcard::Error> {
         let mut acl = crate::auth::Acl::default();
+        let mut poison = crate::subqueue::PoisonPolicy::default();
         let r = match postcard::take_from_bytes::<QueueDefRecordV2>(bytes) {
             Ok((r, rest)) => {
                 if !rest.is_empty() {
-                    acl = postcard::from_bytes(rest)?;
+                    let (a, rest) = postcard::take_from_bytes(rest)?;
+                    acl = a;
+                    if !rest.is_empty() {
+                        poison = postcard::from_bytes(rest)?;
+                    }
                 }
                 r
             }
@@ -217,6 +229,7 @@ impl QueueDefRecord {
             },
             RoleRecord::Streams => QueueRole::Streams,
             RoleRecord::TxOutcomes => QueueRole::TxOutcomes,
+            RoleRecord::Subqueue => QueueRole::Subqueue,
         };
         Ok(QueueDef {
             id,
@@ -228,6 +241,7 @@ impl QueueDefRecord {
             created_ms: r.created_ms,
             role,
             acl,
+            poison,
         })
     }
 }
@@ -365,6 +379,7 @@ impl Broker {
                 drop(journal.submit(vec![Op::DeleteQueue { queue_id: id }]));
             }
         }
+        crate::subqueue::link_recovered(&queues);
         report.queues = queues.values().filter(|q| q.def().role.is_normal()).count();
         let mut next_queue_id = rec.max_queue_id + 1;
         // The system queues exist on every broker; a new data directory gets them now. Their
@@ -581,7 +596,10 @@ impl Broker {
 
     fn normal_queue_key(&self, name: &str, addr: &QueueAddress) -> Result<String, BrokerError> {
         match addr.kind {
-            QueueKind::Normal | QueueKind::DeadLetter | QueueKind::DeadXact => Ok(addr.key()),
+            QueueKind::Normal
+            | QueueKind::DeadLetter
+            | QueueKind::DeadXact
+            | QueueKind::Subqueue => Ok(addr.key()),
             QueueKind::Journal => Err(BrokerError::FailedPrecondition(format!(
                 "\"{}\" is a queue journal; journal queues are not kept by this broker yet",
                 quote(name)
@@ -606,6 +624,13 @@ impl Broker {
     ) -> Result<Arc<Queue>, BrokerError> {
         let addr = self.resolve(&req.name)?;
         let key = self.normal_queue_key(&req.name, &addr)?;
+        if addr.kind == QueueKind::Subqueue {
+            return Err(BrokerError::InvalidArgument(format!(
+                "\"{}\" is a subqueue; subqueues are created by moving a message into them (mq move), or by opening them",
+                quote(&req.name)
+            )));
+        }
+        let poison = crate::subqueue::PoisonPolicy::from_request(&req)?;
         if addr.kind != QueueKind::Normal {
             return Err(BrokerError::QueueExists(format!(
                 "{} (the dead-letter queues exist on every broker and cannot be created)",
@@ -627,6 +652,7 @@ impl Broker {
             let id = self.next_queue_id.fetch_add(1, Ordering::AcqRel);
             let def = QueueDef {
                 acl,
+                poison,
                 ..QueueDef::new(
                     id,
                     local_path_name(&addr),
@@ -664,7 +690,7 @@ impl Broker {
         let key = self.normal_queue_key(name, &addr)?;
         if addr.kind != QueueKind::Normal {
             return Err(BrokerError::FailedPrecondition(format!(
-                "\"{}\" is a dead-letter queue; those cannot be deleted (purge it instead)",
+                "\"{}\" is a dead-letter queue or a subqueue; those cannot be deleted (purge it instead; subqueues go with their queue)",
                 quote(name)
             )));
         }
@@ -680,10 +706,14 @@ impl Broker {
         let (express, stored) = q.mark_deleted();
         self.release(Delivery::Express, express);
         self.release(Delivery::Recoverable, stored);
+        let subqueues = self.delete_subqueues(&q);
         self.journal
-            .submit(vec![Op::DeleteQueue {
-                queue_id: q.def().id,
-            }])
+            .submit(
+                std::iter::once(q.def().id)
+                    .chain(subqueues)
+                    .map(|queue_id| Op::DeleteQueue { queue_id })
+                    .collect(),
+            )
             .await
             .map_err(|e| BrokerError::Unavailable(format!("cannot store the deletion: {e}")))?;
         tracing::info!(queue = %q.def().name, "queue deleted");
@@ -721,8 +751,45 @@ impl Broker {
         addr: &QueueAddress,
     ) -> Result<Arc<Queue>, BrokerError> {
         let key = self.normal_queue_key(name, addr)?;
-        self.queue_by_key(&key)
-            .ok_or_else(|| BrokerError::QueueNotFound(local_path_name(addr)))
+        match self.queue_by_key(&key) {
+            Some(q) => Ok(q),
+            None if addr.kind == QueueKind::Subqueue => self.open_subqueue(name, addr),
+            None => Err(BrokerError::QueueNotFound(local_path_name(addr))),
+        }
+    }
+
+    /// The queue registered as `key`, or a new one defined by `def(id)` (journaled, not
+    /// awaited: every later record that uses it comes after it; a failed write poisons the
+    /// journal) if `check` allows. Returns whether it was created.
+    pub(crate) fn queue_or_define(
+        &self,
+        key: &str,
+        check: impl FnOnce(&HashMap<String, Arc<Queue>>) -> Result<(), BrokerError>,
+        def: impl FnOnce(u64) -> QueueDef,
+    ) -> Result<(Arc<Queue>, bool), BrokerError> {
+        if let Some(q) = self.queue_by_key(key) {
+            return Ok((q, false));
+        }
+        let mut queues = self.queues.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(q) = queues.get(key) {
+            return Ok((q.clone(), false));
+        }
+        check(&queues)?;
+        self.check_writable("create a queue")?;
+        if self.journal.is_disk_full() {
+            return Err(BrokerError::QuotaExceeded(
+                "the disk under the journal is full: cannot create a queue".into(),
+            ));
+        }
+        let id = self.next_queue_id.fetch_add(1, Ordering::AcqRel);
+        let def = def(id);
+        self.journal.submit_detached(vec![Op::DefineQueue {
+            queue_id: id,
+            def: QueueDefRecord::encode(&def),
+        }]);
+        let q = Arc::new(Queue::new(def));
+        queues.insert(key.to_string(), q.clone());
+        Ok((q, true))
     }
 
     fn queue_by_key(&self, key: &str) -> Option<Arc<Queue>> {
@@ -794,7 +861,7 @@ impl Broker {
         for addr in parsed.addresses() {
             if addr.is_read_only() {
                 return Err(BrokerError::FailedPrecondition(format!(
-                    "\"{}\" names a read-only queue ({}); journal and dead-letter queues cannot be sent to",
+                    "\"{}\" names a read-only queue ({}); journal queues, dead-letter queues and subqueues cannot be sent to (a message gets into a subqueue by mq move)",
                     quote(name),
                     addr.path_name()
                 )));
@@ -962,6 +1029,23 @@ impl Broker {
         self.spawn_periodic(quarter(idle), move |b| async move {
             b.prune_streams(idle);
         });
+        // After a drained burst, give malloc's free pages back (off the async workers).
+        let trimmer = Arc::new(std::sync::Mutex::new(crate::memtrim::Trimmer::default()));
+        self.spawn_periodic(crate::memtrim::TRIM_INTERVAL, move |_| {
+            let trimmer = trimmer.clone();
+            async move {
+                let _ = tokio::task::spawn_blocking(move || {
+                    let mut t = trimmer.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(freed) = t.tick(crate::memtrim::TRIM_THRESHOLD_BYTES) {
+                        tracing::debug!(
+                            freed_mib = freed >> 20,
+                            "returned free memory to the system"
+                        );
+                    }
+                })
+                .await;
+            }
+        });
     }
 
     /// Runs `work` every `period` (a late tick is delayed, not bunched) until the broker shuts
@@ -1018,6 +1102,19 @@ impl Broker {
         plan: &Destinations,
         msgs: Vec<v1::OutMessage>,
         transactional: bool,
+    ) -> Pin<Box<dyn Future<Output = BatchOutcome> + Send + 'static>> {
+        self.send_batch_on(plan, msgs, transactional, None)
+    }
+
+    /// [`Broker::send_batch`] of single-message transactions on a send stream with an id
+    /// (`stream`, the first message's seq): the batch's record also records its outcome (see
+    /// `outcome.rs`), so each message's transaction id can be asked about.
+    pub(crate) fn send_batch_on(
+        self: &Arc<Self>,
+        plan: &Destinations,
+        msgs: Vec<v1::OutMessage>,
+        transactional: bool,
+        stream: Option<(u128, u64)>,
     ) -> Pin<Box<dyn Future<Output = BatchOutcome> + Send + 'static>> {
         let n = msgs.len();
         let mut ids = vec![None; n];
@@ -1144,12 +1241,29 @@ impl Broker {
             }
             self.insert_or_forget(q, express);
         }
+        let stream = stream.map(|(id, first_seq)| {
+            let mut refused: Vec<usize> = failures.iter().map(|(i, _)| *i).collect();
+            refused.sort_unstable();
+            refused.dedup();
+            let (outcome_ops, batch) =
+                self.outcomes()
+                    .stream_batch(id, first_seq, n as u64, &refused, !ops.is_empty());
+            ops.extend(outcome_ops);
+            batch
+        });
         let commit = (!ops.is_empty()).then(|| self.journal.submit(ops));
         drop(order_guard);
         let broker = self.clone();
         Box::pin(async move {
             if let Some(commit) = commit {
-                match commit.await {
+                let result = commit.await;
+                if let Some(batch) = stream {
+                    match &result {
+                        Ok(()) => broker.outcomes().stream_committed(batch),
+                        Err(_) => broker.outcomes().stream_failed(batch),
+                    }
+                }
+                match result {
                     Ok(()) => {
                         let placed = durable.into_iter().map(|(q, _, e)| (q, e));
                         for (q, entries) in group_by_queue(placed) {

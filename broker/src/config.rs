@@ -63,6 +63,10 @@ pub const DEFAULT_MAX_BATCH_MESSAGES: usize = 10_000;
 pub const MIN_MAX_BATCH_MESSAGES: usize = 512;
 /// Most messages in one `Peek` response (a page; the client asks for the next).
 pub const PEEK_PAGE_MESSAGES: usize = 1000;
+/// Default most open cursors per connection (mqd --max-cursors-per-connection).
+pub const DEFAULT_MAX_CURSORS_PER_CONNECTION: usize = 64;
+/// Default idle time after which a cursor is closed (mqd --cursor-idle-secs).
+pub const DEFAULT_CURSOR_IDLE: std::time::Duration = std::time::Duration::from_secs(300);
 /// A `Peek` page is cut once its bodies reach this size (at least one message per page).
 pub const PEEK_PAGE_BYTES: usize = 4 * 1024 * 1024;
 
@@ -146,6 +150,10 @@ pub struct FlowLimits {
     pub max_tx_messages: u64,
     /// Most open transactions per connection.
     pub max_tx_per_connection: usize,
+    /// Most open cursors (browse streams) per connection.
+    pub max_cursors_per_connection: usize,
+    /// A cursor with no request for this long is closed.
+    pub cursor_idle: std::time::Duration,
     /// Most messages in one `SendBatch`, `TxSend` or `ForwardBatch`; a bigger one ends its
     /// stream with one refusal.
     pub max_batch_messages: usize,
@@ -163,6 +171,8 @@ impl Default for FlowLimits {
             max_tx_total_bytes: DEFAULT_MAX_TX_TOTAL_BYTES,
             max_tx_messages: DEFAULT_MAX_TX_MESSAGES,
             max_tx_per_connection: DEFAULT_MAX_TX_PER_CONNECTION,
+            max_cursors_per_connection: DEFAULT_MAX_CURSORS_PER_CONNECTION,
+            cursor_idle: DEFAULT_CURSOR_IDLE,
             max_batch_messages: DEFAULT_MAX_BATCH_MESSAGES,
         }
     }

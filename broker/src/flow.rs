@@ -36,6 +36,8 @@ pub(crate) struct Connection {
     room: Notify,
     /// Open transactions.
     transactions: AtomicUsize,
+    /// Open cursors (browse streams).
+    cursors: AtomicUsize,
 }
 
 impl Connections {
@@ -262,6 +264,28 @@ impl Connection {
                 Err(now) => cur = now,
             }
         }
+    }
+}
+
+impl Connection {
+    /// Opens a cursor slot, or `None` if the connection has `max` open.
+    pub(crate) fn open_cursor(self: &Arc<Self>, max: usize) -> Option<CursorSlot> {
+        let n = self.cursors.fetch_add(1, Ordering::AcqRel);
+        if n >= max {
+            self.cursors.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(CursorSlot(self.clone()))
+    }
+}
+
+/// One open cursor of a connection; closes it when dropped.
+#[derive(Debug)]
+pub(crate) struct CursorSlot(Arc<Connection>);
+
+impl Drop for CursorSlot {
+    fn drop(&mut self) {
+        self.0.cursors.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

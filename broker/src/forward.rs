@@ -417,6 +417,7 @@ async fn session(
                     source: source.clone(),
                     batch: next_batch,
                     messages,
+                    settled_below: in_flight.settled_below(),
                 };
                 next_batch += 1;
                 if tx.send(batch).await.is_err() {
@@ -471,6 +472,20 @@ struct InFlight<'a> {
     queue: &'a Queue,
     batches: VecDeque<(u64, Vec<Entry>, usize)>,
     bytes: usize,
+}
+
+impl InFlight<'_> {
+    /// The lowest seq this outgoing queue may still send: every message below it is settled
+    /// (acknowledged as stored, or its dead-letter record is on disk; a dead-letter that fails
+    /// puts the message back in the queue). The batch just taken came from the head of the
+    /// FIFO queue, so nothing left in the queue is below the batches in flight.
+    fn settled_below(&self) -> u64 {
+        self.batches
+            .iter()
+            .filter_map(|(_, entries, _)| entries.iter().map(|e| e.seq).min())
+            .min()
+            .unwrap_or(0)
+    }
 }
 
 impl Drop for InFlight<'_> {

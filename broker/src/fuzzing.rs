@@ -303,6 +303,7 @@ mod tests {
                         transactional: flag,
                         quota_bytes: (n % 3 == 0).then_some(n % 10_000),
                         label: String::new(),
+                        max_aborts: (n % 4) as u32,
                     }
                     .encode_to_vec()],
                     "DeleteQueue" | "GetQueueInfo" | "Purge" => {
@@ -313,6 +314,7 @@ mod tests {
                         destination: name,
                         messages: vec![m.clone(), m],
                         transactional: flag,
+                        tx_stream: Default::default(),
                     }
                     .encode_to_vec()],
                     "Receive" => vec![
@@ -333,6 +335,7 @@ mod tests {
                         queue: name,
                         timeout_ms: small,
                         peek: flag,
+                        ..Default::default()
                     }
                     .encode_to_vec()],
                     "Peek" => vec![v1::PeekRequest {
@@ -349,6 +352,7 @@ mod tests {
                             .encode(),
                             _ => bytes::Bytes::copy_from_slice(&small.to_le_bytes()),
                         },
+                        ..Default::default()
                     }
                     .encode_to_vec()],
                     "Transact" => {
@@ -362,6 +366,7 @@ mod tests {
                             op(Op::Receive(v1::TxReceive {
                                 queue: name,
                                 timeout_ms: small,
+                                ..Default::default()
                             })),
                             op(if flag {
                                 Op::Commit(true)
@@ -374,6 +379,7 @@ mod tests {
                         stream_id: (0..(n % 20) as u8).collect::<Vec<u8>>().into(),
                         source: "peer".into(),
                         batch: 1,
+                        settled_below: 0,
                         messages: vec![v1::ForwardedMessage {
                             seq: small,
                             destination: name,
@@ -476,6 +482,7 @@ mod tests {
                     ..Default::default()
                 }],
                 transactional: false,
+                tx_stream: Default::default(),
             }
             .encode_to_vec()],
         };
@@ -485,6 +492,7 @@ mod tests {
                 queue: q.clone(),
                 timeout_ms: 10,
                 peek: false,
+                ..Default::default()
             }
             .encode_to_vec()],
         };
@@ -579,6 +587,7 @@ mod tests {
                     ..Default::default()
                 }],
                 transactional: false,
+                tx_stream: Default::default(),
             }
             .encode_to_vec()],
         };
@@ -588,6 +597,7 @@ mod tests {
                 queue: q.clone(),
                 timeout_ms: 10,
                 peek: false,
+                ..Default::default()
             }
             .encode_to_vec()],
         };
@@ -628,6 +638,7 @@ mod tests {
                 stream_id: vec![7u8; 16].into(),
                 source: "peer".into(),
                 batch: 1,
+                settled_below: 0,
                 messages: vec![v1::ForwardedMessage {
                     seq: 1,
                     destination: r"DIRECT=TCP:127.0.0.1:1801\private$\q".into(),
@@ -653,6 +664,7 @@ mod tests {
                     ..Default::default()
                 }],
                 transactional: false,
+                tx_stream: Default::default(),
             }
             .encode_to_vec()],
         };

@@ -9,7 +9,13 @@
 //! `seq`. Here, per stream, the highest sequence stored is kept in memory and in the journal
 //! (a record in the internal `SYSTEM$;STREAMS` queue, replaced by every batch, written in the
 //! same journal record as the batch's messages). A message at or below it is a duplicate from a
-//! resend and is dropped. One connection per stream is served at a time.
+//! resend and is dropped, unless it was refused: the refused seqs at or below the mark are kept
+//! in the same record (compact ranges with their class, [`crate::refused_seqs`]), so a resend
+//! gets its refusal again and the sender dead-letters it; the sender's `settled_below` lets
+//! them go. The records of one stream are a journal [`Chain`]: a batch whose record fails makes
+//! every later one of the connection fail unwritten (a later mark never covers an earlier, lost
+//! batch), and the connection ends; the next one resumes from what is on disk. One connection
+//! per stream is served at a time.
 //!
 //! A stream belongs to the identity that created it (kept with its high-water mark): another
 //! identity that names it is refused with PERMISSION_DENIED before anything changes.
@@ -31,9 +37,10 @@ use tonic::{Status, Streaming};
 use crate::broker::{journal_failed, Broker};
 use crate::deadletter::rejection;
 use crate::error::BrokerError;
-use crate::journal::{Op, RecoveredMessage};
+use crate::journal::{Chain, Op, RecoveredMessage};
 use crate::message::{now_ms, Delivery, StoredMessage};
 use crate::queue::{group_by_queue, Entry, Queue};
+use crate::refused_seqs::{RefusedSeqs, MAX_REFUSED_RANGES};
 
 /// Batches whose answers may be pending at once on one stream.
 const ACK_WINDOW: usize = 32;
@@ -60,6 +67,10 @@ pub(crate) struct InboundStream {
     pub(crate) slot: u64,
     /// Highest sequence whose record is on disk.
     durable: AtomicU64,
+    /// Refused seqs at or below the mark: as accepted (stored or being stored) and as on disk.
+    refused_seqs: std::sync::Mutex<RefusedState>,
+    /// The stream's records, in order; broken by a failed one until the next connection.
+    chain: Chain,
     /// Held by the connection serving the stream; holds the highest sequence accepted so far
     /// (stored or being stored).
     serving: Arc<tokio::sync::Mutex<u64>>,
@@ -77,12 +88,27 @@ pub(crate) struct InboundStream {
     owner: std::sync::Mutex<Option<Arc<str>>>,
 }
 
+/// A stream's refused seqs: `accepted` goes with the connection's accepted mark, `durable` with
+/// the mark on disk.
+#[derive(Debug, Default)]
+struct RefusedState {
+    accepted: RefusedSeqs,
+    durable: RefusedSeqs,
+    /// The highest `settled_below` the sender reported.
+    settled_below: u64,
+}
+
+/// The reason answered for a refusal whose reason text is no longer remembered.
+const REASON_FORGOTTEN: &str = "refused earlier; reason no longer known";
+
 impl InboundStream {
     fn new(id: uuid::Uuid, slot: u64, last_seq: u64) -> Self {
         InboundStream {
             id,
             slot,
             durable: AtomicU64::new(last_seq),
+            refused_seqs: std::sync::Mutex::new(RefusedState::default()),
+            chain: Chain::new(),
             serving: Arc::new(tokio::sync::Mutex::new(last_seq)),
             refused: std::sync::Mutex::new(crate::stream_bounds::Refusals::default()),
             generation: AtomicU64::new(0),
@@ -125,6 +151,20 @@ impl InboundStream {
     fn refusal_of(&self, seq: u64) -> Option<(i32, String)> {
         let mut q = self.refused.lock().unwrap_or_else(|p| p.into_inner());
         q.find(seq, now_ms())
+    }
+
+    fn refused_seqs(&self) -> std::sync::MutexGuard<'_, RefusedState> {
+        self.refused_seqs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new connection's starting point: what is on disk. Every batch of earlier connections
+    /// has completed (the serving lock is held), so the chain may accept records again.
+    pub(crate) fn resume(&self, accepted: &mut u64) {
+        *accepted = self.durable.load(Ordering::Acquire);
+        let mut r = self.refused_seqs();
+        r.accepted = r.durable.clone();
+        drop(r);
+        self.chain.reset();
     }
 
     /// Drops refusals past their retention time.
@@ -179,15 +219,19 @@ impl Streams {
                     r.seq
                 ))
             };
+            let mut refused = RefusedSeqs::default();
             let (rec, owner) = match postcard::take_from_bytes::<StreamRecordV2>(&r.header) {
-                // The owner follows version 2's fields, when there is one.
+                // The owner follows version 2's fields, when there is one, then the refused
+                // seqs, when there are any ("" for the owner when there is none).
                 Ok((v2, [])) => (v2, None),
-                Ok((v2, rest)) => (
-                    v2,
-                    Some(Arc::<str>::from(
-                        postcard::from_bytes::<&str>(rest).map_err(unreadable)?,
-                    )),
-                ),
+                Ok((v2, rest)) => {
+                    let (owner, rest) =
+                        postcard::take_from_bytes::<&str>(rest).map_err(unreadable)?;
+                    if !rest.is_empty() {
+                        refused = postcard::from_bytes(rest).map_err(unreadable)?;
+                    }
+                    (v2, (!owner.is_empty()).then(|| Arc::<str>::from(owner)))
+                }
                 Err(_) => {
                     let v1: StreamRecord = postcard::from_bytes(&r.header).map_err(unreadable)?;
                     let v2 = StreamRecordV2 {
@@ -202,6 +246,11 @@ impl Streams {
             };
             let id = uuid::Uuid::from_bytes(rec.stream_id);
             let s = InboundStream::new(id, r.seq, rec.last_seq);
+            {
+                let mut st = s.refused_seqs();
+                st.accepted = refused.clone();
+                st.durable = refused;
+            }
             *s.peer.lock().unwrap_or_else(|p| p.into_inner()) = rec.peer;
             *s.owner.lock().unwrap_or_else(|p| p.into_inner()) = owner;
             s.last_used_ms.store(rec.written_ms, Ordering::Relaxed);
@@ -320,7 +369,7 @@ pub(crate) async fn forward_stream(
             }
         };
     // Anything accepted but not stored by an earlier connection was not acknowledged either.
-    *accepted = stream.durable.load(Ordering::Acquire);
+    stream.resume(&mut accepted);
     tracing::info!(source = %quote(&first.source), peer = %peer_key, stream = %id, through = *accepted, "forwarding stream opened");
     let (pending_tx, mut pending_rx) = mpsc::channel::<Pending>(ACK_WINDOW);
     let acker = tokio::spawn(async move {
@@ -383,6 +432,11 @@ pub(crate) async fn forward_stream(
         }
         let ack = broker.store_forwarded_by(&stream, &mut accepted, batch, &from);
         if pending_tx.send(ack).await.is_err() {
+            break;
+        }
+        if stream.chain.is_broken() {
+            // A batch was not stored: nothing more is accepted on this connection (the sender
+            // resends from the failed batch on the next one).
             break;
         }
     }
@@ -458,6 +512,24 @@ impl Broker {
     ) -> Pending {
         let now = now_ms();
         let n = batch.messages.len();
+        if let Some(e) = stream.chain.refusal() {
+            let status = Status::from(journal_failed(e));
+            return Box::pin(async move { Err(status) });
+        }
+        {
+            let mut r = stream.refused_seqs();
+            r.settled_below = r.settled_below.max(batch.settled_below);
+            let floor = r.settled_below;
+            r.accepted.prune_below(floor);
+            if r.accepted.len() + n > MAX_REFUSED_RANGES {
+                let status = Status::resource_exhausted(format!(
+                    "forwarding stream {} holds {} ranges of refused messages that the sender has not settled; the limit is {MAX_REFUSED_RANGES}: dead-letter them (and report settled_below) before sending more",
+                    stream.id,
+                    r.accepted.len()
+                ));
+                return Box::pin(async move { Err(status) });
+            }
+        }
         let mut rejected = Vec::new();
         let mut ops = Vec::new();
         let mut durable: Vec<(Arc<Queue>, Entry)> = Vec::new();
@@ -471,7 +543,12 @@ impl Broker {
             if fm.seq != 0 {
                 if fm.seq <= *accepted {
                     // A resend: stored before (drop it), or refused before (refuse it again).
-                    if let Some((class, reason)) = stream.refusal_of(fm.seq) {
+                    let class = stream.refused_seqs().accepted.class_of(fm.seq);
+                    if let Some(class) = class {
+                        let reason = match stream.refusal_of(fm.seq) {
+                            Some((c, reason)) if c == class => reason,
+                            _ => REASON_FORGOTTEN.to_string(),
+                        };
                         rejected.push(v1::ForwardRejection {
                             index: i as u32,
                             class,
@@ -569,12 +646,17 @@ impl Broker {
                 }
             }
         }
-        for r in &rejected {
-            let seq = seqs[r.index as usize];
-            if seq > before {
-                stream.remember_refusal(seq, r);
+        let refused_now = {
+            let mut state = stream.refused_seqs();
+            for r in &rejected {
+                let seq = seqs[r.index as usize];
+                if seq > before {
+                    stream.remember_refusal(seq, r);
+                    state.accepted.insert(seq, r.class);
+                }
             }
-        }
+            state.accepted.clone()
+        };
         stream.touch();
         if !rejected.is_empty() {
             self.log_refusals(stream, &batch.source, &rejected);
@@ -603,15 +685,23 @@ impl Broker {
                 header: {
                     let mut v =
                         postcard::to_allocvec(&rec).expect("encoding into a Vec cannot fail");
-                    if let Some(owner) = stream.owner() {
-                        v.extend(postcard::to_allocvec(&*owner).expect("encoding cannot fail"));
+                    let owner = stream.owner();
+                    if owner.is_some() || !refused_now.is_empty() {
+                        let owner = owner.as_deref().unwrap_or("");
+                        v.extend(postcard::to_allocvec(owner).expect("encoding cannot fail"));
+                    }
+                    if !refused_now.is_empty() {
+                        v.extend(
+                            postcard::to_allocvec(&refused_now).expect("encoding cannot fail"),
+                        );
                     }
                     Bytes::from(v)
                 },
                 body: Bytes::new(),
             });
         }
-        let commit = (!ops.is_empty()).then(|| self.journal().submit(ops));
+        let wrote_mark = high > before;
+        let commit = (!ops.is_empty()).then(|| self.journal().submit_chained(ops, &stream.chain));
         drop(order_guard);
         let broker = self.clone();
         let stream = stream.clone();
@@ -632,6 +722,11 @@ impl Broker {
             }
             for (q, entries) in group_by_queue(durable) {
                 broker.insert_or_forget(&q, entries);
+            }
+            if wrote_mark {
+                // Records complete in stream order, and none after a failed one: this one is
+                // the newest on disk.
+                stream.refused_seqs().durable = refused_now;
             }
             stream.durable.fetch_max(high, Ordering::AcqRel);
             Ok(ack)
@@ -719,6 +814,7 @@ mod tests {
             stream_id: Bytes::copy_from_slice(&[7u8; 16]),
             source: "a".into(),
             batch: n,
+            settled_below: 0,
             messages,
         }
     }
@@ -1002,6 +1098,155 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(again.rejected.len(), 1);
+    }
+
+    /// Review C2: a refusal is journaled with the mark, so a resend after a restart (or after
+    /// the bounded memory of reasons has let it go) is refused again, never dropped as a
+    /// duplicate; the sender's `settled_below` lets refusals go.
+    #[tokio::test]
+    async fn refusals_are_answered_again_after_a_restart_and_beyond_the_memory_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = r"DIRECT=TCP:127.0.0.1:4000\private$\q";
+        let missing = r"DIRECT=TCP:127.0.0.1:4000\private$\missing";
+        let rec = v1::Delivery::Recoverable;
+        let first = batch(
+            1,
+            vec![
+                wire("1", 1, q, rec),
+                wire("2", 2, missing, rec),
+                wire("3", 3, q, rec),
+            ],
+        );
+        let huge = format!(r"DIRECT=TCP:127.0.0.1:4000\private$\{}", "n".repeat(2_000));
+        {
+            let b = open(dir.path()).await;
+            b.create_queue(v1::CreateQueueRequest {
+                name: r".\private$\q".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            let stream = b
+                .streams
+                .lock()
+                .unwrap()
+                .get_or_create(uuid::Uuid::from_bytes([7; 16]));
+            let mut accepted = 0;
+            let ack = b
+                .store_forwarded(&stream, &mut accepted, first.clone())
+                .await
+                .unwrap();
+            assert_eq!(ack.rejected.len(), 1);
+            // Far more refusals than the memory of reasons keeps.
+            for n in 0..20u64 {
+                let msgs = (0..100)
+                    .map(|i| wire("x", 10 + n * 100 + i, &huge, rec))
+                    .collect();
+                let ack = b
+                    .store_forwarded(&stream, &mut accepted, batch(2 + n, msgs))
+                    .await
+                    .unwrap();
+                assert_eq!(ack.rejected.len(), 100);
+            }
+            // The oldest reasons are gone from memory; the refusals are not.
+            let old: Vec<_> = (10..110).map(|s| wire("x", s, &huge, rec)).collect();
+            let ack = b
+                .store_forwarded(&stream, &mut accepted, batch(30, old))
+                .await
+                .unwrap();
+            assert_eq!(
+                ack.rejected.len(),
+                100,
+                "every refused resend is refused again"
+            );
+            assert_eq!(ack.rejected[0].reason, REASON_FORGOTTEN);
+            assert_eq!(
+                ack.rejected[0].class,
+                DeadLetterClass::BadDestinationQueue as i32
+            );
+            b.close();
+        }
+        let b = open(dir.path()).await;
+        let stream = b
+            .streams
+            .lock()
+            .unwrap()
+            .get_or_create(uuid::Uuid::from_bytes([7; 16]));
+        let mut accepted = stream.durable.load(Ordering::Acquire);
+        assert_eq!(accepted, 2009);
+        // After the restart: the stored ones are duplicates, the refused one is refused again.
+        let ack = b
+            .store_forwarded(&stream, &mut accepted, first.clone())
+            .await
+            .unwrap();
+        let refused: Vec<(u32, i32)> = ack.rejected.iter().map(|r| (r.index, r.class)).collect();
+        assert_eq!(refused, [(1, DeadLetterClass::BadDestinationQueue as i32)]);
+        assert_eq!(bodies(&b, r".\private$\q"), ["1", "3"]);
+        // Once the sender says it settled everything below 3, seq 2 is forgotten.
+        let mut settled = first.clone();
+        settled.settled_below = 3;
+        let ack = b
+            .store_forwarded(&stream, &mut accepted, settled)
+            .await
+            .unwrap();
+        assert!(ack.rejected.is_empty(), "{:?}", ack.rejected);
+        assert_eq!(bodies(&b, r".\private$\q"), ["1", "3"]);
+    }
+
+    /// Review C3: a batch whose record failed (ENOSPC part way through its write) is not
+    /// covered by the mark of a later batch: the later one fails unwritten, and after the
+    /// sender reconnects the resent batch is stored, not dropped as a duplicate.
+    #[tokio::test]
+    async fn a_failed_batch_is_not_covered_by_a_later_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let io = crate::journal::FaultyIo::new(3);
+        let mut config = BrokerConfig::new(dir.path());
+        config.journal_io = Some(Arc::new(io.clone()));
+        let (b, _) = Broker::open(config, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
+        let b = Arc::new(b);
+        b.create_queue(v1::CreateQueueRequest {
+            name: r".\private$\q".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let q = r"DIRECT=TCP:127.0.0.1:4000\private$\q";
+        let rec = v1::Delivery::Recoverable;
+        let stream = b
+            .streams
+            .lock()
+            .unwrap()
+            .get_or_create(uuid::Uuid::from_bytes([9; 16]));
+        let one = batch(
+            1,
+            (1..=3).map(|s| wire(&s.to_string(), s, q, rec)).collect(),
+        );
+        let two = batch(
+            2,
+            (4..=6).map(|s| wire(&s.to_string(), s, q, rec)).collect(),
+        );
+        let mut accepted = 0;
+        io.fail_next_write_with_enospc_after(100);
+        let first = b.store_forwarded(&stream, &mut accepted, one.clone()).await;
+        assert!(first.is_err(), "the write failed");
+        // The connection goes on (a pipelined batch): it must not be stored with its mark.
+        let second = b.store_forwarded(&stream, &mut accepted, two.clone()).await;
+        assert!(second.is_err(), "a batch after a failed one is not stored");
+        assert_eq!(stream.durable.load(Ordering::Acquire), 0);
+        // The sender reconnects and resends both (the disk-full mode ends by itself).
+        let mut stored = false;
+        for _ in 0..100 {
+            stream.resume(&mut accepted);
+            let a = b.store_forwarded(&stream, &mut accepted, one.clone()).await;
+            let c = b.store_forwarded(&stream, &mut accepted, two.clone()).await;
+            if a.is_ok() && c.is_ok() {
+                stored = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(stored, "the resend was stored once space was back");
+        assert_eq!(bodies(&b, r".\private$\q"), ["1", "2", "3", "4", "5", "6"]);
     }
 
     /// Issue 11 (2): a loop of random stream ids from one peer keeps at most the per-peer limit

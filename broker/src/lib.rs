@@ -11,14 +11,21 @@
 //! - `error`: [`BrokerError`] and its one mapping to gRPC status.
 //! - `message`: [`StoredMessage`], validation of what senders send.
 //! - `queue`: [`Queue`]: priority levels, delivery, acknowledgement, give-back.
+//! - `index`: a queue's ready messages by id and correlation id (built on first lookup).
+//! - `cursor`: MSMQ cursors (peek current, peek next, receive current) on a browse stream.
+//! - `props`: queue properties changed after creation (`SetQueueProperties`).
 //! - `broker`: [`Broker`]: the registry of queues, name resolution, quotas, recovery.
 //! - [`journal`]: the durable journal: segments, group commit, recovery, compaction.
 //! - `transaction`: [`Transaction`]: staged sends, hidden receives, one atomic commit record.
 //! - `outcome`: which transaction ids committed (journaled with the commit, kept for a window).
+//! - `tx_stream`: the id of a pipelined transactional send stream (one transaction per message).
 //! - `service`: the gRPC service.
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
+//! - `subqueue`: subqueues (`Q;name`), moving a message by id, dead-letter replay, poison messages.
 //! - `auth`: identities (users file, tokens, certificates), rights, queue ACLs, `authorize`.
 //! - `tls`: [`SecurityConfig`]: TLS, protected mode, forwarding credentials.
+//! - `memtrim`: after a burst is drained, malloc's free pages go back to the system.
+//! - `receive_acks`: per-message acknowledgements waiting on a receive stream are applied as one.
 //! - `ready`: [`Readiness`] (recovered, serving, shutting down) and gRPC health.
 //! - `metrics`, `histogram`: counters and the Prometheus collector; `http`: the HTTP port.
 //! - `fuzzing` (tests and the `fuzzing` feature): entry points of the fuzz targets in `fuzz/`.
@@ -37,6 +44,7 @@ mod auth_layer;
 mod broker;
 mod config;
 pub mod config_file;
+mod cursor;
 mod deadletter;
 mod error;
 mod flow;
@@ -47,20 +55,27 @@ pub mod fuzzing;
 mod histogram;
 mod http;
 mod inbound;
+mod index;
 mod info;
 pub mod journal;
+mod memtrim;
 mod message;
 mod metrics;
 mod outcome;
 mod outgoing_admin;
+mod props;
 mod queue;
 mod ratelog;
 mod ready;
+mod receive_acks;
+mod refused_seqs;
 mod server;
 mod service;
 mod stream_bounds;
+mod subqueue;
 mod tls;
 mod transaction;
+mod tx_stream;
 
 pub use auth::{add_user, hash_password, Acl, Identity, Right, Rights};
 pub use broker::{Broker, Destinations, RecoveryReport, Target};

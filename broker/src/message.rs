@@ -59,6 +59,8 @@ pub struct StoredMessage {
     pub dead_letter: Option<Arc<DeadLetterInfo>>,
     /// The identity that sent it into the first broker (MSMQ's SenderId), kept across hops.
     pub sender: Option<Arc<str>>,
+    /// Times it was moved between a queue and its subqueues (MSMQ's PROPID_M_MOVE_COUNT).
+    pub move_count: u32,
 }
 
 /// Why a message is in a dead-letter queue.
@@ -159,6 +161,7 @@ impl StoredMessage {
             route: None,
             dead_letter: None,
             sender: (!m.sender.is_empty()).then(|| Arc::from(m.sender.as_str())),
+            move_count: 0,
         })
     }
 
@@ -259,9 +262,18 @@ impl StoredMessage {
             }),
         };
         let mut v = postcard::to_allocvec(&h).expect("encoding a header into a Vec cannot fail");
-        // Version 3: the sender follows version 2's fields, only when there is one.
-        if let Some(s) = self.sender.as_deref() {
+        let ext = HeaderExt {
+            move_count: self.move_count,
+        };
+        // Version 3: the sender follows version 2's fields, only when there is one (or an
+        // extension follows: then an empty sender means none).
+        if self.sender.is_some() || !ext.is_empty() {
+            let s = self.sender.as_deref().unwrap_or_default();
             v.extend(postcard::to_allocvec(s).expect("encoding into a Vec cannot fail"));
+        }
+        // Version 4: the extension follows the sender, only when it says something.
+        if !ext.is_empty() {
+            v.extend(postcard::to_allocvec(&ext).expect("encoding into a Vec cannot fail"));
         }
         Bytes::from(v)
     }
@@ -279,13 +291,18 @@ impl StoredMessage {
     /// A recoverable message from its journal header; the body stays on disk.
     pub fn decode_header(bytes: &[u8], body_len: u32) -> Result<StoredMessage, postcard::Error> {
         // Version 2 appends fields to version 1; a version-1 header ends early.
+        let mut ext = HeaderExt::default();
         let (h, v2, sender) = match postcard::take_from_bytes::<HeaderRecordV2<'_>>(bytes) {
             Ok((v2, rest)) => {
-                // Version 3 appends the sender.
+                // Version 3 appends the sender, version 4 the extension.
                 let sender = if rest.is_empty() {
                     None
                 } else {
-                    Some(Arc::from(postcard::from_bytes::<&str>(rest)?))
+                    let (s, rest) = postcard::take_from_bytes::<&str>(rest)?;
+                    if !rest.is_empty() {
+                        ext = postcard::from_bytes::<HeaderExt>(rest)?;
+                    }
+                    (!s.is_empty()).then(|| Arc::from(s))
                 };
                 (v2.v1(), Some(v2), sender)
             }
@@ -319,6 +336,7 @@ impl StoredMessage {
                 })
             }),
             sender,
+            move_count: ext.move_count,
         })
     }
 
@@ -352,6 +370,7 @@ impl StoredMessage {
                 broker: d.broker.clone(),
             }),
             sender: self.sender.as_deref().unwrap_or_default().to_string(),
+            move_count: self.move_count,
         }
     }
 }
@@ -396,6 +415,19 @@ struct HeaderRecordV2<'a> {
     transactional: bool,
     route: Option<&'a str>,
     dead_letter: Option<DeadLetterRecord<'a>>,
+}
+
+/// Version 4 of the header: what follows the sender (written only when not all default).
+/// Field order is the format: append only.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct HeaderExt {
+    move_count: u32,
+}
+
+impl HeaderExt {
+    fn is_empty(&self) -> bool {
+        self.move_count == 0
+    }
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -484,6 +516,25 @@ mod tests {
         let anon = StoredMessage { sender: None, ..m };
         let back = StoredMessage::decode_header(&anon.encode_header(), anon.body_len).unwrap();
         assert!(back.sender.is_none() && back.dead_letter.is_some());
+        // Version 4: the move count, with and without a sender.
+        for sender in [None, Some(Arc::from("bob"))] {
+            let moved = StoredMessage {
+                sender: sender.clone(),
+                move_count: 7,
+                ..anon.clone()
+            };
+            let back =
+                StoredMessage::decode_header(&moved.encode_header(), moved.body_len).unwrap();
+            assert_eq!(back.move_count, 7);
+            assert_eq!(back.sender, sender);
+            assert_eq!(back.dead_letter, moved.dead_letter);
+        }
+        assert_eq!(
+            StoredMessage::decode_header(&anon.encode_header(), 5)
+                .unwrap()
+                .move_count,
+            0
+        );
     }
 
     #[test]

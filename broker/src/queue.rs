@@ -7,6 +7,11 @@
 //!   `bytes` until the receiver acknowledges it (`complete`) or gives it back (`restore`), which
 //!   puts it back in its sequence position: "back at the head, in order".
 //! - `seq` is the queue's own order; message ids never order anything.
+//! - An entry taken from the middle of a level (by id, correlation id or cursor: `take_at`)
+//!   stays there as a tombstone (`removed`), skipped by everything that walks the levels, until
+//!   it reaches the head or a compaction drops it; `restore` puts the entry back in its place.
+//! - `index`, once built (on the first lookup by id or correlation id), holds exactly the ready
+//!   entries that are not tombstones (see `index.rs`).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -23,6 +28,9 @@ pub struct Entry {
     pub msg: Arc<StoredMessage>,
     /// Times a transaction that received this message was aborted (kept in memory only).
     pub aborts: u32,
+    /// A tombstone: taken by [`Queue::take_at`], still in its level (fits in padding: the
+    /// entry stays 24 bytes).
+    removed: bool,
 }
 
 impl Entry {
@@ -31,6 +39,7 @@ impl Entry {
             seq,
             msg,
             aborts: 0,
+            removed: false,
         }
     }
 }
@@ -52,6 +61,8 @@ pub struct QueueDef {
     /// Who may do what with the queue, as stored with the definition (the live one is
     /// [`Queue::acl`]).
     pub acl: crate::auth::Acl,
+    /// Poison-message handling of a transactional queue (see `subqueue.rs`).
+    pub poison: crate::subqueue::PoisonPolicy,
 }
 
 /// What a queue is for.
@@ -74,6 +85,9 @@ pub enum QueueRole {
     Streams,
     /// Internal: the ids of committed transactions (see `outcome.rs`).
     TxOutcomes,
+    /// `Q;name`: a subqueue of a queue (see `subqueue.rs`); its key is the main queue's key,
+    /// `;` and the subqueue's name.
+    Subqueue,
 }
 
 impl QueueRole {
@@ -93,6 +107,9 @@ pub struct QueueStats {
     /// Delivered to a streaming receiver, not yet acknowledged.
     pub in_flight: u64,
 }
+
+/// An emptied priority level keeping room for more entries than this gives it back.
+const SHRINK_EMPTY_LEVEL_ABOVE: usize = 4096;
 
 /// What went through a queue since the broker started (the metrics' counters). Kept under the
 /// queue's lock with the other counters, so counting adds no lock or allocation.
@@ -140,6 +157,14 @@ struct State {
     /// progress). Nothing at or after the lowest of them is handed out, so the forwarding
     /// stream sends in `seq` order even when concurrent sends finish out of order.
     pending: std::collections::BTreeSet<u64>,
+    /// The queue quota and label now (`SetQueueProperties` changes them; `def` keeps the
+    /// values the queue was created or recovered with).
+    quota: Option<u64>,
+    label: String,
+    /// Tombstones in `levels` (see [`Entry::removed`]).
+    tombstones: usize,
+    /// Ready entries by id and by correlation id, built on first use.
+    index: crate::index::MessageIndex,
 }
 
 /// A queue. Shared by the broker's registry and every stream that uses it.
@@ -149,6 +174,10 @@ pub struct Queue {
     state: Mutex<State>,
     notify: Notify,
     acl: std::sync::RwLock<Arc<crate::auth::Acl>>,
+    /// A subqueue's main queue: its ACL and quota are the main queue's.
+    parent: std::sync::OnceLock<Arc<Queue>>,
+    /// Messages moved to this queue's poison subqueue since the broker started.
+    pub(crate) poisoned: std::sync::atomic::AtomicU64,
 }
 
 impl Queue {
@@ -156,13 +185,17 @@ impl Queue {
     pub fn new(def: QueueDef) -> Self {
         Queue {
             acl: std::sync::RwLock::new(Arc::new(def.acl.clone())),
-            def,
             state: Mutex::new(State {
                 next_seq: 1,
                 next_deadline: u64::MAX,
+                quota: def.quota_bytes,
+                label: def.label.clone(),
                 ..State::default()
             }),
+            def,
             notify: Notify::new(),
+            parent: std::sync::OnceLock::new(),
+            poisoned: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -172,6 +205,9 @@ impl Queue {
 
     /// Who may do what with the queue now.
     pub fn acl(&self) -> Arc<crate::auth::Acl> {
+        if let Some(p) = self.parent.get() {
+            return p.acl();
+        }
         self.acl.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
@@ -254,7 +290,7 @@ impl Queue {
         let mut out = Vec::with_capacity(msgs.len());
         for m in msgs {
             let charge = m.charged_bytes();
-            if let Some(q) = self.def.quota_bytes {
+            if let Some(q) = st.quota {
                 if st.charged + charge > q {
                     out.push(Err(BrokerError::QuotaExceeded(format!(
                         "queue \"{}\" is over its quota: {} of {} bytes used, this message needs {}; receive or purge messages, or raise the quota",
@@ -282,7 +318,7 @@ impl Queue {
         if st.deleted {
             return Err(BrokerError::QueueNotFound(self.def.name.clone()));
         }
-        if let Some(q) = self.def.quota_bytes {
+        if let Some(q) = st.quota {
             if st.charged + charge > q {
                 return Err(BrokerError::QuotaExceeded(format!(
                     "queue \"{}\" is over its quota: {} of {} bytes used or staged by open transactions, this message needs {}; receive or purge messages, or raise the quota",
@@ -360,7 +396,9 @@ impl Queue {
                 st.timed += 1;
                 st.next_deadline = st.next_deadline.min(d);
             }
-            let level = &mut st.levels[self.lane(&e)];
+            let lane = self.lane(&e);
+            st.index.add(lane as u8, &e);
+            let level = &mut st.levels[lane];
             match level.back() {
                 Some(b) if b.seq > e.seq => {
                     let pos = level.partition_point(|x| x.seq < e.seq);
@@ -416,6 +454,11 @@ impl Queue {
                 let Some(e) = st.levels[p].pop_front() else {
                     break;
                 };
+                if e.removed {
+                    st.tombstones -= 1;
+                    continue;
+                }
+                st.index.remove(p as u8, &e);
                 if st.timed > 0 {
                     let (timed, gone) = self.deadline(&e, now);
                     if timed {
@@ -436,6 +479,12 @@ impl Queue {
         }
         st.ready -= out.len() + expired;
         st.stats.in_flight += (out.len() + expired) as u64;
+        // A drained backlog gives its index memory back (1,000,000 entries: 32 MiB).
+        for level in st.levels.iter_mut() {
+            if level.is_empty() && level.capacity() > SHRINK_EMPTY_LEVEL_ABOVE {
+                level.shrink_to_fit();
+            }
+        }
         Ok(out)
     }
 
@@ -454,8 +503,13 @@ impl Queue {
                 let level = std::mem::take(&mut st.levels[p]);
                 let mut keep = VecDeque::with_capacity(level.len());
                 for e in level {
+                    if e.removed {
+                        st.tombstones -= 1;
+                        continue;
+                    }
                     match self.deadline_ms(&e) {
                         Some(d) if now >= d => {
+                            st.index.remove(p as u8, &e);
                             st.timed -= 1;
                             st.ready -= 1;
                             st.stats.in_flight += 1;
@@ -494,6 +548,8 @@ impl Queue {
         st.stats.in_flight = st.stats.in_flight.saturating_sub(n);
         st.charged = st.charged.saturating_sub(charged);
         st.totals.removed += n;
+        drop(st);
+        self.release_parent_quota(charged);
     }
 
     /// Counts messages moved out to a dead-letter queue (also completed) and receives undone
@@ -526,11 +582,19 @@ impl Queue {
                 st.next_deadline = st.next_deadline.min(d);
             }
             let lane = self.lane(&e);
+            st.index.add(lane as u8, &e);
             let level = &mut st.levels[lane];
             match level.front() {
-                Some(f) if f.seq < e.seq => {
+                Some(f) if f.seq <= e.seq => {
                     let pos = level.partition_point(|x| x.seq < e.seq);
-                    level.insert(pos, e);
+                    match level.get_mut(pos) {
+                        // Its own tombstone (taken by `take_at`): back in place.
+                        Some(t) if t.seq == e.seq && t.removed => {
+                            *t = e;
+                            st.tombstones -= 1;
+                        }
+                        _ => level.insert(pos, e),
+                    }
                 }
                 _ => level.push_front(e),
             }
@@ -559,7 +623,7 @@ impl Queue {
         Ok((0..8)
             .rev()
             .flat_map(|p| st.levels[p].iter().take_while(move |e| e.seq < limit))
-            .filter(|e| st.timed == 0 || !self.deadline(e, now).1)
+            .filter(|e| !e.removed && (st.timed == 0 || !self.deadline(e, now).1))
             .take(max)
             .cloned()
             .collect())
@@ -600,7 +664,7 @@ impl Queue {
                     };
                     return Ok((out, Some(cursor)));
                 }
-                if st.timed > 0 && self.deadline(e, now).1 {
+                if e.removed || (st.timed > 0 && self.deadline(e, now).1) {
                     continue;
                 }
                 bytes += e.msg.body_len as usize;
@@ -615,8 +679,11 @@ impl Queue {
         let mut st = self.lock();
         let mut out = Vec::with_capacity(st.ready);
         for level in st.levels.iter_mut() {
-            out.extend(level.drain(..));
+            // Tombstones are in flight elsewhere: their receivers complete or restore them.
+            out.extend(level.drain(..).filter(|e| !e.removed));
         }
+        st.tombstones = 0;
+        st.index.clear();
         let charged: u64 = out.iter().map(|e| e.msg.charged_bytes()).sum();
         let body: u64 = out.iter().map(|e| e.msg.body_len as u64).sum();
         st.ready = 0;
@@ -624,8 +691,10 @@ impl Queue {
         st.next_deadline = u64::MAX;
         st.stats.messages -= out.len() as u64;
         st.stats.bytes -= body;
-        st.charged -= charged;
+        st.charged = st.charged.saturating_sub(charged);
         st.totals.purged += out.len() as u64;
+        drop(st);
+        self.release_parent_quota(charged);
         out
     }
 
@@ -660,6 +729,7 @@ impl Queue {
             .levels
             .iter()
             .flat_map(|l| l.iter())
+            .filter(|e| !e.removed)
             .chain(st.expired.iter())
         {
             match e.msg.delivery {
@@ -671,6 +741,8 @@ impl Queue {
         for level in st.levels.iter_mut() {
             level.clear();
         }
+        st.tombstones = 0;
+        st.index.clear();
         st.charged = 0;
         st.ready = 0;
         st.timed = 0;
@@ -703,21 +775,197 @@ impl Queue {
         self.notify.notified()
     }
 
+    /// The first ready message (in receive order) that `key` selects, not removed: the head,
+    /// the message with an id, the first with a correlation id, or the message at a cursor
+    /// position. Lookups by id or correlation id use the queue's index (built on first use).
+    pub fn peek_by(&self, key: &Select) -> Result<Option<Entry>, BrokerError> {
+        let mut st = self.lock();
+        if st.deleted {
+            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+        }
+        Ok(self.find(&mut st, key).map(|(lane, i)| {
+            let mut e = st.levels[lane as usize][i].clone();
+            e.removed = false;
+            e
+        }))
+    }
+
+    /// [`Queue::peek_by`], taken for delivery as [`Queue::take`] does (in flight until
+    /// [`Queue::complete`] or [`Queue::restore`]). A message taken from the middle of the
+    /// queue leaves a tombstone in its place, so this is O(1) (plus a binary search), not a
+    /// shift of the queue.
+    pub fn take_by(&self, key: &Select) -> Result<Option<Entry>, BrokerError> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if st.deleted {
+            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+        }
+        let Some((lane, i)) = self.find(st, key) else {
+            return Ok(None);
+        };
+        let level = &mut st.levels[lane as usize];
+        let e = if i == 0 {
+            level.pop_front().expect("found")
+        } else {
+            let t = &mut level[i];
+            t.removed = true;
+            st.tombstones += 1;
+            let mut e = t.clone();
+            e.removed = false;
+            e
+        };
+        st.index.remove(lane, &e);
+        if self.deadline_ms(&e).is_some() {
+            st.timed -= 1;
+        }
+        st.ready -= 1;
+        st.stats.in_flight += 1;
+        // Tombstones never outnumber live entries (amortised O(1) per take).
+        if st.tombstones > 1024 && st.tombstones * 2 > st.ready {
+            for level in st.levels.iter_mut() {
+                level.retain(|e| !e.removed);
+            }
+            st.tombstones = 0;
+        }
+        Ok(Some(e))
+    }
+
+    /// Where `key`'s message is: its lane and index in the lane, if it is ready, not expired and
+    /// not behind a position still being stored.
+    fn find(&self, st: &mut State, key: &Select) -> Option<(u8, usize)> {
+        let now = if st.timed > 0 { now_ms() } else { 0 };
+        let limit = st.pending.first().copied().unwrap_or(u64::MAX);
+        let usable = |st: &State, lane: u8, seq: u64| -> Option<usize> {
+            let level = &st.levels[lane as usize];
+            let i = level.partition_point(|e| e.seq < seq);
+            let e = level.get(i).filter(|e| e.seq == seq && !e.removed)?;
+            let ok = seq < limit && (st.timed == 0 || !self.deadline(e, now).1);
+            ok.then_some(i)
+        };
+        match key {
+            Select::At(c) => usable(st, c.lane, c.seq).map(|i| (c.lane, i)),
+            Select::Head | Select::After(_) => {
+                let from = match key {
+                    Select::After(Some(c)) => Some((c.lane, c.seq + 1)),
+                    _ => None,
+                };
+                let (lane, seq) = self.first_from(st, from, now, limit)?;
+                usable(st, lane, seq).map(|i| (lane, i))
+            }
+            Select::Id(_) | Select::Correlation(_) => {
+                if !st.index.is_built(key) {
+                    let State { levels, index, .. } = st;
+                    index.build(
+                        key,
+                        (0..8u8).flat_map(|l| {
+                            levels[l as usize]
+                                .iter()
+                                .filter(|e| !e.removed)
+                                .map(move |e| (l, e))
+                        }),
+                    );
+                }
+                // The first match in receive order: highest lane, then lowest seq.
+                let mut best: Option<(u8, u64, usize)> = None;
+                for (lane, seq) in st.index.candidates(key) {
+                    if best.is_some_and(|(bl, bs, _)| {
+                        (bl, std::cmp::Reverse(bs)) > (lane, std::cmp::Reverse(seq))
+                    }) {
+                        continue;
+                    }
+                    let Some(i) = usable(st, lane, seq) else {
+                        continue;
+                    };
+                    if key.matches(&st.levels[lane as usize][i]) {
+                        best = Some((lane, seq, i));
+                    }
+                }
+                best.map(|(lane, _, i)| (lane, i))
+            }
+        }
+    }
+
+    /// The position of the first usable entry at or after `from` (lane, seq) in receive order
+    /// (from the head if `None`).
+    fn first_from(
+        &self,
+        st: &State,
+        from: Option<(u8, u64)>,
+        now: u64,
+        limit: u64,
+    ) -> Option<(u8, u64)> {
+        for lane in (0..8u8).rev() {
+            let level = &st.levels[lane as usize];
+            let start = match from {
+                Some((l, _)) if lane > l => continue,
+                Some((l, s)) if lane == l => level.partition_point(|e| e.seq < s),
+                _ => 0,
+            };
+            for e in level.iter().skip(start).take_while(|e| e.seq < limit) {
+                if e.removed || (st.timed > 0 && self.deadline(e, now).1) {
+                    continue;
+                }
+                return Some((lane, e.seq));
+            }
+        }
+        None
+    }
+
+    /// The definition with the live label and quota (what a redefinition journals). Its ACL
+    /// is the caller's to set from the live one, under [`Queue::acl_lock`], which serialises
+    /// redefinitions.
+    pub(crate) fn current_def(&self) -> QueueDef {
+        let (quota_bytes, label) = {
+            let st = self.lock();
+            (st.quota, st.label.clone())
+        };
+        QueueDef {
+            quota_bytes,
+            label,
+            ..self.def.clone()
+        }
+    }
+
+    /// The cursor position of an entry (its lane and seq).
+    pub(crate) fn position(&self, e: &Entry) -> PeekCursor {
+        PeekCursor {
+            lane: self.lane(e) as u8,
+            seq: e.seq,
+        }
+    }
+
+    /// Sets the live label and quota (after their redefinition was journaled or submitted).
+    pub(crate) fn set_properties(&self, label: String, quota: Option<u64>) {
+        let mut st = self.lock();
+        st.label = label;
+        st.quota = quota;
+    }
+
+    /// Bytes the queue's index holds now (0 until a lookup by id or correlation id built it).
+    pub fn index_bytes(&self) -> usize {
+        self.lock().index.bytes()
+    }
+
     /// The wire description of this queue.
     pub fn info(&self) -> mq_proto::v1::QueueInfo {
-        let (s, t) = self.stats_and_totals();
+        let (s, t, quota_bytes, label) = {
+            let st = self.lock();
+            (st.stats, st.totals, st.quota, st.label.clone())
+        };
         mq_proto::v1::QueueInfo {
             name: self.def.name.clone(),
             format_name: format!("DIRECT=OS:{}", self.def.name),
             transactional: self.def.transactional,
             messages: s.messages,
             bytes: s.bytes,
-            quota_bytes: self.def.quota_bytes,
-            label: self.def.label.clone(),
+            quota_bytes,
+            label,
             created_ms: self.def.created_ms,
             in_flight: s.in_flight,
             sent: t.sent,
             received: t.received(),
+            max_aborts: self.def.poison.max_aborts,
+            poisoned: self.poisoned.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }
@@ -750,6 +998,76 @@ impl PeekCursor {
                 "a peek cursor is the next_cursor of a previous peek response (9 bytes); got {n} bytes"
             ))),
         }
+    }
+}
+
+/// Which message a [`Queue::peek_by`] or [`Queue::take_by`] wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Select {
+    /// The first in receive order.
+    Head,
+    /// The message with this id (.NET `ReceiveById`).
+    Id(uuid::Uuid),
+    /// The first message with this correlation id (.NET `ReceiveByCorrelationId`).
+    Correlation(String),
+    /// The message at a cursor position, if it is still there.
+    At(PeekCursor),
+    /// The first message after a cursor position (from the head if `None`).
+    After(Option<PeekCursor>),
+}
+
+impl Select {
+    /// Whether `e` is the message this selects (for index candidates, whose hash matched).
+    pub(crate) fn matches(&self, e: &Entry) -> bool {
+        match self {
+            Select::Id(id) => e.msg.id == *id,
+            Select::Correlation(c) => e.msg.correlation_id == *c,
+            _ => true,
+        }
+    }
+}
+
+/// Subqueues and moves (see `subqueue.rs`): a subqueue's messages are charged to its main
+/// queue's quota, so moving between them changes no charge.
+impl Queue {
+    /// Makes this queue a subqueue of `parent`: its ACL and quota are the parent's from now on,
+    /// and what it holds charged (recovery loaded it) moves to the parent.
+    pub(crate) fn set_parent(&self, parent: Arc<Queue>) {
+        let moved = std::mem::take(&mut self.lock().charged);
+        parent.lock().charged += moved;
+        let _ = self.parent.set(parent);
+    }
+
+    /// A subqueue's main queue.
+    pub fn parent(&self) -> Option<&Arc<Queue>> {
+        self.parent.get()
+    }
+
+    fn release_parent_quota(&self, charged: u64) {
+        if let Some(p) = self.parent.get() {
+            p.release_quota(charged);
+        }
+    }
+
+    /// Takes the ready message with this id (counted in flight, as [`Queue::take`]), or
+    /// `None` if it is not waiting here (in flight, expired, or never here). Indexed: see
+    /// [`Queue::take_by`].
+    pub fn take_id(&self, id: uuid::Uuid) -> Result<Option<Entry>, BrokerError> {
+        self.take_by(&Select::Id(id))
+    }
+
+    /// An entry taken from here that now lives in another queue of the same main queue: it
+    /// leaves this queue's counters; its quota charge stays with the main queue
+    /// (`keep_charge`), or is given back (a dead letter moved elsewhere).
+    pub fn complete_moved(&self, e: &Entry, keep_charge: bool) {
+        if !keep_charge {
+            self.complete(std::slice::from_ref(e));
+            return;
+        }
+        let mut st = self.lock();
+        st.stats.bytes = st.stats.bytes.saturating_sub(e.msg.body_len as u64);
+        st.stats.messages = st.stats.messages.saturating_sub(1);
+        st.stats.in_flight = st.stats.in_flight.saturating_sub(1);
     }
 }
 
@@ -788,6 +1106,7 @@ impl QueueDef {
             created_ms: now_ms(),
             role: QueueRole::Normal,
             acl: crate::auth::Acl::default(),
+            poison: crate::subqueue::PoisonPolicy::default(),
         }
     }
 }
@@ -818,6 +1137,7 @@ mod tests {
             route: None,
             dead_letter: None,
             sender: None,
+            move_count: 0,
         })
     }
 
@@ -1095,6 +1415,94 @@ mod tests {
         let seq = q.admit_reserved().unwrap();
         assert!(q.insert(vec![Entry::new(seq, msg(3, "b"))]).is_empty());
         assert_eq!(bodies(&q.peek(10).unwrap()), ["a", "b"]);
+    }
+
+    fn with_corr(priority: u8, body: &str, corr: &str) -> Arc<StoredMessage> {
+        let mut m = (*msg(priority, body)).clone();
+        m.correlation_id = corr.into();
+        Arc::new(m)
+    }
+
+    /// By id and by correlation id from the middle of the queue: the rest keeps its order,
+    /// the tombstone is invisible, a restore puts the message back in its place, and the
+    /// index follows every way in and out (take, sweep, purge).
+    #[test]
+    fn take_by_id_and_correlation_leave_order_and_restore_in_place() {
+        let q = queue(None);
+        let ms = [
+            with_corr(3, "a", "x"),
+            with_corr(3, "b", "y"),
+            with_corr(5, "c", "y"),
+            with_corr(3, "d", ""),
+        ];
+        q.push(&ms).unwrap();
+        let b = q.take_by(&Select::Id(ms[1].id)).unwrap().unwrap();
+        assert_eq!(bodies(std::slice::from_ref(&b)), ["b"]);
+        assert!(q.take_by(&Select::Id(ms[1].id)).unwrap().is_none());
+        assert_eq!(bodies(&q.peek(10).unwrap()), ["c", "a", "d"]);
+        assert_eq!(q.stats().in_flight, 1);
+        // The first "y" in receive order is c (priority 5), then none is left.
+        let c = q
+            .take_by(&Select::Correlation("y".into()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(bodies(std::slice::from_ref(&c)), ["c"]);
+        assert!(q
+            .peek_by(&Select::Correlation("y".into()))
+            .unwrap()
+            .is_none());
+        // Back: b returns to its own place (into its tombstone), and is found again.
+        assert!(q.restore(vec![b]).is_empty());
+        assert_eq!(bodies(&q.peek(10).unwrap()), ["a", "b", "d"]);
+        assert_eq!(
+            bodies(&[q
+                .peek_by(&Select::Correlation("y".into()))
+                .unwrap()
+                .unwrap()]),
+            ["b"]
+        );
+        // A plain take removes from the index: a is no longer found by id.
+        assert_eq!(bodies(&q.take(1).unwrap()), ["a"]);
+        assert!(q.peek_by(&Select::Id(ms[0].id)).unwrap().is_none());
+        q.complete(&[c]);
+        assert_eq!(bodies(&q.take(10).unwrap()), ["b", "d"]);
+        assert_eq!(q.stats().in_flight, 3);
+        // Cursor positions: at, after.
+        q.push(&[msg(3, "e"), msg(3, "f")]).unwrap();
+        let e = q.peek_by(&Select::Head).unwrap().unwrap();
+        let pe = q.position(&e);
+        let f = q.peek_by(&Select::After(Some(pe))).unwrap().unwrap();
+        assert_eq!(bodies(&[e, f.clone()]), ["e", "f"]);
+        assert!(q.take_by(&Select::At(pe)).unwrap().is_some());
+        assert!(q.peek_by(&Select::At(pe)).unwrap().is_none());
+        assert_eq!(
+            bodies(&[q.peek_by(&Select::After(Some(pe))).unwrap().unwrap()]),
+            ["f"]
+        );
+        assert_eq!(q.purge().len(), 1);
+        assert!(q.peek_by(&Select::Id(f.msg.id)).unwrap().is_none());
+    }
+
+    /// Many takes from the middle: tombstones are compacted, counts stay right, and every
+    /// message is found exactly once.
+    #[test]
+    fn many_takes_by_id_compact_tombstones() {
+        let q = queue(None);
+        let ms: Vec<_> = (0..5000).map(|i| msg(3, &i.to_string())).collect();
+        q.push(&ms).unwrap();
+        for m in ms.iter().skip(1).step_by(2) {
+            assert_eq!(q.take_by(&Select::Id(m.id)).unwrap().unwrap().msg.id, m.id);
+        }
+        assert!(q.lock().tombstones < 2500, "compacted");
+        assert_eq!(q.stats().in_flight, 2500);
+        let rest = q.take(10_000).unwrap();
+        assert_eq!(rest.len(), 2500);
+        assert!(rest
+            .iter()
+            .zip(ms.iter().step_by(2))
+            .all(|(e, m)| e.msg.id == m.id));
+        assert_eq!(q.lock().tombstones, 0);
+        assert!(q.index_bytes() > 0 || q.lock().index.bytes() == 0);
     }
 
     #[test]

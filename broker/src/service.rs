@@ -16,7 +16,7 @@ use crate::auth::{Acl, Auth, Identity, Right};
 use crate::broker::Broker;
 use crate::error::BrokerError;
 use crate::flow::{Connection, Connections};
-use crate::queue::{Entry, PeekCursor, Queue};
+use crate::queue::{Entry, PeekCursor, Queue, Select};
 use crate::transaction::Transaction;
 
 /// Most messages pushed to a receiver in one stream item.
@@ -189,48 +189,27 @@ impl MessageQueue for Service {
         };
         let queue = self.queue_for(&who, right, &req.queue)?;
         let peek = req.peek;
+        let select = crate::cursor::select_of(&req.id, &req.correlation_id)?;
         let found = wait_for(&self.broker, &queue, req.timeout_ms, |q| {
-            if peek {
-                q.peek(1)
-            } else {
-                q.take(1)
+            match (&select, peek) {
+                (Select::Head, true) => q.peek(1),
+                (Select::Head, false) => q.take(1),
+                (s, true) => Ok(q.peek_by(s)?.into_iter().collect()),
+                (s, false) => Ok(q.take_by(s)?.into_iter().collect()),
             }
         })
         .await?;
-        let found = if peek {
-            found
-        } else {
-            self.broker.removable(&queue, found)?
-        };
-        let dest = queue.info().format_name;
-        let message = match found.first() {
-            Some(e) if peek => Some(e.msg.to_wire(&dest, self.broker.body(&queue, e)?, e.aborts)),
-            Some(e) => {
-                let wire = match self.broker.body(&queue, e) {
-                    Ok(body) => e.msg.to_wire(&dest, body, e.aborts),
-                    Err(err) => {
-                        let gone = queue.restore(found);
-                        self.broker.forget(&queue, &gone);
-                        return Err(err.into());
-                    }
-                };
-                if queue.def().transactional {
-                    // A committed single-message transaction before the message is handed out.
-                    // In its own task, so a client that gives up meanwhile cannot leave the
-                    // message taken but neither removed nor given back.
-                    let (broker, q) = (self.broker.clone(), queue.clone());
-                    tokio::spawn(async move { broker.remove_durably(&q, found).await })
-                        .await
-                        .map_err(|e| {
-                            BrokerError::Internal(format!("the removal task failed: {e}"))
-                        })??;
-                } else {
-                    queue.complete(&found);
-                    self.broker.forget(&queue, &found);
-                }
-                Some(wire)
+        if found.is_empty() && req.timeout_ms == 0 && select != Select::Head {
+            return Err(crate::cursor::not_found(&queue, &select).into());
+        }
+        let message = if peek {
+            let dest = queue.info().format_name;
+            match found.first() {
+                Some(e) => Some(e.msg.to_wire(&dest, self.broker.body(&queue, e)?, e.aborts)),
+                None => None,
             }
-            None => None,
+        } else {
+            hand_out(&self.broker, &queue, found).await?
         };
         Ok(Response::new(v1::ReceiveOneResponse { message }))
     }
@@ -363,7 +342,24 @@ impl MessageQueue for Service {
         let queue = self.queue_for(&who, Right::Peek, &req.queue)?;
         // One page: the client asks for the next with `next_cursor`.
         let max = (req.max.max(1) as usize).min(crate::config::PEEK_PAGE_MESSAGES);
-        let after = PeekCursor::decode(&req.cursor)?;
+        let mut after = PeekCursor::decode(&req.cursor)?;
+        if !req.from_id.is_empty() {
+            // Start at that message (inclusive): just after the position before it.
+            let select = crate::cursor::select_of(&req.from_id, "")?;
+            if after.is_some() {
+                return Err(Status::invalid_argument(
+                    "give a cursor or from_id, not both",
+                ));
+            }
+            let e = queue
+                .peek_by(&select)?
+                .ok_or_else(|| crate::cursor::not_found(&queue, &select))?;
+            let p = queue.position(&e);
+            after = Some(PeekCursor {
+                lane: p.lane,
+                seq: p.seq - 1,
+            });
+        }
         let mut next = None;
         let found = wait_for(&self.broker, &queue, req.timeout_ms, |q| {
             let (page, cursor) = q.peek_page(after, max, crate::config::PEEK_PAGE_BYTES)?;
@@ -399,6 +395,41 @@ impl MessageQueue for Service {
         Ok(Response::new(wire_acl(&q, &acl)))
     }
 
+    type BrowseStream = BoxStream<v1::CursorResponse>;
+
+    async fn browse(
+        &self,
+        req: Request<Streaming<v1::CursorRequest>>,
+    ) -> Result<Response<Self::BrowseStream>, Status> {
+        let who = Identity::of(&req);
+        let max = self.broker.config().flow.max_cursors_per_connection;
+        let slot = self.connection(&req).open_cursor(max).ok_or_else(|| {
+            Status::resource_exhausted(format!(
+                "this connection has {max} open cursors (mqd --max-cursors-per-connection); close one first"
+            ))
+        })?;
+        let mut inbound = req.into_inner();
+        let first = inbound.message().await?.ok_or_else(|| {
+            Status::invalid_argument("a browse stream must start with a request naming the queue")
+        })?;
+        let queue = self.queue_for(&who, Right::Peek, &first.queue)?;
+        let (broker, auth) = (self.broker.clone(), self.auth.clone());
+        Ok(spawn_stream(4, move |tx| {
+            crate::cursor::run(broker, auth, who, queue, first, inbound, tx, slot)
+        }))
+    }
+
+    async fn set_queue_properties(
+        &self,
+        req: Request<v1::SetQueuePropertiesRequest>,
+    ) -> Result<Response<v1::QueueInfo>, Status> {
+        let who = Identity::of(&req);
+        let req = req.into_inner();
+        let q = self.queue_for(&who, Right::Admin, &req.name)?;
+        self.broker.set_queue_properties(&q, &req).await?;
+        Ok(Response::new(q.info()))
+    }
+
     async fn get_acl(
         &self,
         req: Request<v1::QueueRequest>,
@@ -406,6 +437,32 @@ impl MessageQueue for Service {
         let who = Identity::of(&req);
         let q = self.queue_for(&who, Right::Admin, &req.into_inner().name)?;
         Ok(Response::new(wire_acl(&q, &q.acl())))
+    }
+
+    async fn move_message(
+        &self,
+        req: Request<v1::MoveRequest>,
+    ) -> Result<Response<v1::MoveResponse>, Status> {
+        let who = Identity::of(&req);
+        let req = req.into_inner();
+        // Taking a message out of a queue (or a dead-letter queue) is a receive there; a
+        // replay to another queue is a send there.
+        let src = self.queue_for(&who, Right::Receive, &req.queue)?;
+        let id = uuid::Uuid::from_slice(&req.id).map_err(|_| {
+            Status::invalid_argument(format!("a message id is 16 bytes; got {}", req.id.len()))
+        })?;
+        let auth = self.auth.clone();
+        let may_send = move |q: Option<&Arc<Queue>>| {
+            auth.authorize(&who, Right::Send, q.map(|q| &**q))
+                .map_err(|s| BrokerError::PermissionDenied(s.message().to_string()))
+        };
+        let message = self
+            .broker
+            .move_message(&src, id, &req.destination, &may_send)
+            .await?;
+        Ok(Response::new(v1::MoveResponse {
+            message: Some(message),
+        }))
     }
 
     async fn get_broker_info(
@@ -443,6 +500,42 @@ where
     let (tx, rx) = mpsc::channel(capacity);
     tokio::spawn(run(tx));
     Response::new(Box::pin(ReceiverStream::new(rx)))
+}
+
+/// Removes a message taken for a one-shot receive (at most one in `found`) and returns it:
+/// recoverable ones with their removal journaled; from a transactional queue as a committed
+/// single-message transaction, on disk before it is handed out.
+pub(crate) async fn hand_out(
+    broker: &Arc<Broker>,
+    queue: &Arc<Queue>,
+    found: Vec<Entry>,
+) -> Result<Option<v1::Message>, BrokerError> {
+    let found = broker.removable(queue, found)?;
+    let Some(e) = found.first() else {
+        return Ok(None);
+    };
+    let dest = queue.info().format_name;
+    let wire = match broker.body(queue, e) {
+        Ok(body) => e.msg.to_wire(&dest, body, e.aborts),
+        Err(err) => {
+            let gone = queue.restore(found);
+            broker.forget(queue, &gone);
+            return Err(err);
+        }
+    };
+    if queue.def().transactional {
+        // A committed single-message transaction before the message is handed out. In its own
+        // task, so a client that gives up meanwhile cannot leave the message taken but neither
+        // removed nor given back.
+        let (broker, q) = (broker.clone(), queue.clone());
+        tokio::spawn(async move { broker.remove_durably(&q, found).await })
+            .await
+            .map_err(|e| BrokerError::Internal(format!("the removal task failed: {e}")))??;
+    } else {
+        queue.complete(&found);
+        broker.forget(queue, &found);
+    }
+    Ok(Some(wire))
 }
 
 /// Runs `attempt` until it finds something, the timeout passes, or the broker shuts down.
@@ -496,6 +589,7 @@ async fn send_stream(
     let mut refused = None;
     // The last destination's resolution, so a stream of batches to one queue parses it once.
     let mut cached: Option<(String, bool, crate::broker::Destinations)> = None;
+    let mut tx_stream = crate::tx_stream::TxStream::new(broker.clone());
     loop {
         let batch = tokio::select! {
             b = inbound.message() => b,
@@ -522,6 +616,7 @@ async fn send_stream(
         let n = batch.messages.len();
         let first_seq = batch.first_seq;
         let tx = batch.transactional;
+        let stream = tx_stream.batch(&batch);
         let dests = match &cached {
             Some((name, t, d)) if *name == batch.destination && *t == tx && d.is_current() => {
                 Ok(d.clone())
@@ -533,9 +628,13 @@ async fn send_stream(
                     cached = Some((batch.destination.clone(), tx, d.clone()));
                 }),
         };
-        let ack: Pending = match dests {
-            Ok(dests) => {
-                let stored = broker.send_batch(&dests, batch.messages, tx);
+        // A batch of a transactional send stream refused as a whole still uses up its seqs.
+        if let (Ok(Some(_)), Err(_)) = (&stream, &dests) {
+            tx_stream.refused(first_seq, n);
+        }
+        let ack: Pending = match stream.and_then(|s| dests.map(|d| (d, s))) {
+            Ok((dests, stream)) => {
+                let stored = broker.send_batch_on(&dests, batch.messages, tx, stream);
                 Box::pin(async move {
                     let outcome = stored.await;
                     let mut ids = BytesMut::with_capacity(16 * n);
@@ -570,7 +669,9 @@ async fn send_stream(
     }
     // Answer everything already accepted, then end the stream.
     drop(pending_tx);
-    if let (Ok(tx), Some(status)) = (acker.await, refused) {
+    let acker = acker.await;
+    drop(tx_stream);
+    if let (Ok(tx), Some(status)) = (acker, refused) {
         let _ = tx.send(Err(status)).await;
     }
 }
@@ -738,10 +839,17 @@ async fn consume(
             _ = room, if blocked_by_connection => continue,
             _ = tokio::time::sleep_until(ack_deadline), if oldest.is_some() => continue,
             r = inbound.message() => match r {
-                Ok(Some(r)) => match apply(&broker, &queue, &conn, &mut in_flight, &r) {
-                    Ok(c) => credit = credit.saturating_add(c),
-                    Err(e) => break Some(e.into()),
-                },
+                Ok(Some(r)) => {
+                    // Per-message acknowledgements waiting: one removal, one bigger delivery.
+                    let (r, ended) = crate::receive_acks::coalesce(r, &mut inbound);
+                    match apply(&broker, &queue, &conn, &mut in_flight, &r) {
+                        Ok(c) => credit = credit.saturating_add(c),
+                        Err(e) => break Some(e.into()),
+                    }
+                    if ended {
+                        break None;
+                    }
+                }
                 _ => break None,
             },
             _ = broker.shutting_down() => {
@@ -944,7 +1052,14 @@ async fn transact(
                 }
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 let wait = Duration::from_millis(r.timeout_ms).min(left);
-                match tx.receive(&r.queue, wait).await {
+                let select = match crate::cursor::select_of(&r.id, &r.correlation_id) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = out.send(Err(e.into())).await;
+                        return;
+                    }
+                };
+                match tx.receive_selected(&r.queue, &select, wait).await {
                     Ok(Some(m)) => Ok(Res::Received(m)),
                     Ok(None) if tokio::time::Instant::now() >= deadline => Err(timed_out()),
                     Ok(None) => Ok(Res::ReceiveTimeout(true)),

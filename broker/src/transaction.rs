@@ -220,6 +220,17 @@ impl Transaction {
         queue: &str,
         timeout: Duration,
     ) -> Result<Option<v1::Message>, BrokerError> {
+        self.receive_selected(queue, &crate::queue::Select::Head, timeout)
+            .await
+    }
+
+    /// [`Transaction::receive`] of the message `select` names (by id or correlation id).
+    pub(crate) async fn receive_selected(
+        &mut self,
+        queue: &str,
+        select: &crate::queue::Select,
+        timeout: Duration,
+    ) -> Result<Option<v1::Message>, BrokerError> {
         self.check_count()?;
         let q = self.broker.queue(queue)?;
         if !q.def().transactional {
@@ -228,9 +239,14 @@ impl Transaction {
                 q.def().name
             )));
         }
-        let found =
-            crate::service::wait_for(&self.broker, &q, timeout.as_millis() as u64, |q| q.take(1))
-                .await?;
+        let timeout_ms = timeout.as_millis() as u64;
+        let found = crate::service::wait_for(&self.broker, &q, timeout_ms, |q| match select {
+            crate::queue::Select::Head => q.take(1),
+            s => Ok(q.take_by(s)?.into_iter().collect()),
+        })
+        .await?;
+        // Nothing (for a selection: no such message now) is `None`, not an error, so the
+        // transaction goes on (the client says MQ_ERROR_MESSAGE_NOT_FOUND).
         let Some(entry) = found.into_iter().next() else {
             return Ok(None);
         };
@@ -359,14 +375,22 @@ impl Transaction {
         self.done = true;
         self.broker.counters().tx_aborted(self.abort_reason);
         self.release_staged();
-        // Back in their original order; each queue restores by seq.
+        // Back in their original order; each queue restores by seq. A message aborted as
+        // often as its queue's max_aborts goes to the poison subqueue instead.
         let received = self.received.drain(..).map(|(q, mut e)| {
             e.aborts += 1;
             (q, e)
         });
         for (q, entries) in group_by_queue(received) {
             q.count(0, entries.len() as u64);
-            let gone = q.restore(entries);
+            let max = q.def().poison.max_aborts;
+            let (poison, back): (Vec<Entry>, Vec<Entry>) = entries
+                .into_iter()
+                .partition(|e| max > 0 && e.aborts >= max);
+            if !poison.is_empty() {
+                self.broker.poison_later(q.clone(), poison);
+            }
+            let gone = q.restore(back);
             self.broker.forget(&q, &gone);
         }
     }

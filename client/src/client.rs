@@ -8,6 +8,7 @@ use mq_proto::v1;
 
 use crate::deadline::{self, ClientOptions};
 use crate::error::{Error, Result};
+use crate::message::Message;
 use crate::outgoing::OutgoingQueue;
 use crate::queue::Queue;
 use crate::sender::{Sender, SenderOptions};
@@ -33,6 +34,18 @@ pub struct QueueOptions {
     pub quota_bytes: Option<u64>,
     /// A free-text label.
     pub label: String,
+    /// Transactional queues: a message whose receive was aborted this many times is moved to
+    /// the subqueue `Q;poison` instead of being handed out again (0 = never).
+    pub max_aborts: u32,
+}
+
+/// Properties [`Client::set_queue_properties`] changes; `None` leaves one as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueProperties {
+    pub label: Option<String>,
+    /// `Some(None)` removes the queue quota; `Some(Some(n))` sets it.
+    pub quota_bytes: Option<Option<u64>>,
 }
 
 /// A queue's description and counters.
@@ -51,6 +64,10 @@ pub struct QueueInfo {
     pub sent: u64,
     /// Messages received (acknowledged) from the queue since the broker started.
     pub received: u64,
+    /// Poison-message threshold (0 = none).
+    pub max_aborts: u32,
+    /// Messages moved to `Q;poison` since the broker started.
+    pub poisoned: u64,
 }
 
 impl From<v1::QueueInfo> for QueueInfo {
@@ -67,6 +84,8 @@ impl From<v1::QueueInfo> for QueueInfo {
             created_ms: q.created_ms,
             sent: q.sent,
             received: q.received,
+            max_aborts: q.max_aborts,
+            poisoned: q.poisoned,
         }
     }
 }
@@ -195,11 +214,33 @@ impl Client {
             transactional: options.transactional,
             quota_bytes: options.quota_bytes,
             label: options.label,
+            max_aborts: options.max_aborts,
         };
         let mut grpc = self.rpc.clone();
         let rpc = grpc.create_queue(req);
         Ok(self
             .call("creating the queue", Duration::ZERO, rpc)
+            .await?
+            .into())
+    }
+
+    /// Changes a queue's properties (needs `admin` on it); returns once the change is on disk.
+    pub async fn set_queue_properties(
+        &self,
+        name: &str,
+        props: QueueProperties,
+    ) -> Result<QueueInfo> {
+        FormatName::parse(name)?;
+        let req = v1::SetQueuePropertiesRequest {
+            name: name.to_string(),
+            label: props.label,
+            quota_bytes: props.quota_bytes.flatten(),
+            remove_quota: matches!(props.quota_bytes, Some(None)),
+        };
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.set_queue_properties(req);
+        Ok(self
+            .call("changing the queue", Duration::ZERO, rpc)
             .await?
             .into())
     }
@@ -244,6 +285,33 @@ impl Client {
             name: name.to_string(),
         });
         Ok(self.call("purging", Duration::ZERO, rpc).await?.purged)
+    }
+
+    /// Moves the waiting message `id` out of `queue` (MSMQ's MoveMessage): from a queue or
+    /// subqueue to the subqueue `destination` of the same queue (`""`: the main queue), or
+    /// out of a dead-letter queue to the format name `destination` (`""`: where it was going),
+    /// keeping its id and properties. Returns the message as it is now, without its body.
+    pub async fn move_message(
+        &self,
+        queue: &str,
+        id: crate::MessageId,
+        destination: &str,
+    ) -> Result<crate::ReceivedMessage> {
+        FormatName::parse(queue)?;
+        let mut grpc = self.rpc.clone();
+        let rpc = grpc.move_message(v1::MoveRequest {
+            queue: queue.to_string(),
+            id: bytes::Bytes::copy_from_slice(id.as_bytes()),
+            destination: destination.to_string(),
+        });
+        let m = self
+            .call("moving the message", Duration::ZERO, rpc)
+            .await?
+            .message
+            .ok_or_else(|| {
+                crate::Error::Internal("the broker answered a move without the message".into())
+            })?;
+        crate::ReceivedMessage::from_wire(m)
     }
 
     /// The broker's outgoing queues (store-and-forward: one per destination broker that this
@@ -395,6 +463,29 @@ impl Client {
             id,
             reason: "no attempt was made".into(),
         }))
+    }
+
+    /// Sends `message` to `destination` as the transaction `id`, at most once: the retry of a
+    /// single-message transactional send whose outcome was unknown ([`Error::InDoubt`] from a
+    /// [`Sender`] with `SenderOptions::transactional`, or [`Sender::in_doubt_ids`]). Asks the
+    /// broker whether `id` committed; if not, sends and commits it in a transaction with that
+    /// id ([`Client::commit_once`], up to `attempts` tries).
+    pub async fn send_once(
+        &self,
+        id: TxId,
+        destination: &str,
+        message: Message,
+        attempts: u32,
+    ) -> Result<CommitOnce> {
+        FormatName::parse(destination)?;
+        self.commit_once(id, attempts, |mut tx| {
+            let m = message.clone();
+            async move {
+                tx.send(destination, m)?;
+                Ok(tx)
+            }
+        })
+        .await
     }
 
     /// A pipelining sender to `destination` (a queue or a multiple-element format name).

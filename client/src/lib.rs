@@ -13,6 +13,7 @@
 //! - `sender`: [`Sender`]: pipelined sends with acknowledgements.
 //! - `transaction`: [`Transaction`]: atomic sends and receives across transactional queues.
 //! - `consumer`: [`Consumer`]: streaming receives with prefetch and acknowledgement.
+//! - `cursor`: [`Cursor`]: MSMQ cursors: peek current, peek next, receive current.
 //! - `message`: [`Message`] (builder) and [`ReceivedMessage`] (with [`DeadLetterInfo`]).
 //! - `outgoing`: [`OutgoingQueue`], [`OutgoingState`]: store-and-forward to other brokers.
 //! - [`stats`]: queue rates between two snapshots (`mq stats`).
@@ -37,6 +38,7 @@
 mod builder;
 mod client;
 mod consumer;
+mod cursor;
 mod deadline;
 mod error;
 pub mod formatter;
@@ -48,8 +50,9 @@ pub mod stats;
 mod transaction;
 
 pub use builder::ClientBuilder;
-pub use client::{Client, QueueAcl, QueueInfo, QueueOptions, DEFAULT_BROKER_URL};
+pub use client::{Client, QueueAcl, QueueInfo, QueueOptions, QueueProperties, DEFAULT_BROKER_URL};
 pub use consumer::{Consumer, ConsumerOptions, DEFAULT_CLOSE_TIMEOUT};
+pub use cursor::Cursor;
 pub use deadline::{ClientOptions, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT};
 pub use error::{Error, Result};
 pub use message::{DeadLetterClass, DeadLetterInfo, Delivery, Message, MessageId, ReceivedMessage};

@@ -177,6 +177,8 @@ pub struct ReceivedMessage {
     /// The identity that sent it into the first broker (`anonymous` without credentials),
     /// kept across forwarding; empty if the broker did not record one.
     pub sender: String,
+    /// Times it was moved between a queue and its subqueues (MSMQ's move count).
+    pub move_count: u32,
 }
 
 /// Why a message is in a dead-letter queue, and where it was going.
@@ -327,6 +329,7 @@ impl ReceivedMessage {
             receive_by: deadline(m.receive_by_ms),
             dead_letter: m.dead_letter.map(DeadLetterInfo::from_wire),
             sender: m.sender,
+            move_count: m.move_count,
         })
     }
 }

@@ -15,7 +15,8 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::message::{Message, MessageId};
+use crate::message::{unix_ms, Message, MessageId};
+use crate::transaction::TxId;
 
 /// One window unit per message plus one per this many body bytes.
 const BYTES_PER_UNIT: usize = 4096;
@@ -33,7 +34,11 @@ pub struct SenderOptions {
     pub max_batch_bytes: usize,
     /// Send each message as its own single-message transaction (MSMQ's `MQ_SINGLE_MESSAGE`):
     /// required for transactional queues, refused by the others. Acknowledged once committed
-    /// (on disk); priority is ignored (0).
+    /// (on disk); priority is ignored (0). Each message's transaction has an id (a [`TxId`]
+    /// derived from the stream's id and the message's number): if the stream breaks before its
+    /// answer, its receipt fails with [`Error::InDoubt`] carrying that id
+    /// ([`Sender::in_doubt_ids`] lists them all); [`Client::transaction_outcome`] tells whether
+    /// it committed, and [`Client::send_once`] retries it at most once.
     pub transactional: bool,
 }
 
@@ -76,6 +81,11 @@ struct Shared {
     /// Messages handed to the stream whose answer never came because the stream ended: they
     /// may or may not be stored.
     in_doubt: AtomicU64,
+    /// Transactional senders: the stream's id (`mq_proto::txid`); message `seq` is the
+    /// transaction `stream | seq`.
+    tx_stream: Option<u128>,
+    /// The seqs of the in-doubt messages (inclusive ranges).
+    in_doubt_seqs: Mutex<Vec<(u64, u64)>>,
 }
 
 impl Shared {
@@ -166,7 +176,16 @@ impl Sender {
             .call("opening the send stream", std::time::Duration::ZERO, rpc)
             .await?;
         let (tx, rx) = mpsc::unbounded_channel::<Item>();
-        let shared = Arc::new(Shared::default());
+        let tx_stream = options.transactional.then(|| {
+            mq_proto::txid::new_stream(
+                unix_ms(std::time::SystemTime::now()),
+                uuid::Uuid::new_v4().as_u128(),
+            )
+        });
+        let shared = Arc::new(Shared {
+            tx_stream,
+            ..Shared::default()
+        });
         let window = Arc::new(Semaphore::new(window_units as usize));
         let (progress_tx, progress) = watch::channel(0u64);
 
@@ -204,9 +223,25 @@ impl Sender {
                 }
                 let lost: usize = pending.iter().map(|b| b.replies.len()).sum();
                 shared.in_doubt.fetch_add(lost as u64, Ordering::AcqRel);
+                if let (Some(first), Some(last)) = (pending.first(), pending.last()) {
+                    let through = last.first_seq + last.replies.len() as u64 - 1;
+                    shared
+                        .in_doubt_seqs
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((first.first_seq, through));
+                }
                 for b in pending {
-                    for r in b.replies.into_iter().flatten() {
-                        let _ = r.send(Err(end.clone()));
+                    for (i, r) in b.replies.into_iter().enumerate() {
+                        let Some(r) = r else { continue };
+                        let e = match shared.tx_stream {
+                            Some(stream) => Error::InDoubt {
+                                id: tx_id(stream, b.first_seq + i as u64),
+                                reason: end.to_string(),
+                            },
+                            None => end.clone(),
+                        };
+                        let _ = r.send(Err(e));
                     }
                 }
                 *shared.dead.lock().unwrap_or_else(|p| p.into_inner()) = Some(end);
@@ -254,7 +289,15 @@ impl Sender {
                     .unwrap_or_else(|| Error::Unavailable("the send stream is closed".into())))
             }
         }
-        self.shared.submitted.fetch_add(1, Ordering::AcqRel);
+        let seq = self.shared.submitted.fetch_add(1, Ordering::AcqRel) + 1;
+        if self.shared.tx_stream.is_some() && seq > mq_proto::txid::MAX_SEQ {
+            self.shared.submitted.fetch_sub(1, Ordering::AcqRel);
+            self.window.add_permits(units as usize);
+            return Err(Error::InvalidArgument(format!(
+                "a transactional sender sends at most {} messages; open a new one",
+                mq_proto::txid::MAX_SEQ
+            )));
+        }
         let tx = self.tx.as_ref().expect("sender is open until close");
         if tx.send(Item { msg, units, reply }).is_err() {
             return Err(self
@@ -282,6 +325,25 @@ impl Sender {
     /// may or may not be stored. 0 while the stream is alive.
     pub fn in_doubt(&self) -> u64 {
         self.shared.in_doubt.load(Ordering::Acquire)
+    }
+
+    /// Transactional senders: the transaction ids of the in-doubt messages ([`Sender::in_doubt`]),
+    /// in send order. Ask about each with [`Client::transaction_outcome`], or retry it with
+    /// [`Client::send_once`] (commits at most once). Empty for other senders.
+    pub fn in_doubt_ids(&self) -> Vec<TxId> {
+        let Some(stream) = self.shared.tx_stream else {
+            return Vec::new();
+        };
+        let ranges = self
+            .shared
+            .in_doubt_seqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        ranges
+            .into_iter()
+            .flat_map(|(a, b)| (a..=b).map(move |seq| tx_id(stream, seq)))
+            .collect()
     }
 
     /// Waits until every message sent so far is acknowledged or refused. Returns the first
@@ -355,6 +417,13 @@ impl Drop for Sender {
     }
 }
 
+/// The transaction id of message `seq` of the transactional stream `stream`.
+fn tx_id(stream: u128, seq: u64) -> TxId {
+    TxId(uuid::Uuid::from_u128(mq_proto::txid::message_id(
+        stream, seq,
+    )))
+}
+
 fn apply_ack(shared: &Shared, window: &Semaphore, ack: v1::SendAck) -> Result<()> {
     let batch = shared
         .pending
@@ -413,6 +482,10 @@ async fn batch_loop(
     options: SenderOptions,
 ) {
     let mut next_seq = 1u64;
+    let tx_stream = shared
+        .tx_stream
+        .map(|s| bytes::Bytes::copy_from_slice(&s.to_be_bytes()))
+        .unwrap_or_default();
     while let Some(first) = rx.recv().await {
         let mut bytes = first.msg.body.len();
         let mut items = vec![first];
@@ -449,6 +522,7 @@ async fn batch_loop(
             destination: destination.clone(),
             messages,
             transactional: options.transactional,
+            tx_stream: tx_stream.clone(),
         };
         if out.send(batch).await.is_err() {
             return;

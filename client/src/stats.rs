@@ -102,6 +102,8 @@ mod tests {
             created_ms: 0,
             sent,
             received,
+            max_aborts: 0,
+            poisoned: 0,
         }
     }
 

@@ -193,11 +193,49 @@ impl Transaction {
         queue: impl AsRef<str>,
         timeout: Duration,
     ) -> Result<Option<ReceivedMessage>> {
-        let queue = queue.as_ref();
+        self.receive_selected(queue.as_ref(), timeout, None, "")
+            .await
+    }
+
+    /// Receives the message with id `id` from a transactional queue (.NET `ReceiveById` with
+    /// a transaction), waiting up to `timeout` for it. With a zero timeout and no such message:
+    /// [`Error::NotFound`] (MQ_ERROR_MESSAGE_NOT_FOUND); the transaction stays open.
+    pub async fn receive_by_id(
+        &mut self,
+        queue: impl AsRef<str>,
+        id: MessageId,
+        timeout: Duration,
+    ) -> Result<Option<ReceivedMessage>> {
+        self.receive_selected(queue.as_ref(), timeout, Some(id), "")
+            .await
+    }
+
+    /// Receives the first message whose correlation id is `correlation_id` from a
+    /// transactional queue, as [`Transaction::receive_by_id`].
+    pub async fn receive_by_correlation_id(
+        &mut self,
+        queue: impl AsRef<str>,
+        correlation_id: &str,
+        timeout: Duration,
+    ) -> Result<Option<ReceivedMessage>> {
+        self.receive_selected(queue.as_ref(), timeout, None, correlation_id)
+            .await
+    }
+
+    async fn receive_selected(
+        &mut self,
+        queue: &str,
+        timeout: Duration,
+        id: Option<MessageId>,
+        correlation_id: &str,
+    ) -> Result<Option<ReceivedMessage>> {
         FormatName::parse(queue)?;
+        let selected = id.is_some() || !correlation_id.is_empty();
         self.request(Op::Receive(v1::TxReceive {
             queue: queue.to_string(),
             timeout_ms: timeout.as_millis() as u64,
+            id: id.map(|i| i.as_bytes().to_vec().into()).unwrap_or_default(),
+            correlation_id: correlation_id.to_string(),
         }))
         .await?;
         let limit = self.call_timeout.saturating_add(timeout);
@@ -206,6 +244,17 @@ impl Transaction {
             .map_err(|_| deadline_error("to a transactional receive", limit))?;
         match next? {
             Res::Received(m) => Ok(Some(ReceivedMessage::from_wire(m)?)),
+            Res::ReceiveTimeout(_) if selected && timeout.is_zero() => {
+                Err(Error::NotFound(match id {
+                    Some(id) => format!(
+                        "no message with id {id} is waiting in queue \"{queue}\" (MQ_ERROR_MESSAGE_NOT_FOUND)"
+                    ),
+                    None => format!(
+                        "no message with correlation id \"{}\" is waiting in queue \"{queue}\" (MQ_ERROR_MESSAGE_NOT_FOUND)",
+                        correlation_id.chars().take(128).collect::<String>()
+                    ),
+                }))
+            }
             Res::ReceiveTimeout(_) => Ok(None),
             other => Err(unexpected(other)),
         }

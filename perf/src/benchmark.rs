@@ -77,6 +77,7 @@ pub async fn run(
 fn express_quota(config: &Config, plan: &[scenario::Planned]) -> u64 {
     config
         .count
+        .max(config.backlog.unwrap_or(0))
         .saturating_mul((scenario::largest_body(plan) as u64 + PER_MESSAGE_OVERHEAD) * 5 / 4)
 }
 
@@ -220,6 +221,7 @@ async fn run_against(
                 report::write_json_rows(out, &rows)?;
             } else {
                 report::write_table_rows(out, &rows)?;
+                report::write_table_summary(out, &rows)?;
             }
             out.flush()
         });

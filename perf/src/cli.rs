@@ -48,6 +48,22 @@ Store-and-forward (--forward): every send goes through broker A to QUEUE on brok
   through A and waits for the reply on A's RESPONSE-QUEUE, SERVER receives on B and replies
   through B to A's RESPONSE-QUEUE.
 
+Load shape:
+  --rate N       open loop: message g of a run is due g/N s after its start, sent then (or at
+                 once if overdue) whatever happened to the ones before; latencies count from
+                 the intended send time (coordinated omission corrected), so a stall shows in
+                 every message due during it. The achieved msgs/s is close to N unless the
+                 broker cannot keep up. Without it sends are closed loop (as fast as the
+                 pipeline allows).
+  --queues N     messages round-robin over QUEUE-0 ... QUEUE-<N-1>; every sender opens a
+                 stream to each queue it sends to.
+  --consumers N  N consumers receive at once (consumer k on queue k mod --queues); rows show
+                 the fewest and most messages one consumer got (starvation shows as 0).
+  --backlog N    SENDANDRECEIVE: fill N messages (op fill), then time their drain (op drain).
+  RSS: after each phase the table prints a line `rss ...` with the broker's VmRSS at the end
+  of it (embedded broker: mqperf's own process, client included; --broker: only with
+  --broker-pid PID); JSON rows carry it as rss_mib.
+
 Latency: send = send() to acknowledgement, sampled (every max(1, min(64, N/1000))th message);
   receive = next() plus decode; e2e = sender's clock before encoding to decoded.
 
@@ -118,6 +134,34 @@ pub struct Cli {
     /// connection with its own pipelining sender, sharing --count (the e2e phase too)
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub clients: u32,
+    /// Open loop: send at N messages/s in all (all --clients together) instead of as fast as
+    /// possible; every latency is measured from the message's intended send time, so a stall
+    /// counts for every message due during it (coordinated omission corrected). Paces the
+    /// send and e2e phases (not a --backlog fill)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub rate: Option<u64>,
+    /// SENDANDPURGE and SENDANDRECEIVE: spread the messages round-robin over N queues, named
+    /// QUEUE-0 ... QUEUE-<N-1> (N > 1), each created if missing
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub queues: u32,
+    /// SENDANDRECEIVE: receive with N consumers at once, each its own stream, consumer k on
+    /// queue k mod --queues (N >= --queues; default: one per queue). The report gives the
+    /// fewest and most messages one consumer got
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub consumers: Option<u32>,
+    /// SENDANDRECEIVE: per run, fill the queue(s) with N messages (op `fill`, closed loop),
+    /// then time draining them (op `drain`), instead of the send, receive and e2e phases
+    /// (--count is not used)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub backlog: Option<u64>,
+    /// The broker process (with --broker) whose resident memory (VmRSS) the report shows at
+    /// the end of each phase; without --broker the embedded broker's (this process's) is shown
+    #[arg(long, value_name = "PID")]
+    pub broker_pid: Option<u32>,
+    /// Acknowledge every received message on its own (as RabbitMQ and NATS consumers do)
+    /// instead of in batches
+    #[arg(long)]
+    pub ack_each: bool,
     /// The CA certificate (PEM) that signed the broker's certificate, for --broker https://...
     #[arg(long, value_name = "FILE", env = "MQ_CA")]
     pub ca: Option<std::path::PathBuf>,
@@ -194,6 +238,7 @@ impl Cli {
                 ),
             ));
         }
+        self.check_load_shape()?;
         Ok(Config {
             mode: self.mode,
             scenario,
@@ -210,6 +255,12 @@ impl Cli {
             json: self.json,
             timeout: Duration::from_secs(self.timeout),
             clients: self.clients,
+            rate: self.rate,
+            queues: self.queues,
+            consumers: self.consumers,
+            backlog: self.backlog,
+            broker_pid: self.broker_pid,
+            ack_each: self.ack_each,
             progress: progress && !self.json,
             command,
         })
@@ -217,6 +268,71 @@ impl Cli {
 }
 
 impl Cli {
+    /// `--rate`, `--queues`, `--consumers`, `--backlog`, `--broker-pid`: which scenarios take
+    /// them and how they combine.
+    fn check_load_shape(&self) -> Result<(), clap::Error> {
+        let usage = |kind: ErrorKind, msg: String| Cli::command().error(kind, msg);
+        let scenario = self.scenario;
+        let only = |flag: &str, ok: bool, which: &str| {
+            if ok {
+                Ok(())
+            } else {
+                Err(usage(
+                    ErrorKind::ArgumentConflict,
+                    format!("{flag} applies to {which} only, not {}", scenario.name()),
+                ))
+            }
+        };
+        let purge_or_receive =
+            matches!(scenario, Scenario::SendAndPurge | Scenario::SendAndReceive);
+        if self.rate.is_some() {
+            only(
+                "--rate",
+                scenario != Scenario::Server,
+                "the sending scenarios (SENDANDPURGE, SENDANDRECEIVE, CLIENT)",
+            )?;
+        }
+        if self.queues > 1 {
+            only(
+                "--queues",
+                purge_or_receive,
+                "SENDANDPURGE and SENDANDRECEIVE",
+            )?;
+        }
+        if self.consumers.is_some() {
+            only(
+                "--consumers",
+                scenario == Scenario::SendAndReceive,
+                "SENDANDRECEIVE",
+            )?;
+        }
+        if self.backlog.is_some() {
+            only(
+                "--backlog",
+                scenario == Scenario::SendAndReceive,
+                "SENDANDRECEIVE",
+            )?;
+        }
+        if let Some(c) = self.consumers {
+            if c < self.queues {
+                return Err(usage(
+                    ErrorKind::ArgumentConflict,
+                    format!(
+                        "--consumers {c} is fewer than --queues {}: every queue needs a consumer",
+                        self.queues
+                    ),
+                ));
+            }
+        }
+        if self.broker_pid.is_some() && self.broker.is_none() {
+            return Err(usage(
+                ErrorKind::ArgumentConflict,
+                "--broker-pid names the process of --broker URL; without --broker the embedded broker runs in mqperf's own process and its RSS is shown anyway".to_string(),
+            ));
+        }
+        Ok(())
+    }
+
     /// `--forward` and `--receive-broker`: together or not at all with `--broker`; local queue
     /// paths; two different brokers; SERVER/CLIENT only against running brokers.
     fn check_forward(&self) -> Result<(), clap::Error> {

@@ -119,6 +119,23 @@ pub struct Config {
     /// Concurrent senders, each on its own connection, sharing `count` (SENDANDPURGE and
     /// SENDANDRECEIVE; 1 elsewhere).
     pub clients: u32,
+    /// `--rate`: open loop, sends paced at this many messages/s (all senders together);
+    /// latencies measured from each message's intended send time. `None`: closed loop.
+    pub rate: Option<u64>,
+    /// `--queues`: messages spread round-robin over this many queues (`QUEUE-0` ...
+    /// `QUEUE-<N-1>` when more than one).
+    pub queues: u32,
+    /// `--consumers`: receiving consumers (at least `queues`; consumer k reads queue
+    /// k mod `queues`). `None`: one per queue.
+    pub consumers: Option<u32>,
+    /// `--backlog`: SENDANDRECEIVE fills the queues with this many messages, then times the
+    /// drain (ops `fill` and `drain`) instead of send, receive and e2e.
+    pub backlog: Option<u64>,
+    /// `--broker-pid`: the process whose RSS the report shows (`None` with an embedded broker:
+    /// this process).
+    pub broker_pid: Option<u32>,
+    /// `--ack-each`: acknowledge every received message on its own.
+    pub ack_each: bool,
     /// Draw a progress bar on stderr.
     pub progress: bool,
     /// The command line, for the banner.
@@ -143,6 +160,25 @@ impl Config {
         }
     }
 
+    /// Receiving consumers (`--consumers`, default one per queue).
+    pub fn consumers(&self) -> u32 {
+        self.consumers
+            .unwrap_or(self.queues)
+            .max(self.queues)
+            .max(1)
+    }
+
+    /// The names of the queues messages go to: QUEUE itself, or `QUEUE-0` ... `QUEUE-<N-1>`
+    /// with `--queues N` > 1.
+    pub fn queue_names(&self) -> Vec<String> {
+        if self.queues <= 1 {
+            return vec![self.queue.clone()];
+        }
+        (0..self.queues)
+            .map(|i| format!("{}-{i}", self.queue))
+            .collect()
+    }
+
     /// A configuration with the command line's defaults (10 000 messages, 5 runs,
     /// `string:1000` with the binary formatter, express, embedded broker, not forwarded, 60 s
     /// timeout, one sending client).
@@ -163,6 +199,12 @@ impl Config {
             json: false,
             timeout: Duration::from_secs(60),
             clients: 1,
+            rate: None,
+            queues: 1,
+            consumers: None,
+            backlog: None,
+            broker_pid: None,
+            ack_each: false,
             progress: false,
             command: String::new(),
         }

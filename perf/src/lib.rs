@@ -20,6 +20,8 @@
 //!   broker B, and the wait until A's outgoing queue is empty.
 //! - `machine`: [`Machine`] (cores, CPU model) for the banner.
 //! - `progress`: [`Progress`], the progress bar on a terminal.
+//! - [`rate`]: `--rate`, the open-loop send schedule and its pacer thread.
+//! - `rss`: [`rss_bytes`], a process's resident memory for the report.
 //! - `benchmark`: [`run`], one invocation end to end.
 //! - `connect`: [`ConnectSettings`]: TLS CA and credentials (`--ca`, `--user`, `--token`).
 //!
@@ -43,7 +45,9 @@ mod machine;
 mod measurement;
 pub mod payload;
 mod progress;
+pub mod rate;
 mod report;
+mod rss;
 mod scenario;
 mod stats;
 
@@ -57,5 +61,6 @@ pub use machine::Machine;
 pub use measurement::{ComboResult, Op, OpResult, Outcome, RunSample};
 pub use progress::Progress;
 pub use report::{ReportContext, Row};
+pub use rss::rss_bytes;
 pub use scenario::{prefetch_for, sample_every};
 pub use stats::{Latency, Spread};

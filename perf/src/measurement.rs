@@ -15,6 +15,10 @@ pub enum Op {
     Receive,
     /// Sender and receiver at once (SENDANDRECEIVE), or the CLIENT's send-to-reply time.
     E2e,
+    /// `--backlog`: filling the queues (as Send).
+    Fill,
+    /// `--backlog`: draining the filled queues (as Receive).
+    Drain,
 }
 
 impl Op {
@@ -24,14 +28,16 @@ impl Op {
             Op::Send => "send",
             Op::Receive => "receive",
             Op::E2e => "e2e",
+            Op::Fill => "fill",
+            Op::Drain => "drain",
         }
     }
 
     /// What this operation's latency figures measure.
     pub fn latency_meaning(self) -> &'static str {
         match self {
-            Op::Send => "send_to_ack",
-            Op::Receive => "receive_and_decode",
+            Op::Send | Op::Fill => "send_to_ack",
+            Op::Receive | Op::Drain => "receive_and_decode",
             Op::E2e => "send_to_decode",
         }
     }
@@ -59,6 +65,11 @@ pub struct OpResult {
     pub runs: Vec<RunSample>,
     /// Per-message latencies of every run (see [`Op::latency_meaning`]).
     pub latency: Latency,
+    /// The broker's resident memory (VmRSS) at the end of the last run of this op, if known.
+    pub rss_bytes: Option<u64>,
+    /// With several consumers: the fewest and the most messages one consumer received in a
+    /// run (over all runs).
+    pub per_consumer: Option<(u64, u64)>,
 }
 
 impl OpResult {
@@ -68,7 +79,27 @@ impl OpResult {
             op,
             runs: Vec::new(),
             latency: Latency::new(),
+            rss_bytes: None,
+            per_consumer: None,
         }
+    }
+
+    /// Notes the broker's RSS at the end of a run (the last one is reported).
+    pub fn set_rss(&mut self, rss_bytes: Option<u64>) {
+        if rss_bytes.is_some() {
+            self.rss_bytes = rss_bytes;
+        }
+    }
+
+    /// Notes how many messages each consumer of a run received.
+    pub fn add_per_consumer(&mut self, counts: &[u64]) {
+        let (Some(&lo), Some(&hi)) = (counts.iter().min(), counts.iter().max()) else {
+            return;
+        };
+        self.per_consumer = Some(match self.per_consumer {
+            Some((a, b)) => (a.min(lo), b.max(hi)),
+            None => (lo, hi),
+        });
     }
 
     /// Adds a run.

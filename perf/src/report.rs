@@ -38,6 +38,16 @@ pub struct Row {
     pub delivery: &'static str,
     /// Concurrent sending clients.
     pub clients: u32,
+    /// `--rate`: the open-loop send rate (messages/s); `null`: closed loop.
+    pub rate: Option<u64>,
+    /// Queues the messages were spread over.
+    pub queues: u32,
+    /// Receiving consumers.
+    pub consumers: u32,
+    /// `--backlog`: messages filled then drained per run.
+    pub backlog: Option<u64>,
+    /// Every received message acknowledged on its own (`--ack-each`).
+    pub ack_each: bool,
     /// Sent through broker A to the queue on broker B (`--forward`).
     pub forwarded: bool,
     pub payload: String,
@@ -55,8 +65,14 @@ pub struct Row {
     pub p50_us: Option<f64>,
     pub p99_us: Option<f64>,
     pub p999_us: Option<f64>,
-    /// What the latency measures: `send_to_ack`, `receive_and_decode`, `send_to_decode`.
+    /// What the latency measures: `send_to_ack`, `receive_and_decode`, `send_to_decode`
+    /// (with `--rate` the send side counts from the intended send time).
     pub latency: &'static str,
+    /// The broker's resident memory at the end of this op's last run, MiB (`null`: unknown).
+    pub rss_mib: Option<f64>,
+    /// With several consumers: fewest and most messages one consumer received in a run.
+    pub consumer_min: Option<u64>,
+    pub consumer_max: Option<u64>,
     pub latency_samples: u64,
     /// Messages over all runs: acknowledged (send) or received and decoded equal (receive, e2e).
     pub messages: u64,
@@ -81,6 +97,11 @@ pub fn rows(ctx: &ReportContext, r: &ComboResult) -> Vec<Row> {
         scenario: c.scenario.name(),
         delivery: c.delivery_name(),
         clients: c.clients,
+        rate: c.rate,
+        queues: c.queues,
+        consumers: c.consumers(),
+        backlog: c.backlog,
+        ack_each: c.ack_each,
         forwarded: c.forward,
         payload: r.payload.clone(),
         formatter: r.formatter,
@@ -97,6 +118,9 @@ pub fn rows(ctx: &ReportContext, r: &ComboResult) -> Vec<Row> {
         p99_us: None,
         p999_us: None,
         latency: op.latency_meaning(),
+        rss_mib: None,
+        consumer_min: None,
+        consumer_max: None,
         latency_samples: 0,
         messages: 0,
         skipped: false,
@@ -131,6 +155,11 @@ pub fn rows(ctx: &ReportContext, r: &ComboResult) -> Vec<Row> {
                 row.p99_us = o.latency.quantile_us(0.99);
                 row.p999_us = o.latency.quantile_us(0.999);
                 row.latency_samples = o.latency.samples();
+                row.rss_mib = o.rss_bytes.map(|b| round(b as f64 / (1 << 20) as f64, 1));
+                if let Some((lo, hi)) = o.per_consumer.filter(|_| c.consumers() > 1) {
+                    row.consumer_min = Some(lo);
+                    row.consumer_max = Some(hi);
+                }
                 row.messages = o.messages();
                 row
             })
@@ -182,6 +211,45 @@ pub fn write_banner(w: &mut dyn Write, ctx: &ReportContext) -> io::Result<()> {
             format!("{} concurrent senders, one connection each", c.clients),
         )?;
     }
+    if let Some(rate) = c.rate {
+        line(
+            "rate",
+            format!("{rate} msgs/s open loop (latency from the intended send time: coordinated omission corrected)"),
+        )?;
+    }
+    if c.queues > 1 || c.consumers() > 1 {
+        line(
+            "queues",
+            format!(
+                "{} ({}-0 ... {}-{}), {} consumers",
+                c.queues,
+                c.queue,
+                c.queue,
+                c.queues.saturating_sub(1),
+                c.consumers()
+            ),
+        )?;
+    }
+    if let Some(b) = c.backlog {
+        line(
+            "backlog",
+            format!("{b} messages filled, then drained, per run"),
+        )?;
+    }
+    if c.ack_each {
+        line("acks", "every message acknowledged on its own".to_string())?;
+    }
+    line(
+        "rss",
+        match (c.broker_pid, &c.broker) {
+            (Some(pid), _) => format!("VmRSS of pid {pid} at the end of each phase"),
+            (None, None) => {
+                "VmRSS of this process (embedded broker and mqperf) at the end of each phase"
+                    .to_string()
+            }
+            (None, Some(_)) => "not known (give --broker-pid PID)".to_string(),
+        },
+    )?;
     line(
         "payloads",
         names(c.payloads.iter().map(PayloadKind::name).collect()),
@@ -269,6 +337,31 @@ pub fn write_table_rows(w: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
             opt(r.p99_us, micros),
             opt(r.p999_us, micros),
         )?;
+    }
+    Ok(())
+}
+
+/// The `rss` line under a combination's rows: the broker's RSS at the end of each phase (last
+/// run), and with several consumers the fewest and most messages one consumer got.
+pub fn write_table_summary(w: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
+    let measured: Vec<&Row> = rows.iter().filter(|r| !r.skipped).collect();
+    if measured.is_empty() {
+        return Ok(());
+    }
+    let rss: Vec<String> = measured
+        .iter()
+        .map(|r| match r.rss_mib {
+            Some(m) => format!("after {} {m:.1} MiB", r.op),
+            None => format!("after {} -", r.op),
+        })
+        .collect();
+    writeln!(w, "  rss: {}", rss.join(", "))?;
+    let per: Vec<String> = measured
+        .iter()
+        .filter_map(|r| Some(format!("{} {}-{}", r.op, r.consumer_min?, r.consumer_max?)))
+        .collect();
+    if !per.is_empty() {
+        writeln!(w, "  messages per consumer (min-max): {}", per.join(", "))?;
     }
     Ok(())
 }

@@ -13,6 +13,10 @@
 //! - store-and-forward (`--forward`): `forward_send_and_receive_exits_0` (the binary, two
 //!   embedded brokers), `forward_against_two_brokers_leaves_them_empty`,
 //!   `forward_tx_server_and_client_pair`, `forward_usage_errors_exit_2`.
+//! - load shape (the binary against a broker in the test process, `--broker-pid` = the test):
+//!   `rate_queues_and_consumers_against_a_running_broker` (`--rate` caps the achieved rate,
+//!   per-consumer counts, queues left empty), `backlog_fill_drain_and_rss_line` (`--backlog`,
+//!   `--ack-each`, the `rss:` line), `load_shape_usage_errors_exit_2` (and `--help`).
 
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -487,7 +491,13 @@ fn table_starts_with_the_banner() {
     ] {
         assert!(out.contains(word), "{word}: {out}");
     }
-    assert!(out.lines().last().unwrap().starts_with("empty "), "{out}");
+    // The row, then the embedded broker's RSS after the phase.
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[lines.len() - 2].starts_with("empty "), "{out}");
+    assert!(
+        lines[lines.len() - 1].starts_with("  rss: after send "),
+        "{out}"
+    );
     // Not a terminal: no progress bar escapes.
     assert!(!stderr(&o).contains('\u{1b}'));
 }
@@ -715,5 +725,229 @@ fn forward_usage_errors_exit_2() {
             "{args:?}: {e}"
         );
         assert!(o.stdout.is_empty(), "{args:?}");
+    }
+}
+
+// Load shape: --rate, --queues, --consumers, --backlog, --ack-each, --broker-pid
+
+/// JSON rows of a run of the binary against `url`.
+async fn json_rows_at(url: &str, args: &[&str]) -> Vec<serde_json::Value> {
+    let o = mqperf_at(url, args).await;
+    assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+    String::from_utf8(o.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// Every queue of `names` exists and is empty.
+async fn all_empty(client: &mq_client::Client, names: &[String]) {
+    for n in names {
+        let info = client.queue_info(n).await.unwrap();
+        assert_eq!(info.messages, 0, "{n}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_queues_and_consumers_against_a_running_broker() {
+    let broker = EmbeddedBroker::start(0).await.unwrap();
+    let client = mq_client::Client::connect(broker.url()).await.unwrap();
+    let pid = std::process::id().to_string();
+    let q = r".\private$\shape";
+    let rows = json_rows_at(
+        broker.url(),
+        &[
+            "NOTX",
+            "SENDANDRECEIVE",
+            q,
+            "--payload",
+            "string:100",
+            "--formatter",
+            "raw",
+            "--count",
+            "300",
+            "--runs",
+            "1",
+            "--json",
+            "--rate",
+            "2000",
+            "--queues",
+            "3",
+            "--consumers",
+            "5",
+            "--clients",
+            "2",
+            "--broker-pid",
+            &pid,
+        ],
+    )
+    .await;
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["rate"], 2000, "{r}");
+        assert_eq!(
+            (&r["queues"], &r["consumers"]),
+            (&3.into(), &5.into()),
+            "{r}"
+        );
+        assert_eq!(r["messages"], 300, "{r}");
+        assert!(r["rss_mib"].as_f64().unwrap() > 1.0, "{r}");
+    }
+    let op = |name: &str| rows.iter().find(|r| r["op"] == name).unwrap();
+    // Open loop: message 299 is not due before 299/2000 s, so neither phase that sends can
+    // beat 2000 msgs/s by more than rounding (closed loop sends 300 much faster).
+    for name in ["send", "e2e"] {
+        let rate = op(name)["msgs_per_s"].as_f64().unwrap();
+        assert!(rate <= 2010.0, "{name}: {rate} msgs/s at --rate 2000");
+    }
+    // 300 over 3 queues, 5 consumers: queue 0 and 1 have two consumers sharing 100 each.
+    for name in ["receive", "e2e"] {
+        let (lo, hi) = (
+            op(name)["consumer_min"].as_u64().unwrap(),
+            op(name)["consumer_max"].as_u64().unwrap(),
+        );
+        assert!(lo <= hi && hi <= 100, "{name}: {lo}-{hi}");
+    }
+    assert!(op("send")["consumer_min"].is_null());
+    let names: Vec<String> = (0..3).map(|i| format!("{q}-{i}")).collect();
+    all_empty(&client, &names).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backlog_fill_drain_and_rss_line() {
+    let broker = EmbeddedBroker::start(0).await.unwrap();
+    let client = mq_client::Client::connect(broker.url()).await.unwrap();
+    let pid = std::process::id().to_string();
+    let q = r".\private$\backlog";
+    let o = mqperf_at(
+        broker.url(),
+        &[
+            "NOTX",
+            "SENDANDRECEIVE",
+            q,
+            "--payload",
+            "string:1000",
+            "--formatter",
+            "raw",
+            "--backlog",
+            "500",
+            "--runs",
+            "2",
+            "--delivery",
+            "recoverable",
+            "--ack-each",
+            "--broker-pid",
+            &pid,
+        ],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let table = String::from_utf8(o.stdout).unwrap();
+    assert!(table.contains("backlog     500 messages filled"), "{table}");
+    assert!(table.contains(&format!("VmRSS of pid {pid}")), "{table}");
+    assert!(table.contains("acknowledged on its own"), "{table}");
+    let ops: Vec<&str> = table
+        .lines()
+        .filter(|l| l.starts_with("string:1000"))
+        .map(|l| l.split_whitespace().nth(2).unwrap())
+        .collect();
+    assert_eq!(ops, ["fill", "drain"], "{table}");
+    let rss = table
+        .lines()
+        .find(|l| l.trim_start().starts_with("rss:"))
+        .unwrap();
+    assert!(
+        rss.contains("after fill") && rss.contains("after drain"),
+        "{rss}"
+    );
+    assert!(rss.contains("MiB") && !rss.contains(" -"), "{rss}");
+    all_empty(&client, &[q.to_string()]).await;
+
+    // JSON: the same two ops with the backlog as the message count.
+    let rows = json_rows_at(
+        broker.url(),
+        &[
+            "NOTX",
+            "SENDANDRECEIVE",
+            q,
+            "--formatter",
+            "raw",
+            "--backlog",
+            "300",
+            "--runs",
+            "1",
+            "--json",
+            "--queues",
+            "2",
+        ],
+    )
+    .await;
+    let ops: Vec<&str> = rows.iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["fill", "drain"]);
+    for r in &rows {
+        assert_eq!(
+            (&r["backlog"], &r["messages"]),
+            (&300.into(), &300.into()),
+            "{r}"
+        );
+        // --broker without --broker-pid: the broker's memory is not known.
+        assert!(r["rss_mib"].is_null(), "{r}");
+    }
+}
+
+#[test]
+fn load_shape_usage_errors_exit_2() {
+    let q = r".\private$\perf";
+    for (args, needle) in [
+        (
+            vec![
+                "NOTX",
+                "SENDANDRECEIVE",
+                q,
+                "--queues",
+                "3",
+                "--consumers",
+                "2",
+            ],
+            "every queue needs a consumer",
+        ),
+        (
+            vec!["NOTX", "SENDANDRECEIVE", q, "--broker-pid", "1"],
+            "--broker-pid",
+        ),
+        (
+            vec!["NOTX", "SENDANDPURGE", q, "--backlog", "10"],
+            "--backlog",
+        ),
+        (
+            vec!["NOTX", "SENDANDPURGE", q, "--consumers", "2"],
+            "--consumers",
+        ),
+        (
+            vec!["NOTX", "SERVER", q, r".\private$\r", "--rate", "10"],
+            "--rate",
+        ),
+        (
+            vec!["NOTX", "CLIENT", q, r".\private$\r", "--queues", "2"],
+            "--queues",
+        ),
+        (vec!["NOTX", "SENDANDPURGE", q, "--rate", "0"], "rate"),
+    ] {
+        let o = mqperf(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+    }
+    let help = String::from_utf8(mqperf(&["--help"]).stdout).unwrap();
+    for flag in [
+        "--rate",
+        "--queues",
+        "--consumers",
+        "--backlog",
+        "--broker-pid",
+        "--ack-each",
+        "coordinated omission",
+    ] {
+        assert!(help.contains(flag), "{flag} not in --help");
     }
 }

@@ -12,6 +12,7 @@
 //! DIRECT=TCP:127.0.0.1:1802\private$\orders  extension: explicit broker port
 //! DIRECT=TCP:[::1]:1802\private$\orders      IPv6 in brackets (a bare IPv6 without port also works)
 //! …\private$\orders;JOURNAL                  the queue's journal (read-only)
+//! …\private$\orders;poison                   a subqueue (MSMQ 4.0): moved to, never sent to
 //! …\private$\orders\journal$                 the same, in System.Messaging's path-name style
 //! host\SYSTEM$;DEADLETTER  host\SYSTEM$;DEADXACT   the broker's dead-letter queues (read-only)
 //! host\Deadletter$         host\XactDeadletter$    the same, in System.Messaging's path-name style
@@ -34,6 +35,8 @@ use std::str::FromStr;
 pub const DEFAULT_PORT: u16 = 1801;
 /// The longest queue name, in characters (not bytes).
 pub const MAX_QUEUE_NAME_LEN: usize = 124;
+/// The longest subqueue name (`;name`), in characters, as MSMQ.
+pub const MAX_SUBQUEUE_NAME_LEN: usize = 32;
 /// The most elements [`FormatName::parse`] accepts in a multiple-element name; brokers apply
 /// their own configured limit (default [`crate::limits::DEFAULT_MAX_FORMAT_NAME_ELEMENTS`]).
 pub const MAX_FORMAT_NAME_ELEMENTS_CEILING: usize = 100_000;
@@ -91,6 +94,9 @@ pub enum QueueKind {
     DeadLetter,
     /// `SYSTEM$;DEADXACT`: the broker's transactional dead-letter queue (read-only).
     DeadXact,
+    /// `;name`: a subqueue of the queue, named in [`QueueAddress::subqueue`] (messages are
+    /// moved into it, never sent).
+    Subqueue,
 }
 
 /// One queue: where it is and which queue it is.
@@ -108,9 +114,41 @@ pub struct QueueAddress {
     /// The queue name as written (queue names compare case-insensitively: see [`Self::key`]).
     pub name: String,
     pub kind: QueueKind,
+    /// The subqueue's name as written, for [`QueueKind::Subqueue`]; empty otherwise.
+    pub subqueue: String,
 }
 
 impl QueueAddress {
+    /// The main queue of a subqueue or journal (`self` for a queue).
+    pub fn main_queue(&self) -> QueueAddress {
+        match self.kind {
+            QueueKind::Subqueue | QueueKind::Journal => QueueAddress {
+                kind: QueueKind::Normal,
+                subqueue: String::new(),
+                ..self.clone()
+            },
+            _ => self.clone(),
+        }
+    }
+
+    /// The subqueue `name` of this address's main queue (`name` empty: the main queue).
+    /// `name` is checked like a parsed one.
+    pub fn with_subqueue(&self, name: &str) -> Result<QueueAddress, String> {
+        if !matches!(
+            self.kind,
+            QueueKind::Normal | QueueKind::Subqueue | QueueKind::Journal
+        ) {
+            return Err("system queues have no subqueues".into());
+        }
+        let mut a = self.main_queue();
+        if !name.is_empty() {
+            check_subqueue_name(name)?;
+            a.kind = QueueKind::Subqueue;
+            a.subqueue = name.to_owned();
+        }
+        Ok(a)
+    }
+
     /// The queue's identity on its broker, lowercase and without the host:
     /// `private$\orders`, `orders`, `private$\orders;journal`, `system$;deadletter`,
     /// `system$;deadxact`.
@@ -201,6 +239,7 @@ impl QueueAddress {
         match self.kind {
             QueueKind::Normal => queue(),
             QueueKind::Journal => format!("{};JOURNAL", queue()),
+            QueueKind::Subqueue => format!("{};{}", queue(), self.subqueue),
             QueueKind::DeadLetter => format!("{SYSTEM};DEADLETTER"),
             QueueKind::DeadXact => format!("{SYSTEM};DEADXACT"),
         }
@@ -484,9 +523,12 @@ fn parse_element(element: &str) -> Result<QueueAddress, String> {
         (Mode::Path, element)
     };
 
-    let (body, suffix) = match rest.split_once(';') {
-        Some((body, suffix)) => (body, Some(parse_suffix(suffix)?)),
-        None => (rest, None),
+    let (body, suffix, subqueue) = match rest.split_once(';') {
+        Some((body, suffix)) => match parse_suffix(suffix)? {
+            Some(s) => (body, Some(s), None),
+            None => (body, None, Some(suffix)),
+        },
+        None => (rest, None, None),
     };
     let Some((head, path)) = body.split_once(is_separator) else {
         return Err(match mode {
@@ -503,27 +545,65 @@ fn parse_element(element: &str) -> Result<QueueAddress, String> {
         });
     }
     let (host, port) = parse_host(head, mode)?;
-    let (private, name, kind) = parse_queue_path(path, suffix)?;
+    let (private, name, kind) = parse_queue_path(path, suffix, subqueue)?;
     Ok(QueueAddress {
         host,
         port,
         private,
         name,
         kind,
+        subqueue: subqueue.unwrap_or_default().to_owned(),
     })
 }
 
-fn parse_suffix(suffix: &str) -> Result<Suffix, String> {
-    const EXPECTED: &str = "expected ;JOURNAL, ;DEADLETTER or ;DEADXACT";
+/// `;JOURNAL`, `;DEADLETTER`, `;DEADXACT`, or `None`: a subqueue's name (checked later).
+fn parse_suffix(suffix: &str) -> Result<Option<Suffix>, String> {
+    const EXPECTED: &str = "expected ;JOURNAL, ;DEADLETTER, ;DEADXACT or a subqueue name";
     if suffix.is_empty() {
         return Err(format!("nothing follows ';'; {EXPECTED}"));
     }
-    [Suffix::Journal, Suffix::DeadLetter, Suffix::DeadXact]
+    Ok([Suffix::Journal, Suffix::DeadLetter, Suffix::DeadXact]
         .into_iter()
-        .find(|s| s.text()[1..].eq_ignore_ascii_case(suffix))
-        .ok_or_else(|| {
-            format!("unknown suffix \";{suffix}\"; {EXPECTED} (a queue name cannot contain ';')")
-        })
+        .find(|s| s.text()[1..].eq_ignore_ascii_case(suffix)))
+}
+
+/// A subqueue name: 1–32 characters, none of `\ / , ;` or control characters, no leading
+/// or trailing whitespace, not a reserved word.
+pub fn check_subqueue_name(name: &str) -> Result<(), String> {
+    let len = name.chars().count();
+    if len == 0 {
+        return Err("the subqueue name is empty".into());
+    }
+    if len > MAX_SUBQUEUE_NAME_LEN {
+        return Err(format!(
+            "subqueue name is {len} characters; the limit is {MAX_SUBQUEUE_NAME_LEN}"
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|&c| c.is_control() || matches!(c, '\\' | '/' | ',' | ';'))
+    {
+        return Err(format!(
+            "subqueue name \"{}\" contains {}; a subqueue name cannot contain '\\', '/', ',', ';' or control characters (subqueues have no subqueues)",
+            escape_controls(name),
+            c.escape_default()
+        ));
+    }
+    if name.starts_with(char::is_whitespace) || name.ends_with(char::is_whitespace) {
+        return Err(format!(
+            "subqueue name \"{name}\" starts or ends with whitespace"
+        ));
+    }
+    if is_reserved(name)
+        || [Suffix::Journal, Suffix::DeadLetter, Suffix::DeadXact]
+            .iter()
+            .any(|s| s.text()[1..].eq_ignore_ascii_case(name))
+    {
+        return Err(format!(
+            "\"{name}\" is a reserved word and cannot be a subqueue name"
+        ));
+    }
+    Ok(())
 }
 
 /// `.`, `name`, `ipv4`, `[ipv6]` or a bare IPv6 address, each but the last with an optional
@@ -643,6 +723,7 @@ fn parse_host_name(name: &str) -> Result<String, String> {
 fn parse_queue_path(
     path: &str,
     suffix: Option<Suffix>,
+    subqueue: Option<&str>,
 ) -> Result<(bool, String, QueueKind), String> {
     let mut segments: Vec<&str> = path.split(is_separator).collect();
     let journal_segment = segments.len() >= 2
@@ -711,6 +792,15 @@ fn parse_queue_path(
     match target {
         Target::Queue { private, name } => {
             check_queue_name(name)?;
+            if let Some(sub) = subqueue {
+                if journal_segment {
+                    return Err(format!(
+                        "a path ending in \\journal$ cannot also carry ;{sub} (a journal has no subqueues)"
+                    ));
+                }
+                check_subqueue_name(sub)?;
+                return Ok((private, name.to_owned(), QueueKind::Subqueue));
+            }
             let kind = match (journal_segment, suffix) {
                 (false, None) => QueueKind::Normal,
                 (true, None) | (false, Some(Suffix::Journal)) => QueueKind::Journal,
@@ -730,6 +820,11 @@ fn parse_queue_path(
             Ok((private, name.to_owned(), kind))
         }
         Target::System { alias } => {
+            if let Some(sub) = subqueue {
+                return Err(format!(
+                    "unknown suffix \";{sub}\"; SYSTEM$ takes ;DEADLETTER or ;DEADXACT (system queues have no subqueues)"
+                ));
+            }
             if journal_segment {
                 return Err(
                     "journal$ is only valid after a queue; SYSTEM$ takes ;DEADLETTER or ;DEADXACT"
@@ -812,6 +907,7 @@ mod tests {
             private,
             name: name.into(),
             kind,
+            subqueue: String::new(),
         }
     }
 
@@ -1208,8 +1304,8 @@ mod tests {
             r".\private$\a/b\c",
             "a queue name cannot contain '\\' or '/'",
         );
-        err(r".\a;b", r#"unknown suffix ";b""#);
-        err(r".\a;b", "a queue name cannot contain ';'");
+        // `;` starts a suffix or a subqueue name: `.\a;b` is subqueue b of queue a.
+        assert_eq!(single(r".\a;b").kind, QueueKind::Subqueue);
         err(r".\a,b", r#"element 2 of 2 "b""#);
     }
 
@@ -1289,12 +1385,13 @@ mod tests {
         err(r".\private$\q;", "nothing follows ';'");
         err(
             r".\private$\q;JOURNAL;JOURNAL",
-            r#"unknown suffix ";JOURNAL;JOURNAL""#,
+            r#"subqueue name "JOURNAL;JOURNAL" contains ;"#,
         );
         err(
-            r".\q;QUEUE",
-            r#"unknown suffix ";QUEUE"; expected ;JOURNAL, ;DEADLETTER or ;DEADXACT"#,
+            r".\SYSTEM$;QUEUE",
+            r#"unknown suffix ";QUEUE"; SYSTEM$ takes"#,
         );
+        err(r".\q\journal$;poison", "a journal has no subqueues");
         err(r".\SYSTEM$\q", "SYSTEM$ has no queues under it");
         err(
             r".\SYSTEM$\journal$",
@@ -1464,8 +1561,9 @@ mod tests {
             any::<bool>(),
             arb_queue_name(),
             proptest::sample::select(kinds),
+            arb_subqueue_name(),
         )
-            .prop_map(|(host, port, private, name, kind)| {
+            .prop_map(|(host, port, private, name, kind, sub)| {
                 let system = matches!(kind, QueueKind::DeadLetter | QueueKind::DeadXact);
                 QueueAddress {
                     host,
@@ -1473,8 +1571,31 @@ mod tests {
                     private: private && !system,
                     name: if system { SYSTEM.into() } else { name },
                     kind,
+                    subqueue: if kind == QueueKind::Subqueue {
+                        sub
+                    } else {
+                        String::new()
+                    },
                 }
             })
+    }
+
+    fn valid_subqueue_name(n: &str) -> bool {
+        valid_queue_name(n)
+            && !["journal", "deadletter", "deadxact"]
+                .iter()
+                .any(|r| r.eq_ignore_ascii_case(n))
+    }
+
+    fn arb_subqueue_name() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[A-Za-z0-9_.$ -]{1,32}",
+            "[^\\\\/,;\\p{Cc}]{1,32}",
+            Just("s".repeat(MAX_SUBQUEUE_NAME_LEN)),
+        ]
+        .prop_filter("leading/trailing whitespace or reserved", |n| {
+            valid_subqueue_name(n)
+        })
     }
 
     fn arb_address() -> impl Strategy<Value = QueueAddress> {
@@ -1483,7 +1604,33 @@ mod tests {
             QueueKind::Journal,
             QueueKind::DeadLetter,
             QueueKind::DeadXact,
+            QueueKind::Subqueue,
         ])
+    }
+
+    #[test]
+    fn subqueues() {
+        let a = single(r"DIRECT=OS:host\private$\orders;Poison");
+        assert_eq!(a.kind, QueueKind::Subqueue);
+        assert_eq!(a.subqueue, "Poison");
+        assert!(a.is_read_only());
+        assert_eq!(a.key(), r"private$\orders;poison");
+        assert_eq!(a.to_string(), r"DIRECT=OS:host\private$\orders;Poison");
+        assert_eq!(a.path_name(), r"host\private$\orders;Poison");
+        round_trips(&a);
+        assert_eq!(a.main_queue(), single(r"DIRECT=OS:host\private$\orders"));
+        assert_eq!(a.main_queue().with_subqueue("Poison").unwrap(), a);
+        assert_eq!(a.with_subqueue("").unwrap(), a.main_queue());
+        assert_eq!(single(r".\q;journal").kind, QueueKind::Journal);
+        err(r".\q;a;b", "subqueue name \"a;b\" contains ;");
+        err(&format!(r".\q;{}", "s".repeat(33)), "the limit is 32");
+        err(r".\q; x", "starts or ends with whitespace");
+        err(r".\q;private$", "reserved word");
+        err(r".\q;sub\x", "contains");
+        // A subqueue is not a send destination, so not part of a multiple-element name.
+        err(r".\q;s,.\r", "journal and dead-letter queues are read-only");
+        assert!(a.with_subqueue("deadxact").is_err());
+        assert!(single(r".\SYSTEM$;DEADLETTER").with_subqueue("x").is_err());
     }
 
     fn arb_multi() -> impl Strategy<Value = FormatName> {
@@ -1649,6 +1796,33 @@ mod tests {
         }
 
         #[test]
+        fn subqueue_names_follow_the_rules(
+            q in arb_queue_name(),
+            sub in "\\PC{0,40}",
+        ) {
+            let name = format!(r".\private$\{q};{sub}");
+            let chars = sub.chars().count();
+            let ok = (1..=MAX_SUBQUEUE_NAME_LEN).contains(&chars)
+                && !sub.chars().any(|c| c.is_control() || "\\/,;".contains(c))
+                && valid_subqueue_name(&sub);
+            match FormatName::parse(&name) {
+                Ok(FormatName::Single(a)) => {
+                    // Either a subqueue that keeps its name, or one of the three suffixes.
+                    if a.kind == QueueKind::Subqueue {
+                        prop_assert!(ok, "{name:?} parsed but breaks a rule");
+                        prop_assert_eq!(&a.subqueue, &sub);
+                        prop_assert_eq!(a.key(), format!(r"private$\{q};{sub}").to_lowercase());
+                        prop_assert!(a.is_read_only());
+                    } else {
+                        prop_assert!(["journal"].iter().any(|r| r.eq_ignore_ascii_case(&sub)));
+                    }
+                }
+                Ok(FormatName::Multi(_)) => prop_assert!(sub.contains(',')),
+                Err(e) => prop_assert!(!ok, "{name:?} refused: {e}"),
+            }
+        }
+
+        #[test]
         fn parse_never_panics(s in any::<String>()) {
             let _ = FormatName::parse(&s);
             let _ = s.parse::<QueueAddress>();
@@ -1703,6 +1877,8 @@ mod tests {
                 prop_assert_eq!(got.name.to_lowercase(), want.name.to_lowercase());
                 let mut got = got.clone();
                 got.name = want.name.clone();
+                prop_assert_eq!(got.subqueue.to_lowercase(), want.subqueue.to_lowercase());
+                got.subqueue = want.subqueue.clone();
                 prop_assert_eq!(&got, want);
             }
         }

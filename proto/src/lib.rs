@@ -7,6 +7,7 @@
 //! - [`v1`]: generated messages and the `MessageQueue` service (client and server stubs).
 //! - [`format_name`]: parsing and printing of `.\private$\orders`, `DIRECT=TCP:host\private$\q`,
 //!   and multiple-element `FORMATNAME:a,b` names.
+//! - [`txid`]: the ids of single-message transactional sends on a pipelined send stream.
 //!
 //! ```
 //! use mq_proto::format_name::FormatName;
@@ -16,6 +17,7 @@
 
 pub mod format_name;
 pub mod limits;
+pub mod txid;
 
 /// Generated code for package `mq.v1`.
 #[allow(missing_debug_implementations, clippy::all)]

@@ -143,6 +143,17 @@ struct Args {
     /// Most open transactions per connection.
     #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_per_connection, value_parser = at_least_one())]
     max_tx_per_connection: usize,
+    /// Most open cursors (`mq browse`-style browse streams) per connection.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_cursors_per_connection, value_parser = at_least_one())]
+    max_cursors_per_connection: usize,
+    /// A cursor with no request for this many seconds is closed.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = mq_broker::FlowLimits::default().cursor_idle.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    cursor_idle_secs: u64,
     /// Most messages in one send batch, transactional send or forwarded batch (at least 512);
     /// a bigger batch ends its stream with one refusal.
     #[arg(
@@ -363,6 +374,8 @@ async fn main() -> anyhow::Result<()> {
         max_tx_total_bytes: args.max_tx_total_bytes,
         max_tx_messages: args.max_tx_messages,
         max_tx_per_connection: args.max_tx_per_connection,
+        max_cursors_per_connection: args.max_cursors_per_connection,
+        cursor_idle: std::time::Duration::from_secs(args.cursor_idle_secs),
         max_batch_messages: args.max_batch_messages,
     };
     config.max_format_name_elements = args.max_format_name_elements;

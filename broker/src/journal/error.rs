@@ -122,6 +122,17 @@ pub enum JournalError {
     /// The journal was shut down; reopen it to write again.
     #[error("journal is shut down; reopen it to write again")]
     Closed,
+
+    /// A record of a [`super::Chain`] was not written because an earlier record of the same
+    /// chain failed: nothing of it is on disk.
+    #[error(
+        "journal record not written: an earlier record it depends on was not stored ({cause}); \
+         nothing of this one was stored either"
+    )]
+    EarlierFailed {
+        /// Why the earlier record failed.
+        cause: Arc<str>,
+    },
 }
 
 impl JournalError {
@@ -152,6 +163,16 @@ impl JournalError {
         } else {
             JournalError::io(action, path, source)
         }
+    }
+
+    /// Whether the record of a submission that failed with this error may still be on disk
+    /// (and found by recovery after a restart): true when its write or `fdatasync` was issued
+    /// and failed (an I/O error; the journal is then poisoned). False for refusals before
+    /// anything was written (poisoned, closed, too large, disk full, an earlier record of its
+    /// chain failed) and for a write that hit ENOSPC, whose bytes the writer zeroed and synced
+    /// before answering.
+    pub fn may_be_stored(&self) -> bool {
+        matches!(self, JournalError::Io { .. })
     }
 
     /// True for [`JournalError::Poisoned`].

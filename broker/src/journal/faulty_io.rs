@@ -44,6 +44,8 @@ struct Ctl {
     fail_sync_at: Option<u64>,
     crash_at_sync: Option<u64>,
     enospc_writes: bool,
+    /// The next write stores only this many of its bytes, then fails with ENOSPC (once).
+    enospc_write_after: Option<usize>,
     enospc_preallocate: bool,
     /// Total bytes the files (and the reserve) may take; `None`: unlimited.
     capacity: Option<u64>,
@@ -51,6 +53,8 @@ struct Ctl {
     reserve: Option<u64>,
     /// Syncs block while set (to hold the writer inside a group commit).
     syncs_paused: bool,
+    /// Syncs blocked by `syncs_paused` right now.
+    syncs_waiting: u64,
     /// Set once crashed: the disk as it will be found after the reboot.
     crashed: Option<BTreeMap<u64, Vec<u8>>>,
     rng: u64,
@@ -186,6 +190,25 @@ impl FaultyIo {
         self.fs.ctl.lock().unwrap().enospc_writes = on;
     }
 
+    /// The next write stores only its first `n` bytes (in the page cache, not synced) and then
+    /// fails with ENOSPC, as a write that ran out of space part way does.
+    pub fn fail_next_write_with_enospc_after(&self, n: usize) {
+        self.fs.ctl.lock().unwrap().enospc_write_after = Some(n);
+    }
+
+    /// A new disk holding what a killed process leaves: every write made so far, synced or
+    /// not (the page cache survives a `kill -9`; only a power loss drops unsynced writes).
+    pub fn restart_after_kill(&self) -> FaultyIo {
+        let mut c = self.fs.ctl.lock().unwrap();
+        let image = c
+            .files
+            .iter()
+            .map(|(n, f)| (*n, f.data.lock().unwrap().current.clone()))
+            .collect();
+        let seed = splitmix(&mut c.rng);
+        FaultyIo::from_image(image, seed)
+    }
+
     /// While on, every preallocation fails with ENOSPC.
     pub fn fail_preallocate_with_enospc(&self, on: bool) {
         self.fs.ctl.lock().unwrap().enospc_preallocate = on;
@@ -211,6 +234,11 @@ impl FaultyIo {
     pub fn pause_syncs(&self, on: bool) {
         self.fs.ctl.lock().unwrap().syncs_paused = on;
         self.fs.resumed.notify_all();
+    }
+
+    /// Whether a sync is held by [`FaultyIo::pause_syncs`] right now (its write was made).
+    pub fn sync_held(&self) -> bool {
+        self.fs.ctl.lock().unwrap().syncs_waiting > 0
     }
 
     /// File syncs attempted so far.
@@ -360,6 +388,20 @@ impl SegmentFile for MemFile {
             let old = self.data.lock().unwrap().current.len() as u64;
             c.check_growth(old, offset + buf.len() as u64)?;
         }
+        let partial = self
+            .fs()?
+            .ctl
+            .lock()
+            .unwrap()
+            .enospc_write_after
+            .take()
+            .map(|n| n.min(buf.len()));
+        if let Some(n) = partial {
+            let mut d = self.data.lock().unwrap();
+            write_into(&mut d.current, offset, &buf[..n]);
+            d.pending.push((offset, buf[..n].to_vec()));
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
         let mut d = self.data.lock().unwrap();
         write_into(&mut d.current, offset, buf);
         d.pending.push((offset, buf.to_vec()));
@@ -370,7 +412,9 @@ impl SegmentFile for MemFile {
         let fs = self.fs()?;
         let mut c = fs.ctl.lock().unwrap();
         while c.syncs_paused {
+            c.syncs_waiting += 1;
             c = fs.resumed.wait(c).unwrap();
+            c.syncs_waiting -= 1;
         }
         if c.crashed.is_some() {
             return Err(crashed_err());

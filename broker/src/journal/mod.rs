@@ -10,7 +10,9 @@
 //! is poisoned and refuses every later write until it is reopened.
 //!
 //! A full disk (ENOSPC) does not poison: the journal enters *disk-full* mode, where it refuses
-//! records that store data ([`Op::Put`], [`Op::DefineQueue`]) with [`JournalError::NoSpace`]
+//! records that store data ([`Op::Put`], [`Op::DefineQueue`]; not a detached definition,
+//! [`Journal::submit_detached`], which is written while the active segment has room, as
+//! refusing it would poison) with [`JournalError::NoSpace`]
 //! and keeps writing records that only free data (removes, purges, deletes), for which it
 //! keeps a reserve file on disk (`reserve.bin`, one segment's size) that it gives up when a
 //! new segment cannot be allocated otherwise. It leaves disk-full mode by itself once the
@@ -133,6 +135,54 @@ impl Default for JournalOptions {
             reserve_bytes: None,
             truncate_damaged: false,
         }
+    }
+}
+
+/// Submissions whose records must reach the disk in order, each only if every earlier one
+/// did ([`Journal::submit_chained`]): once one fails, for any reason, every later one of the
+/// chain fails with [`JournalError::EarlierFailed`] without being written, until
+/// [`Chain::reset`]. A stream whose records each carry a high-water mark uses one, so that a
+/// later record never marks an earlier, lost one as stored.
+#[derive(Debug, Clone, Default)]
+pub struct Chain {
+    broken: Arc<Mutex<Option<Arc<str>>>>,
+}
+
+impl Chain {
+    /// A new, unbroken chain.
+    pub fn new() -> Self {
+        Chain::default()
+    }
+
+    /// Whether a submission of this chain failed since the last reset.
+    pub fn is_broken(&self) -> bool {
+        self.broken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    /// Accepts submissions again. Call only once every earlier submission of the chain has
+    /// completed.
+    pub fn reset(&self) {
+        *self.broken.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Marks the chain broken by `e` (keeps the first cause).
+    pub(crate) fn break_with(&self, e: &JournalError) {
+        let mut b = self.broken.lock().unwrap_or_else(|p| p.into_inner());
+        if b.is_none() {
+            *b = Some(Arc::from(e.to_string()));
+        }
+    }
+
+    /// The error for a submission refused because the chain is broken.
+    pub(crate) fn refusal(&self) -> Option<JournalError> {
+        self.broken
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .map(|cause| JournalError::EarlierFailed { cause })
     }
 }
 
@@ -470,7 +520,16 @@ impl Journal {
     /// `fdatasync` returned) or failed. Submissions are written in the order they are made
     /// from one thread; an empty `ops` completes after everything submitted before it.
     pub fn submit(&self, ops: Vec<Op>) -> Commit {
-        self.submit_inner(ops, false)
+        self.submit_inner(ops, false, None)
+    }
+
+    /// Like [`Journal::submit`], as the next record of `chain`: written only if every earlier
+    /// submission of the chain was (see [`Chain`]).
+    pub fn submit_chained(&self, ops: Vec<Op>, chain: &Chain) -> Commit {
+        if let Some(e) = chain.refusal() {
+            return Commit::ready(Err(e));
+        }
+        self.submit_inner(ops, false, Some(chain.clone()))
     }
 
     /// Like [`Journal::submit`], for ops that only remove records that are already durable
@@ -481,20 +540,29 @@ impl Journal {
     /// Because its targets are durable, writing it before earlier submissions changes nothing
     /// else; do not use it for anything that must follow an earlier record.
     pub fn submit_removal(&self, ops: Vec<Op>) -> Commit {
-        let (msg, _, rx) = match self.prepare(ops, false) {
+        let (msg, _, rx) = match self.prepare(ops, false, None) {
             Ok(p) => p,
             Err(failed) => return failed,
         };
+        let shared = &self.inner.shared;
+        // Counted like every submission: the writer's completion takes it off again.
+        shared.pending.fetch_add(1, Ordering::AcqRel);
         if self.inner.urgent.send(msg).is_err() {
-            return Commit::ready(Err(self.inner.shared.dropped_error()));
+            shared.pending.fetch_sub(1, Ordering::AcqRel);
+            return Commit::ready(Err(shared.dropped_error()));
         }
         self.pending_commit(rx)
     }
 
-    fn submit_inner(&self, ops: Vec<Op>, detached: bool) -> Commit {
-        let (msg, size, rx) = match self.prepare(ops, detached) {
+    fn submit_inner(&self, ops: Vec<Op>, detached: bool, chain: Option<Chain>) -> Commit {
+        let (msg, size, rx) = match self.prepare(ops, detached, chain.clone()) {
             Ok(p) => p,
-            Err(failed) => return failed,
+            Err(failed) => {
+                if let (Some(c), CommitState::Ready(Some(Err(e)))) = (&chain, &failed.state) {
+                    c.break_with(e);
+                }
+                return failed;
+            }
         };
         let shared = &self.inner.shared;
         // Backpressure: wait for room in the queue (bytes here, count in the channel).
@@ -503,14 +571,23 @@ impl Journal {
         if self.inner.tx.send(msg).is_err() {
             shared.admission.release(size);
             shared.pending.fetch_sub(1, Ordering::AcqRel);
-            return Commit::ready(Err(shared.dropped_error()));
+            let e = shared.dropped_error();
+            if let Some(c) = &chain {
+                c.break_with(&e);
+            }
+            return Commit::ready(Err(e));
         }
         self.pending_commit(rx)
     }
 
     /// The checks every submission passes (poisoned, closed, too large) and its message for
     /// the writer: `(message, record size, completion)`, or the already failed commit.
-    fn prepare(&self, ops: Vec<Op>, detached: bool) -> Result<(Msg, usize, Completion), Commit> {
+    fn prepare(
+        &self,
+        ops: Vec<Op>,
+        detached: bool,
+        chain: Option<Chain>,
+    ) -> Result<(Msg, usize, Completion), Commit> {
         let shared = &self.inner.shared;
         if let Some(e) = shared.poisoned_error() {
             return Err(Commit::ready(Err(e)));
@@ -532,6 +609,7 @@ impl Journal {
             size,
             done: tx,
             detached,
+            chain,
         };
         Ok((msg, size, rx))
     }
@@ -551,7 +629,7 @@ impl Journal {
     /// can become durable without it.
     pub fn submit_detached(&self, ops: Vec<Op>) {
         // A pending one is checked by the writer (`Msg::Submit::detached`).
-        if let CommitState::Ready(Some(Err(e))) = self.submit_inner(ops, true).state {
+        if let CommitState::Ready(Some(Err(e))) = self.submit_inner(ops, true, None).state {
             if !e.is_poisoned() && !matches!(e, JournalError::Closed) {
                 self.inner.shared.poison(&e);
             }

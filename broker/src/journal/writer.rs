@@ -58,7 +58,7 @@ use super::io::{Io, SegmentFile};
 use super::op::{decode_payload, Entry, Op};
 use super::record::{encode_frame, set_write_start};
 use super::segment::{encode_header, segment_path, HEADER_LEN};
-use super::{JournalOptions, Shared, DISK_FULL_RETRY};
+use super::{Chain, JournalOptions, Shared, DISK_FULL_RETRY};
 
 pub(crate) type Done = oneshot::Sender<Result<(), JournalError>>;
 
@@ -70,6 +70,8 @@ pub(crate) enum Msg {
         done: Done,
         /// Nobody waits for it: a failure poisons the journal (`Journal::submit_detached`).
         detached: bool,
+        /// Written only if the earlier submissions of this chain were (`Journal::submit_chained`).
+        chain: Option<Chain>,
     },
     Shutdown,
 }
@@ -79,6 +81,7 @@ struct Sub {
     ops: Vec<Op>,
     done: Done,
     detached: bool,
+    chain: Option<Chain>,
 }
 
 impl Sub {
@@ -89,8 +92,12 @@ impl Sub {
                 shared.poison(e);
             }
         }
-        let _ = self.done.send(r);
+        if let (Some(c), Err(e)) = (&self.chain, &r) {
+            c.break_with(e);
+        }
+        // Before the answer, so a waiter that got it never still sees it pending.
         shared.pending.fetch_sub(1, Ordering::AcqRel);
+        let _ = self.done.send(r);
     }
 }
 
@@ -286,12 +293,14 @@ impl Writer {
                         size,
                         done,
                         detached,
+                        chain,
                     }) => {
                         bytes += size;
                         batch.push(Sub {
                             ops,
                             done,
                             detached,
+                            chain,
                         });
                     }
                     Ok(Msg::Shutdown) | Err(TryRecvError::Empty) => break,
@@ -322,6 +331,7 @@ impl Writer {
                         size,
                         done,
                         detached,
+                        chain,
                     } => {
                         self.shared.admission.release(size);
                         bytes += size;
@@ -329,6 +339,7 @@ impl Writer {
                             ops,
                             done,
                             detached,
+                            chain,
                         });
                     }
                 }
@@ -351,7 +362,11 @@ impl Writer {
         self.shared.admission.close();
         while let Ok(m) = self.rx.try_recv() {
             if let Msg::Submit {
-                ops, size, done, ..
+                ops,
+                size,
+                done,
+                chain,
+                ..
             } = m
             {
                 self.shared.admission.release(size);
@@ -360,6 +375,7 @@ impl Writer {
                     ops,
                     done,
                     detached: false,
+                    chain,
                 };
                 sub.complete(&self.shared, Err(JournalError::Closed));
             }
@@ -400,16 +416,34 @@ impl Writer {
         let mut recs: Vec<Range<usize>> = Vec::with_capacity(batch.len());
         let mut growth: Vec<bool> = Vec::with_capacity(batch.len());
         let mut rec_ops: Vec<(usize, Vec<Range<usize>>)> = Vec::with_capacity(batch.len());
+        // Per submission: refused without being written (and why, if not for want of space).
         let mut refused: Vec<bool> = vec![false; batch.len()];
+        let mut chain_refused: Vec<Option<JournalError>> = vec![None; batch.len()];
         for (i, sub) in batch.iter().enumerate() {
+            if let Some(e) = sub.chain.as_ref().and_then(Chain::refusal) {
+                // An earlier record of its chain failed (in an earlier batch, or in this one).
+                chain_refused[i] = Some(e);
+                continue;
+            }
             let ops = &sub.ops;
             if ops.is_empty() {
                 // Nothing to write; completing it with this batch makes it a barrier.
                 continue;
             }
             let stores = stores_data(ops);
-            if refuse_data && stores {
+            // A detached record (a queue definition used at once) is written even in disk-full
+            // mode, while the active segment has room: refusing it would poison the journal.
+            if refuse_data && stores && !sub.detached {
                 refused[i] = true;
+                if let Some(c) = &sub.chain {
+                    // Later records of its chain in this batch must not be written either.
+                    c.break_with(&JournalError::NoSpace {
+                        action: "store a record in",
+                        path: self.shared.dir.clone(),
+                        bytes: 0,
+                        source: Arc::new(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+                    });
+                }
                 continue;
             }
             let start = buf.len();
@@ -433,6 +467,9 @@ impl Writer {
                 Ok(locs) => (locs, None),
                 // `durable` holds the records synced before the failure (a batch that crossed
                 // a segment boundary): they are on disk and are acknowledged as such.
+                Err((e @ JournalError::NoSpace { .. }, durable)) => {
+                    (durable, Some(self.after_enospc(e)))
+                }
                 Err((e, durable)) => (durable, Some(e)),
             }
         };
@@ -482,7 +519,9 @@ impl Writer {
             }
         };
         for (i, sub) in batch.into_iter().enumerate() {
-            let r = if refused[i] {
+            let r = if let Some(e) = chain_refused[i].take() {
+                Err(e)
+            } else if refused[i] {
                 Err(no_space(sub.ops.iter().map(Op::encoded_len).sum()))
             } else if i < durable_upto {
                 Ok(())
@@ -496,6 +535,52 @@ impl Writer {
             buf = Vec::new();
         }
         self.buf = buf;
+    }
+
+    /// A write (or a segment's allocation) failed with ENOSPC, `e`: whatever part of it reached
+    /// the page cache is zeroed and synced now, so that "nothing stored" is true even if the
+    /// process dies before the next write (whole records of the failed write would otherwise be
+    /// found by recovery), and the journal enters disk-full mode. Returns the error for the
+    /// records concerned: `e`, or, if the zeroing failed, that failure (which poisons: those
+    /// records may be on disk).
+    fn after_enospc(&mut self, e: JournalError) -> JournalError {
+        self.retry_at = Instant::now() + DISK_FULL_RETRY;
+        self.set_disk_full(true);
+        if self.active.stale_end <= self.active.pos {
+            return e;
+        }
+        // What a read returns is what a killed process leaves: nothing to zero if the failed
+        // write left nothing (ENOSPC before any byte, as on a full preallocated segment).
+        let (from, to) = (self.active.pos, self.active.stale_end);
+        let mut left = vec![0u8; (to - from) as usize];
+        if self.active.file.read_at(&mut left, from).is_ok() && left.iter().all(|&b| b == 0) {
+            self.active.stale_end = 0;
+            return e;
+        }
+        drop(left);
+        let scrub = self
+            .zero_active(self.active.pos, self.active.stale_end)
+            .and_then(|()| self.sync_active());
+        match scrub {
+            Ok(()) => e,
+            Err(z) => {
+                let z = match z {
+                    JournalError::NoSpace {
+                        action,
+                        path,
+                        source,
+                        ..
+                    } => JournalError::Io {
+                        action,
+                        path,
+                        source,
+                    },
+                    z => z,
+                };
+                self.poison(&z);
+                z
+            }
+        }
     }
 
     /// Writes framed records (contiguous ranges of `buf`) and makes them durable. Returns

@@ -138,3 +138,33 @@ fn a_removal_rides_the_next_group_commit_ahead_of_queued_submissions() {
         "the removal was written ahead of the backlog: {s:?}"
     );
 }
+
+/// `pending()` counts removals too: it goes up when one is submitted and back to 0 once it is
+/// complete (it used to wrap below zero after the first removal).
+#[test]
+fn pending_counts_removals_and_returns_to_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let io = FaultyIo::new(7);
+    let (j, _) =
+        Journal::open_with_io(dir.path(), small_opts(1 << 20), Arc::new(io.clone())).unwrap();
+    j.submit(vec![put(1, 1, 10), put(1, 2, 10)]).wait().unwrap();
+    assert_eq!(j.pending(), 0);
+    // Held in the writer's sync: the removal is pending while it waits.
+    io.pause_syncs(true);
+    let first = j.submit(vec![put(1, 3, 10)]);
+    let removal = j.submit_removal(vec![Op::Remove {
+        queue_id: 1,
+        seqs: vec![1],
+    }]);
+    assert!(j.pending() >= 1 && j.pending() <= 2, "{}", j.pending());
+    io.pause_syncs(false);
+    first.wait().unwrap();
+    removal.wait().unwrap();
+    j.submit_removal(vec![Op::Remove {
+        queue_id: 1,
+        seqs: vec![2],
+    }])
+    .wait()
+    .unwrap();
+    assert_eq!(j.pending(), 0, "pending() must not wrap below zero");
+}

@@ -4,7 +4,7 @@
 
 pub use bytes::Bytes;
 pub use mq_broker::journal::{
-    FaultyIo, Journal, JournalError, JournalOptions, JournalStats, Op, Recovery,
+    Chain, Commit, FaultyIo, Journal, JournalError, JournalOptions, JournalStats, Op, Recovery,
 };
 pub use std::sync::Arc;
 

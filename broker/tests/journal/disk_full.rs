@@ -230,3 +230,144 @@ fn failed_sync_while_disk_full_still_poisons() {
     );
     assert!(j.is_poisoned());
 }
+
+/// Holds the writer in the sync of a first record, so that the next submissions form one
+/// group commit; returns that first record's commit.
+fn hold_writer(io: &FaultyIo, j: &Journal, seq: u64) -> Commit {
+    io.pause_syncs(true);
+    let held = j.submit(vec![put(1, seq, 10)]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !io.sync_held() {
+        assert!(
+            Instant::now() < deadline,
+            "the writer never reached its sync"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    held
+}
+
+/// Review C4: a write that runs out of space part way leaves whole records of the same group
+/// commit in the page cache. They were answered "nothing stored", so they must not come back
+/// after a `kill -9` (the page cache survives it): the writer zeroes and syncs them first.
+#[test]
+fn a_partial_enospc_write_is_zeroed_before_it_is_answered() {
+    let io = FaultyIo::new(5);
+    let (j, _) = open(&io, small_opts(1 << 20));
+    j.submit(vec![put(1, 1, 10)]).wait().unwrap();
+    let held = hold_writer(&io, &j, 2);
+    // Two whole records of ~150 bytes, then ENOSPC in the third.
+    io.fail_next_write_with_enospc_after(400);
+    let a = j.submit(vec![put(1, 3, 100)]);
+    let b = j.submit(vec![put(1, 4, 100)]);
+    let c = j.submit(vec![put(1, 5, 1000)]);
+    io.pause_syncs(false);
+    held.wait().unwrap();
+    for (n, r) in [a.wait(), b.wait(), c.wait()].into_iter().enumerate() {
+        let e = r.unwrap_err();
+        assert!(matches!(e, JournalError::NoSpace { .. }), "{n}: {e}");
+        assert!(!e.may_be_stored(), "{n}: {e}");
+    }
+    assert!(!j.is_poisoned());
+    // kill -9 now: everything written so far stays.
+    let after_kill = io.restart_after_kill();
+    drop(j);
+    let (_, r) = open(&after_kill, small_opts(1 << 20));
+    assert_eq!(
+        seqs(&r, 1),
+        vec![1, 2],
+        "records answered NoSpace came back"
+    );
+}
+
+/// Review C3: once a record of a chain fails, later records of the chain are not written,
+/// even in a later group commit that could have stored them, until the chain is reset.
+#[test]
+fn a_chain_stops_at_its_first_failed_record() {
+    let io = FaultyIo::new(6);
+    let opts = JournalOptions {
+        max_batch_bytes: 1, // one submission per group commit
+        ..small_opts(1 << 20)
+    };
+    let (j, _) = open(&io, opts.clone());
+    j.submit(vec![put(1, 1, 10)]).wait().unwrap();
+    let chain = Chain::new();
+    let held = hold_writer(&io, &j, 2);
+    io.fail_next_write_with_enospc_after(10);
+    let a = j.submit_chained(vec![put(1, 3, 100)], &chain);
+    // Does not store data, so the disk-full mode would let it through: only the chain stops it.
+    let b = j.submit_chained(
+        vec![Op::Remove {
+            queue_id: 1,
+            seqs: vec![1],
+        }],
+        &chain,
+    );
+    io.pause_syncs(false);
+    held.wait().unwrap();
+    assert!(matches!(a.wait(), Err(JournalError::NoSpace { .. })));
+    let e = b.wait().unwrap_err();
+    assert!(matches!(e, JournalError::EarlierFailed { .. }), "{e}");
+    assert!(chain.is_broken());
+    let e = j
+        .submit_chained(
+            vec![Op::Remove {
+                queue_id: 1,
+                seqs: vec![2],
+            }],
+            &chain,
+        )
+        .wait()
+        .unwrap_err();
+    assert!(matches!(e, JournalError::EarlierFailed { .. }), "{e}");
+    chain.reset();
+    j.submit_chained(
+        vec![Op::Remove {
+            queue_id: 1,
+            seqs: vec![2],
+        }],
+        &chain,
+    )
+    .wait()
+    .unwrap();
+    drop(j);
+    let (_, r) = open(&io.restart(), opts);
+    assert_eq!(
+        seqs(&r, 1),
+        vec![1],
+        "seq 2 removed after the reset, seq 1 never"
+    );
+}
+
+/// Review M6: a queue definition submitted detached (nobody waits; its queue is used at once)
+/// while the journal is in disk-full mode is written if the active segment has room, instead
+/// of being refused, which poisoned the journal.
+#[test]
+fn a_detached_definition_in_disk_full_mode_does_not_poison() {
+    let io = FaultyIo::new(8);
+    let (j, _) = open(&io, small_opts(1 << 20));
+    j.submit(vec![put(1, 1, 10)]).wait().unwrap();
+    io.fail_writes_with_enospc(true);
+    assert!(j.submit(vec![put(1, 2, 10)]).wait().is_err());
+    io.fail_writes_with_enospc(false);
+    assert!(
+        j.is_disk_full(),
+        "a write that hit ENOSPC enters disk-full mode"
+    );
+    j.submit_detached(vec![Op::DefineQueue {
+        queue_id: 9,
+        def: Bytes::from_static(b"def"),
+    }]);
+    // A barrier: completes after the detached record.
+    j.submit(vec![]).wait().unwrap();
+    assert!(
+        !j.is_poisoned(),
+        "the detached definition poisoned the journal"
+    );
+    drop(j);
+    let (_, r) = open(&io.restart(), small_opts(1 << 20));
+    assert!(
+        r.queues.iter().any(|(id, _)| *id == 9),
+        "the definition is on disk"
+    );
+}

@@ -106,6 +106,10 @@ enum Command {
     /// --timeout for the first; exit 3 if fewer than --count are there).
     #[command(after_help = AFTER_HELP)]
     Peek(ReceiveArgs),
+    /// Page through a queue without removing anything, from the head (or --from a message),
+    /// printing every waiting message in receive order; only one page (at most 1000 messages)
+    /// is held in memory at a time.
+    Browse(BrowseArgs),
     /// Outgoing queues (store-and-forward to other brokers): list, pause, resume, delete.
     #[command(subcommand, after_help = OUTGOING_HELP)]
     Outgoing(OutgoingCommand),
@@ -119,9 +123,38 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Move a waiting message by id: between a queue and its subqueues (QUEUE;name), or out
+    /// of a dead-letter queue back to where it was going (replay; alias `requeue`).
+    #[command(alias = "requeue", after_help = MOVE_HELP)]
+    Move(MoveArgs),
     /// One line per queue: messages, bytes, in flight, and messages sent and received per
     /// second over the last --interval (like top with --watch; Ctrl-C ends it).
     Stats(StatsArgs),
+}
+
+const MOVE_HELP: &str = "\
+Within a queue (MSMQ subqueues): DEST is a subqueue name, created on first use; '' (or nothing)
+is the main queue. Each move adds 1 to the message's move count and resets its abort count.
+  mq move '.\\private$\\orders' ID poison        mq move '.\\private$\\orders;poison' ID ''
+Out of a dead-letter queue (replay): DEST is a queue's format name; '' (or nothing) is the
+message's original destination. It keeps its id and properties; the dead-letter record and
+timers that passed are removed.
+  mq requeue 'DIRECT=OS:.\\SYSTEM$;DEADLETTER' ID          mq move '.\\SYSTEM$;DEADXACT' ID '.\\private$\\other'
+Exit codes: 0 moved, 1 error (one line on stderr: no such message, bad name, no right), 2 usage.";
+
+#[derive(Debug, Args)]
+struct MoveArgs {
+    /// Where the message is: a queue, a subqueue (QUEUE;name) or a dead-letter queue.
+    queue: String,
+    /// The message's id (as `mq receive --json` or `mq peek --json` shows it).
+    id: String,
+    /// A subqueue name ('' = the main queue), or for a dead letter a queue's format name
+    /// ('' = its original destination).
+    #[arg(default_value = "")]
+    destination: String,
+    /// The moved message (without body) as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -268,6 +301,10 @@ enum QueueCommand {
             value_name = "TEXT"
         )]
         label: String,
+        /// Transactional queues: move a message whose receive was aborted N times to the
+        /// subqueue NAME;poison instead of handing it out again (0 = never).
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        max_aborts: u32,
     },
     /// Delete a queue and every message in it.
     Delete {
@@ -279,6 +316,23 @@ enum QueueCommand {
         /// The queue: a path name (.\private$\orders) or a format name.
         name: String,
         /// One JSON object instead of the text lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change a queue's properties (needs admin on it); the change is on disk when this
+    /// returns. Flags left out keep their value.
+    Set {
+        name: String,
+        /// A free-text label (at most 250 characters).
+        #[arg(long)]
+        label: Option<String>,
+        /// Most bytes the queue may hold (body + label + overhead per message).
+        #[arg(long, visible_alias = "quota")]
+        quota_bytes: Option<u64>,
+        /// Remove the queue quota (only the broker's applies).
+        #[arg(long, conflicts_with = "quota_bytes")]
+        no_quota: bool,
+        /// The resulting queue as `mq queue info --json` shows it.
         #[arg(long)]
         json: bool,
     },
@@ -381,6 +435,12 @@ struct SendArgs {
     /// unknown with the id it printed commits at most once ("already committed").
     #[arg(long, requires = "tx", value_name = "ID")]
     tx_id: Option<String>,
+    /// Send each message as its own transaction (MSMQ's single-message transaction), pipelined:
+    /// for transactional queues. If the connection breaks, the error names the transaction ids
+    /// whose outcome is unknown (`mq tx status ID` tells; `--tx --tx-id ID` repeats one at most
+    /// once).
+    #[arg(long, conflicts_with_all = ["recoverable", "tx"])]
+    tx_each: bool,
     /// Time-to-reach-queue (e.g. 500ms, 5s, 1m): the message must reach its destination queue
     /// within this time of the send, else it goes to the dead-letter queue with class
     /// ReachQueueTimeout (it matters for queues on other brokers, reached by store-and-forward).
@@ -429,6 +489,28 @@ struct ReceiveArgs {
     /// mq peek refuses it (a peek removes nothing).
     #[arg(long)]
     tx: bool,
+    /// Only the message with this id (MSMQ ReceiveById / PeekById); waits up to --timeout
+    /// for it to arrive; with --timeout 0s, fails at once if it is not there.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["correlation_id", "count"])]
+    id: Option<uuid::Uuid>,
+    /// Only the first message with this correlation id (ReceiveByCorrelationId), as --id.
+    #[arg(long, value_name = "ID", conflicts_with = "count")]
+    correlation_id: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct BrowseArgs {
+    /// The queue.
+    queue: String,
+    /// Start at the message with this id (it must be waiting).
+    #[arg(long, value_name = "ID")]
+    from: Option<uuid::Uuid>,
+    /// Stop after this many messages (default: all).
+    #[arg(long)]
+    count: Option<u64>,
+    /// One JSON object per message (as `mq receive --json`).
+    #[arg(long)]
+    json: bool,
 }
 
 /// An error with its exit code.
@@ -484,8 +566,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
             check_name(&a.queue)?
         }
+        Command::Browse(a) => check_name(&a.queue)?,
         Command::Queue(
             QueueCommand::Create { name, .. }
+            | QueueCommand::Set { name, .. }
             | QueueCommand::Delete { name }
             | QueueCommand::Info { name, .. }
             | QueueCommand::Purge { name }
@@ -506,6 +590,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Outgoing(OutgoingCommand::List { .. }) | Command::Stats(_) => {}
         Command::Tx(TxCommand::Status { id, .. }) => {
             id.parse::<TxId>()?;
+        }
+        Command::Move(a) => {
+            check_name(&a.queue)?;
+            parse_message_id(&a.id)?;
+            if a.destination.contains(['\\', '/', '=']) {
+                check_name(&a.destination)?;
+            }
         }
         Command::Info { .. } => {}
     }
@@ -555,11 +646,39 @@ async fn connect_and_run(cli: Cli, options: ClientOptions) -> Result<(), Failure
         Command::Send(a) => send(&client, a).await,
         Command::Receive(a) => receive(&client, a, false, &mut out).await,
         Command::Peek(a) => receive(&client, a, true, &mut out).await,
+        Command::Browse(a) => browse(&client, a, &mut out).await,
         Command::Outgoing(o) => outgoing_command(&client, o, &mut out).await,
         Command::Tx(t) => tx_command(&client, t, &mut out).await,
+        Command::Move(a) => move_command(&client, a, &mut out).await,
         Command::Info { json } => info_command(&client, json, &mut out).await,
         Command::Stats(a) => stats(&client, a, &mut out).await,
     }
+}
+
+/// A message id as `mq receive --json` prints it (a UUID).
+fn parse_message_id(id: &str) -> Result<uuid::Uuid, Failure> {
+    id.parse::<uuid::Uuid>().map_err(|e| Failure {
+        code: 2,
+        message: format!(
+            "\"{}\" is not a message id (a UUID as mq receive --json shows it): {e}",
+            id.chars().take(64).collect::<String>()
+        ),
+    })
+}
+
+async fn move_command(client: &Client, a: MoveArgs, out: &mut impl Write) -> Result<(), Failure> {
+    let id = parse_message_id(&a.id)?;
+    let m = client.move_message(&a.queue, id, &a.destination).await?;
+    if a.json {
+        writeln!(out, "{}", message_json(&m))?;
+    } else {
+        writeln!(
+            out,
+            "moved {} to {} (move count {})",
+            m.id, m.destination, m.move_count
+        )?;
+    }
+    Ok(())
 }
 
 /// Connects with the TLS and credential options.
@@ -699,6 +818,7 @@ async fn queue_command(
             transactional,
             quota_bytes,
             label,
+            max_aborts,
         } => {
             let info = client
                 .create_queue(
@@ -707,6 +827,7 @@ async fn queue_command(
                         transactional,
                         quota_bytes,
                         label,
+                        max_aborts,
                     },
                 )
                 .await?;
@@ -715,6 +836,27 @@ async fn queue_command(
         QueueCommand::Delete { name } => {
             client.delete_queue(&name).await?;
             writeln!(out, "deleted {name}")?;
+        }
+        QueueCommand::Set {
+            name,
+            label,
+            quota_bytes,
+            no_quota,
+            json,
+        } => {
+            let mut props = mq_client::QueueProperties::default();
+            props.label = label;
+            props.quota_bytes = if no_quota {
+                Some(None)
+            } else {
+                quota_bytes.map(Some)
+            };
+            let q = client.set_queue_properties(&name, props).await?;
+            if json {
+                writeln!(out, "{}", serde_json::to_string(&q)?)?;
+            } else {
+                writeln!(out, "changed {}", q.name)?;
+            }
         }
         QueueCommand::Purge { name } => {
             let n = client.purge(&name).await?;
@@ -738,6 +880,10 @@ async fn queue_command(
                 let quota = q.quota_bytes.map_or("none".to_string(), |b| b.to_string());
                 writeln!(out, "quota (bytes):  {quota}")?;
                 writeln!(out, "label:          {}", q.label)?;
+                if q.max_aborts > 0 {
+                    writeln!(out, "max aborts:     {}", q.max_aborts)?;
+                    writeln!(out, "poisoned:       {}", q.poisoned)?;
+                }
             }
         }
         QueueCommand::Grant { name, who, rights } => {
@@ -971,8 +1117,12 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
         code: 1,
         message: format!("{e}; acknowledged 0 of {}", a.count),
     };
+    let options = SenderOptions {
+        transactional: a.tx_each,
+        ..SenderOptions::default()
+    };
     let mut sender = client
-        .sender(&a.destination, SenderOptions::default())
+        .sender(&a.destination, options)
         .await
         .map_err(none_acked)?;
     if a.count == 1 {
@@ -984,7 +1134,7 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
             Ok(id) => id,
             Err(e) => {
                 let _ = sender.flush().await;
-                return Err(send_failure(&e, 0, sender.in_doubt(), 1));
+                return Err(send_failure(&e, 0, sender.in_doubt(), 1, &[]));
             }
         };
         sender.close().await?;
@@ -1007,13 +1157,20 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
     }
     let flushed = sender.flush().await;
     let (acknowledged, in_doubt) = (sender.acknowledged(), sender.in_doubt());
+    let in_doubt_ids = sender.in_doubt_ids();
     let closed = sender.close().await;
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
     let err = result.err().or(flushed.err()).or(closed.err());
     if let Some(e) = err {
-        return Err(send_failure(&e, acknowledged, in_doubt, a.count));
+        return Err(send_failure(
+            &e,
+            acknowledged,
+            in_doubt,
+            a.count,
+            &in_doubt_ids,
+        ));
     }
     let secs = started.elapsed().as_secs_f64();
     eprintln!(
@@ -1029,9 +1186,26 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
 }
 
 /// The last line of a failed `mq send`: the error, then how many of the `count` messages were
-/// acknowledged, and how many have an unknown outcome (sent, no answer before the stream ended).
-fn send_failure(e: &mq_client::Error, acknowledged: u64, in_doubt: u64, count: u64) -> Failure {
+/// acknowledged, and how many have an unknown outcome (sent, no answer before the stream ended);
+/// with `--tx-each`, their transaction ids (`ids`, consecutive).
+fn send_failure(
+    e: &mq_client::Error,
+    acknowledged: u64,
+    in_doubt: u64,
+    count: u64,
+    ids: &[TxId],
+) -> Failure {
     // The line always ends with "acknowledged K of N" (scripts parse it).
+    let which = match (ids.first(), ids.last()) {
+        (Some(a), Some(b)) if a == b => format!(
+            "transaction {a} may or may not have committed (ask with `mq tx status ID`; `mq send --tx --tx-id ID` repeats it at most once); "
+        ),
+        (Some(a), Some(b)) => format!(
+            "transactions {a} to {b} ({} ids in a row) may or may not have committed (ask with `mq tx status ID`; `mq send --tx --tx-id ID` repeats one at most once); ",
+            ids.len()
+        ),
+        _ => String::new(),
+    };
     let unknown = if in_doubt > 0 {
         format!("outcome unknown for {in_doubt}; ")
     } else {
@@ -1039,7 +1213,7 @@ fn send_failure(e: &mq_client::Error, acknowledged: u64, in_doubt: u64, count: u
     };
     Failure {
         code: 1,
-        message: format!("{e}; {unknown}acknowledged {acknowledged} of {count}"),
+        message: format!("{e}; {which}{unknown}acknowledged {acknowledged} of {count}"),
     }
 }
 
@@ -1131,6 +1305,40 @@ async fn receive(
     let queue = client.queue(&a.queue)?;
     let deadline = Instant::now() + a.timeout;
     let mut got = 0u64;
+    if a.id.is_some() || a.correlation_id.is_some() {
+        let (id, corr) = (a.id, a.correlation_id.as_deref().unwrap_or(""));
+        let m = if a.tx && !peek {
+            let mut tx = client.begin().await?;
+            let m = match id {
+                Some(id) => tx.receive_by_id(&a.queue, id, a.timeout).await?,
+                None => {
+                    tx.receive_by_correlation_id(&a.queue, corr, a.timeout)
+                        .await?
+                }
+            };
+            match &m {
+                Some(m) => {
+                    print_message(out, m, a.json)?;
+                    out.flush()?;
+                    tx.commit().await?;
+                }
+                None => tx.abort().await?,
+            }
+            return found_or_timeout(m.is_some(), id, corr, a.timeout);
+        } else {
+            match (id, peek) {
+                (Some(id), false) => queue.receive_by_id(id, a.timeout).await?,
+                (Some(id), true) => queue.peek_by_id(id, a.timeout).await?,
+                (None, false) => queue.receive_by_correlation_id(corr, a.timeout).await?,
+                (None, true) => queue.peek_by_correlation_id(corr, a.timeout).await?,
+            }
+        };
+        if let Some(m) = &m {
+            print_message(out, m, a.json)?;
+        }
+        out.flush()?;
+        return found_or_timeout(m.is_some(), id, corr, a.timeout);
+    }
     if a.tx && !peek {
         // Each receive its own transaction: receive, print, commit.
         while got < a.count {
@@ -1204,6 +1412,60 @@ async fn receive(
     }
     Ok(())
 }
+
+/// Exit 3 when the message asked for by id or correlation id did not arrive in time.
+fn found_or_timeout(
+    found: bool,
+    id: Option<uuid::Uuid>,
+    corr: &str,
+    timeout: Duration,
+) -> Result<(), Failure> {
+    if found {
+        return Ok(());
+    }
+    let what = match id {
+        Some(id) => format!("with id {id}"),
+        None => format!("with correlation id \"{}\"", one_line(corr)),
+    };
+    Err(Failure {
+        code: 3,
+        message: format!(
+            "no message {what} arrived within {} (MQ_ERROR_IO_TIMEOUT)",
+            humantime::format_duration(timeout)
+        ),
+    })
+}
+
+/// `mq browse`: peek pages from the head (or a message) to the end, printed as they come.
+async fn browse(client: &Client, a: BrowseArgs, out: &mut impl Write) -> Result<(), Failure> {
+    let queue = client.queue(&a.queue)?;
+    let limit = a.count.unwrap_or(u64::MAX);
+    let mut got = 0u64;
+    let page_max = |got: u64| (limit - got).min(BROWSE_PAGE) as u32;
+    let mut page = match a.from {
+        Some(id) => queue.peek_page_from(page_max(0), id).await?,
+        None => queue.peek_page(page_max(0), None, Duration::ZERO).await?,
+    };
+    loop {
+        for m in &page.messages {
+            print_message(out, m, a.json)?;
+            got += 1;
+        }
+        match page.next {
+            Some(c) if got < limit => {
+                page = queue
+                    .peek_page(page_max(got), Some(&c), Duration::ZERO)
+                    .await?;
+            }
+            _ => break,
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Messages asked for per browse page (the broker's page limit).
+const BROWSE_PAGE: u64 = 1000;
 
 fn print_message(out: &mut impl Write, m: &ReceivedMessage, json: bool) -> std::io::Result<()> {
     if json {
@@ -1285,6 +1547,7 @@ fn message_json(m: &ReceivedMessage) -> serde_json::Value {
     o.insert("response_queue".into(), m.response_queue.clone().into());
     o.insert("destination".into(), m.destination.clone().into());
     o.insert("abort_count".into(), m.abort_count.into());
+    o.insert("move_count".into(), m.move_count.into());
     o.insert("transactional".into(), m.transactional.into());
     o.insert(
         "reach_queue_by_ms".into(),
@@ -1335,6 +1598,7 @@ mod tests {
             reach_queue_by: None,
             receive_by: None,
             dead_letter: None,
+            move_count: 0,
         }
     }
 
@@ -1501,17 +1765,29 @@ beta.example.com:1801  ONHOLD               3              30          0        
     #[test]
     fn a_failed_send_ends_with_acknowledged_k_of_n_and_says_what_is_unknown() {
         let e = mq_client::Error::Unavailable("the connection to the broker was lost".into());
-        let f = send_failure(&e, 7, 0, 10);
+        let f = send_failure(&e, 7, 0, 10, &[]);
         assert!(
             f.message.ends_with("; acknowledged 7 of 10"),
             "{}",
             f.message
         );
         assert!(!f.message.contains("unknown"), "{}", f.message);
-        let f = send_failure(&e, 7, 3, 10);
+        let f = send_failure(&e, 7, 3, 10, &[]);
         assert!(
             f.message
                 .ends_with("; outcome unknown for 3; acknowledged 7 of 10"),
+            "{}",
+            f.message
+        );
+        let ids = [TxId::new(), TxId::new()];
+        let f = send_failure(&e, 7, 2, 10, &ids);
+        assert!(
+            f.message.contains(&format!(
+                "transactions {} to {} (2 ids in a row)",
+                ids[0], ids[1]
+            )) && f
+                .message
+                .ends_with("; outcome unknown for 2; acknowledged 7 of 10"),
             "{}",
             f.message
         );

@@ -24,6 +24,7 @@ use crate::measurement::{ComboResult, Op, Outcome};
 use crate::payload::{encode, FormatterKind, Payload, PayloadKind};
 use crate::progress::Progress;
 
+pub(crate) use phase::unix_ns;
 pub use phase::{prefetch_for, sample_every};
 
 /// One (payload, formatter) to run: the payload built once, its encoded size known.
@@ -109,9 +110,12 @@ pub fn largest_body(plan: &[Planned]) -> usize {
         .unwrap_or(0)
 }
 
-/// The operations a scenario times, in report order.
-pub fn ops(scenario: Scenario) -> Vec<Op> {
-    match scenario {
+/// The operations a configuration times, in report order.
+pub fn ops(config: &Config) -> Vec<Op> {
+    if config.backlog.is_some() && config.scenario == Scenario::SendAndReceive {
+        return vec![Op::Fill, Op::Drain];
+    }
+    match config.scenario {
         Scenario::SendAndPurge => vec![Op::Send],
         Scenario::SendAndReceive => vec![Op::Send, Op::Receive, Op::E2e],
         Scenario::Server => vec![Op::Receive],
@@ -124,6 +128,10 @@ pub fn ops(scenario: Scenario) -> Vec<Op> {
 pub fn progress_per_run(config: &Config) -> u64 {
     let phases = match config.scenario {
         Scenario::SendAndPurge | Scenario::Server | Scenario::Client => 1,
+        // fill and drain
+        Scenario::SendAndReceive if config.backlog.is_some() => {
+            return 2 * config.backlog.unwrap_or(0)
+        }
         // send, receive, and the e2e phase's send and receive.
         Scenario::SendAndReceive => 4,
     };
@@ -157,11 +165,13 @@ pub(crate) struct Ctx {
     pub config: Config,
     /// The sending broker's URL (extra senders connect there).
     pub send_url: String,
-    /// The queue as sends name it: on the sending broker, or with `--forward` B's queue by its
-    /// remote format name, through A.
-    pub send_queue: Queue,
-    /// The queue as receives and purges name it (local; on B with `--forward`).
+    /// The queues as sends name them: on the sending broker, or with `--forward` B's queues
+    /// by their remote format names, through A (`--queues`: several).
+    pub send_queues: Vec<Queue>,
+    /// The first of `queues` (SERVER and CLIENT have one).
     pub queue: Queue,
+    /// The queues as receives and purges name them (local; on B with `--forward`).
+    pub queues: Vec<Queue>,
     pub forwarding: Option<Forwarding>,
     pub progress: Progress,
 }
@@ -176,9 +186,10 @@ impl Ctx {
         clients: u32,
     ) -> phase::SendJob {
         phase::SendJob {
-            queue: self.send_queue.clone(),
+            queues: self.send_queues.clone(),
             combo: combo.clone(),
             count: self.config.count,
+            rate: self.config.rate,
             delivery: self.config.send_delivery(),
             transactional: self.config.mode == Mode::Tx,
             clients,
@@ -186,6 +197,26 @@ impl Ctx {
             label,
             progress: self.progress.clone(),
         }
+    }
+
+    /// The broker's resident memory now: `--broker-pid`'s, or this process's with embedded
+    /// brokers; `None` against a `--broker` without `--broker-pid`.
+    pub fn rss(&self) -> Option<u64> {
+        match (self.config.broker_pid, &self.config.broker) {
+            (Some(pid), _) => crate::rss::rss_bytes(Some(pid)),
+            (None, None) => crate::rss::rss_bytes(None),
+            (None, Some(_)) => None,
+        }
+    }
+
+    /// Purges every queue (not timed).
+    pub async fn purge_all(&self) -> Result<()> {
+        for q in &self.queues {
+            q.purge()
+                .await
+                .with_context(|| format!("cannot purge {}", q.name()))?;
+        }
+        Ok(())
     }
 
     /// With `--forward`: waits until A has handed every message to B (A's outgoing queue for B
@@ -210,7 +241,10 @@ pub async fn run(
     let route = brokers.route.as_ref();
     // The queue lives on the receiving broker; the response queue (SERVER/CLIENT) on the
     // sending one, where the CLIENT waits (with --forward the SERVER replies through B to A).
-    ensure_queue(&brokers.receive, &config.queue, config.mode).await?;
+    let names = config.queue_names();
+    for name in &names {
+        ensure_queue(&brokers.receive, name, config.mode).await?;
+    }
     let response = match &config.response_queue {
         Some(name) => {
             ensure_queue(&brokers.send, name, config.mode).await?;
@@ -221,16 +255,21 @@ pub async fn run(
         }
         None => None,
     };
-    let queue = brokers.receive.queue(&config.queue)?;
-    let send_queue = match route {
-        Some(r) => brokers.send.queue(&r.on_b(&config.queue)?)?,
-        None => brokers.send.queue(&config.queue)?,
-    };
+    let mut queues = Vec::new();
+    let mut send_queues = Vec::new();
+    for name in &names {
+        queues.push(brokers.receive.queue(name)?);
+        send_queues.push(match route {
+            Some(r) => brokers.send.queue(&r.on_b(name)?)?,
+            None => brokers.send.queue(name)?,
+        });
+    }
     let ctx = Ctx {
         config: config.clone(),
         send_url: brokers.send.url().to_string(),
-        send_queue,
-        queue,
+        send_queues,
+        queue: queues[0].clone(),
+        queues,
         forwarding: route.map(|r| Forwarding {
             a: brokers.send.clone(),
             b: r.b.clone(),
@@ -241,15 +280,9 @@ pub async fn run(
     if config.scenario != Scenario::Server {
         ctx.settle().await?;
     }
-    let queue = &ctx.queue;
     match config.scenario {
         // These scenarios own the queue: leftovers would be received as this run's messages.
-        Scenario::SendAndPurge | Scenario::SendAndReceive => {
-            queue
-                .purge()
-                .await
-                .with_context(|| format!("cannot purge {}", config.queue))?;
-        }
+        Scenario::SendAndPurge | Scenario::SendAndReceive => ctx.purge_all().await?,
         // Stale replies of an earlier client would end runs early.
         Scenario::Client => {
             if let Some(r) = &response {
@@ -278,7 +311,7 @@ pub async fn run(
                     body_bytes,
                     outcome: Outcome::Skipped {
                         reason,
-                        ops: ops(config.scenario),
+                        ops: ops(config),
                     },
                 }
             }

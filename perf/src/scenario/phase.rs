@@ -13,6 +13,7 @@
 //!   subtracts it from its own wall clock once the body is decoded. The broker's `sent_time`
 //!   has only millisecond resolution. Across machines this includes their clock offset.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -26,6 +27,7 @@ use tokio::sync::mpsc;
 use super::Combo;
 use crate::payload::decode;
 use crate::progress::Progress;
+use crate::rate::{Pacer, PacerHandle, Schedule};
 use crate::stats::Latency;
 
 /// Progress is reported in steps of this many messages.
@@ -56,21 +58,26 @@ pub(crate) fn unix_ns() -> i64 {
 }
 
 /// Send `count` messages of a combination through one pipelining sender, or through `clients`
-/// senders at once, each on its own connection, sharing the count.
+/// senders at once, each on its own connection, sharing the count. Message `g` (0-based over
+/// the whole job) goes to queue `g mod queues` and, with several clients, from client
+/// `g mod clients`; with a rate it is due at `g / rate` s.
 #[derive(Debug)]
 pub(crate) struct SendJob {
-    pub queue: Queue,
+    /// Where messages go, round-robin (at least one).
+    pub queues: Vec<Queue>,
     pub combo: Arc<Combo>,
     pub count: u64,
     pub delivery: Delivery,
     /// Each message its own single-message transaction (TX; the queue is transactional).
     pub transactional: bool,
-    /// Concurrent senders (1: through `queue`'s connection).
+    /// Concurrent senders (1: through `queues`' connection).
     pub clients: u32,
     /// The broker's URL, where each of several clients connects.
     pub url: String,
     /// A label for every message (the CLIENT's run tag).
     pub label: Option<String>,
+    /// `--rate`: open loop at this many messages/s, latencies from the intended send time.
+    pub rate: Option<u64>,
     pub progress: Progress,
 }
 
@@ -80,7 +87,7 @@ pub(crate) struct Sent {
     /// From the first `send()` to the last acknowledgement (the senders are opened before).
     pub elapsed: Duration,
     pub acknowledged: u64,
-    /// `send()` to acknowledgement, sampled.
+    /// `send()` (with a rate: the intended send time) to acknowledgement, sampled.
     pub latency: Latency,
 }
 
@@ -92,57 +99,102 @@ struct Part {
     latency: Latency,
 }
 
+/// The senders of one client: one per queue it sends to (`None` for the others).
+type Senders = Vec<Option<Sender>>;
+
 impl SendJob {
     fn what(&self) -> String {
-        format!("sending {} to {}", self.combo.name(), self.queue.name())
+        let q = &self.queues[0];
+        match self.queues.len() {
+            1 => format!("sending {} to {}", self.combo.name(), q.name()),
+            n => format!(
+                "sending {} to {n} queues ({} ...)",
+                self.combo.name(),
+                q.name()
+            ),
+        }
     }
 
-    async fn open(&self, queue: &Queue) -> Result<Sender> {
+    /// Opens a sender to every queue client `k` of `n` sends to (queue `g mod Q` of its
+    /// messages `g = k + j*n`), through `queue(i)`.
+    async fn open(
+        &self,
+        k: u64,
+        n: u64,
+        queue: impl Fn(usize) -> Result<Queue>,
+    ) -> Result<Senders> {
         let options = SenderOptions {
             transactional: self.transactional,
             ..SenderOptions::default()
         };
-        queue.sender(options).await.with_context(|| self.what())
+        let q = self.queues.len() as u64;
+        let mut senders: Senders = (0..q).map(|_| None).collect();
+        let share = self.count / n + u64::from(k < self.count % n);
+        for j in 0..share.min(q) {
+            let i = ((k + j * n) % q) as usize;
+            if senders[i].is_none() {
+                let s = queue(i)?
+                    .sender(options.clone())
+                    .await
+                    .with_context(|| self.what())?;
+                senders[i] = Some(s);
+            }
+        }
+        Ok(senders)
     }
 
     pub async fn run(self) -> Result<Sent> {
         let job = Arc::new(self);
+        let total = job.count;
         let parts = if job.clients <= 1 {
-            let sender = job.open(&job.queue).await?;
+            let senders = job.open(0, 1, |i| Ok(job.queues[i].clone())).await?;
+            let pacer = job.rate.map(|r| Pacer::start(Schedule::new(r), total));
             let start = Instant::now();
-            let part = job.drive(sender, job.count).await?;
+            let part = job
+                .drive(senders, 0, 1, pacer.as_ref().map(Pacer::handle))
+                .await?;
             vec![(start, part)]
         } else {
-            // Every client connects and opens its sender first; then all start at once.
+            // Every client connects and opens its senders first; then all start at once (the
+            // pacer starts between the two gates).
             let n = u64::from(job.clients);
-            let gate = Arc::new(tokio::sync::Barrier::new(job.clients as usize + 1));
+            let opened_gate = Arc::new(tokio::sync::Barrier::new(job.clients as usize + 1));
+            let start_gate = Arc::new(tokio::sync::Barrier::new(job.clients as usize + 1));
+            let (pacer_tx, pacer_rx) = tokio::sync::watch::channel(None::<PacerHandle>);
             let mut tasks = Vec::new();
             for k in 0..n {
-                let share = job.count / n + u64::from(k < job.count % n);
-                let (job, gate) = (job.clone(), gate.clone());
+                let (job, opened_gate, start_gate) =
+                    (job.clone(), opened_gate.clone(), start_gate.clone());
+                let mut pacer_rx = pacer_rx.clone();
                 tasks.push(tokio::spawn(async move {
                     let opened = async {
                         let client = crate::connect::client(&job.url)
                             .await
                             .with_context(|| job.what())?;
-                        let queue = client.queue(job.queue.name())?;
-                        job.open(&queue).await
+                        let name = |i: usize| job.queues[i].name().to_string();
+                        job.open(k, n, |i| Ok(client.queue(&name(i))?)).await
                     }
                     .await;
-                    // Pass the gate even on failure, so the others are not left waiting.
-                    gate.wait().await;
+                    // Pass the gates even on failure, so the others are not left waiting.
+                    opened_gate.wait().await;
+                    start_gate.wait().await;
+                    let pacer = pacer_rx.borrow_and_update().clone();
                     let start = Instant::now();
-                    job.drive(opened?, share)
+                    job.drive(opened?, k, n, pacer)
                         .await
                         .map(|p| (start, p))
                         .with_context(|| format!("sender {} of {n}", k + 1))
                 }));
             }
-            gate.wait().await;
+            opened_gate.wait().await;
+            let pacer = job.rate.map(|r| Pacer::start(Schedule::new(r), total));
+            pacer_tx.send_replace(pacer.as_ref().map(Pacer::handle));
+            start_gate.wait().await;
             let mut parts = Vec::new();
             for t in tasks {
                 parts.push(t.await.context("a sender task panicked")??);
             }
+            drop(pacer);
             parts
         };
         let start = parts
@@ -171,15 +223,31 @@ impl SendJob {
         })
     }
 
-    /// Sends `count` messages through `sender`, timed until the last acknowledgement.
-    async fn drive(&self, mut sender: Sender, count: u64) -> Result<Part> {
+    /// Sends client `k` of `n`'s messages (`g = k, k+n, k+2n, ...` below the count) through
+    /// its senders, timed until the last acknowledgement; paced by `pacer` if given.
+    async fn drive(
+        &self,
+        mut senders: Senders,
+        k: u64,
+        n: u64,
+        mut pacer: Option<PacerHandle>,
+    ) -> Result<Part> {
         let what = self.what();
         let every = sample_every(self.count);
         let (tx, rx) = mpsc::unbounded_channel::<(Instant, Receipt)>();
         let collector = tokio::spawn(collect_receipts(rx));
         let combo = &self.combo;
-        for i in 0..count {
-            let stamp = unix_ns();
+        let q = self.queues.len() as u64;
+        let count = self.count / n + u64::from(k < self.count % n);
+        for j in 0..count {
+            let g = k + j * n;
+            let (stamp, t) = match &mut pacer {
+                Some(p) => {
+                    p.wait(g).await;
+                    (p.intended_unix_ns(g), p.intended(g))
+                }
+                None => (unix_ns(), Instant::now()),
+            };
             let (body, body_type) = crate::payload::encode(&combo.payload, combo.formatter)
                 .with_context(|| what.clone())?;
             let mut m = Message::new(body)
@@ -189,8 +257,11 @@ impl SendJob {
             if let Some(l) = &self.label {
                 m = m.label(l.clone());
             }
-            if i % every == 0 || i + 1 == count {
-                let t = Instant::now();
+            let sender = senders[(g % q) as usize]
+                .as_mut()
+                .context("no sender for a queue this client sends to")?;
+            if j % every == 0 || j + 1 == count {
+                let t = if pacer.is_some() { t } else { Instant::now() };
                 let receipt = sender
                     .send_with_receipt(m)
                     .await
@@ -199,25 +270,27 @@ impl SendJob {
             } else {
                 sender.send(m).await.with_context(|| what.clone())?;
             }
-            if (i + 1) % PROGRESS_STEP == 0 {
+            if (j + 1) % PROGRESS_STEP == 0 {
                 self.progress.inc(PROGRESS_STEP);
             }
         }
-        let summary = sender.flush().await.with_context(|| what.clone())?;
+        let mut acknowledged = 0;
+        for s in senders.iter_mut().flatten() {
+            acknowledged += s.flush().await.with_context(|| what.clone())?.acknowledged;
+        }
         let finished = Instant::now();
         self.progress.inc(count % PROGRESS_STEP);
         drop(tx);
-        sender.close().await.with_context(|| what.clone())?;
+        for s in senders.into_iter().flatten() {
+            s.close().await.with_context(|| what.clone())?;
+        }
         let latency = collector.await.context("the receipt collector panicked")?;
-        if summary.acknowledged != count {
-            bail!(
-                "{what}: the broker acknowledged {} of {count} messages",
-                summary.acknowledged
-            );
+        if acknowledged != count {
+            bail!("{what}: the broker acknowledged {acknowledged} of {count} messages");
         }
         Ok(Part {
             finished,
-            acknowledged: summary.acknowledged,
+            acknowledged,
             latency,
         })
     }
@@ -234,10 +307,17 @@ async fn collect_receipts(mut rx: mpsc::UnboundedReceiver<(Instant, Receipt)>) -
     l
 }
 
-/// Receive `count` messages of a combination through one consumer, checking each.
+/// Receive `count` messages of a combination through one consumer, checking each; or, with
+/// several queues or consumers, through `consumers` consumers at once (consumer k on queue
+/// k mod Q; queue q holds the messages `g` with `g mod Q = q`).
 #[derive(Debug)]
 pub(crate) struct ReceiveJob {
-    pub queue: Queue,
+    /// The queues, at least one (SERVER: exactly one).
+    pub queues: Vec<Queue>,
+    /// Consumers, at least `queues.len()`.
+    pub consumers: u32,
+    /// Acknowledge every message on its own.
+    pub ack_each: bool,
     pub combo: Arc<Combo>,
     pub count: u64,
     /// Longest wait for the next message.
@@ -264,14 +344,24 @@ pub(crate) struct Received {
     pub service: Latency,
     /// Per message: sender's stamp to decoded.
     pub transit: Latency,
+    /// Messages each consumer received.
+    pub per_consumer: Vec<u64>,
 }
 
 impl ReceiveJob {
     pub async fn run(self) -> Result<Received> {
-        let what = format!("receiving {} from {}", self.combo.name(), self.queue.name());
+        if self.queues.len() <= 1 && self.consumers <= 1 {
+            self.run_one().await
+        } else {
+            self.run_many().await
+        }
+    }
+
+    async fn run_one(self) -> Result<Received> {
+        let queue = &self.queues[0];
+        let what = format!("receiving {} from {}", self.combo.name(), queue.name());
         let mut start = Instant::now();
-        let mut consumer = self
-            .queue
+        let mut consumer = queue
             .consumer(ConsumerOptions {
                 prefetch: prefetch_for(self.combo.body_bytes),
                 limit: Some(self.count),
@@ -314,6 +404,9 @@ impl ReceiveJob {
             transit.record_ns(unix_ns().saturating_sub(m.app_specific).max(0) as u64);
             service.record(t0.elapsed());
             verified += 1;
+            if self.ack_each {
+                consumer.ack().await.with_context(|| what.clone())?;
+            }
             if (i + 1) % PROGRESS_STEP == 0 {
                 self.progress.inc(PROGRESS_STEP);
             }
@@ -326,8 +419,141 @@ impl ReceiveJob {
             verified,
             service,
             transit,
+            per_consumer: vec![verified],
         })
     }
+
+    /// Several consumers at once. Each queue's consumers share its count: they stop once the
+    /// queue's last message is verified; a consumer fails only when its queue made no progress
+    /// for the timeout.
+    async fn run_many(self) -> Result<Received> {
+        let job = Arc::new(self);
+        let q = job.queues.len() as u64;
+        let start = Instant::now();
+        let shares: Vec<Arc<Share>> = (0..q)
+            .map(|i| {
+                let (done, _) = tokio::sync::watch::channel(false);
+                Arc::new(Share {
+                    left: AtomicU64::new(job.count / q + u64::from(i < job.count % q)),
+                    done,
+                })
+            })
+            .collect();
+        let mut consumers_per_queue = vec![0u64; q as usize];
+        for k in 0..u64::from(job.consumers) {
+            consumers_per_queue[(k % q) as usize] += 1;
+        }
+        let mut tasks = Vec::new();
+        for k in 0..job.consumers as usize {
+            let i = k % q as usize;
+            let (job, share) = (job.clone(), shares[i].clone());
+            let alone = consumers_per_queue[i] == 1;
+            tasks.push(tokio::spawn(async move {
+                job.consume(i, share, alone)
+                    .await
+                    .with_context(|| format!("consumer {} of {}", k + 1, job.consumers))
+            }));
+        }
+        let mut service = Latency::new();
+        let mut transit = Latency::new();
+        let mut per_consumer = Vec::new();
+        for t in tasks {
+            let (n, s, tr) = t.await.context("a consumer task panicked")??;
+            service.merge(&s);
+            transit.merge(&tr);
+            per_consumer.push(n);
+        }
+        let elapsed = start.elapsed();
+        let verified: u64 = per_consumer.iter().sum();
+        job.progress
+            .inc(per_consumer.iter().map(|n| n % PROGRESS_STEP).sum());
+        Ok(Received {
+            elapsed,
+            verified,
+            service,
+            transit,
+            per_consumer,
+        })
+    }
+
+    /// One consumer on queue `i`: receives until the queue's share is done.
+    async fn consume(
+        &self,
+        i: usize,
+        share: Arc<Share>,
+        alone: bool,
+    ) -> Result<(u64, Latency, Latency)> {
+        let queue = &self.queues[i];
+        let what = format!("receiving {} from {}", self.combo.name(), queue.name());
+        let mut service = Latency::new();
+        let mut transit = Latency::new();
+        let mut done = share.done.subscribe();
+        let total = share.left.load(Ordering::Acquire);
+        let mut got = 0u64;
+        if total == 0 {
+            return Ok((0, service, transit));
+        }
+        let mut consumer = queue
+            .consumer(ConsumerOptions {
+                prefetch: prefetch_for(self.combo.body_bytes),
+                // Alone on its queue it knows its count; sharing, any of them may get the rest.
+                limit: alone.then_some(total),
+            })
+            .await
+            .with_context(|| what.clone())?;
+        let mut last_progress = (share.left.load(Ordering::Acquire), Instant::now());
+        loop {
+            if *done.borrow() {
+                break;
+            }
+            let t0 = Instant::now();
+            let next = tokio::select! {
+                m = consumer.next(Duration::from_millis(200)) => m.with_context(|| what.clone())?,
+                _ = done.wait_for(|d| *d) => break,
+            };
+            let Some(m) = next else {
+                let left = share.left.load(Ordering::Acquire);
+                if left != last_progress.0 {
+                    last_progress = (left, Instant::now());
+                } else if last_progress.1.elapsed() >= self.timeout {
+                    bail!(
+                        "{what}: {left} of the queue's messages still to come; nothing arrived within {:?}",
+                        self.timeout
+                    );
+                }
+                continue;
+            };
+            verify(&m, &self.combo).with_context(|| format!("{what}: message {}", got + 1))?;
+            transit.record_ns(unix_ns().saturating_sub(m.app_specific).max(0) as u64);
+            service.record(t0.elapsed());
+            got += 1;
+            if self.ack_each {
+                consumer.ack().await.with_context(|| what.clone())?;
+            }
+            if got.is_multiple_of(PROGRESS_STEP) {
+                self.progress.inc(PROGRESS_STEP);
+            }
+            let before = share.left.fetch_sub(1, Ordering::AcqRel);
+            if before == 0 {
+                bail!("{what}: more messages than were sent to this queue");
+            }
+            if before == 1 {
+                share.done.send_replace(true);
+                break;
+            }
+        }
+        consumer.close().await.with_context(|| what.clone())?;
+        Ok((got, service, transit))
+    }
+}
+
+/// What the consumers of one queue share.
+#[derive(Debug)]
+struct Share {
+    /// Messages still to receive from the queue.
+    left: AtomicU64,
+    /// Set once `left` reaches 0.
+    done: tokio::sync::watch::Sender<bool>,
 }
 
 /// Decodes the body with the formatter its tag names and checks it is the payload sent.

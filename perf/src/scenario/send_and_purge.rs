@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::{Combo, Ctx};
 use crate::measurement::{Op, OpResult};
@@ -18,11 +18,9 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
             .set_message(format!("{} send, run {run}", combo.name()));
         let s = ctx.send_job(combo, None, ctx.config.clients).run().await?;
         send.add_run(s.acknowledged, s.elapsed, &s.latency);
+        send.set_rss(ctx.rss());
         ctx.settle().await?;
-        ctx.queue
-            .purge()
-            .await
-            .with_context(|| format!("cannot purge {}", ctx.queue.name()))?;
+        ctx.purge_all().await?;
     }
     Ok(vec![send])
 }

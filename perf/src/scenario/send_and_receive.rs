@@ -8,6 +8,10 @@
 //! the broker (removed on disk) before it is handed out. `--clients N`: phases 1 and 3 send
 //! through N concurrent senders sharing N messages; receiving stays on one consumer.
 //!
+//! `--queues`/`--consumers`: sends round-robin over the queues, receives by all consumers at
+//! once. `--backlog N`: instead of the three phases, fill N (op `fill`) then drain them (op
+//! `drain`). After each phase the broker's RSS is noted (the report's `rss` line).
+//!
 //! `--forward`: every send goes to broker A (timed until A's last acknowledgement), every
 //! receive is from broker B. The receive phase starts right after A's acknowledgements, so it
 //! includes waiting for the forwarding; e2e is "sent on A, received on B". After the receive
@@ -28,8 +32,13 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
     let mut receive = OpResult::new(Op::Receive);
     let mut e2e = OpResult::new(Op::E2e);
     let send_job = || ctx.send_job(combo, None, ctx.config.clients);
+    if let Some(backlog) = ctx.config.backlog {
+        return fill_and_drain(ctx, combo, backlog).await;
+    }
     let receive_job = || ReceiveJob {
-        queue: ctx.queue.clone(),
+        queues: ctx.queues.clone(),
+        consumers: ctx.config.consumers(),
+        ack_each: ctx.config.ack_each,
         combo: combo.clone(),
         count: ctx.config.count,
         timeout: ctx.config.timeout,
@@ -43,11 +52,14 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
         ctx.progress.set_message(format!("{name} send, run {run}"));
         let s = send_job().run().await?;
         send.add_run(s.acknowledged, s.elapsed, &s.latency);
+        send.set_rss(ctx.rss());
 
         ctx.progress
             .set_message(format!("{name} receive, run {run}"));
         let r = receive_job().run().await?;
         receive.add_run(r.verified, r.elapsed, &r.service);
+        receive.set_rss(ctx.rss());
+        receive.add_per_consumer(&r.per_consumer);
         ctx.settle().await?;
 
         ctx.progress.set_message(format!("{name} e2e, run {run}"));
@@ -59,7 +71,48 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
         let r = r.context("the e2e receiver task panicked")??;
         s.context("the e2e sender task panicked")??;
         e2e.add_run(r.verified, elapsed, &r.transit);
+        e2e.set_rss(ctx.rss());
+        e2e.add_per_consumer(&r.per_consumer);
         ctx.settle().await?;
     }
     Ok(vec![send, receive, e2e])
+}
+
+/// `--backlog N`: per run, fill the queues with N messages as fast as they are acknowledged
+/// (closed loop even with `--rate`), then drain them with the consumers.
+async fn fill_and_drain(ctx: &Ctx, combo: &Arc<Combo>, backlog: u64) -> Result<Vec<OpResult>> {
+    let mut fill = OpResult::new(Op::Fill);
+    let mut drain = OpResult::new(Op::Drain);
+    for run in 1..=ctx.config.runs {
+        let name = combo.name();
+        ctx.progress.set_message(format!("{name} fill, run {run}"));
+        let mut job = ctx.send_job(combo, None, ctx.config.clients);
+        job.count = backlog;
+        job.rate = None;
+        let s = job.run().await?;
+        fill.add_run(s.acknowledged, s.elapsed, &s.latency);
+        fill.set_rss(ctx.rss());
+        ctx.settle().await?;
+
+        ctx.progress.set_message(format!("{name} drain, run {run}"));
+        let r = ReceiveJob {
+            queues: ctx.queues.clone(),
+            consumers: ctx.config.consumers(),
+            ack_each: ctx.config.ack_each,
+            combo: combo.clone(),
+            count: backlog,
+            timeout: ctx.config.timeout,
+            clock_from_first: false,
+            wait_forever_for_first: false,
+            expect_label: None,
+            progress: ctx.progress.clone(),
+        }
+        .run()
+        .await?;
+        drain.add_run(r.verified, r.elapsed, &r.service);
+        drain.set_rss(ctx.rss());
+        drain.add_per_consumer(&r.per_consumer);
+        ctx.settle().await?;
+    }
+    Ok(vec![fill, drain])
 }

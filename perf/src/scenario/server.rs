@@ -38,7 +38,9 @@ pub(crate) async fn measure(
             format!("waiting for the CLIENT on {}", ctx.queue.name())
         });
         let r = ReceiveJob {
-            queue: ctx.queue.clone(),
+            queues: vec![ctx.queue.clone()],
+            consumers: 1,
+            ack_each: ctx.config.ack_each,
             combo: combo.clone(),
             count: ctx.config.count,
             timeout: ctx.config.timeout,

@@ -245,6 +245,7 @@ async fn raw_protocol_abuse_is_refused_and_harmless() {
     // Out-of-range fields fail their own message only.
     let batch = v1::SendBatch {
         transactional: false,
+        tx_stream: Default::default(),
         first_seq: 1,
         destination: KEEP.into(),
         messages: vec![
@@ -264,6 +265,7 @@ async fn raw_protocol_abuse_is_refused_and_harmless() {
             batch,
             v1::SendBatch {
                 transactional: false,
+                tx_stream: Default::default(),
                 first_seq: 4,
                 destination: "no such name".into(),
                 messages: vec![out("c")],

@@ -143,6 +143,7 @@ async fn grpc_messages_above_body_limit_plus_headroom_are_refused() {
             })
             .collect(),
         transactional: false,
+        tx_stream: Default::default(),
     };
     let mut rpc = raw(broker.url()).await;
     let r = rpc.send(futures::stream::iter(vec![big])).await;

@@ -152,6 +152,7 @@ fn batch(stream: uuid::Uuid, source: &str, msgs: Vec<v1::ForwardedMessage>) -> v
         stream_id: bytes::Bytes::copy_from_slice(stream.as_bytes()),
         source: source.to_string(),
         batch: 1,
+        settled_below: 0,
         messages: msgs,
     }
 }
@@ -312,6 +313,7 @@ async fn multiple_element_names_have_a_configurable_limit() {
         destination: huge,
         messages: vec![v1::OutMessage::default()],
         transactional: false,
+        tx_stream: Default::default(),
     })
     .await
     .unwrap();
@@ -607,6 +609,7 @@ async fn errors_quote_huge_client_values_cut_short() {
             destination,
             messages: vec![v1::OutMessage::default()],
             transactional: false,
+            tx_stream: Default::default(),
         })
         .await
         .unwrap();
@@ -681,6 +684,15 @@ async fn refusals_are_logged_rate_limited() {
     })
     .await;
     assert!(dead, "all 300 refused and dead-lettered");
+    // The harness reads the processes' stderr on threads of its own: wait for the line.
+    let logged = eventually(Duration::from_secs(30), || async {
+        b.stderr().contains("refused forwarded messages")
+    })
+    .await;
+    assert!(
+        logged,
+        "the destination logged no refusal line for 300 refusals"
+    );
     let a_lines = a.stderr().matches("dead-lettered").count();
     let b_lines = b.stderr().matches("refused forwarded messages").count();
     // At most one a second (sender) or one per peer every 10 s (destination): a loaded machine
@@ -689,10 +701,8 @@ async fn refusals_are_logged_rate_limited() {
         a_lines <= 50,
         "the sender logged {a_lines} dead-letter lines for 300 refusals"
     );
-    // (Once, in a full CI run, the destination's log had no refusal line at all by this point;
-    // only the upper bound is the property under test.)
     assert!(
-        b_lines <= 20,
+        (1..=20).contains(&b_lines),
         "the destination logged {b_lines} refusal lines for 300 refusals"
     );
 }

@@ -9,6 +9,7 @@
 //! - `message_properties`: send, receive, peek, timeouts, priority, label, correlation id,
 //!   app-specific, body limits, ids, times.
 //! - `competing_receivers`: many receivers, each message once; a dropped consumer gives back.
+//! - `memory_returns`: after an express burst is drained, mqd's RSS falls (bounded wait).
 //! - `express_quota`: the broker-wide express memory quota refuses, then recovers.
 //! - `multiple_element_names`: `FORMATNAME:a,b` fans out one message; not receivable.
 //! - `send_pipelining`: a pipelined sender, in order; a refusal fails only its message.
@@ -59,26 +60,41 @@
 //! - `service`: `deploy/mqd.service` verifies; READY=1 after recovery and STOPPING=1 on SIGTERM
 //!   to `$NOTIFY_SOCKET`; `--log-format json` lines with identity, peer and queue fields.
 //! - `stats`: `mq stats` (table, `--watch --json`): per-interval counts add up to what was done.
+//! - `subqueues`: subqueues and `mq move` (to a subqueue and back, recoverable, express and
+//!   transactional, across kill -9, shared quota), poison messages after `--max-aborts`, and
+//!   dead-letter replay (`mq requeue`).
 //! - `security`: identities (password, token, certificate, anonymous), every right allowed
 //!   and denied (client and `mq`), rights after a restart, protected mode, TLS and mTLS,
 //!   authenticated forwarding between two TLS brokers (stream hijack refused, `sender`).
+//! - `message_lookup`: receive and peek by id and by correlation id (waiting, not found, in
+//!   transactions, after `kill -9`, `mq receive --id / --correlation-id`).
+//! - `cursors`: cursors walking a queue while others receive, receive-current, limits, and
+//!   `mq browse`.
+//! - `queue_properties`: `mq queue set` (label, quota), kept across `kill -9`.
+//! - `in_doubt_pipelined`: a pipelined transactional sender cut by `kill -9`: in-doubt receipts
+//!   carry transaction ids that `TransactionOutcome` resolves truthfully; retries commit once.
 
 mod bad_input;
 mod cli;
 mod competing_receivers;
 mod config_file;
+mod cursors;
 mod dead_letter;
 mod express_quota;
 mod flow_limits;
 mod hardening;
 mod in_doubt;
+mod in_doubt_pipelined;
 mod journal_disk;
+mod memory_returns;
+mod message_lookup;
 mod message_properties;
 mod mqd_process;
 mod multiple_element_names;
 mod observability;
 mod poisoned_journal;
 mod queue_admin;
+mod queue_properties;
 mod recoverable;
 mod recoverable_faults;
 mod recoverable_quota;
@@ -90,5 +106,6 @@ mod shutdown_acks;
 mod silent_broker;
 mod stats;
 mod store_and_forward;
+mod subqueues;
 mod transactions;
 mod transactions_crash;

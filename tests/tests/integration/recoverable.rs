@@ -240,6 +240,7 @@ async fn express_gone_queue_stays_after_restart() {
                 transactional: false,
                 quota_bytes: Some(1_000_000),
                 label: "mixed".into(),
+                ..QueueOptions::default()
             },
         )
         .await
@@ -251,6 +252,7 @@ async fn express_gone_queue_stays_after_restart() {
                 transactional: true,
                 quota_bytes: Some(4096),
                 label: "orders".into(),
+                ..QueueOptions::default()
             },
         )
         .await

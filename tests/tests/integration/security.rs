@@ -574,6 +574,7 @@ async fn authenticated_forwarding_between_two_tls_brokers() {
         stream_id,
         source: "a".into(),
         batch: 1,
+        settled_below: 0,
         messages: vec![v1::ForwardedMessage {
             seq: u64::MAX,
             destination: format!(r"DIRECT=TCP:{b_addr}\private$\missing"),
@@ -707,6 +708,7 @@ async fn batches_of_too_many_messages_are_refused_whole() {
         destination: Q.into(),
         messages: vec![v1::OutMessage::default(); 200_000],
         transactional: false,
+        tx_stream: Default::default(),
     };
     let r = tokio::time::timeout(limit, async {
         let mut acks = rpc
@@ -754,6 +756,7 @@ async fn batches_of_too_many_messages_are_refused_whole() {
         stream_id: bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
         source: "test".into(),
         batch: 1,
+        settled_below: 0,
         messages: (1..=20_000u64)
             .map(|seq| v1::ForwardedMessage {
                 seq,

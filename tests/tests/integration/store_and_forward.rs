@@ -753,6 +753,7 @@ async fn a_sender_that_vanishes_mid_stream_does_not_stall_forwarding() {
                 first_seq: i * 50 + 1,
                 destination: dest.clone(),
                 transactional: false,
+                tx_stream: Default::default(),
                 messages: (0..50)
                     .map(|_| v1::OutMessage {
                         body: body.clone(),
@@ -802,6 +803,7 @@ async fn a_new_forwarding_connection_takes_over_from_a_silent_one() {
         stream_id: stream_id.clone(),
         source: "test".into(),
         batch: n,
+        settled_below: 0,
         messages: seqs
             .map(|seq| v1::ForwardedMessage {
                 seq,

@@ -1,0 +1,186 @@
+//! MSMQ cursors on a `Browse` stream (MQ_ACTION_PEEK_CURRENT, PEEK_NEXT, RECEIVE with a
+//! cursor; .NET `MessageEnumerator`), and choosing one message by id or correlation id.
+//!
+//! A cursor holds a position (lane, seq) in the queue's receive order, never a message: other
+//! receivers take messages around it; a peek-next from a position whose message is gone moves
+//! on to the next one still there. Messages that arrive behind the cursor (a higher priority,
+//! or given back to an earlier place) are not seen by it.
+
+use std::sync::Arc;
+
+use mq_proto::v1::{self, CursorAction, CursorStatus};
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+
+use crate::auth::{Auth, Identity, Right};
+use crate::broker::Broker;
+use crate::error::BrokerError;
+use crate::flow::CursorSlot;
+use crate::queue::{PeekCursor, Queue, Select};
+
+/// The message a request's `id` (16 bytes) or `correlation_id` selects, or the head if neither
+/// is set.
+pub(crate) fn select_of(id: &[u8], correlation_id: &str) -> Result<Select, BrokerError> {
+    match (id.is_empty(), correlation_id.is_empty()) {
+        (true, true) => Ok(Select::Head),
+        (false, false) => Err(BrokerError::InvalidArgument(
+            "give a message id or a correlation id, not both".into(),
+        )),
+        (false, true) => uuid::Uuid::from_slice(id).map(Select::Id).map_err(|_| {
+            BrokerError::InvalidArgument(format!("a message id is 16 bytes; got {}", id.len()))
+        }),
+        (true, false) => {
+            let n = correlation_id.chars().count();
+            if n > crate::config::MAX_CORRELATION_ID_CHARS {
+                return Err(BrokerError::InvalidArgument(format!(
+                    "correlation id is {n} characters; the limit is {}",
+                    crate::config::MAX_CORRELATION_ID_CHARS
+                )));
+            }
+            Ok(Select::Correlation(correlation_id.to_string()))
+        }
+    }
+}
+
+/// MSMQ's MQ_ERROR_MESSAGE_NOT_FOUND for a selection that found nothing.
+pub(crate) fn not_found(q: &Queue, select: &Select) -> BrokerError {
+    let what = match select {
+        Select::Id(id) => format!("with id {id}"),
+        Select::Correlation(c) => format!("with correlation id \"{}\"", crate::auth::quote(c)),
+        _ => "at the cursor".to_string(),
+    };
+    BrokerError::NotFound(format!(
+        "no message {what} is waiting in queue \"{}\" (MQ_ERROR_MESSAGE_NOT_FOUND)",
+        q.def().name
+    ))
+}
+
+/// Where a cursor is.
+#[derive(Debug, Clone, Copy)]
+enum Position {
+    /// Created: the first peek-current moves it to the first message.
+    Start,
+    /// At a message (which may have been taken since).
+    At(PeekCursor),
+    /// Its message was received through the cursor: peek-current or receive-current go to the
+    /// first message after this position.
+    Past(PeekCursor),
+}
+
+/// One browse stream: serves cursor actions in order until the client ends the stream, it is
+/// idle too long, or the broker shuts down.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run(
+    broker: Arc<Broker>,
+    auth: Arc<Auth>,
+    who: Identity,
+    queue: Arc<Queue>,
+    first: v1::CursorRequest,
+    mut inbound: Streaming<v1::CursorRequest>,
+    out: mpsc::Sender<Result<v1::CursorResponse, Status>>,
+    _slot: CursorSlot,
+) {
+    let idle = broker.config().flow.cursor_idle;
+    let mut pos = Position::Start;
+    let mut next = Some(first);
+    loop {
+        let req = match next.take() {
+            Some(r) => r,
+            None => {
+                let r = tokio::select! {
+                    r = tokio::time::timeout(idle, inbound.message()) => r,
+                    _ = broker.shutting_down() => {
+                        let _ = out.send(Err(BrokerError::ShuttingDown.into())).await;
+                        return;
+                    }
+                };
+                match r {
+                    Ok(Ok(Some(r))) => r,
+                    Ok(Ok(None)) => return,
+                    Ok(Err(status)) => {
+                        if let Some(s) = crate::service::refused_input(status) {
+                            let _ = out.send(Err(s)).await;
+                        }
+                        return;
+                    }
+                    Err(_) => {
+                        let _ = out
+                            .send(Err(Status::deadline_exceeded(format!(
+                                "the cursor was idle for {}s (mqd --cursor-idle-secs) and was closed; open a new one",
+                                idle.as_secs()
+                            ))))
+                            .await;
+                        return;
+                    }
+                }
+            }
+        };
+        let reply = act(&broker, &auth, &who, &queue, &mut pos, &req).await;
+        let failed = reply.is_err();
+        if out.send(reply).await.is_err() || failed {
+            return;
+        }
+    }
+}
+
+async fn act(
+    broker: &Arc<Broker>,
+    auth: &Auth,
+    who: &Identity,
+    queue: &Arc<Queue>,
+    pos: &mut Position,
+    req: &v1::CursorRequest,
+) -> Result<v1::CursorResponse, Status> {
+    let action = CursorAction::try_from(req.action)
+        .map_err(|_| Status::invalid_argument(format!("unknown cursor action {}", req.action)))?;
+    let receive = action == CursorAction::ReceiveCurrent;
+    if receive {
+        auth.authorize(who, Right::Receive, Some(queue))?;
+    }
+    let select = match (action, *pos) {
+        (CursorAction::PeekNext, Position::At(p) | Position::Past(p)) => Select::After(Some(p)),
+        (_, Position::Start) => Select::After(None),
+        (_, Position::Past(p)) => Select::After(Some(p)),
+        (_, Position::At(p)) => Select::At(p),
+    };
+    let status = |s: CursorStatus| v1::CursorResponse {
+        message: None,
+        status: s as i32,
+    };
+    // The message under the cursor is there now or it is not: no waiting for it.
+    let timeout_ms = if matches!(select, Select::At(_)) {
+        0
+    } else {
+        req.timeout_ms
+    };
+    let found = crate::service::wait_for(broker, queue, timeout_ms, |q| {
+        Ok(if receive {
+            q.take_by(&select)?
+        } else {
+            q.peek_by(&select)?
+        }
+        .into_iter()
+        .collect())
+    })
+    .await?;
+    let Some(e) = found.first() else {
+        return Ok(status(if matches!(select, Select::At(_)) {
+            CursorStatus::AlreadyReceived
+        } else {
+            CursorStatus::Timeout
+        }));
+    };
+    let here = queue.position(e);
+    let message = if receive {
+        *pos = Position::Past(here);
+        crate::service::hand_out(broker, queue, found).await?
+    } else {
+        *pos = Position::At(here);
+        let dest = queue.info().format_name;
+        Some(e.msg.to_wire(&dest, broker.body(queue, e)?, e.aborts))
+    };
+    Ok(v1::CursorResponse {
+        message,
+        status: CursorStatus::Ok as i32,
+    })
+}
