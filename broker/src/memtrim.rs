@@ -83,7 +83,12 @@ pub fn trim() {
 mod tests {
     use super::*;
 
+    // It reads this process's RSS and malloc totals, which the other tests of this binary
+    // change as they run in parallel (it failed once in a full run that way). The integration
+    // test `memory_returns` checks the same behaviour on a real mqd; run this one alone with
+    // `cargo test -p mq-broker --lib memtrim -- --ignored --test-threads=1`.
     #[test]
+    #[ignore = "process-wide RSS: run alone (see above)"]
     fn trims_after_a_large_free_and_not_before() {
         if !cfg!(all(target_os = "linux", target_env = "gnu")) {
             return;
