@@ -83,9 +83,21 @@ fn cli_errors_are_one_line_name_the_value_and_the_rule_and_lose_nothing() {
             vec![&long_name[..30], "124"],
         ),
         (
+            // `;JOURNALX` is a subqueue name since subqueues exist (MSMQ 4.0): its main queue
+            // is what is missing.
             vec!["queue", "info", r".\private$\q;JOURNALX"],
             1,
-            vec!["JOURNALX", "expected ;JOURNAL"],
+            vec![r".\private$\q", "does not exist"],
+        ),
+        (
+            // A subqueue name breaks the rules (more than 32 characters).
+            vec![
+                "queue",
+                "info",
+                r".\private$\q;abcdefghijabcdefghijabcdefghijabc",
+            ],
+            1,
+            vec!["abcdefghijabcdefghijabcdefghijabc"],
         ),
         (
             vec!["queue", "purge", r"FORMATNAME:.\private$\a,,.\private$\b"],
