@@ -828,6 +828,24 @@ mod tests {
         Arc::new(b)
     }
 
+    /// Creates `.\private$\q`, the queue the tests forward to.
+    async fn create_q(b: &Broker) {
+        b.create_queue(v1::CreateQueueRequest {
+            name: r".\private$\q".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+
+    /// The incoming stream whose id is 16 bytes of `n`.
+    fn stream_of(b: &Broker, n: u8) -> Arc<InboundStream> {
+        b.streams
+            .lock()
+            .unwrap()
+            .get_or_create(uuid::Uuid::from_bytes([n; 16]))
+    }
+
     fn bodies(b: &Broker, q: &str) -> Vec<String> {
         let q = b.queue(q).unwrap();
         q.peek(100)
@@ -845,17 +863,8 @@ mod tests {
         let rec = v1::Delivery::Recoverable;
         {
             let b = open(dir.path()).await;
-            b.create_queue(v1::CreateQueueRequest {
-                name: r".\private$\q".into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-            let stream = b
-                .streams
-                .lock()
-                .unwrap()
-                .get_or_create(uuid::Uuid::from_bytes([7; 16]));
+            create_q(&b).await;
+            let stream = stream_of(&b, 7);
             let mut accepted = 0;
             let first = batch(
                 1,
@@ -900,11 +909,7 @@ mod tests {
         }
         // After a restart the mark is still there: the resend is dropped, the express one is gone.
         let b = open(dir.path()).await;
-        let stream = b
-            .streams
-            .lock()
-            .unwrap()
-            .get_or_create(uuid::Uuid::from_bytes([7; 16]));
+        let stream = stream_of(&b, 7);
         assert_eq!(stream.durable.load(Ordering::Acquire), 4);
         let mut accepted = stream.durable.load(Ordering::Acquire);
         let resend = batch(
@@ -1120,17 +1125,8 @@ mod tests {
         let huge = format!(r"DIRECT=TCP:127.0.0.1:4000\private$\{}", "n".repeat(2_000));
         {
             let b = open(dir.path()).await;
-            b.create_queue(v1::CreateQueueRequest {
-                name: r".\private$\q".into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-            let stream = b
-                .streams
-                .lock()
-                .unwrap()
-                .get_or_create(uuid::Uuid::from_bytes([7; 16]));
+            create_q(&b).await;
+            let stream = stream_of(&b, 7);
             let mut accepted = 0;
             let ack = b
                 .store_forwarded(&stream, &mut accepted, first.clone())
@@ -1167,11 +1163,7 @@ mod tests {
             b.close();
         }
         let b = open(dir.path()).await;
-        let stream = b
-            .streams
-            .lock()
-            .unwrap()
-            .get_or_create(uuid::Uuid::from_bytes([7; 16]));
+        let stream = stream_of(&b, 7);
         let mut accepted = stream.durable.load(Ordering::Acquire);
         assert_eq!(accepted, 2009);
         // After the restart: the stored ones are duplicates, the refused one is refused again.
