@@ -165,11 +165,11 @@ impl TargetInfo {
             ),
             (Mode::Notx, DeliveryKind::Recoverable) => (
                 "recoverable: file-storage work-queue stream, publish acks awaited (pipelined); durable pull consumer, every message acked (explicit ack)",
-                "JetStream acknowledges a publish once written to its file store, not fsync'd: the server fsyncs on a timer (sync_interval, 2 minutes by default; sync_always is off)",
+                "JetStream acknowledges a publish once written to its file store, before any fsync: the file store syncs in the background on its own timer (nats-server 2.9 has no option to fsync every write)",
             ),
             (Mode::Tx, _) => (
                 "TX: file-storage work-queue stream, every publish waits for its ack before the next; every receive an explicit ack confirmed by the server (double ack)",
-                "JetStream acknowledges a publish once written to its file store, not fsync'd (sync_always off by default)",
+                "JetStream acknowledges a publish (and a double ack) once written to its file store, before any fsync (nats-server 2.9 has no option to fsync every write)",
             ),
         };
         TargetInfo {
