@@ -293,6 +293,18 @@ where
                         r.msgs_per_s_min.unwrap_or(median),
                         r.msgs_per_s_max.unwrap_or(median),
                     );
+                    // The median above the bar (and its whisker), so a bar too short to see
+                    // still reads.
+                    let (tx, ty) = chart.backend_coord(&((x0 + x1) / 2.0, hi.max(median)));
+                    let value = (FAMILY, 9)
+                        .into_font()
+                        .color(&RGBColor(0x33, 0x33, 0x33))
+                        .pos(plotters::style::text_anchor::Pos::new(
+                            plotters::style::text_anchor::HPos::Center,
+                            plotters::style::text_anchor::VPos::Bottom,
+                        ));
+                    root.draw(&Text::new(short(median), (tx, ty - 2), value))
+                        .map_err(err)?;
                     chart
                         .draw_series(std::iter::once(ErrorBar::new_vertical(
                             (x0 + x1) / 2.0,
