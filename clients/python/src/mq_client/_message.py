@@ -1,0 +1,261 @@
+"""Messages as received, queue and broker descriptions, and the wire form of a message to send."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
+
+from . import _wire
+from ._errors import InvalidArgument
+
+if TYPE_CHECKING:  # pragma: no cover
+    pass
+
+Body = Union[bytes, bytearray, memoryview, str]
+
+#: Body type tags the Rust client's formatters use (Message.body_type): 0 raw bytes, 1 binary
+#: (postcard), 2 XML, 3 JSON, 4 hand-written encoding. A str body is sent as UTF-8 with type 0.
+BODY_TYPE_RAW = 0
+BODY_TYPE_BINARY = 1
+BODY_TYPE_XML = 2
+BODY_TYPE_JSON = 3
+BODY_TYPE_MANUAL = 4
+
+DEFAULT_PRIORITY = 3
+
+
+def body_bytes(body: Body) -> bytes:
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return bytes(body)
+    raise TypeError(f"a message body is bytes or str, not {type(body).__name__}")
+
+
+def _ms(seconds: Optional[float], what: str) -> int:
+    """A time limit in whole ms, rounded up (0 on the wire means no limit)."""
+    if seconds is None:
+        return 0
+    if seconds < 0:
+        raise InvalidArgument(f"{what} must not be negative (got {seconds})")
+    return max(1, int(-(-seconds * 1000 // 1)))
+
+
+def out_message(
+    body: Body,
+    *,
+    label: str = "",
+    priority: Optional[int] = None,
+    recoverable: bool = False,
+    correlation_id: str = "",
+    app_specific: int = 0,
+    body_type: int = BODY_TYPE_RAW,
+    response_queue: str = "",
+    time_to_reach_queue: Optional[float] = None,
+    time_to_be_received: Optional[float] = None,
+) -> Any:
+    """The wire form of a message to send (``mq.v1.OutMessage``)."""
+    if priority is not None and not 0 <= priority <= 7:
+        raise InvalidArgument(f"priority must be 0..=7 (got {priority})")
+    m = _wire.pb.OutMessage(
+        body=body_bytes(body),
+        label=label,
+        correlation_id=correlation_id,
+        app_specific=app_specific,
+        body_type=body_type,
+        delivery=_wire.DELIVERY_RECOVERABLE if recoverable else _wire.DELIVERY_EXPRESS,
+        sent_time_ms=int(time.time() * 1000),
+        response_queue=response_queue,
+        time_to_reach_queue_ms=_ms(time_to_reach_queue, "time_to_reach_queue"),
+        time_to_be_received_ms=_ms(time_to_be_received, "time_to_be_received"),
+    )
+    if priority is not None:
+        m.priority = priority
+    return m
+
+
+def to_uuid(raw: bytes) -> uuid.UUID:
+    return uuid.UUID(bytes=bytes(raw)) if len(raw) == 16 else uuid.UUID(int=0)
+
+
+def id_bytes(id: Union[uuid.UUID, bytes, str]) -> bytes:
+    """16 bytes from a UUID, its 16 bytes or its text form."""
+    if isinstance(id, uuid.UUID):
+        return id.bytes
+    if isinstance(id, (bytes, bytearray)) and len(id) == 16:
+        return bytes(id)
+    if isinstance(id, str):
+        try:
+            return uuid.UUID(id.strip()).bytes
+        except ValueError:
+            pass
+    raise InvalidArgument(f"{str(id)[:64]!r} is not a message or transaction id (a UUID)")
+
+
+@dataclass
+class DeadLetter:
+    """Why a message is in a dead-letter queue."""
+
+    dead_letter_class: int
+    reason: str
+    destination: str
+    time_ms: int
+    broker: str
+
+
+@dataclass
+class Message:
+    """A message as received or peeked.
+
+    ``id`` is the broker's UUID v7; ``body`` the bytes (``text`` decodes them as UTF-8);
+    times are Unix milliseconds. A message from :meth:`Queue.receive` stays reserved for its
+    receiver until :meth:`ack`; every other kind (``receive_one``, peek, a transaction's
+    receive) needs no ack.
+    """
+
+    id: uuid.UUID
+    body: bytes
+    label: str = ""
+    priority: int = DEFAULT_PRIORITY
+    correlation_id: str = ""
+    app_specific: int = 0
+    body_type: int = BODY_TYPE_RAW
+    recoverable: bool = False
+    sent_time_ms: int = 0
+    arrived_time_ms: int = 0
+    response_queue: str = ""
+    destination: str = ""
+    abort_count: int = 0
+    move_count: int = 0
+    transactional: bool = False
+    sender: str = ""
+    reach_queue_by_ms: int = 0
+    receive_by_ms: int = 0
+    dead_letter: Optional[DeadLetter] = None
+    _ack: Optional[Callable[[], None]] = field(default=None, repr=False, compare=False)
+
+    @property
+    def text(self) -> str:
+        """The body as UTF-8 text."""
+        return self.body.decode("utf-8")
+
+    def ack(self) -> None:
+        """Acknowledges this message (streaming receive only): the broker removes it for good
+        once it and every message delivered before it on the same receiver are acknowledged
+        (acknowledgements are cumulative on the wire). Unacknowledged messages go back to the
+        head of the queue when the receiver closes."""
+        if self._ack is None:
+            return  # received by a call that removed it already: nothing to acknowledge
+        self._ack()
+
+    @classmethod
+    def from_wire(cls, m: Any, ack: Optional[Callable[[], None]] = None) -> "Message":
+        dl = None
+        if m.HasField("dead_letter"):
+            d = m.dead_letter
+            dl = DeadLetter(
+                getattr(d, "class"), d.reason, d.destination, d.time_ms, d.broker
+            )
+        return cls(
+            id=to_uuid(m.id),
+            body=m.body,
+            label=m.label,
+            priority=m.priority,
+            correlation_id=m.correlation_id,
+            app_specific=m.app_specific,
+            body_type=m.body_type,
+            recoverable=m.delivery == _wire.DELIVERY_RECOVERABLE,
+            sent_time_ms=m.sent_time_ms,
+            arrived_time_ms=m.arrived_time_ms,
+            response_queue=m.response_queue,
+            destination=m.destination,
+            abort_count=m.abort_count,
+            move_count=m.move_count,
+            transactional=m.transactional,
+            sender=m.sender,
+            reach_queue_by_ms=m.reach_queue_by_ms,
+            receive_by_ms=m.receive_by_ms,
+            dead_letter=dl,
+            _ack=ack,
+        )
+
+
+@dataclass
+class QueueInfo:
+    """A queue's description and counters."""
+
+    name: str
+    format_name: str
+    transactional: bool
+    messages: int
+    bytes: int
+    in_flight: int
+    quota_bytes: Optional[int]
+    label: str
+    created_ms: int
+    max_aborts: int
+    poisoned: int
+    sent: int
+    received: int
+
+    @classmethod
+    def from_wire(cls, q: Any) -> "QueueInfo":
+        return cls(
+            name=q.name,
+            format_name=q.format_name,
+            transactional=q.transactional,
+            messages=q.messages,
+            bytes=q.bytes,
+            in_flight=q.in_flight,
+            quota_bytes=q.quota_bytes if q.HasField("quota_bytes") else None,
+            label=q.label,
+            created_ms=q.created_ms,
+            max_aborts=q.max_aborts,
+            poisoned=q.poisoned,
+            sent=q.sent,
+            received=q.received,
+        )
+
+
+@dataclass
+class BrokerInfo:
+    """What the broker is (``GetBrokerInfo``)."""
+
+    name: str
+    version: str
+    protocol_version: int
+    started_ms: int
+    uptime_ms: int
+    listen: List[str]
+    ready: bool
+    queues: int
+    messages: int
+    limits: Dict[str, int]
+
+    @classmethod
+    def from_wire(cls, i: Any) -> "BrokerInfo":
+        return cls(
+            name=i.name,
+            version=i.version,
+            protocol_version=i.protocol_version,
+            started_ms=i.started_ms,
+            uptime_ms=i.uptime_ms,
+            listen=list(i.listen),
+            ready=i.ready,
+            queues=i.queues,
+            messages=i.messages,
+            limits=dict(i.limits),
+        )
+
+
+@dataclass
+class TransactionStatus:
+    """What the broker knows about a transaction id: ``outcome`` is one of ``"committed"``,
+    ``"aborted"``, ``"in_progress"``, ``"unknown"``."""
+
+    outcome: str
+    time_ms: Optional[int]
+    detail: str
+    retention_ms: int

@@ -1,0 +1,130 @@
+"""Send, receive, acknowledge, redelivery, peek, by id, pipelining, large messages."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+import mq_client
+from mq_client import Client, MessageNotFound
+
+
+def test_send_receive_ack(client: Client, qname: str) -> None:
+    q = client.queue(qname)
+    id1 = q.send(b"first", label="one", priority=5, recoverable=True, correlation_id="c-1")
+    id2 = q.send("second", label="two", app_specific=42)
+    assert isinstance(id1, uuid.UUID) and id1 != id2
+    got = []
+    with q.receive(timeout=1.0) as messages:
+        for msg in messages:
+            got.append(msg)
+            msg.ack()
+    # Priority 5 before priority 3 (the default).
+    assert [m.id for m in got] == [id1, id2]
+    first, second = got
+    assert (first.body, first.label, first.priority, first.correlation_id) == (
+        b"first",
+        "one",
+        5,
+        "c-1",
+    )
+    assert first.recoverable and not second.recoverable
+    assert second.text == "second" and second.app_specific == 42 and second.priority == 3
+    assert first.sent_time_ms > 0 and first.arrived_time_ms >= first.sent_time_ms - 60_000
+    # Acknowledged: gone for good.
+    assert q.info().messages == 0
+    assert q.receive_one(timeout=0.0) is None
+
+
+def test_unacked_message_is_redelivered(client: Client, qname: str) -> None:
+    q = client.queue(qname)
+    ids = [q.send(f"m{i}") for i in range(3)]
+    # Take the first two, acknowledge only the first; the receiver closes at the end.
+    with q.receive(timeout=1.0, max_messages=2) as r:
+        msgs = list(r)
+        msgs[0].ack()
+    assert [m.id for m in msgs] == ids[:2]
+    # The unacknowledged one is back at the head, in order, before the third.
+    again = [m.id for m in q.receive(timeout=1.0, auto_ack=True)]
+    assert again == ids[1:]
+    assert q.info().messages == 0
+
+
+def test_ack_after_close_is_refused(client: Client, qname: str) -> None:
+    q = client.queue(qname)
+    q.send(b"x")
+    r = q.receive(timeout=1.0)
+    msg = next(r)
+    r.close()
+    with pytest.raises(mq_client.FailedPrecondition):
+        msg.ack()
+    assert q.info().messages == 1
+
+
+def test_peek_leaves_messages(client: Client, qname: str) -> None:
+    q = client.queue(qname)
+    assert q.peek() is None
+    ids = [q.send(f"p{i}") for i in range(5)]
+    first = q.peek()
+    assert first is not None and first.id == ids[0]
+    assert [m.id for m in q.peek_many(10)] == ids
+    assert [m.id for m in q.peek_many(2)] == ids[:2]
+    assert q.info().messages == 5
+    assert q.peek_by_id(ids[3]).body == b"p3"  # type: ignore[union-attr]
+
+
+def test_receive_by_id_and_correlation_id(client: Client, qname: str) -> None:
+    q = client.queue(qname)
+    a = q.send(b"a", correlation_id="order-1")
+    b = q.send(b"b", correlation_id="order-2")
+    c = q.send(b"c")
+    got = q.receive_by_id(c)
+    assert got is not None and got.id == c and got.body == b"c"
+    got = q.receive_by_correlation_id("order-2")
+    assert got is not None and got.id == b
+    assert q.peek_by_correlation_id("order-1").id == a  # type: ignore[union-attr]
+    with pytest.raises(MessageNotFound):
+        q.receive_by_id(c)  # gone
+    with pytest.raises(MessageNotFound):
+        q.receive_by_correlation_id("no-such")
+    # With a timeout, "not found" is None once it passes.
+    assert q.receive_by_id(uuid.uuid4(), timeout=0.1) is None
+    assert [m.id for m in q.receive(timeout=0.5, auto_ack=True)] == [a]
+
+
+def test_pipelined_sender_returns_ids_in_order(client: Client, qname: str) -> None:
+    q = client.queue(qname)
+    n = 3000
+    with q.sender(window=500, max_batch=64) as s:
+        for i in range(n):
+            assert s.send(f"{i}".encode()) == i + 1
+        ids = s.flush()
+        # A second round on the same stream: flush returns only the new ones.
+        s.send(b"tail")
+        tail = s.flush()
+    assert len(ids) == n and len(set(ids)) == n and len(tail) == 1
+    bodies = []
+    ids_seen = []
+    for m in q.receive(timeout=1.0, prefetch=512, auto_ack=True):
+        bodies.append(m.body)
+        ids_seen.append(m.id)
+    assert bodies == [f"{i}".encode() for i in range(n)] + [b"tail"]
+    assert ids_seen == ids + tail
+
+
+def test_large_messages_over_grpc_default_limit(client: Client, qname: str) -> None:
+    """Bodies and responses above gRPC's default 4 MiB: a 5 MiB message, and a Peek (and a
+    Receive batch) of two 3 MiB messages in one response."""
+    q = client.queue(qname)
+    big = bytes(range(256)) * (5 * 1024 * 1024 // 256)
+    three = b"x" * (3 * 1024 * 1024)
+    id_big = q.send(big, recoverable=True)
+    q.send(three)
+    q.send(three)
+    peeked = q.peek_many(3)
+    assert [len(m.body) for m in peeked] == [len(big), len(three), len(three)]
+    assert peeked[0].id == id_big and peeked[0].body == big
+    got = [m for m in q.receive(timeout=1.0, prefetch=8, auto_ack=True)]
+    assert [len(m.body) for m in got] == [len(big), len(three), len(three)]
+    assert got[0].body == big
