@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
 
 from . import _wire
@@ -59,20 +59,29 @@ def out_message(
     """The wire form of a message to send (``mq.v1.OutMessage``)."""
     if priority is not None and not 0 <= priority <= 7:
         raise InvalidArgument(f"priority must be 0..=7 (got {priority})")
+    # Only the fields that are set: each keyword costs time in the protobuf constructor, and
+    # this runs once per message sent.
     m = _wire.pb.OutMessage(
-        body=body_bytes(body),
-        label=label,
-        correlation_id=correlation_id,
-        app_specific=app_specific,
-        body_type=body_type,
+        body=body if type(body) is bytes else body_bytes(body),
         delivery=_wire.DELIVERY_RECOVERABLE if recoverable else _wire.DELIVERY_EXPRESS,
         sent_time_ms=int(time.time() * 1000),
-        response_queue=response_queue,
-        time_to_reach_queue_ms=_ms(time_to_reach_queue, "time_to_reach_queue"),
-        time_to_be_received_ms=_ms(time_to_be_received, "time_to_be_received"),
     )
+    if label:
+        m.label = label
     if priority is not None:
         m.priority = priority
+    if correlation_id:
+        m.correlation_id = correlation_id
+    if app_specific:
+        m.app_specific = app_specific
+    if body_type:
+        m.body_type = body_type
+    if response_queue:
+        m.response_queue = response_queue
+    if time_to_reach_queue is not None:
+        m.time_to_reach_queue_ms = _ms(time_to_reach_queue, "time_to_reach_queue")
+    if time_to_be_received is not None:
+        m.time_to_be_received_ms = _ms(time_to_be_received, "time_to_be_received")
     return m
 
 
@@ -105,9 +114,9 @@ class DeadLetter:
     broker: str
 
 
-@dataclass
 class Message:
-    """A message as received or peeked.
+    """A message as received or peeked (read-only; the fields are read from the wire message
+    when first asked for).
 
     ``id`` is the broker's UUID v7; ``body`` the bytes (``text`` decodes them as UTF-8);
     times are Unix milliseconds. A message from :meth:`Queue.receive` stays reserved for its
@@ -115,70 +124,130 @@ class Message:
     receive) needs no ack.
     """
 
-    id: uuid.UUID
-    body: bytes
-    label: str = ""
-    priority: int = DEFAULT_PRIORITY
-    correlation_id: str = ""
-    app_specific: int = 0
-    body_type: int = BODY_TYPE_RAW
-    recoverable: bool = False
-    sent_time_ms: int = 0
-    arrived_time_ms: int = 0
-    response_queue: str = ""
-    destination: str = ""
-    abort_count: int = 0
-    move_count: int = 0
-    transactional: bool = False
-    sender: str = ""
-    reach_queue_by_ms: int = 0
-    receive_by_ms: int = 0
-    dead_letter: Optional[DeadLetter] = None
-    _ack: Optional[Callable[[], None]] = field(default=None, repr=False, compare=False)
+    __slots__ = ("_m", "_ack_fn", "_id")
+
+    def __init__(self, wire: Any, ack: Optional[Callable[[], None]] = None) -> None:
+        self._m = wire
+        self._ack_fn = ack
+        self._id: Optional[uuid.UUID] = None
+
+    @classmethod
+    def from_wire(cls, m: Any, ack: Optional[Callable[[], None]] = None) -> "Message":
+        return cls(m, ack)
+
+    @property
+    def id(self) -> uuid.UUID:
+        if self._id is None:
+            self._id = to_uuid(self._m.id)
+        return self._id
+
+    @property
+    def body(self) -> bytes:
+        return self._m.body  # type: ignore[no-any-return]
 
     @property
     def text(self) -> str:
         """The body as UTF-8 text."""
         return self.body.decode("utf-8")
 
+    @property
+    def label(self) -> str:
+        return self._m.label  # type: ignore[no-any-return]
+
+    @property
+    def priority(self) -> int:
+        """0..=7 (7 first)."""
+        return self._m.priority  # type: ignore[no-any-return]
+
+    @property
+    def correlation_id(self) -> str:
+        return self._m.correlation_id  # type: ignore[no-any-return]
+
+    @property
+    def app_specific(self) -> int:
+        return self._m.app_specific  # type: ignore[no-any-return]
+
+    @property
+    def body_type(self) -> int:
+        """How the body is encoded (``BODY_TYPE_*``; 0 raw bytes)."""
+        return self._m.body_type  # type: ignore[no-any-return]
+
+    @property
+    def recoverable(self) -> bool:
+        """Stored on disk (else express: in memory)."""
+        return bool(self._m.delivery == _wire.DELIVERY_RECOVERABLE)
+
+    @property
+    def sent_time_ms(self) -> int:
+        return self._m.sent_time_ms  # type: ignore[no-any-return]
+
+    @property
+    def arrived_time_ms(self) -> int:
+        return self._m.arrived_time_ms  # type: ignore[no-any-return]
+
+    @property
+    def response_queue(self) -> str:
+        return self._m.response_queue  # type: ignore[no-any-return]
+
+    @property
+    def destination(self) -> str:
+        """The queue's format name."""
+        return self._m.destination  # type: ignore[no-any-return]
+
+    @property
+    def abort_count(self) -> int:
+        """Times a transaction that received it was aborted."""
+        return self._m.abort_count  # type: ignore[no-any-return]
+
+    @property
+    def move_count(self) -> int:
+        return self._m.move_count  # type: ignore[no-any-return]
+
+    @property
+    def transactional(self) -> bool:
+        return bool(self._m.transactional)
+
+    @property
+    def sender(self) -> str:
+        """The identity that sent it (set by the broker)."""
+        return self._m.sender  # type: ignore[no-any-return]
+
+    @property
+    def reach_queue_by_ms(self) -> int:
+        return self._m.reach_queue_by_ms  # type: ignore[no-any-return]
+
+    @property
+    def receive_by_ms(self) -> int:
+        return self._m.receive_by_ms  # type: ignore[no-any-return]
+
+    @property
+    def dead_letter(self) -> Optional[DeadLetter]:
+        """Why and where it was going, in a dead-letter queue; else ``None``."""
+        if not self._m.HasField("dead_letter"):
+            return None
+        d = self._m.dead_letter
+        return DeadLetter(getattr(d, "class"), d.reason, d.destination, d.time_ms, d.broker)
+
     def ack(self) -> None:
         """Acknowledges this message (streaming receive only): the broker removes it for good
         once it and every message delivered before it on the same receiver are acknowledged
         (acknowledgements are cumulative on the wire). Unacknowledged messages go back to the
-        head of the queue when the receiver closes."""
-        if self._ack is None:
-            return  # received by a call that removed it already: nothing to acknowledge
-        self._ack()
+        head of the queue when the receiver closes. A no-op for messages that need no ack."""
+        if self._ack_fn is not None:
+            self._ack_fn()
 
-    @classmethod
-    def from_wire(cls, m: Any, ack: Optional[Callable[[], None]] = None) -> "Message":
-        dl = None
-        if m.HasField("dead_letter"):
-            d = m.dead_letter
-            dl = DeadLetter(
-                getattr(d, "class"), d.reason, d.destination, d.time_ms, d.broker
-            )
-        return cls(
-            id=to_uuid(m.id),
-            body=m.body,
-            label=m.label,
-            priority=m.priority,
-            correlation_id=m.correlation_id,
-            app_specific=m.app_specific,
-            body_type=m.body_type,
-            recoverable=m.delivery == _wire.DELIVERY_RECOVERABLE,
-            sent_time_ms=m.sent_time_ms,
-            arrived_time_ms=m.arrived_time_ms,
-            response_queue=m.response_queue,
-            destination=m.destination,
-            abort_count=m.abort_count,
-            move_count=m.move_count,
-            transactional=m.transactional,
-            sender=m.sender,
-            reach_queue_by_ms=m.reach_queue_by_ms,
-            receive_by_ms=m.receive_by_ms,
-            dead_letter=dl,
-            _ack=ack,
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Message) and self._m == other._m
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __repr__(self) -> str:
+        body = self.body
+        shown = body[:32] + (b"..." if len(body) > 32 else b"")
+        return (
+            f"Message(id={self.id}, label={self.label!r}, priority={self.priority}, "
+            f"correlation_id={self.correlation_id!r}, body={shown!r} ({len(body)} B))"
         )
 
 

@@ -82,7 +82,8 @@ class Sender:
         self._max_batch = max(1, max_batch)
         self._max_batch_bytes = max(1, max_batch_bytes)
         self._tx_stream = _new_tx_stream() if transactional else 0
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
+        self._batcher_waiting = False
         self._pending: Deque[Any] = deque()
         self._in_flight: Deque[Tuple[int, int]] = deque()
         self._next_seq = 1  # the seq of the next batched message
@@ -103,7 +104,9 @@ class Sender:
         while True:
             with self._cond:
                 while not self._pending and not self._closing and self._dead is None:
+                    self._batcher_waiting = True
                     self._cond.wait()
+                    self._batcher_waiting = False
                 if self._dead is not None or (not self._pending and self._closing):
                     return
                 batch: List[Any] = []
@@ -205,7 +208,8 @@ class Sender:
                 raise InternalError("this transactional sender has used every seq; open another")
             self._pending.append(m)
             self._submitted += 1
-            self._cond.notify_all()
+            if self._batcher_waiting:
+                self._cond.notify_all()
             return self._submitted
 
     def flush(self, timeout: Optional[float] = None) -> List[uuid.UUID]:
