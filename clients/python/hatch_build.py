@@ -76,6 +76,8 @@ def generate(out: Path) -> list[Path]:
         # `from mq.v1 import mq_pb2` -> `from mq_client._pb.mq.v1 import mq_pb2`
         text = re.sub(r"^from mq\.v1(\.| )", r"from mq_client._pb.mq.v1\1", text, flags=re.M)
         text = re.sub(r"^import mq\.v1\.", "import mq_client._pb.mq.v1.", text, flags=re.M)
+        # The classes' __module__ (BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mq.v1.mq_pb2', ...)).
+        text = re.sub(r"'mq\.v1\.(\w+_pb2)'", r"'mq_client._pb.mq.v1.\1'", text)
         f.write_text(text)
         files.append(f)
     for pkg in (out / "mq", out / "mq" / "v1"):

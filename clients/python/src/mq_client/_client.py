@@ -244,7 +244,7 @@ class Client:
     ) -> QueueInfo:
         """Creates a queue. Raises :class:`QueueExists` if it exists (unless ``exist_ok``:
         then returns the existing queue's info)."""
-        req = _wire.pb.CreateQueueRequest(
+        req = _wire.CreateQueueRequest(
             name=name, transactional=transactional, label=label, max_aborts=max_aborts
         )
         if quota_bytes is not None:
@@ -262,7 +262,7 @@ class Client:
         """Deletes a queue and every message in it."""
         self._call(
             self._stubs.admin.DeleteQueue,
-            _wire.pb.QueueRequest(name=name),
+            _wire.DeleteQueueRequest(name=name),
             not_found=QueueNotFound,
         )
 
@@ -271,20 +271,20 @@ class Client:
         return QueueInfo.from_wire(
             self._call(
                 self._stubs.admin.GetQueueInfo,
-                _wire.pb.QueueRequest(name=name),
+                _wire.GetQueueInfoRequest(name=name),
                 not_found=QueueNotFound,
             )
         )
 
     def list_queues(self) -> List[QueueInfo]:
         """Every queue the caller may see."""
-        r = self._call(self._stubs.admin.ListQueues, _wire.pb.ListQueuesRequest())
+        r = self._call(self._stubs.admin.ListQueues, _wire.ListQueuesRequest())
         return [QueueInfo.from_wire(q) for q in r.queues]
 
     def purge(self, name: str) -> int:
         """Removes every waiting message of a queue; returns how many."""
         r = self._call(
-            self._stubs.admin.Purge, _wire.pb.QueueRequest(name=name), not_found=QueueNotFound
+            self._stubs.admin.Purge, _wire.PurgeRequest(name=name), not_found=QueueNotFound
         )
         return int(r.purged)
 
@@ -297,7 +297,7 @@ class Client:
         remove_quota: bool = False,
     ) -> QueueInfo:
         """Changes a queue's label or quota; what is not given stays as it is."""
-        req = _wire.pb.SetQueuePropertiesRequest(name=name, remove_quota=remove_quota)
+        req = _wire.SetQueuePropertiesRequest(name=name, remove_quota=remove_quota)
         if label is not None:
             req.label = label
         if quota_bytes is not None:
@@ -318,14 +318,14 @@ class Client:
     def acl(self, name: str) -> "dict[str, List[str]]":
         """A queue's ACL: principal -> rights."""
         r = self._call(
-            self._stubs.admin.GetAcl, _wire.pb.QueueRequest(name=name), not_found=QueueNotFound
+            self._stubs.admin.GetAcl, _wire.GetAclRequest(name=name), not_found=QueueNotFound
         )
         return {e.principal: list(e.rights) for e in r.entries}
 
     def _change_acl(
         self, name: str, principal: str, rights: Sequence[str], grant: bool
     ) -> "dict[str, List[str]]":
-        req = _wire.pb.AclChange(queue=name, principal=principal, rights=list(rights), grant=grant)
+        req = _wire.ChangeAclRequest(queue=name, principal=principal, rights=list(rights), grant=grant)
         r = self._call(self._stubs.admin.ChangeAcl, req, not_found=QueueNotFound)
         return {e.principal: list(e.rights) for e in r.entries}
 
@@ -338,7 +338,7 @@ class Client:
 
         r = self._call(
             self._stubs.queue.MoveMessage,
-            _wire.pb.MoveRequest(queue=queue, id=id_bytes(id), destination=destination),
+            _wire.MoveMessageRequest(queue=queue, id=id_bytes(id), destination=destination),
         )
         return Message.from_wire(r.message)
 
@@ -384,12 +384,12 @@ class Client:
         """Whether a transaction committed (for one whose commit answer was lost)."""
         r = self._call(
             self._stubs.queue.TransactionOutcome,
-            _wire.pb.TransactionOutcomeRequest(id=id_bytes(id)),
+            _wire.TransactionOutcomeRequest(id=id_bytes(id)),
         )
         names = {
-            _wire.pb.TX_OUTCOME_COMMITTED: "committed",
-            _wire.pb.TX_OUTCOME_ABORTED: "aborted",
-            _wire.pb.TX_OUTCOME_IN_PROGRESS: "in_progress",
+            _wire.TX_OUTCOME_COMMITTED: "committed",
+            _wire.TX_OUTCOME_ABORTED: "aborted",
+            _wire.TX_OUTCOME_IN_PROGRESS: "in_progress",
         }
         return TransactionStatus(
             outcome=names.get(r.outcome, "unknown"),

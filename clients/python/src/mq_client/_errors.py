@@ -153,18 +153,19 @@ class SendFailed(MqError):
 
 
 # ErrorInfo reasons (mq.v1's error table) -> exception. Unknown reasons fall back to the code.
+# NOT_FOUND and ALREADY_EXISTS (something other than a queue) are left to the call, which knows
+# what it asked for (a message id: MessageNotFound; a transaction id: AlreadyCommitted).
 _BY_REASON: dict[str, Type[MqError]] = {
     "QUEUE_NOT_FOUND": QueueNotFound,
     "MESSAGE_NOT_FOUND": MessageNotFound,
-    "QUEUE_ALREADY_EXISTS": QueueExists,
     "QUEUE_EXISTS": QueueExists,
     "INVALID_ARGUMENT": InvalidArgument,
     "QUOTA_EXCEEDED": QuotaExceeded,
+    "FAILED_PRECONDITION": FailedPrecondition,
     "PERMISSION_DENIED": PermissionDenied,
     "UNAUTHENTICATED": Unauthenticated,
+    "STORAGE_UNAVAILABLE": Unavailable,
     "SHUTTING_DOWN": Unavailable,
-    "UNAVAILABLE": Unavailable,
-    "JOURNAL_UNAVAILABLE": Unavailable,
     "INTERNAL": InternalError,
 }
 
@@ -223,10 +224,28 @@ def from_rpc_error(
     what: str = "",
 ) -> MqError:
     """The typed exception for a failed call. ``not_found`` / ``already_exists`` say what those
-    codes mean for this call when the broker sent no reason (e.g. ``QueueNotFound``)."""
+    codes mean for this call when the broker sent no more precise reason (e.g.
+    ``QueueNotFound``)."""
     code: Optional[grpc.StatusCode] = getattr(err, "code", lambda: None)()
     details: str = getattr(err, "details", lambda: "")() or ""
     reason, meta = _error_info(err)
+    return from_status(
+        code, details, reason, meta, not_found=not_found, already_exists=already_exists, what=what
+    )
+
+
+def from_status(
+    code: Optional[grpc.StatusCode],
+    details: str,
+    reason: str = "",
+    meta: Optional[Mapping[str, str]] = None,
+    *,
+    not_found: Type[MqError] = NotFound,
+    already_exists: Type[MqError] = AlreadyExists,
+    what: str = "",
+) -> MqError:
+    """The typed exception for a status code, message and ErrorInfo reason (of a failed call,
+    or of one refused message of a send)."""
     cls: Type[MqError]
     if reason in _BY_REASON:
         cls = _BY_REASON[reason]

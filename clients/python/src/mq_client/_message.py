@@ -61,7 +61,7 @@ def out_message(
         raise InvalidArgument(f"priority must be 0..=7 (got {priority})")
     # Only the fields that are set: each keyword costs time in the protobuf constructor, and
     # this runs once per message sent.
-    m = _wire.pb.OutMessage(
+    m = _wire.OutMessage(
         body=body if type(body) is bytes else body_bytes(body),
         delivery=_wire.DELIVERY_RECOVERABLE if recoverable else _wire.DELIVERY_EXPRESS,
         sent_time_ms=int(time.time() * 1000),

@@ -114,7 +114,7 @@ class Queue:
         out: List[Message] = []
         cursor = b""
         while len(out) < max:
-            req = _wire.pb.PeekRequest(
+            req = _wire.PeekRequest(
                 queue=self.name,
                 timeout_ms=int(timeout * 1000) if not out else 0,
                 max=min(max - len(out), 1000),
@@ -157,7 +157,7 @@ class Queue:
     def _one(
         self, timeout: float, *, peek: bool, id: bytes = b"", correlation_id: str = ""
     ) -> Optional[Message]:
-        req = _wire.pb.ReceiveOneRequest(
+        req = _wire.ReceiveOneRequest(
             queue=self.name,
             timeout_ms=int(timeout * 1000),
             peek=peek,

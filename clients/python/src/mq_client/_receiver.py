@@ -75,7 +75,7 @@ class Receiver:
         self._stream: BidiStream[Any, Any] = BidiStream(
             client._stubs.queue.Receive, client._metadata
         )
-        self._stream.send(_wire.pb.ReceiveRequest(queue=queue, credit=first))
+        self._stream.send(_wire.ReceiveRequest(queue=queue, credit=first))
 
     # -- iteration ----------------------------------------------------------------------------
 
@@ -141,7 +141,7 @@ class Receiver:
             self._credit_owed = 0
             self._requested += credit
             self._sent_through = self._through
-            req = _wire.pb.ReceiveRequest(credit=credit, ack_through=self._through)
+            req = _wire.ReceiveRequest(credit=credit, ack_through=self._through)
         self._stream.send(req)
 
     # -- closing ------------------------------------------------------------------------------

@@ -120,7 +120,7 @@ class Sender:
                 first = self._next_seq
                 self._next_seq += len(batch)
                 self._in_flight.append((first, len(batch)))
-            yield _wire.pb.SendBatch(
+            yield _wire.SendRequest(
                 first_seq=first,
                 destination=self.destination,
                 messages=batch,

@@ -63,7 +63,7 @@ class Transaction:
         )
         # The id goes first; the broker answers nothing to it (an id that already committed
         # ends the stream with ALREADY_EXISTS, and the next answer says so).
-        self._stream.send(_wire.pb.TxRequest(begin=_wire.pb.TxBegin(id=self.id.bytes)))
+        self._stream.send(_wire.TransactRequest(begin=_wire.TxBegin(id=self.id.bytes)))
 
     def send(
         self,
@@ -93,7 +93,7 @@ class Transaction:
             time_to_be_received=time_to_be_received,
         )
         self._stream.send(
-            _wire.pb.TxRequest(send=_wire.pb.TxSend(destination=destination, messages=[m]))
+            _wire.TransactRequest(send=_wire.TxSend(destination=destination, messages=[m]))
         )
 
     def receive(self, queue: str, timeout: float = 0.0) -> Optional[Message]:
@@ -119,8 +119,8 @@ class Transaction:
     ) -> Optional[Message]:
         self._check_open()
         self._stream.send(
-            _wire.pb.TxRequest(
-                receive=_wire.pb.TxReceive(
+            _wire.TransactRequest(
+                receive=_wire.TxReceive(
                     queue=queue,
                     timeout_ms=int(timeout * 1000),
                     id=id,
@@ -151,7 +151,7 @@ class Transaction:
         aborted the transaction (then nothing of it happened)."""
         self._check_open()
         self._done = True
-        self._stream.send(_wire.pb.TxRequest(commit=True))
+        self._stream.send(_wire.tx_commit())
         try:
             r = self._stream.recv(self._commit_timeout)
         except StreamEnded as end:
@@ -179,7 +179,7 @@ class Transaction:
         if self._done:
             return
         self._done = True
-        self._stream.send(_wire.pb.TxRequest(abort=True))
+        self._stream.send(_wire.tx_abort())
         try:
             r = self._stream.recv(self._call_timeout)
             if r is not None and r.WhichOneof("result") != "aborted":
