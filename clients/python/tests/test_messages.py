@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pytest
@@ -128,3 +129,27 @@ def test_large_messages_over_grpc_default_limit(client: Client, qname: str) -> N
     got = [m for m in q.receive(timeout=1.0, prefetch=8, auto_ack=True)]
     assert [len(m.body) for m in got] == [len(big), len(three), len(three)]
     assert got[0].body == big
+
+
+def test_sender_is_thread_safe(client: Client, qname: str) -> None:
+    q = client.queue(qname)
+    per_thread, threads = 500, 4
+    with q.sender(window=64) as s:
+
+        def work(t: int) -> None:
+            for i in range(per_thread):
+                s.send(f"{t}:{i}")
+
+        pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        ids = s.flush()
+    assert len(set(ids)) == per_thread * threads
+    bodies = [m.text for m in q.receive(timeout=1.0, auto_ack=True)]
+    assert len(bodies) == per_thread * threads
+    # Each thread's messages arrive in the order that thread sent them.
+    for t in range(threads):
+        mine = [int(b.split(":")[1]) for b in bodies if b.startswith(f"{t}:")]
+        assert mine == list(range(per_thread))

@@ -83,9 +83,15 @@ class Client:
             grpc.channel_ready_future(self._channel).result(timeout=connect_timeout)
         except grpc.FutureTimeoutError:
             self._channel.close()
+            tls = (
+                " and is its certificate signed by the CA given (ca=...) for this host name"
+                " (domain=...)?"
+                if self.url.startswith("https://")
+                else "?"
+            )
             raise ConnectError(
                 f"cannot reach the broker at {self.url}: no connection within "
-                f"{connect_timeout:g} s; is mqd running there? (set MQ_BROKER or the url)"
+                f"{connect_timeout:g} s; is mqd running there (set MQ_BROKER or the url){tls}"
             ) from None
         self._stubs = _wire.Stubs(self._channel)
         self._broker_info: Optional[BrokerInfo] = None
