@@ -170,10 +170,12 @@ class Client:
         try:
             info = self.broker_info()
         except IncompatibleCall:
+            # Revision 2 moved every call to new services: an older broker answers none.
             raise IncompatibleBroker(
-                f"the broker at {self.url} does not answer GetBrokerInfo: it is older than "
-                f"mq.v1 revision 1; this client (mq-client, revision {_wire.PROTOCOL_VERSION}) "
-                f"needs revision {minimum} or newer: upgrade mqd",
+                f"the broker at {self.url} does not answer GetBrokerInfo on "
+                f"mq.v1.MessageQueueService: it speaks an mq.v1 revision older than {minimum}; "
+                f"this client (mq-client, revision {_wire.PROTOCOL_VERSION}) needs revision "
+                f"{minimum} or newer: upgrade mqd, or use an older mq-client",
                 broker_revision=0,
                 client_revision=_wire.PROTOCOL_VERSION,
             ) from None

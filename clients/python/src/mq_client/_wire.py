@@ -3,17 +3,23 @@ change when the proto changes."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, List
 
+import grpc
 from google.protobuf import empty_pb2
 
 from mq_client._pb.mq.v1 import mq_pb2 as pb
 from mq_client._pb.mq.v1 import mq_pb2_grpc as pb_grpc
 
-# The revision of mq.v1 this package was written against (BrokerInfo.protocol_version).
-PROTOCOL_VERSION = 1
-# The oldest broker revision this package works with.
-MIN_BROKER_PROTOCOL_VERSION = 1
+if TYPE_CHECKING:  # pragma: no cover
+    from ._errors import MqError
+
+# The revision of mq.v1 this package speaks (mq_proto::PROTOCOL_VERSION; the broker reports its
+# own in BrokerInfo.protocol_version).
+PROTOCOL_VERSION = 2
+# The oldest broker revision this package works with: revision 2 split the services
+# (MessageQueueService, AdminService), so a revision-1 broker answers none of its calls.
+MIN_BROKER_PROTOCOL_VERSION = 2
 
 # Largest gRPC message the broker sends or accepts (mq_proto::MAX_GRPC_MESSAGE): the client's
 # channel accepts this much, not gRPC's default 4 MiB.
@@ -23,111 +29,73 @@ MAX_GRPC_MESSAGE = 64 * 1024 * 1024
 # commit (mq_proto::TX_ENDED_METADATA).
 TX_ENDED_METADATA = "mq-tx-ended"
 
-
-def _first(*names: str) -> Any:
-    """The first of ``names`` the generated module has: the same code runs on the stubs of the
-    first mq.v1 layout (one MessageQueue service, unprefixed enums) and of the current one."""
-    for n in names:
-        if hasattr(pb, n):
-            return getattr(pb, n)
-    raise ImportError(f"the generated mq.v1 stubs have none of {names}")
-
-
-SendRequest = _first("SendRequest", "SendBatch")
+SendRequest = pb.SendRequest
 ReceiveRequest = pb.ReceiveRequest
 ReceiveOneRequest = pb.ReceiveOneRequest
 PeekRequest = pb.PeekRequest
-TransactRequest = _first("TransactRequest", "TxRequest")
+TransactRequest = pb.TransactRequest
 TxBegin = pb.TxBegin
 TxSend = pb.TxSend
 TxReceive = pb.TxReceive
 OutMessage = pb.OutMessage
 CreateQueueRequest = pb.CreateQueueRequest
-DeleteQueueRequest = _first("DeleteQueueRequest", "QueueRequest")
-GetQueueInfoRequest = _first("GetQueueInfoRequest", "QueueRequest")
-PurgeRequest = _first("PurgeRequest", "QueueRequest")
-GetAclRequest = _first("GetAclRequest", "QueueRequest")
-ChangeAclRequest = _first("ChangeAclRequest", "AclChange")
+DeleteQueueRequest = pb.DeleteQueueRequest
+GetQueueInfoRequest = pb.GetQueueInfoRequest
+PurgeRequest = pb.PurgeRequest
+GetAclRequest = pb.GetAclRequest
+ChangeAclRequest = pb.ChangeAclRequest
 ListQueuesRequest = pb.ListQueuesRequest
 SetQueuePropertiesRequest = pb.SetQueuePropertiesRequest
-MoveMessageRequest = _first("MoveMessageRequest", "MoveRequest")
+MoveMessageRequest = pb.MoveMessageRequest
 TransactionOutcomeRequest = pb.TransactionOutcomeRequest
 
-DELIVERY_EXPRESS = _first("DELIVERY_EXPRESS", "EXPRESS")
-DELIVERY_RECOVERABLE = _first("DELIVERY_RECOVERABLE", "RECOVERABLE")
+DELIVERY_EXPRESS = pb.DELIVERY_EXPRESS
+DELIVERY_RECOVERABLE = pb.DELIVERY_RECOVERABLE
 TX_OUTCOME_COMMITTED = pb.TX_OUTCOME_COMMITTED
 TX_OUTCOME_ABORTED = pb.TX_OUTCOME_ABORTED
 TX_OUTCOME_IN_PROGRESS = pb.TX_OUTCOME_IN_PROGRESS
 
-# google.protobuf.Empty where the proto uses it, else the proto's own Empty.
-_Empty = getattr(pb, "Empty", None) or empty_pb2.Empty
-_TX_FLAGS_ARE_EMPTY = TransactRequest.DESCRIPTOR.fields_by_name["commit"].message_type is not None
+_EMPTY = empty_pb2.Empty
 
 
 class Stubs:
-    """The service stubs on one channel: applications' calls, administration, broker info."""
+    """The service stubs on one channel: applications' calls (and broker info), administration."""
 
-    def __init__(self, channel: Any) -> None:
-        if hasattr(pb_grpc, "MessageQueueServiceStub"):
-            self.queue = pb_grpc.MessageQueueServiceStub(channel)
-            self.admin = pb_grpc.AdminServiceStub(channel)  # type: ignore[attr-defined]
-        else:
-            self.queue = pb_grpc.MessageQueueStub(channel)
-            self.admin = self.queue
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.queue = pb_grpc.MessageQueueServiceStub(channel)  # type: ignore[no-untyped-call]
+        self.admin = pb_grpc.AdminServiceStub(channel)  # type: ignore[no-untyped-call]
         self.broker = self.queue
 
 
 def empty() -> Any:
-    return _Empty()
+    return _EMPTY()
 
 
 def tx_commit() -> Any:
-    return TransactRequest(commit=_Empty()) if _TX_FLAGS_ARE_EMPTY else TransactRequest(commit=True)
+    return TransactRequest(commit=_EMPTY())
 
 
 def tx_abort() -> Any:
-    return TransactRequest(abort=_Empty()) if _TX_FLAGS_ARE_EMPTY else TransactRequest(abort=True)
+    return TransactRequest(abort=_EMPTY())
 
 
-def _split_ids(ids: Any) -> "list[bytes]":
-    if isinstance(ids, (bytes, bytearray)):  # first layout: 16 bytes per message, concatenated
-        raw = bytes(ids)
-        return [raw[i : i + 16] for i in range(0, len(raw), 16)]
-    return [bytes(i) for i in ids]  # repeated bytes
+def ack_ids(ack: Any) -> List[bytes]:
+    """The ids of a SendResponse, one per message of the batch (empty where it failed)."""
+    return list(ack.ids)
 
 
-def ack_ids(ack: Any) -> "list[bytes]":
-    """The ids of a SendResponse, one per message of the batch (empty or zeros where it
-    failed)."""
-    return _split_ids(ack.ids)
+def committed_ids(committed: Any) -> List[bytes]:
+    """The ids of the messages a transaction sent, in send order."""
+    return list(committed.ids)
 
 
-def committed_ids(committed: Any) -> "list[bytes]":
-    return _split_ids(committed.ids)
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
 def send_failure_error(f: Any) -> "MqError":
-    """The typed exception for one refused message of a SendResponse: by its reason, else its
-    code (a gRPC status code; in the first layout an mq.v1.ErrorCode)."""
-    from . import _errors as e
+    """The typed exception for one refused message of a SendResponse: by its reason (the
+    ErrorInfo reasons of failed calls), else by its gRPC status code."""
+    from . import _errors
 
-    import grpc
-
-    S = grpc.StatusCode
-    if not hasattr(pb, "ErrorCode"):
-        code = next((c for c in S if c.value[0] == f.code), S.UNKNOWN)
-        return e.from_status(code, f.message, getattr(f, "reason", ""), not_found=e.QueueNotFound)
-    by_code = {
-        pb.INVALID_ARGUMENT: (e.InvalidArgument, S.INVALID_ARGUMENT),
-        pb.NOT_FOUND: (e.QueueNotFound, S.NOT_FOUND),
-        pb.ALREADY_EXISTS: (e.AlreadyExists, S.ALREADY_EXISTS),
-        pb.RESOURCE_EXHAUSTED: (e.QuotaExceeded, S.RESOURCE_EXHAUSTED),
-        pb.FAILED_PRECONDITION: (e.FailedPrecondition, S.FAILED_PRECONDITION),
-        pb.UNAVAILABLE: (e.Unavailable, S.UNAVAILABLE),
-        pb.PERMISSION_DENIED: (e.PermissionDenied, S.PERMISSION_DENIED),
-    }
-    cls, code = by_code.get(f.code, (e.InternalError, S.INTERNAL))  # type: ignore[attr-defined]
-    return cls(f.message, code=code)  # type: ignore[attr-defined]
-
-
-from ._errors import MqError  # noqa: E402
+    code = _CODES.get(f.code, grpc.StatusCode.UNKNOWN)
+    return _errors.from_status(code, f.message, f.reason, not_found=_errors.QueueNotFound)
