@@ -32,6 +32,8 @@ def test_missing_queue_is_queue_not_found_everywhere(client: Client) -> None:
     with pytest.raises(mq_client.QueueNotFound) as e:
         q.send(b"lost")
     assert e.value.code is not None and MISSING in str(e.value)
+    # The broker's reason for the refused message (SendFailure.reason).
+    assert e.value.reason == "QUEUE_NOT_FOUND"
     # A pipelined sender reports each refused message of a flush.
     with q.sender() as s:
         s.send(b"a")
