@@ -108,3 +108,20 @@ def test_protocol_version_check(client: Client, mqd: Mqd) -> None:
     msg = str(e.value)
     assert "upgrade mqd" in msg and f"revision {info.protocol_version}" in msg
     assert e.value.broker_revision == info.protocol_version
+
+
+def test_outgoing_queue_admin(client: Client) -> None:
+    """A send to a queue on another broker (here: a port where none answers) waits in an
+    outgoing queue, which can be listed, paused, resumed, and not deleted while it holds it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dest = f"127.0.0.1:{port}"
+    remote = f"DIRECT=TCP:{dest}\\private$\\far"
+    client.queue(remote).send(b"for later", recoverable=True)
+    [out] = [o for o in client.outgoing() if o.destination == dest]
+    assert out.messages == 1 and out.state in ("connecting", "waiting", "inactive", "connected")
+    assert client.pause_outgoing(dest).state == "onhold"
+    assert client.resume_outgoing(dest).state != "onhold"
+    with pytest.raises(mq_client.FailedPrecondition):
+        client.delete_outgoing(dest)

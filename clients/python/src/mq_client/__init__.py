@@ -48,6 +48,7 @@ from ._message import (
     BrokerInfo,
     DeadLetter,
     Message,
+    OutgoingQueue,
     QueueInfo,
     TransactionStatus,
 )
@@ -82,6 +83,7 @@ __all__ = [
     "MessageNotFound",
     "MqError",
     "NotFound",
+    "OutgoingQueue",
     "PROTOCOL_VERSION",
     "PermissionDenied",
     "Queue",

@@ -21,7 +21,14 @@ from ._errors import (
     QueueNotFound,
     from_rpc_error,
 )
-from ._message import BrokerInfo, QueueInfo, TransactionStatus, id_bytes, to_uuid
+from ._message import (
+    BrokerInfo,
+    OutgoingQueue,
+    QueueInfo,
+    TransactionStatus,
+    id_bytes,
+    to_uuid,
+)
 
 T = TypeVar("T")
 
@@ -349,6 +356,38 @@ class Client:
             _wire.MoveMessageRequest(queue=queue, id=id_bytes(id), destination=destination),
         )
         return Message.from_wire(r.message)
+
+    # -- outgoing queues (store-and-forward) ---------------------------------------------------
+
+    def outgoing(self) -> List[OutgoingQueue]:
+        """The outgoing queues: one per destination broker this broker forwards to."""
+        r = self._call(self._stubs.admin.ListOutgoing, _wire.ListOutgoingRequest())
+        return [OutgoingQueue.from_wire(o) for o in r.queues]
+
+    def pause_outgoing(self, destination: str) -> OutgoingQueue:
+        """Stops forwarding to ``destination`` (``host:port`` as :meth:`outgoing` shows it, or
+        the format name of any queue there) until :meth:`resume_outgoing`."""
+        return OutgoingQueue.from_wire(
+            self._call(
+                self._stubs.admin.PauseOutgoing,
+                _wire.PauseOutgoingRequest(destination=destination),
+            )
+        )
+
+    def resume_outgoing(self, destination: str) -> OutgoingQueue:
+        """Forwards to ``destination`` again."""
+        return OutgoingQueue.from_wire(
+            self._call(
+                self._stubs.admin.ResumeOutgoing,
+                _wire.ResumeOutgoingRequest(destination=destination),
+            )
+        )
+
+    def delete_outgoing(self, destination: str) -> None:
+        """Deletes an empty outgoing queue (refused while it holds messages)."""
+        self._call(
+            self._stubs.admin.DeleteOutgoing, _wire.DeleteOutgoingRequest(destination=destination)
+        )
 
     # -- sending, transactions ----------------------------------------------------------------
 

@@ -328,3 +328,35 @@ class TransactionStatus:
     time_ms: Optional[int]
     detail: str
     retention_ms: int
+
+
+@dataclass
+class OutgoingQueue:
+    """An outgoing queue (store-and-forward: messages waiting for another broker). ``state`` is
+    one of ``"inactive"``, ``"connecting"``, ``"connected"``, ``"waiting"`` (the last attempt
+    failed; retrying at ``next_retry_ms``), ``"onhold"`` (paused)."""
+
+    destination: str
+    state: str
+    messages: int
+    bytes: int
+    in_flight: int
+    last_error: str
+    next_retry_ms: int
+    forwarded: int
+    dead_lettered: int
+
+    @classmethod
+    def from_wire(cls, o: Any) -> "OutgoingQueue":
+        name = _wire.pb.OutgoingState.Name(o.state)
+        return cls(
+            destination=o.destination,
+            state=name.replace("OUTGOING_STATE_", "").lower(),
+            messages=o.messages,
+            bytes=o.bytes,
+            in_flight=o.in_flight,
+            last_error=o.last_error,
+            next_retry_ms=o.next_retry_ms,
+            forwarded=o.forwarded,
+            dead_lettered=o.dead_lettered,
+        )

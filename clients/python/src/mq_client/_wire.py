@@ -48,6 +48,10 @@ ListQueuesRequest = pb.ListQueuesRequest
 SetQueuePropertiesRequest = pb.SetQueuePropertiesRequest
 MoveMessageRequest = pb.MoveMessageRequest
 TransactionOutcomeRequest = pb.TransactionOutcomeRequest
+ListOutgoingRequest = pb.ListOutgoingRequest
+PauseOutgoingRequest = pb.PauseOutgoingRequest
+ResumeOutgoingRequest = pb.ResumeOutgoingRequest
+DeleteOutgoingRequest = pb.DeleteOutgoingRequest
 
 DELIVERY_EXPRESS = pb.DELIVERY_EXPRESS
 DELIVERY_RECOVERABLE = pb.DELIVERY_RECOVERABLE
