@@ -17,7 +17,8 @@ def test_send_receive_ack(client: Client, qname: str) -> None:
     id2 = q.send("second", label="two", app_specific=42)
     assert isinstance(id1, uuid.UUID) and id1 != id2
     got = []
-    with q.receive(timeout=1.0) as messages:
+    # Generous timeouts with a count: the iteration ends on the count, not on a slow machine.
+    with q.receive(timeout=30.0, max_messages=2) as messages:
         for msg in messages:
             got.append(msg)
             msg.ack()
@@ -42,12 +43,12 @@ def test_unacked_message_is_redelivered(client: Client, qname: str) -> None:
     q = client.queue(qname)
     ids = [q.send(f"m{i}") for i in range(3)]
     # Take the first two, acknowledge only the first; the receiver closes at the end.
-    with q.receive(timeout=1.0, max_messages=2) as r:
+    with q.receive(timeout=30.0, max_messages=2) as r:
         msgs = list(r)
         msgs[0].ack()
     assert [m.id for m in msgs] == ids[:2]
     # The unacknowledged one is back at the head, in order, before the third.
-    again = [m.id for m in q.receive(timeout=1.0, auto_ack=True)]
+    again = [m.id for m in q.receive(timeout=30.0, max_messages=2, auto_ack=True)]
     assert again == ids[1:]
     assert q.info().messages == 0
 
@@ -55,7 +56,7 @@ def test_unacked_message_is_redelivered(client: Client, qname: str) -> None:
 def test_ack_after_close_is_refused(client: Client, qname: str) -> None:
     q = client.queue(qname)
     q.send(b"x")
-    r = q.receive(timeout=1.0)
+    r = q.receive(timeout=30.0)
     msg = next(r)
     r.close()
     with pytest.raises(mq_client.FailedPrecondition):
@@ -91,7 +92,8 @@ def test_receive_by_id_and_correlation_id(client: Client, qname: str) -> None:
         q.receive_by_correlation_id("no-such")
     # With a timeout, "not found" is None once it passes.
     assert q.receive_by_id(uuid.uuid4(), timeout=0.1) is None
-    assert [m.id for m in q.receive(timeout=0.5, auto_ack=True)] == [a]
+    assert [m.id for m in q.receive(timeout=30.0, max_messages=1, auto_ack=True)] == [a]
+    assert q.peek() is None
 
 
 def test_pipelined_sender_returns_ids_in_order(client: Client, qname: str) -> None:
@@ -107,7 +109,7 @@ def test_pipelined_sender_returns_ids_in_order(client: Client, qname: str) -> No
     assert len(ids) == n and len(set(ids)) == n and len(tail) == 1
     bodies = []
     ids_seen = []
-    for m in q.receive(timeout=1.0, prefetch=512, auto_ack=True):
+    for m in q.receive(timeout=30.0, prefetch=512, max_messages=n + 1, auto_ack=True):
         bodies.append(m.body)
         ids_seen.append(m.id)
     assert bodies == [f"{i}".encode() for i in range(n)] + [b"tail"]
@@ -126,7 +128,7 @@ def test_large_messages_over_grpc_default_limit(client: Client, qname: str) -> N
     peeked = q.peek_many(3)
     assert [len(m.body) for m in peeked] == [len(big), len(three), len(three)]
     assert peeked[0].id == id_big and peeked[0].body == big
-    got = [m for m in q.receive(timeout=1.0, prefetch=8, auto_ack=True)]
+    got = [m for m in q.receive(timeout=30.0, prefetch=8, max_messages=3, auto_ack=True)]
     assert [len(m.body) for m in got] == [len(big), len(three), len(three)]
     assert got[0].body == big
 
@@ -147,7 +149,9 @@ def test_sender_is_thread_safe(client: Client, qname: str) -> None:
             t.join()
         ids = s.flush()
     assert len(set(ids)) == per_thread * threads
-    bodies = [m.text for m in q.receive(timeout=1.0, auto_ack=True)]
+    n = per_thread * threads
+    bodies = [m.text for m in q.receive(timeout=30.0, max_messages=n, auto_ack=True)]
+    assert q.peek() is None
     assert len(bodies) == per_thread * threads
     # Each thread's messages arrive in the order that thread sent them.
     for t in range(threads):

@@ -115,7 +115,7 @@ def test_tls_with_user_and_password(secure: SecureBroker) -> None:
         c.create_queue(name)
         q = c.queue(name)
         sent = q.send(b"secret order", recoverable=True)
-        got = q.receive_one(timeout=1.0)
+        got = q.receive_one(timeout=30.0)
         assert got is not None and got.id == sent and got.body == b"secret order"
         assert got.sender == "alice"
         c.delete_queue(name)

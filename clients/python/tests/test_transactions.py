@@ -20,7 +20,7 @@ def test_commit_makes_sends_and_receives_happen(client: Client, txqname: str) ->
         q = client.queue(txqname)
         q.send(b"order 7", transactional=True)
         with client.transaction() as tx:
-            order = tx.receive(txqname, timeout=1.0)
+            order = tx.receive(txqname, timeout=30.0)
             assert order is not None and order.body == b"order 7"
             tx.send(other, b"invoice 7", label="invoice")
             tx.send(other, b"parcel 7")
@@ -40,7 +40,7 @@ def test_exception_aborts(client: Client, txqname: str) -> None:
     sent = q.send(b"keep me", transactional=True)
     with pytest.raises(RuntimeError, match="boom"):
         with client.transaction() as tx:
-            m = tx.receive(txqname, timeout=1.0)
+            m = tx.receive(txqname, timeout=30.0)
             assert m is not None and m.id == sent
             tx.send(txqname, b"never stored")
             raise RuntimeError("boom")
