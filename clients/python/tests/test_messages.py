@@ -157,3 +157,22 @@ def test_sender_is_thread_safe(client: Client, qname: str) -> None:
     for t in range(threads):
         mine = [int(b.split(":")[1]) for b in bodies if b.startswith(f"{t}:")]
         assert mine == list(range(per_thread))
+
+
+def test_streams_leave_no_threads_behind(client: Client, qname: str) -> None:
+    """Every stream's threads end with it: receivers closed by the client, by the broker
+    (a deleted queue), senders and transactions."""
+    q = client.queue(qname)
+    q.send(b"x")
+    before = threading.active_count()
+    for _ in range(5):
+        with q.receive(timeout=30.0, max_messages=1) as r:
+            for m in r:
+                pass  # not acked: back to the queue
+        with q.sender() as s:
+            s.send(b"y")
+        with pytest.raises(mq_client.QueueNotFound):
+            list(client.queue(qname + "-gone").receive(timeout=30.0))
+    from conftest import wait_until
+
+    wait_until(lambda: threading.active_count() <= before, what="the streams' threads ending")

@@ -60,6 +60,9 @@ class BidiStream(Generic[Req, Resp]):
             self._responses.put(StreamEnded(e))
         except Exception as e:  # noqa: BLE001 - surfaced to the reader, never lost
             self._responses.put(StreamEnded(_LocalError(e)))
+        finally:
+            # The call is over: release grpcio's thread that waits in the request iterator.
+            self._requests.put(_END)
 
     def send(self, request: Req) -> None:
         if not self._half_closed:
