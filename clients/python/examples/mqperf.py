@@ -104,7 +104,9 @@ def main() -> None:
             f"prefetch {args.prefetch}; broker {url}; Python {platform.python_version()}, "
             f"grpcio {grpc.__version__}, {os.cpu_count()} CPUs"
         )
-        print(f"{'run':>3} {'send msg/s':>11} {'send MB/s':>10} {'recv msg/s':>11} {'recv MB/s':>10}")
+        print(
+            f"{'run':>3} {'send msg/s':>11} {'send MB/s':>10} {'recv msg/s':>11} {'recv MB/s':>10}"
+        )
         results = []
         with Client(url) as client:
             for i in range(args.runs):

@@ -57,7 +57,7 @@ def test_queue_admin(client: Client) -> None:
         changed = client.set_queue_properties(name, label="renamed", remove_quota=True)
         assert changed.label == "renamed" and changed.quota_bytes is None
         q = client.queue(name)
-        for i in range(3):
+        for _ in range(3):
             q.send(b"x")
         assert q.purge() == 3
         assert q.info().messages == 0

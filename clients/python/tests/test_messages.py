@@ -167,7 +167,7 @@ def test_streams_leave_no_threads_behind(client: Client, qname: str) -> None:
     before = threading.active_count()
     for _ in range(5):
         with q.receive(timeout=30.0, max_messages=1) as r:
-            for m in r:
+            for _m in r:
                 pass  # not acked: back to the queue
         with q.sender() as s:
             s.send(b"y")

@@ -25,11 +25,15 @@ from cryptography.x509.oid import NameOID  # noqa: E402
 
 
 def _cert(
-    subject: str, key: ec.EllipticCurvePrivateKey, issuer: "Tuple[str, ec.EllipticCurvePrivateKey] | None"
+    subject: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: "Tuple[str, ec.EllipticCurvePrivateKey] | None",
 ) -> "x509.Certificate":
     now = datetime.datetime.now(datetime.timezone.utc)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    issuer_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer[0])]) if issuer else name
+    issuer_name = (
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer[0])]) if issuer else name
+    )
     b = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -43,9 +47,15 @@ def _cert(
         b = b.add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         b = b.add_extension(
             x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                crl_sign=True, encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
@@ -93,15 +103,33 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
     (d / "server.key").write_bytes(_key_pem(key))
     users = d / "users.toml"
     out = subprocess.run(
-        [str(mqd_path()), "user", "add", "--users", str(users), "alice",
-         "--rights", "create-queue,send,receive,peek,admin", "--token"],
+        [
+            str(mqd_path()),
+            "user",
+            "add",
+            "--users",
+            str(users),
+            "alice",
+            "--rights",
+            "create-queue,send,receive,peek,admin",
+            "--token",
+        ],
         env={**os.environ, "MQD_PASSWORD": "s3cret"},
-        capture_output=True, text=True, timeout=60, check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     token = next(w for w in out.stdout.split() if w.startswith("mqt_"))
     broker = Mqd(
-        ["--tls-cert", str(d / "server.pem"), "--tls-key", str(d / "server.key"),
-         "--users", str(users)]
+        [
+            "--tls-cert",
+            str(d / "server.pem"),
+            "--tls-key",
+            str(d / "server.key"),
+            "--users",
+            str(users),
+        ]
     )
     try:
         yield SecureBroker(broker, d / "ca.pem", token)

@@ -119,9 +119,7 @@ class Client:
         if token is not None:
             t = token.strip()
             if not t or not all(0x21 <= ord(c) <= 0x7E for c in t):
-                raise ConnectError(
-                    "the bearer token is not valid header text (visible ASCII only)"
-                )
+                raise ConnectError("the bearer token is not valid header text (visible ASCII only)")
             return (("authorization", f"Bearer {t}"),)
         if user is not None:
             raw = base64.b64encode(f"{user}:{password or ''}".encode()).decode()
@@ -340,7 +338,9 @@ class Client:
     def _change_acl(
         self, name: str, principal: str, rights: Sequence[str], grant: bool
     ) -> "dict[str, List[str]]":
-        req = _wire.ChangeAclRequest(queue=name, principal=principal, rights=list(rights), grant=grant)
+        req = _wire.ChangeAclRequest(
+            queue=name, principal=principal, rights=list(rights), grant=grant
+        )
         r = self._call(self._stubs.admin.ChangeAcl, req, not_found=QueueNotFound)
         return {e.principal: list(e.rights) for e in r.entries}
 
@@ -413,7 +413,10 @@ class Client:
         )
 
     def transaction(
-        self, id: Optional[Union[uuid.UUID, bytes, str]] = None, *, commit_timeout: Optional[float] = None
+        self,
+        id: Optional[Union[uuid.UUID, bytes, str]] = None,
+        *,
+        commit_timeout: Optional[float] = None,
     ) -> "Transaction":
         """A transaction across transactional queues; use it with ``with``: commits when the
         block ends, aborts when it raises. ``id``: the transaction's id (default a new UUID v7);

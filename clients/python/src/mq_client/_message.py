@@ -5,13 +5,10 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from . import _wire
 from ._errors import InvalidArgument
-
-if TYPE_CHECKING:  # pragma: no cover
-    pass
 
 Body = Union[bytes, bytearray, memoryview, str]
 

@@ -161,7 +161,9 @@ class Sender:
             for i in range(count):
                 seq = first + i
                 err = failed.get(seq)
-                self._results[seq] = err if err is not None else to_uuid(ids[i] if i < len(ids) else b"")
+                self._results[seq] = (
+                    err if err is not None else to_uuid(ids[i] if i < len(ids) else b"")
+                )
             self._answered = first + count - 1
             self._cond.notify_all()
 

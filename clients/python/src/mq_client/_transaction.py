@@ -33,7 +33,9 @@ def uuid7() -> uuid.UUID:
     """A UUID version 7: Unix ms in the top 48 bits, then random bits."""
     ms = int(time.time() * 1000) & 0xFFFF_FFFF_FFFF
     r = int.from_bytes(os.urandom(10), "big")
-    value = (ms << 80) | (0x7 << 76) | ((r >> 62) & 0xFFF) << 64 | (0b10 << 62) | (r & ((1 << 62) - 1))
+    value = (
+        (ms << 80) | (0x7 << 76) | ((r >> 62) & 0xFFF) << 64 | (0b10 << 62) | (r & ((1 << 62) - 1))
+    )
     return uuid.UUID(int=value)
 
 
@@ -134,9 +136,7 @@ class Transaction:
             return Message.from_wire(r.received)
         if kind == "receive_timeout":
             if (id or correlation_id) and timeout == 0:
-                what = (
-                    f"id {to_uuid(id)}" if id else f"correlation id {correlation_id[:128]!r}"
-                )
+                what = f"id {to_uuid(id)}" if id else f"correlation id {correlation_id[:128]!r}"
                 raise MessageNotFound(
                     f"no message with {what} is waiting in queue {queue[:200]!r} "
                     f"(MQ_ERROR_MESSAGE_NOT_FOUND)"
@@ -214,9 +214,14 @@ class Transaction:
         else:
             e = from_rpc_error(end.error, not_found=QueueNotFound)
             definite = has_trailer(end.error, _wire.TX_ENDED_METADATA)
-        if e.code is not None and e.code.name == "ALREADY_EXISTS" or e.reason in (
-            "TRANSACTION_ALREADY_COMMITTED",
-            "ALREADY_COMMITTED",
+        if (
+            e.code is not None
+            and e.code.name == "ALREADY_EXISTS"
+            or e.reason
+            in (
+                "TRANSACTION_ALREADY_COMMITTED",
+                "ALREADY_COMMITTED",
+            )
         ):
             return AlreadyCommitted(
                 f"transaction {self.id} was already committed; nothing was done this time",
