@@ -163,3 +163,16 @@ def test_untrusted_certificate_is_a_connect_error(secure: SecureBroker) -> None:
     other_ca = _cert("another CA", ec.generate_private_key(ec.SECP256R1()), None)
     with pytest.raises(mq_client.ConnectError):
         Client(secure.url, ca=_pem(other_ca), token=secure.token, connect_timeout=1.0)
+
+
+def test_domain_names_the_certificate_host(secure: SecureBroker) -> None:
+    with Client(secure.url, ca=secure.ca_pem, token=secure.token, domain="localhost") as c:
+        assert c.broker_info().protocol_version == mq_client.PROTOCOL_VERSION
+    with pytest.raises(mq_client.ConnectError, match="domain"):
+        Client(
+            secure.url,
+            ca=secure.ca_pem,
+            token=secure.token,
+            domain="other.example",
+            connect_timeout=1.0,
+        )
