@@ -176,3 +176,18 @@ def test_streams_leave_no_threads_behind(client: Client, qname: str) -> None:
     from conftest import wait_until
 
     wait_until(lambda: threading.active_count() <= before, what="the streams' threads ending")
+
+
+def test_cursor_walks_and_removes(client: Client, qname: str) -> None:
+    q = client.queue(qname)
+    ids = [q.send(f"c{i}") for i in range(3)]
+    with q.cursor() as c:
+        assert c.peek_current().id == ids[0]  # type: ignore[union-attr]
+        assert c.peek_next().id == ids[1]  # type: ignore[union-attr]
+        removed = c.receive_current()
+        assert removed is not None and removed.id == ids[1]
+        assert c.peek_current().id == ids[2]  # type: ignore[union-attr]
+        assert c.peek_next() is None  # the end: the cursor stays
+    assert [m.id for m in q.peek_many(10)] == [ids[0], ids[2]]
+    with pytest.raises(mq_client.QueueNotFound):
+        client.queue(qname + "-gone").cursor().peek_current()

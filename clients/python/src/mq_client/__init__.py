@@ -16,6 +16,7 @@ are generated at build time into ``mq_client._pb``.
 """
 
 from ._client import DEFAULT_BROKER_URL, Client
+from ._cursor import Cursor
 from ._errors import (
     AlreadyCommitted,
     AlreadyExists,
@@ -71,6 +72,7 @@ __all__ = [
     "BrokerInfo",
     "Client",
     "ConnectError",
+    "Cursor",
     "DEFAULT_BROKER_URL",
     "DeadLetter",
     "FailedPrecondition",

@@ -11,6 +11,7 @@ from ._message import BODY_TYPE_RAW, Body, Message, QueueInfo, id_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._client import Client
+    from ._cursor import Cursor
     from ._receiver import Receiver
     from ._sender import Sender
 
@@ -179,6 +180,13 @@ class Queue:
                 raise QueueNotFound(e.message, code=e.code) from None
             raise
         return Message.from_wire(r.message) if r.HasField("message") else None
+
+    def cursor(self) -> "Cursor":
+        """A cursor on this queue: peek current / peek next / receive current (see
+        :class:`Cursor`)."""
+        from ._cursor import Cursor
+
+        return Cursor(self.client, self.name)
 
     # -- administration -----------------------------------------------------------------------
 

@@ -48,6 +48,7 @@ ListQueuesRequest = pb.ListQueuesRequest
 SetQueuePropertiesRequest = pb.SetQueuePropertiesRequest
 MoveMessageRequest = pb.MoveMessageRequest
 TransactionOutcomeRequest = pb.TransactionOutcomeRequest
+BrowseRequest = pb.BrowseRequest
 ListOutgoingRequest = pb.ListOutgoingRequest
 PauseOutgoingRequest = pb.PauseOutgoingRequest
 ResumeOutgoingRequest = pb.ResumeOutgoingRequest
@@ -58,6 +59,12 @@ DELIVERY_RECOVERABLE = pb.DELIVERY_RECOVERABLE
 TX_OUTCOME_COMMITTED = pb.TX_OUTCOME_COMMITTED
 TX_OUTCOME_ABORTED = pb.TX_OUTCOME_ABORTED
 TX_OUTCOME_IN_PROGRESS = pb.TX_OUTCOME_IN_PROGRESS
+CURSOR_PEEK_CURRENT = pb.CURSOR_ACTION_PEEK_CURRENT
+CURSOR_PEEK_NEXT = pb.CURSOR_ACTION_PEEK_NEXT
+CURSOR_RECEIVE_CURRENT = pb.CURSOR_ACTION_RECEIVE_CURRENT
+CURSOR_STATUS_OK = pb.CURSOR_STATUS_OK
+CURSOR_STATUS_TIMEOUT = pb.CURSOR_STATUS_TIMEOUT
+CURSOR_STATUS_ALREADY_RECEIVED = pb.CURSOR_STATUS_ALREADY_RECEIVED
 
 _EMPTY = empty_pb2.Empty
 
