@@ -49,6 +49,12 @@ def rich(code: grpc.StatusCode, reason: str, meta: Optional[dict] = None) -> Fak
         (grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN", mq_client.Unavailable),
         (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED", mq_client.PermissionDenied),
         (grpc.StatusCode.INTERNAL, "INTERNAL", mq_client.InternalError),
+        (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED", mq_client.Unauthenticated),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "LIMIT_EXCEEDED", mq_client.LimitExceeded),
+        (grpc.StatusCode.OUT_OF_RANGE, "LIMIT_EXCEEDED", mq_client.LimitExceeded),
+        (grpc.StatusCode.ABORTED, "TX_TIMEOUT", mq_client.TransactionAborted),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, "IDLE_TIMEOUT", mq_client.Timeout),
+        (grpc.StatusCode.UNAVAILABLE, "STREAM_BUSY", mq_client.Unavailable),
         # Reasons the table leaves to the call, and reasons this client does not know yet:
         # the status code decides.
         (grpc.StatusCode.NOT_FOUND, "NOT_FOUND", mq_client.NotFound),

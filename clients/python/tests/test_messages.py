@@ -191,3 +191,19 @@ def test_cursor_walks_and_removes(client: Client, qname: str) -> None:
     assert [m.id for m in q.peek_many(10)] == [ids[0], ids[2]]
     with pytest.raises(mq_client.QueueNotFound):
         client.queue(qname + "-gone").cursor().peek_current()
+
+
+def test_expired_message_is_dead_lettered_with_its_class(client: Client, qname: str) -> None:
+    body = uuid.uuid4().bytes
+    client.queue(qname).send(body, time_to_be_received=0.001, recoverable=True)
+    dlq = client.queue("DIRECT=OS:.\\SYSTEM$;DEADLETTER")
+    from conftest import wait_until
+
+    m = wait_until(
+        lambda: next((m for m in dlq.peek_many(1000) if m.body == body), None),
+        what="the expired message in the dead-letter queue",
+    )
+    dl = m.dead_letter
+    assert dl is not None and "time-to-be-received" in dl.reason
+    assert dl.dead_letter_class == mq_client._wire.pb.DEAD_LETTER_CLASS_RECEIVE_TIMEOUT
+    assert dl.destination.endswith(qname.lstrip("."))

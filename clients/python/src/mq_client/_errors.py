@@ -79,6 +79,12 @@ class QuotaExceeded(MqError):
     """A queue's or the broker's quota (or another limit) is full; nothing was stored."""
 
 
+class LimitExceeded(QuotaExceeded):
+    """A per-connection or per-stream bound (open transactions, cursors, connections, a batch
+    over the broker's limit, failed logins per minute, a gRPC message over the size limit); the
+    message names the mqd flag."""
+
+
 class FailedPrecondition(MqError):
     """The operation does not apply (transactional mismatch, read-only queue, remote queue...)."""
 
@@ -166,7 +172,11 @@ _BY_REASON: dict[str, Type[MqError]] = {
     "UNAUTHENTICATED": Unauthenticated,
     "STORAGE_UNAVAILABLE": Unavailable,
     "SHUTTING_DOWN": Unavailable,
+    "STREAM_BUSY": Unavailable,
     "INTERNAL": InternalError,
+    "LIMIT_EXCEEDED": LimitExceeded,
+    "TX_TIMEOUT": TransactionAborted,
+    "IDLE_TIMEOUT": Timeout,
 }
 
 _BY_CODE: dict[grpc.StatusCode, Type[MqError]] = {

@@ -223,7 +223,11 @@ class Message:
         if not self._m.HasField("dead_letter"):
             return None
         d = self._m.dead_letter
-        return DeadLetter(getattr(d, "class"), d.reason, d.destination, d.time_ms, d.broker)
+        # `dead_letter_class` (named `class` before the proto's phase 2; same field number).
+        cls = getattr(d, "dead_letter_class", None)
+        if cls is None:
+            cls = getattr(d, "class")
+        return DeadLetter(cls, d.reason, d.destination, d.time_ms, d.broker)
 
     def ack(self) -> None:
         """Acknowledges this message (streaming receive only): the broker removes it for good
