@@ -32,6 +32,10 @@ pub enum BrokerError {
     /// a failed sync).
     #[error("{0}")]
     Unavailable(String),
+    /// A transaction's commit record was handed to the journal and the write or its
+    /// `fdatasync` failed: it may be on disk. Nobody knows whether it committed until a restart.
+    #[error("{0}")]
+    InDoubt(String),
     /// The broker is shutting down.
     #[error("the broker is shutting down; retry against a running broker")]
     ShuttingDown,
@@ -52,7 +56,9 @@ impl BrokerError {
             BrokerError::QueueExists(_) | BrokerError::AlreadyExists(_) => ErrorCode::AlreadyExists,
             BrokerError::QuotaExceeded(_) => ErrorCode::ResourceExhausted,
             BrokerError::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
-            BrokerError::ShuttingDown | BrokerError::Unavailable(_) => ErrorCode::Unavailable,
+            BrokerError::ShuttingDown | BrokerError::Unavailable(_) | BrokerError::InDoubt(_) => {
+                ErrorCode::Unavailable
+            }
             BrokerError::Internal(_) => ErrorCode::Internal,
             BrokerError::PermissionDenied(_) => ErrorCode::PermissionDenied,
         }
