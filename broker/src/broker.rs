@@ -51,6 +51,10 @@ pub struct Broker {
     pub(crate) tx_staged: crate::flow::Budget,
     /// Counters for the metrics that nothing else keeps.
     counters: Arc<crate::metrics::Counters>,
+    /// Held by a change of a queue's definition (ACL, properties, an outgoing queue's pause,
+    /// a deletion) from reading the current definition until the change is journaled and
+    /// applied: a change takes effect in memory only once its record is on disk.
+    pub(crate) redefinitions: tokio::sync::Mutex<()>,
 }
 
 /// Keys of the system queues.
@@ -477,6 +481,7 @@ impl Broker {
             outcomes: std::sync::Mutex::new(outcomes),
             background: std::sync::Mutex::new(None),
             counters: Arc::default(),
+            redefinitions: tokio::sync::Mutex::new(()),
         };
         Ok((broker, report))
     }
@@ -694,28 +699,56 @@ impl Broker {
                 quote(name)
             )));
         }
+        let _one = self.redefinitions.lock().await;
         self.check_writable("delete a queue")?;
-        let q = {
+        // Out of the registry (with its subqueues) and the deletion submitted under its lock, so
+        // no record of a later lookup comes before the deletion's; emptied only once the
+        // deletion is on disk, and back in the registry if nothing was written.
+        let (q, subqueues, commit) = {
             let mut queues = self.queues.write().unwrap_or_else(|p| p.into_inner());
             match queues.get(&key) {
                 Some(q) if q.def().role.is_normal() => {}
                 _ => return Err(BrokerError::QueueNotFound(local_path_name(&addr))),
             }
-            queues.remove(&key).expect("checked above")
-        };
-        let (express, stored) = q.mark_deleted();
-        self.release(Delivery::Express, express);
-        self.release(Delivery::Recoverable, stored);
-        let subqueues = self.delete_subqueues(&q);
-        self.journal
-            .submit(
-                std::iter::once(q.def().id)
-                    .chain(subqueues)
-                    .map(|queue_id| Op::DeleteQueue { queue_id })
+            let q = queues.remove(&key).expect("checked above");
+            let prefix = format!("{};", q.def().key);
+            let sub_keys: Vec<String> = queues
+                .iter()
+                .filter(|(k, s)| s.def().role == QueueRole::Subqueue && k.starts_with(&prefix))
+                .map(|(k, _)| k.clone())
+                .collect();
+            let subqueues: Vec<Arc<Queue>> =
+                sub_keys.iter().filter_map(|k| queues.remove(k)).collect();
+            let commit = self.journal.submit(
+                std::iter::once(&q)
+                    .chain(&subqueues)
+                    .map(|s| Op::DeleteQueue {
+                        queue_id: s.def().id,
+                    })
                     .collect(),
-            )
-            .await
-            .map_err(|e| BrokerError::Unavailable(format!("cannot store the deletion: {e}")))?;
+            );
+            (q, subqueues, commit)
+        };
+        if let Err(e) = commit.await {
+            if e.may_be_stored() {
+                // Maybe deleted (the journal is poisoned now): it stays out of the registry.
+                return Err(BrokerError::Unavailable(format!(
+                    "the journal failed while storing the deletion, which may or may not be on disk (a restart tells): {e}"
+                )));
+            }
+            let mut queues = self.queues.write().unwrap_or_else(|p| p.into_inner());
+            for s in std::iter::once(q).chain(subqueues) {
+                queues.entry(s.def().key.clone()).or_insert(s);
+            }
+            return Err(BrokerError::Unavailable(format!(
+                "cannot store the deletion, the queue is kept: {e}"
+            )));
+        }
+        for s in std::iter::once(&q).chain(&subqueues) {
+            let (express, stored) = s.mark_deleted();
+            self.release(Delivery::Express, express);
+            self.release(Delivery::Recoverable, stored);
+        }
         tracing::info!(queue = %q.def().name, "queue deleted");
         Ok(())
     }
@@ -815,8 +848,8 @@ impl Broker {
         v
     }
 
-    /// Removes every ready message of a queue.
-    pub fn purge(&self, name: &str) -> Result<u64, BrokerError> {
+    /// Removes every ready message of a queue; returns once their removal is on disk.
+    pub async fn purge(&self, name: &str) -> Result<u64, BrokerError> {
         let q = self.queue(name)?;
         if self.journal.is_poisoned()
             && q.peek(usize::MAX)?
@@ -826,7 +859,14 @@ impl Broker {
             self.check_writable("purge recoverable messages")?;
         }
         let purged = q.purge();
-        self.forget(&q, &purged);
+        if let Some(removal) = self.forget_removal(&q, &purged) {
+            removal.await.map_err(|e| {
+                BrokerError::Unavailable(format!(
+                    "the purge of {} messages could not be stored ({e}); they are gone from the queue until the broker restarts",
+                    purged.len()
+                ))
+            })?;
+        }
         Ok(purged.len() as u64)
     }
 
@@ -1347,6 +1387,17 @@ impl Broker {
     /// waited for: a crash before it reaches the disk redelivers the message (at least once);
     /// it never loses one.
     pub fn forget(&self, queue: &Queue, entries: &[Entry]) {
+        // Not awaited on purpose (see above); a failure poisons the journal, and later sends
+        // report it.
+        drop(self.forget_removal(queue, entries));
+    }
+
+    /// [`Broker::forget`], returning the journal write of the removal (if any) to wait for.
+    pub(crate) fn forget_removal(
+        &self,
+        queue: &Queue,
+        entries: &[Entry],
+    ) -> Option<crate::journal::Commit> {
         let mut express = 0;
         let mut stored = 0;
         let mut seqs = Vec::new();
@@ -1361,16 +1412,15 @@ impl Broker {
         }
         self.release(Delivery::Express, express);
         self.release(Delivery::Recoverable, stored);
-        if !seqs.is_empty() {
-            // Not awaited on purpose (see above); a failure poisons the journal, and later
-            // sends report it. The removal lane: the entries' `Put`s are durable (they were
-            // in the queue), so it rides the next group commit instead of queueing behind
-            // pending sends; that bounds the redelivery window after a crash.
-            drop(self.journal.submit_removal(vec![Op::Remove {
+        // The removal lane: the entries' `Put`s are durable (they were in the queue), so it
+        // rides the next group commit instead of queueing behind pending sends; that bounds
+        // the redelivery window after a crash.
+        (!seqs.is_empty()).then(|| {
+            self.journal.submit_removal(vec![Op::Remove {
                 queue_id: queue.def().id,
                 seqs,
-            }]));
-        }
+            }])
+        })
     }
 
     /// Makes admitted entries receivable; if their queue was deleted meanwhile, forgets them

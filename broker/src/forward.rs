@@ -599,21 +599,22 @@ impl Broker {
             .get(&key)
             .cloned();
         let o = found.ok_or_else(|| no_outgoing_queue(&key))?;
-        let commit = {
-            let _order = o.pause_order.lock().unwrap_or_else(|p| p.into_inner());
-            o.set_paused(paused).then(|| {
-                let mut def = o.queue().def().clone();
-                if let QueueRole::Outgoing { paused: p, .. } = &mut def.role {
-                    *p = paused;
-                }
+        // In force only once journaled: a refused change leaves the state as it was.
+        let _one = self.redefinitions.lock().await;
+        if o.is_paused() != paused {
+            let mut def = o.queue().def().clone();
+            if let QueueRole::Outgoing { paused: p, .. } = &mut def.role {
+                *p = paused;
+            }
+            let commit = {
+                let _order = o.pause_order.lock().unwrap_or_else(|p| p.into_inner());
                 self.journal().submit(vec![crate::journal::Op::DefineQueue {
                     queue_id: def.id,
                     def: crate::broker::QueueDefRecord::encode(&def),
                 }])
-            })
-        };
-        if let Some(commit) = commit {
+            };
             commit.await.map_err(crate::broker::journal_failed)?;
+            o.set_paused(paused);
             tracing::info!(destination = %key, paused, "outgoing queue {}", if paused { "paused" } else { "resumed" });
         }
         Ok(o.info())

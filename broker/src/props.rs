@@ -37,9 +37,10 @@ impl Broker {
                 )));
             }
         }
+        // One redefinition at a time (ACL changes too), so none journals a definition another
+        // has just replaced; in force only once journaled.
+        let _one = self.redefinitions.lock().await;
         let commit = {
-            // The ACL lock serialises every redefinition of the queue (ACL changes too), so
-            // none journals a definition another has just replaced.
             let acl = q.acl_lock();
             let mut def = q.current_def();
             def.acl = (**acl).clone();
@@ -52,10 +53,11 @@ impl Broker {
             if req.remove_quota {
                 def.quota_bytes = None;
             }
-            let commit = self.redefine_queue(q, &def)?;
-            q.set_properties(def.label, def.quota_bytes);
-            commit
+            (self.redefine_queue(q, &def)?, def)
         };
-        commit.await.map_err(crate::broker::journal_failed)
+        let (commit, def) = commit;
+        commit.await.map_err(crate::broker::journal_failed)?;
+        q.set_properties(def.label, def.quota_bytes);
+        Ok(())
     }
 }

@@ -28,6 +28,9 @@ const MAX_DELIVERY_BATCH: usize = 256;
 const MAX_DELIVERY_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// Send batches whose acknowledgements may be pending at once on one stream.
 const SEND_ACK_WINDOW: usize = 64;
+/// Metadata on a commit's error whose outcome is unknown (the journal failed after the record
+/// was issued): the stream's end then carries no `mq-tx-ended` mark, so the client says in doubt.
+const TX_IN_DOUBT_METADATA: &str = "mq-tx-in-doubt";
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -174,14 +177,17 @@ impl MessageQueueService for Service {
             transact(broker, auth, who, inbound, tx).await;
             drop(slot);
         });
-        // Every error the broker ends a transaction with means it did not commit; the client
-        // tells that from a broken connection (in doubt) by this mark.
+        // Every error the broker ends a transaction with means it did not commit, but a commit
+        // whose journal write failed after it was issued (in doubt, like a broken connection);
+        // the client tells them apart by this mark.
         let stream = tokio_stream::StreamExt::map(ReceiverStream::new(rx), |r| {
             r.map_err(|mut s: Status| {
-                s.metadata_mut().insert(
-                    mq_proto::TX_ENDED_METADATA,
-                    "aborted".parse().expect("ascii"),
-                );
+                if s.metadata().get(TX_IN_DOUBT_METADATA).is_none() {
+                    s.metadata_mut().insert(
+                        mq_proto::TX_ENDED_METADATA,
+                        "aborted".parse().expect("ascii"),
+                    );
+                }
                 s
             })
         });
@@ -376,7 +382,7 @@ impl AdminService for Service {
         let who = Identity::of(&req);
         let name = req.into_inner().name;
         self.queue_for(&who, Right::Admin, &name)?;
-        let purged = self.broker.purge(&name)?;
+        let purged = self.broker.purge(&name).await?;
         Ok(Response::new(v1::PurgeResponse { purged }))
     }
 
@@ -1095,7 +1101,15 @@ async fn transact(
                             id: c.id.as_bytes().to_vec().into(),
                         })),
                     }),
-                    Err(e) => Err(Status::from(e)),
+                    Err(e) => {
+                        let in_doubt = matches!(e, BrokerError::InDoubt(_));
+                        let mut s = Status::from(e);
+                        if in_doubt {
+                            s.metadata_mut()
+                                .insert(TX_IN_DOUBT_METADATA, "1".parse().expect("ascii"));
+                        }
+                        Err(s)
+                    }
                 };
                 let _ = out.send(reply).await;
                 return;

@@ -323,6 +323,16 @@ impl Transaction {
             for (q, e) in &placed {
                 q.unadmit(e.seq, 0);
             }
+            if e.may_be_stored() {
+                // The record may be on disk (the journal is poisoned now): the outcome is
+                // unknown until a restart reads the journal, so it is not recorded as aborted.
+                self.registered = false;
+                broker.outcomes().in_doubt(self.id);
+                let id = self.id;
+                return Err(BrokerError::InDoubt(format!(
+                    "the journal failed while storing the commit of transaction {id}, which may or may not have committed: {e}; after the restart ask its outcome (mq tx status {id}) before retrying"
+                ))); // Drop gives back what is held in memory.
+            }
             return Err(journal_failed(e)); // Drop aborts and releases the reservations.
         }
         self.done = true;

@@ -83,6 +83,7 @@ mod competing_receivers;
 mod config_file;
 mod cursors;
 mod dead_letter;
+mod durable_admin;
 mod express_quota;
 mod flow_limits;
 mod hardening;
