@@ -153,12 +153,15 @@ impl Broker {
         Ok(q)
     }
 
-    /// Deletes the subqueues of `main` (which is being deleted) and their messages.
+    /// Deletes the subqueues and the journal of `main` (which is being deleted) and their
+    /// messages.
     pub(crate) fn delete_subqueues(&self, main: &Queue) -> Vec<u64> {
         let prefix = format!("{};", main.def().key);
         let mut ids = Vec::new();
         for q in self.all_queues() {
-            if q.def().role == QueueRole::Subqueue && q.def().key.starts_with(&prefix) {
+            if matches!(q.def().role, QueueRole::Subqueue | QueueRole::Journal)
+                && q.def().key.starts_with(&prefix)
+            {
                 if let Some(q) = self.unregister_queue(&q.def().key) {
                     let (express, stored) = q.mark_deleted();
                     self.release(Delivery::Express, express);

@@ -162,6 +162,10 @@ pub struct Cli {
     /// instead of in batches
     #[arg(long)]
     pub ack_each: bool,
+    /// Create the queue(s) with target journaling: every received message is copied to
+    /// QUEUE;JOURNAL (no journal quota), to measure what journaling costs
+    #[arg(long)]
+    pub journal: bool,
     /// The CA certificate (PEM) that signed the broker's certificate, for --broker https://...
     #[arg(long, value_name = "FILE", env = "MQ_CA")]
     pub ca: Option<std::path::PathBuf>,
@@ -261,6 +265,7 @@ impl Cli {
             backlog: self.backlog,
             broker_pid: self.broker_pid,
             ack_each: self.ack_each,
+            journal: self.journal,
             progress: progress && !self.json,
             command,
         })

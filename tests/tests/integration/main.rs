@@ -71,6 +71,9 @@
 //! - `cursors`: cursors walking a queue while others receive, receive-current, limits, and
 //!   `mq browse`.
 //! - `queue_properties`: `mq queue set` (label, quota), kept across `kill -9`.
+//! - `journals`: queue journals (`Q;JOURNAL`: copies of received messages, express,
+//!   recoverable and transactional, across `kill -9`, the journal quota and its counter, sends
+//!   refused) and source journaling into `SYSTEM$;JOURNAL` (local, and across two brokers).
 //! - `in_doubt_pipelined`: a pipelined transactional sender cut by `kill -9`: in-doubt receipts
 //!   carry transaction ids that `TransactionOutcome` resolves truthfully; retries commit once.
 
@@ -86,6 +89,7 @@ mod hardening;
 mod in_doubt;
 mod in_doubt_pipelined;
 mod journal_disk;
+mod journals;
 mod memory_returns;
 mod message_lookup;
 mod message_properties;
