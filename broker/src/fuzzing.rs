@@ -406,7 +406,6 @@ mod tests {
                             _ => bytes::Bytes::copy_from_slice(&small.to_le_bytes()),
                         },
                         from_id: id(),
-                        ..Default::default()
                     }
                     .encode_to_vec()],
                     "Transact" => {
@@ -457,7 +456,7 @@ mod tests {
                         max_aborts: (n % 3 == 1).then_some((n % 20_000) as u32),
                     }
                     .encode_to_vec()],
-                    "MoveMessage" => vec![v1::MoveRequest {
+                    "MoveMessage" => vec![v1::MoveMessageRequest {
                         queue: name.clone(),
                         id: id(),
                         destination: match n % 3 {
@@ -468,10 +467,10 @@ mod tests {
                     }
                     .encode_to_vec()],
                     "Browse" => {
-                        let action = |k: u64| (k % 4) as i32; // 3 is not an action
+                        let action = |k: u64| (k % 5) as i32; // 4 is not an action
                         (0..=(n % 4))
                             .map(|k| {
-                                v1::CursorRequest {
+                                v1::BrowseRequest {
                                     queue: if k == 0 { name.clone() } else { String::new() },
                                     action: action(n.rotate_right(k as u32 * 2)),
                                     timeout_ms: small,
