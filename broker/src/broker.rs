@@ -148,6 +148,7 @@ enum RoleRecord {
     Streams,
     TxOutcomes,
     Subqueue,
+    Journal,
 }
 
 impl QueueDefRecord {
@@ -168,6 +169,7 @@ impl QueueDefRecord {
             QueueRole::Streams => RoleRecord::Streams,
             QueueRole::TxOutcomes => RoleRecord::TxOutcomes,
             QueueRole::Subqueue => RoleRecord::Subqueue,
+            QueueRole::Journal => RoleRecord::Journal,
         };
         let r = QueueDefRecordV2 {
             name: def.name.clone(),
@@ -179,14 +181,20 @@ impl QueueDefRecord {
             role,
         };
         let mut v = postcard::to_allocvec(&r).expect("encoding into a Vec cannot fail");
+        let journal = def.journal != crate::journal_queue::JournalPolicy::default();
         // Version 3: the ACL follows version 2's fields, only when there is one (or the poison
         // policy follows).
-        if !def.acl.0.is_empty() || !def.poison.is_default() {
+        if !def.acl.0.is_empty() || !def.poison.is_default() || journal {
             v.extend(postcard::to_allocvec(&def.acl).expect("encoding into a Vec cannot fail"));
         }
-        // Version 4: the poison policy follows the ACL, only when there is one.
-        if !def.poison.is_default() {
+        // Version 4: the poison policy follows the ACL, only when there is one (or the
+        // journal policy follows).
+        if !def.poison.is_default() || journal {
             v.extend(postcard::to_allocvec(&def.poison).expect("encoding into a Vec cannot fail"));
+        }
+        // Version 5: the journal policy follows the poison policy, only when there is one.
+        if journal {
+            v.extend(postcard::to_allocvec(&def.journal).expect("encoding into a Vec cannot fail"));
         }
         Bytes::from(v)
     }
@@ -194,13 +202,18 @@ impl QueueDefRecord {
     fn decode(id: u64, bytes: &[u8]) -> Result<QueueDef, postcard::Error> {
         let mut acl = crate::auth::Acl::default();
         let mut poison = crate::subqueue::PoisonPolicy::default();
+        let mut journal = crate::journal_queue::JournalPolicy::default();
         let r = match postcard::take_from_bytes::<QueueDefRecordV2>(bytes) {
             Ok((r, rest)) => {
                 if !rest.is_empty() {
                     let (a, rest) = postcard::take_from_bytes(rest)?;
                     acl = a;
                     if !rest.is_empty() {
-                        poison = postcard::from_bytes(rest)?;
+                        let (p, rest) = postcard::take_from_bytes(rest)?;
+                        poison = p;
+                        if !rest.is_empty() {
+                            journal = postcard::from_bytes(rest)?;
+                        }
                     }
                 }
                 r
@@ -234,6 +247,7 @@ impl QueueDefRecord {
             RoleRecord::Streams => QueueRole::Streams,
             RoleRecord::TxOutcomes => QueueRole::TxOutcomes,
             RoleRecord::Subqueue => QueueRole::Subqueue,
+            RoleRecord::Journal => QueueRole::Journal,
         };
         Ok(QueueDef {
             id,
@@ -246,6 +260,7 @@ impl QueueDefRecord {
             role,
             acl,
             poison,
+            journal,
         })
     }
 }
@@ -384,6 +399,7 @@ impl Broker {
             }
         }
         crate::subqueue::link_recovered(&queues);
+        crate::journal_queue::link_recovered(&queues);
         report.queues = queues.values().filter(|q| q.def().role.is_normal()).count();
         let mut next_queue_id = rec.max_queue_id + 1;
         // The system queues exist on every broker; a new data directory gets them now. Their
@@ -599,16 +615,14 @@ impl Broker {
         addr.is_local_to(&self.local_names, &self.local_addrs)
     }
 
-    fn normal_queue_key(&self, name: &str, addr: &QueueAddress) -> Result<String, BrokerError> {
+    fn normal_queue_key(&self, _name: &str, addr: &QueueAddress) -> Result<String, BrokerError> {
         match addr.kind {
             QueueKind::Normal
             | QueueKind::DeadLetter
             | QueueKind::DeadXact
-            | QueueKind::Subqueue => Ok(addr.key()),
-            QueueKind::Journal => Err(BrokerError::FailedPrecondition(format!(
-                "\"{}\" is a queue journal; journal queues are not kept by this broker yet",
-                quote(name)
-            ))),
+            | QueueKind::Subqueue
+            | QueueKind::Journal
+            | QueueKind::SystemJournal => Ok(addr.key()),
         }
     }
 
@@ -636,9 +650,10 @@ impl Broker {
             )));
         }
         let poison = crate::subqueue::PoisonPolicy::from_request(&req)?;
+        let journal = crate::journal_queue::JournalPolicy::from_request(&req)?;
         if addr.kind != QueueKind::Normal {
             return Err(BrokerError::QueueExists(format!(
-                "{} (the dead-letter queues exist on every broker and cannot be created)",
+                "{} (the dead-letter queues, SYSTEM$;JOURNAL and each queue's journal exist without being created)",
                 addr.path_name()
             )));
         }
@@ -658,6 +673,7 @@ impl Broker {
             let def = QueueDef {
                 acl,
                 poison,
+                journal,
                 ..QueueDef::new(
                     id,
                     local_path_name(&addr),
@@ -701,7 +717,7 @@ impl Broker {
         }
         let _one = self.redefinitions.lock().await;
         self.check_writable("delete a queue")?;
-        // Out of the registry (with its subqueues) and the deletion submitted under its lock, so
+        // Out of the registry (with its subqueues and its journal) and the deletion submitted under its lock, so
         // no record of a later lookup comes before the deletion's; emptied only once the
         // deletion is on disk, and back in the registry if nothing was written.
         let (q, subqueues, commit) = {
@@ -714,7 +730,10 @@ impl Broker {
             let prefix = format!("{};", q.def().key);
             let sub_keys: Vec<String> = queues
                 .iter()
-                .filter(|(k, s)| s.def().role == QueueRole::Subqueue && k.starts_with(&prefix))
+                .filter(|(k, s)| {
+                    matches!(s.def().role, QueueRole::Subqueue | QueueRole::Journal)
+                        && k.starts_with(&prefix)
+                })
                 .map(|(k, _)| k.clone())
                 .collect();
             let subqueues: Vec<Arc<Queue>> =
@@ -787,6 +806,9 @@ impl Broker {
         match self.queue_by_key(&key) {
             Some(q) => Ok(q),
             None if addr.kind == QueueKind::Subqueue => self.open_subqueue(name, addr),
+            None if matches!(addr.kind, QueueKind::Journal | QueueKind::SystemJournal) => {
+                self.open_journal(name, addr)
+            }
             None => Err(BrokerError::QueueNotFound(local_path_name(addr))),
         }
     }
@@ -1205,6 +1227,8 @@ impl Broker {
         let mut headers: Vec<Option<(Bytes, Arc<StoredMessage>)>> = vec![None; accepted.len()];
         let mut ops = Vec::new();
         let mut durable: Vec<(Arc<Queue>, usize, Entry)> = Vec::new();
+        // Source journaling: copies of stored messages sent with the journal flag.
+        let mut source = crate::journal_queue::Copies::default();
         let order_guard =
             transactional.then(|| self.commit_order.lock().unwrap_or_else(|p| p.into_inner()));
         // Every destination first: a message goes to all of its queues or to none (a
@@ -1278,6 +1302,9 @@ impl Broker {
                     });
                     durable.push((q.clone(), j, Entry::new(seq, bodyless)));
                 }
+                if m.journal && t.route.is_none() && !refused[j] {
+                    self.source_copy(m, &mut source);
+                }
             }
             self.insert_or_forget(q, express);
         }
@@ -1291,6 +1318,7 @@ impl Broker {
             ops.extend(outcome_ops);
             batch
         });
+        ops.extend(source.take_ops());
         let commit = (!ops.is_empty()).then(|| self.journal.submit(ops));
         drop(order_guard);
         let broker = self.clone();
@@ -1302,6 +1330,10 @@ impl Broker {
                         Ok(()) => broker.outcomes().stream_committed(batch),
                         Err(_) => broker.outcomes().stream_failed(batch),
                     }
+                }
+                match &result {
+                    Ok(()) => source.stored(&broker),
+                    Err(_) => source.failed(&broker),
                 }
                 match result {
                     Ok(()) => {
@@ -1438,15 +1470,28 @@ impl Broker {
     /// handed out). If the journal fails, the entries go back to the queue.
     pub async fn remove_durably(
         &self,
-        queue: &Queue,
+        queue: &Arc<Queue>,
         entries: Vec<Entry>,
     ) -> Result<Vec<Entry>, BrokerError> {
         let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
-        let commit = self.journal.submit_removal(vec![Op::Remove {
+        // Journal copies (target journaling) go into the removal's record.
+        let mut copies = self.journal_copies(queue, &entries);
+        let mut ops = copies.take_ops();
+        ops.push(Op::Remove {
             queue_id: queue.def().id,
             seqs,
-        }]);
-        match commit.await {
+        });
+        let commit = if copies.is_empty() {
+            self.journal.submit_removal(ops)
+        } else {
+            self.journal.submit(ops)
+        };
+        let result = commit.await;
+        match &result {
+            Ok(()) => copies.stored(self),
+            Err(_) => copies.failed(self),
+        }
+        match result {
             Ok(()) => {
                 queue.complete(&entries);
                 for e in &entries {

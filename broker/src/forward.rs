@@ -532,7 +532,7 @@ async fn settle(
         o.forwarded
             .fetch_add(entries.len() as u64, Ordering::Relaxed);
         queue.complete(&entries);
-        b.forget(queue, &entries);
+        b.forget_received(queue, &entries);
         return Ok(());
     }
     let mut reasons = match index_rejections(entries.len(), rejected) {
@@ -563,7 +563,7 @@ async fn settle(
     o.forwarded
         .fetch_add(stored.len() as u64, Ordering::Relaxed);
     queue.complete(&stored);
-    b.forget(queue, &stored);
+    b.forget_received(queue, &stored);
     b.dead_letter(queue, dead).await;
     Ok(())
 }

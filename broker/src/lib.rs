@@ -21,6 +21,8 @@
 //! - `tx_stream`: the id of a pipelined transactional send stream (one transaction per message).
 //! - `service`: the gRPC service.
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
+//! - `journal_queue`: queue journals (`Q;JOURNAL`, target journaling) and `SYSTEM$;JOURNAL`
+//!   (source journaling).
 //! - `subqueue`: subqueues (`Q;name`), moving a message by id, dead-letter replay, poison messages.
 //! - `auth`: identities (users file, tokens, certificates), rights, queue ACLs, `authorize`.
 //! - `tls`: [`SecurityConfig`]: TLS, protected mode, forwarding credentials.
@@ -58,6 +60,7 @@ mod inbound;
 mod index;
 mod info;
 pub mod journal;
+mod journal_queue;
 mod memtrim;
 mod message;
 mod metrics;
@@ -90,6 +93,7 @@ pub use config::{
 };
 pub use deadletter::class_name;
 pub use error::BrokerError;
+pub use journal_queue::DEFAULT_JOURNAL_QUOTA_BYTES;
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};
 pub use outcome::{DEFAULT_TX_OUTCOME_MAX, DEFAULT_TX_OUTCOME_RETENTION};
 pub use queue::{Queue, QueueStats, QueueTotals};

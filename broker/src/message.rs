@@ -61,6 +61,9 @@ pub struct StoredMessage {
     pub sender: Option<Arc<str>>,
     /// Times it was moved between a queue and its subqueues (MSMQ's PROPID_M_MOVE_COUNT).
     pub move_count: u32,
+    /// Source journaling (MSMQ's MQMSG_JOURNAL): a copy goes to this broker's
+    /// `SYSTEM$;JOURNAL` once the message reaches its next hop (see `journal_queue.rs`).
+    pub journal: bool,
 }
 
 /// Why a message is in a dead-letter queue.
@@ -163,6 +166,7 @@ impl StoredMessage {
             dead_letter: None,
             sender: (!m.sender.is_empty()).then(|| Arc::from(m.sender.as_str())),
             move_count: 0,
+            journal: m.journal,
         })
     }
 
@@ -192,6 +196,8 @@ impl StoredMessage {
             time_to_reach_queue_ms: 0,
             time_to_be_received_ms: 0,
             sender: m.sender,
+            // Source journaling is the sending broker's: not asked of this one.
+            journal: false,
         };
         if transactional && (m.delivery != v1::Delivery::Recoverable as i32 || m.priority != 0) {
             // A broker sends transactional messages recoverable at priority 0 (as MSMQ); anything
@@ -266,15 +272,23 @@ impl StoredMessage {
         let ext = HeaderExt {
             move_count: self.move_count,
         };
+        let flags = HeaderFlags {
+            journal: self.journal,
+        };
         // Version 3: the sender follows version 2's fields, only when there is one (or an
         // extension follows: then an empty sender means none).
-        if self.sender.is_some() || !ext.is_empty() {
+        if self.sender.is_some() || !ext.is_empty() || !flags.is_empty() {
             let s = self.sender.as_deref().unwrap_or_default();
             v.extend(postcard::to_allocvec(s).expect("encoding into a Vec cannot fail"));
         }
-        // Version 4: the extension follows the sender, only when it says something.
-        if !ext.is_empty() {
+        // Version 4: the extension follows the sender, only when it says something (or the
+        // flags follow).
+        if !ext.is_empty() || !flags.is_empty() {
             v.extend(postcard::to_allocvec(&ext).expect("encoding into a Vec cannot fail"));
+        }
+        // Version 5: the flags follow the extension, only when one is set.
+        if !flags.is_empty() {
+            v.extend(postcard::to_allocvec(&flags).expect("encoding into a Vec cannot fail"));
         }
         Bytes::from(v)
     }
@@ -293,6 +307,7 @@ impl StoredMessage {
     pub fn decode_header(bytes: &[u8], body_len: u32) -> Result<StoredMessage, postcard::Error> {
         // Version 2 appends fields to version 1; a version-1 header ends early.
         let mut ext = HeaderExt::default();
+        let mut flags = HeaderFlags::default();
         let (h, v2, sender) = match postcard::take_from_bytes::<HeaderRecordV2<'_>>(bytes) {
             Ok((v2, rest)) => {
                 // Version 3 appends the sender, version 4 the extension.
@@ -301,7 +316,11 @@ impl StoredMessage {
                 } else {
                     let (s, rest) = postcard::take_from_bytes::<&str>(rest)?;
                     if !rest.is_empty() {
-                        ext = postcard::from_bytes::<HeaderExt>(rest)?;
+                        let (e, rest) = postcard::take_from_bytes::<HeaderExt>(rest)?;
+                        ext = e;
+                        if !rest.is_empty() {
+                            flags = postcard::from_bytes::<HeaderFlags>(rest)?;
+                        }
                     }
                     (!s.is_empty()).then(|| Arc::from(s))
                 };
@@ -338,6 +357,7 @@ impl StoredMessage {
             }),
             sender,
             move_count: ext.move_count,
+            journal: flags.journal,
         })
     }
 
@@ -431,6 +451,20 @@ impl HeaderExt {
     }
 }
 
+/// Version 5 of the header: flags after the extension (written only when one is set). Field
+/// order is the format: append only.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct HeaderFlags {
+    /// Source journaling was asked for.
+    journal: bool,
+}
+
+impl HeaderFlags {
+    fn is_empty(&self) -> bool {
+        !self.journal
+    }
+}
+
 #[derive(serde::Serialize, serde::Deserialize)]
 struct DeadLetterRecord<'a> {
     class: i32,
@@ -476,6 +510,7 @@ mod tests {
                 time_to_reach_queue_ms: 5_000,
                 time_to_be_received_ms: 2_000,
                 sender: "alice".into(),
+                journal: false,
             },
             uuid::Uuid::now_v7(),
             &config,
@@ -536,6 +571,25 @@ mod tests {
                 .move_count,
             0
         );
+    }
+
+    /// Version 5: the source-journaling flag, with and without a sender and a move count.
+    #[test]
+    fn header_v5_keeps_the_journal_flag() {
+        let m = sample();
+        for (sender, move_count) in [(None, 0), (Some(Arc::from("bob")), 0), (None, 3)] {
+            let j = StoredMessage {
+                sender: sender.clone(),
+                move_count,
+                journal: true,
+                ..m.clone()
+            };
+            let back = StoredMessage::decode_header(&j.encode_header(), j.body_len).unwrap();
+            assert!(back.journal);
+            assert_eq!((back.sender, back.move_count), (sender, move_count));
+        }
+        let back = StoredMessage::decode_header(&m.encode_header(), m.body_len).unwrap();
+        assert!(!back.journal);
     }
 
     #[test]

@@ -63,6 +63,8 @@ pub struct QueueDef {
     pub acl: crate::auth::Acl,
     /// Poison-message handling of a transactional queue (see `subqueue.rs`).
     pub poison: crate::subqueue::PoisonPolicy,
+    /// Target journaling (see `journal_queue.rs`).
+    pub journal: crate::journal_queue::JournalPolicy,
 }
 
 /// What a queue is for.
@@ -88,6 +90,9 @@ pub enum QueueRole {
     /// `Q;name`: a subqueue of a queue (see `subqueue.rs`); its key is the main queue's key,
     /// `;` and the subqueue's name.
     Subqueue,
+    /// `Q;JOURNAL` (key: the main queue's key and `;journal`) or `SYSTEM$;JOURNAL`: copies
+    /// kept by target or source journaling (see `journal_queue.rs`).
+    Journal,
 }
 
 impl QueueRole {
@@ -178,6 +183,8 @@ pub struct Queue {
     parent: std::sync::OnceLock<Arc<Queue>>,
     /// Messages moved to this queue's poison subqueue since the broker started.
     pub(crate) poisoned: std::sync::atomic::AtomicU64,
+    /// Live journaling and poison settings, and the journal queue (see `journal_queue.rs`).
+    pub(crate) journaling: crate::journal_queue::Journaling,
 }
 
 impl Queue {
@@ -192,10 +199,11 @@ impl Queue {
                 label: def.label.clone(),
                 ..State::default()
             }),
-            def,
             notify: Notify::new(),
             parent: std::sync::OnceLock::new(),
             poisoned: std::sync::atomic::AtomicU64::new(0),
+            journaling: crate::journal_queue::Journaling::new(&def),
+            def,
         }
     }
 
@@ -207,6 +215,9 @@ impl Queue {
     pub fn acl(&self) -> Arc<crate::auth::Acl> {
         if let Some(p) = self.parent.get() {
             return p.acl();
+        }
+        if let Some(owner) = self.journaling.owner() {
+            return owner.acl();
         }
         self.acl.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -230,9 +241,9 @@ impl Queue {
         let m = &e.msg;
         let d = match self.def.role {
             QueueRole::Outgoing { .. } if m.reach_queue_by_ms != 0 => m.reach_queue_by_ms,
-            // Dead letters keep their timers as properties; nothing expires out of a
-            // dead-letter queue.
-            QueueRole::DeadLetter | QueueRole::DeadXact => 0,
+            // Dead letters and journal copies keep their timers as properties; nothing
+            // expires out of a dead-letter or journal queue.
+            QueueRole::DeadLetter | QueueRole::DeadXact | QueueRole::Journal => 0,
             _ => m.receive_by_ms,
         };
         (d != 0).then_some(d)
@@ -922,6 +933,8 @@ impl Queue {
         QueueDef {
             quota_bytes,
             label,
+            poison: self.journaling.poison(),
+            journal: self.journaling.policy(),
             ..self.def.clone()
         }
     }
@@ -939,6 +952,11 @@ impl Queue {
         let mut st = self.lock();
         st.label = label;
         st.quota = quota;
+    }
+
+    /// Sets the live quota (a journal queue's follows its queue's journal quota).
+    pub(crate) fn set_quota(&self, quota: Option<u64>) {
+        self.lock().quota = quota;
     }
 
     /// Bytes the queue's index holds now (0 until a lookup by id or correlation id built it).
@@ -964,8 +982,14 @@ impl Queue {
             in_flight: s.in_flight,
             sent: t.sent,
             received: t.received(),
-            max_aborts: self.def.poison.max_aborts,
+            max_aborts: self.journaling.poison().max_aborts,
             poisoned: self.poisoned.load(std::sync::atomic::Ordering::Relaxed),
+            journal: self.journaling.policy().enabled,
+            journal_quota_bytes: self.journaling.policy().quota_bytes,
+            journal_not_kept: self
+                .journaling
+                .not_kept
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }
@@ -1107,6 +1131,7 @@ impl QueueDef {
             role: QueueRole::Normal,
             acl: crate::auth::Acl::default(),
             poison: crate::subqueue::PoisonPolicy::default(),
+            journal: crate::journal_queue::JournalPolicy::default(),
         }
     }
 }
@@ -1138,6 +1163,7 @@ mod tests {
             dead_letter: None,
             sender: None,
             move_count: 0,
+            journal: false,
         })
     }
 

@@ -561,7 +561,7 @@ pub(crate) async fn hand_out(
             .map_err(|e| BrokerError::Internal(format!("the removal task failed: {e}")))??;
     } else {
         queue.complete(&found);
-        broker.forget(queue, &found);
+        broker.forget_received(queue, &found);
     }
     Ok(Some(wire))
 }
@@ -895,8 +895,8 @@ async fn consume(
 
 /// Applies an acknowledgement and returns the credit granted.
 fn apply(
-    broker: &Broker,
-    queue: &Queue,
+    broker: &Arc<Broker>,
+    queue: &Arc<Queue>,
     conn: &Connection,
     in_flight: &mut VecDeque<(u64, Entry, tokio::time::Instant)>,
     r: &v1::ReceiveRequest,
@@ -914,7 +914,7 @@ fn apply(
         }
         let done: Vec<Entry> = in_flight.drain(..n).map(|(_, e, _)| e).collect();
         queue.complete(&done);
-        broker.forget(queue, &done);
+        broker.forget_received(queue, &done);
         conn.release_unacked(n as u64);
     }
     Ok(r.credit as u64)
@@ -932,8 +932,8 @@ const ACK_DRAIN_MAX: Duration = Duration::from_secs(2);
 /// journaled before the journal closes) rather than redelivered after the restart. Reads until
 /// the receiver is quiet for [`ACK_DRAIN_IDLE`], ends its stream, or [`ACK_DRAIN_MAX`] passed.
 async fn drain_acks(
-    broker: &Broker,
-    queue: &Queue,
+    broker: &Arc<Broker>,
+    queue: &Arc<Queue>,
     conn: &Connection,
     in_flight: &mut VecDeque<(u64, Entry, tokio::time::Instant)>,
     inbound: &mut Streaming<v1::ReceiveRequest>,

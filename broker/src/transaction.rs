@@ -272,7 +272,7 @@ impl Transaction {
         }
         let broker = self.broker.clone();
         // Positions and the journal record, in commit order.
-        let (commit, placed, committed_at) = {
+        let (commit, placed, committed_at, copies) = {
             let _order = broker.commit_order_lock();
             let mut placed: Vec<(Arc<Queue>, Entry)> = Vec::with_capacity(self.sends.len());
             let mut ops = Vec::new();
@@ -315,11 +315,26 @@ impl Transaction {
                     seqs: vec![e.seq],
                 });
             }
+            // Journal copies, in this record: of the received messages (target journaling) and
+            // of sends to local queues with the journal flag (source journaling).
+            let mut copies = crate::journal_queue::Copies::default();
+            for (q, e) in &self.received {
+                copies.extend(broker.journal_copies(q, std::slice::from_ref(e)));
+            }
+            for s in self
+                .sends
+                .iter()
+                .filter(|s| s.msg.journal && s.msg.route.is_none())
+            {
+                broker.source_copy(&s.msg, &mut copies);
+            }
+            ops.extend(copies.take_ops());
             let (outcome_ops, committed_at) = broker.outcomes().commit_ops(self.id);
             ops.extend(outcome_ops);
-            (broker.journal().submit(ops), placed, committed_at)
+            (broker.journal().submit(ops), placed, committed_at, copies)
         };
         if let Err(e) = commit.await {
+            copies.failed(&broker);
             for (q, e) in &placed {
                 q.unadmit(e.seq, 0);
             }
@@ -335,6 +350,7 @@ impl Transaction {
             }
             return Err(journal_failed(e)); // Drop aborts and releases the reservations.
         }
+        copies.stored(&broker);
         self.done = true;
         self.registered = false;
         broker.counters().tx_committed();
@@ -393,7 +409,7 @@ impl Transaction {
         });
         for (q, entries) in group_by_queue(received) {
             q.count(0, entries.len() as u64);
-            let max = q.def().poison.max_aborts;
+            let max = q.journaling.poison().max_aborts;
             let (poison, back): (Vec<Entry>, Vec<Entry>) = entries
                 .into_iter()
                 .partition(|e| max > 0 && e.aborts >= max);

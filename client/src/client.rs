@@ -38,6 +38,12 @@ pub struct QueueOptions {
     /// Transactional queues: a message whose receive was aborted this many times is moved to
     /// the subqueue `Q;poison` instead of being handed out again (0 = never).
     pub max_aborts: u32,
+    /// Target journaling: a copy of every message received from the queue is kept in
+    /// `Q;JOURNAL`.
+    pub journal: bool,
+    /// Most bytes `Q;JOURNAL` may hold; past it copies are not kept (and counted). `None`: the
+    /// broker's default (1 GiB).
+    pub journal_quota_bytes: Option<u64>,
 }
 
 /// Properties [`Client::set_queue_properties`] changes; `None` leaves one as it is.
@@ -47,6 +53,12 @@ pub struct QueueProperties {
     pub label: Option<String>,
     /// `Some(None)` removes the queue quota; `Some(Some(n))` sets it.
     pub quota_bytes: Option<Option<u64>>,
+    /// Target journaling on or off.
+    pub journal: Option<bool>,
+    /// The journal quota (bytes).
+    pub journal_quota_bytes: Option<u64>,
+    /// Transactional queues: the poison threshold (0 = never).
+    pub max_aborts: Option<u32>,
 }
 
 /// A queue's description and counters.
@@ -69,6 +81,13 @@ pub struct QueueInfo {
     pub max_aborts: u32,
     /// Messages moved to `Q;poison` since the broker started.
     pub poisoned: u64,
+    /// Target journaling: received messages are copied to `Q;JOURNAL`.
+    pub journal: bool,
+    /// Most bytes `Q;JOURNAL` may hold.
+    pub journal_quota_bytes: u64,
+    /// Journal copies not kept (journal quota, broker quota or disk full) since the broker
+    /// started.
+    pub journal_not_kept: u64,
 }
 
 impl From<v1::QueueInfo> for QueueInfo {
@@ -87,6 +106,9 @@ impl From<v1::QueueInfo> for QueueInfo {
             received: q.received,
             max_aborts: q.max_aborts,
             poisoned: q.poisoned,
+            journal: q.journal,
+            journal_quota_bytes: q.journal_quota_bytes,
+            journal_not_kept: q.journal_not_kept,
         }
     }
 }
@@ -226,6 +248,8 @@ impl Client {
             quota_bytes: options.quota_bytes,
             label: options.label,
             max_aborts: options.max_aborts,
+            journal: options.journal,
+            journal_quota_bytes: options.journal_quota_bytes,
         };
         let mut grpc = self.admin.clone();
         let rpc = grpc.create_queue(req);
@@ -247,6 +271,9 @@ impl Client {
             label: props.label,
             quota_bytes: props.quota_bytes.flatten(),
             remove_quota: matches!(props.quota_bytes, Some(None)),
+            journal: props.journal,
+            journal_quota_bytes: props.journal_quota_bytes,
+            max_aborts: props.max_aborts,
         };
         let mut grpc = self.admin.clone();
         let rpc = grpc.set_queue_properties(req);

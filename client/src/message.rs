@@ -40,6 +40,7 @@ pub struct Message {
     response_queue: String,
     time_to_reach_queue_ms: u64,
     time_to_be_received_ms: u64,
+    journal: bool,
 }
 
 impl Message {
@@ -121,6 +122,13 @@ impl Message {
         self.time_to_be_received_ms = limit_ms(d);
         self
     }
+    /// Source journaling (MSMQ's `UseJournalQueue`, `MQMSG_JOURNAL`): once the message reaches
+    /// its next hop (stored in a queue of the broker it was sent to, or acknowledged by the
+    /// broker it is forwarded to), that broker keeps a copy in its `SYSTEM$;JOURNAL`.
+    pub fn journal(mut self, yes: bool) -> Self {
+        self.journal = yes;
+        self
+    }
     pub fn body(&self) -> &Bytes {
         &self.body
     }
@@ -143,6 +151,7 @@ impl Message {
             time_to_be_received_ms: self.time_to_be_received_ms,
             // Set by the broker.
             sender: String::new(),
+            journal: self.journal,
         }
     }
 }

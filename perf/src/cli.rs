@@ -191,6 +191,10 @@ pub struct Cli {
     /// instead of in batches
     #[arg(long)]
     pub ack_each: bool,
+    /// Create the queue(s) with target journaling: every received message is copied to
+    /// QUEUE;JOURNAL (no journal quota), to measure what journaling costs
+    #[arg(long)]
+    pub journal: bool,
     /// Run against this system; repeat to run several one after another and report them side
     /// by side: `mq` (the --broker, or an embedded one), `amqp://user:password@host:port`
     /// (RabbitMQ) or `nats://host:port` (NATS JetStream). Default: mq only
@@ -302,6 +306,7 @@ impl Cli {
             backlog: self.backlog,
             broker_pid: self.broker_pid,
             ack_each: self.ack_each,
+            journal: self.journal,
             targets: self.target,
             csv: self.csv,
             plot: self.plot,

@@ -74,6 +74,9 @@
 //! - `wire_contract`: every error carries a google.rpc.ErrorInfo reason (calls, streams,
 //!   transport-level refusals, per-message send failures); the client maps reasons; the
 //!   protocol revision check.
+//! - `journals`: queue journals (`Q;JOURNAL`: copies of received messages, express,
+//!   recoverable and transactional, across `kill -9`, the journal quota and its counter, sends
+//!   refused) and source journaling into `SYSTEM$;JOURNAL` (local, and across two brokers).
 //! - `in_doubt_pipelined`: a pipelined transactional sender cut by `kill -9`: in-doubt receipts
 //!   carry transaction ids that `TransactionOutcome` resolves truthfully; retries commit once.
 
@@ -90,6 +93,7 @@ mod hardening;
 mod in_doubt;
 mod in_doubt_pipelined;
 mod journal_disk;
+mod journals;
 mod memory_returns;
 mod message_lookup;
 mod message_properties;
