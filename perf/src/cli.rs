@@ -60,6 +60,8 @@ Load shape:
   --consumers N  N consumers receive at once (consumer k on queue k mod --queues); rows show
                  the fewest and most messages one consumer got (starvation shows as 0).
   --backlog N    SENDANDRECEIVE: fill N messages (op fill), then time their drain (op drain).
+  --one-at-a-time  TX: each send is begin, send, commit and each receive is begin, receive,
+                 commit, awaited before the next (a synchronous application's transactions).
   RSS: after each phase the table prints a line `rss ...` with the broker's VmRSS at the end
   of it (embedded broker: mqperf's own process, client included; --broker: only with
   --broker-pid PID); JSON rows carry it as rss_mib.
@@ -162,6 +164,11 @@ pub struct Cli {
     /// instead of in batches
     #[arg(long)]
     pub ack_each: bool,
+    /// TX: every send is an explicit transaction (begin, send one message, commit) and every
+    /// receive one too (begin, receive one message, commit), each awaited before the next,
+    /// instead of pipelined single-message transactions (with --clients N: N such loops at once)
+    #[arg(long)]
+    pub one_at_a_time: bool,
     /// The CA certificate (PEM) that signed the broker's certificate, for --broker https://...
     #[arg(long, value_name = "FILE", env = "MQ_CA")]
     pub ca: Option<std::path::PathBuf>,
@@ -261,6 +268,7 @@ impl Cli {
             backlog: self.backlog,
             broker_pid: self.broker_pid,
             ack_each: self.ack_each,
+            one_at_a_time: self.one_at_a_time,
             progress: progress && !self.json,
             command,
         })
@@ -323,6 +331,12 @@ impl Cli {
                     ),
                 ));
             }
+        }
+        if self.one_at_a_time && self.mode != crate::config::Mode::Tx {
+            return Err(usage(
+                ErrorKind::ArgumentConflict,
+                "--one-at-a-time applies to TX only (it times explicit transactions)".to_string(),
+            ));
         }
         if self.broker_pid.is_some() && self.broker.is_none() {
             return Err(usage(

@@ -136,6 +136,8 @@ pub struct Config {
     pub broker_pid: Option<u32>,
     /// `--ack-each`: acknowledge every received message on its own.
     pub ack_each: bool,
+    /// TX: explicit transactions of one message each, awaited one at a time (`--one-at-a-time`).
+    pub one_at_a_time: bool,
     /// Draw a progress bar on stderr.
     pub progress: bool,
     /// The command line, for the banner.
@@ -205,6 +207,7 @@ impl Config {
             backlog: None,
             broker_pid: None,
             ack_each: false,
+            one_at_a_time: false,
             progress: false,
             command: String::new(),
         }
