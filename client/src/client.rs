@@ -23,6 +23,8 @@ pub struct Client {
     pub(crate) rpc: Rpc,
     url: String,
     pub(crate) options: ClientOptions,
+    /// Idle `Transact` streams for the next transaction.
+    pub(crate) tx_pool: crate::tx_pool::TxPool,
 }
 
 /// Properties of a new queue.
@@ -130,7 +132,12 @@ impl Client {
     }
 
     pub(crate) fn from_parts(rpc: Rpc, url: String, options: ClientOptions) -> Client {
-        Client { rpc, url, options }
+        Client {
+            rpc,
+            url,
+            options,
+            tx_pool: Default::default(),
+        }
     }
 
     /// Grants `rights` (send, receive, peek, admin, or all) on queue `name` to `principal`

@@ -40,3 +40,8 @@ pub const MAX_GRPC_MESSAGE: usize = 64 * 1024 * 1024;
 /// did not commit. An error without it after a commit was sent (a broken connection) leaves
 /// the outcome in doubt.
 pub const TX_ENDED_METADATA: &str = "mq-tx-ended";
+
+/// Response header of a `Transact` stream whose broker runs transactions one after another on
+/// it: after `committed` or `aborted` the stream stays open and the next request begins the
+/// next transaction. Without it (an older broker) the stream ends after one transaction.
+pub const TX_STREAM_REUSE_METADATA: &str = "mq-tx-reuse";

@@ -31,6 +31,9 @@ use crate::progress::Progress;
 use crate::rate::{Pacer, PacerHandle, Schedule};
 use crate::stats::Latency;
 
+/// Consumers of a [`ReceiveJob`] that share one connection (the broker serves 256 streams per
+/// connection by default).
+const CONSUMERS_PER_CONNECTION: usize = 100;
 /// Progress is reported in steps of this many messages.
 const PROGRESS_STEP: u64 = 64;
 /// Bytes a consumer may have prefetched (the broker sends up to 256 messages per delivery
@@ -467,13 +470,25 @@ impl ReceiveJob {
         for k in 0..u64::from(job.consumers) {
             consumers_per_queue[(k % q) as usize] += 1;
         }
+        // Up to CONSUMERS_PER_CONNECTION consumers share a connection (the first group the
+        // job's own), so many consumers stay below the broker's streams per connection.
+        let mut connections = vec![job.queues[0].client().clone()];
+        let url = connections[0].url().to_string();
+        for _ in 1..(job.consumers as usize).div_ceil(CONSUMERS_PER_CONNECTION) {
+            let c = crate::connect::client(&url)
+                .await
+                .with_context(|| format!("connecting another consumer connection to {url}"))?;
+            connections.push(c);
+        }
         let mut tasks = Vec::new();
         for k in 0..job.consumers as usize {
             let i = k % q as usize;
             let (job, share) = (job.clone(), shares[i].clone());
             let alone = consumers_per_queue[i] == 1;
+            let client = connections[k / CONSUMERS_PER_CONNECTION].clone();
             tasks.push(tokio::spawn(async move {
-                job.consume(i, share, alone)
+                let queue = client.queue(job.queues[i].name())?;
+                job.consume(&queue, share, alone)
                     .await
                     .with_context(|| format!("consumer {} of {}", k + 1, job.consumers))
             }));
@@ -503,11 +518,10 @@ impl ReceiveJob {
     /// One consumer on queue `i`: receives until the queue's share is done.
     async fn consume(
         &self,
-        i: usize,
+        queue: &Queue,
         share: Arc<Share>,
         alone: bool,
     ) -> Result<(u64, Latency, Latency)> {
-        let queue = &self.queues[i];
         let what = format!("receiving {} from {}", self.combo.name(), queue.name());
         let mut service = Latency::new();
         let mut transit = Latency::new();

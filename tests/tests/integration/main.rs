@@ -109,3 +109,4 @@ mod store_and_forward;
 mod subqueues;
 mod transactions;
 mod transactions_crash;
+mod tx_stream_reuse;
