@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use mq_proto::format_name::FormatName;
-use mq_proto::v1::{self, tx_request::Op, tx_response::Result as Res};
+use mq_proto::v1::{self, transact_request::Op, transact_response::Result as Res};
 
 use crate::client::Client;
 use crate::deadline::deadline_error;
@@ -108,6 +108,7 @@ pub struct TxStatus {
 impl TxStatus {
     pub(crate) fn from_wire(r: v1::TransactionOutcomeResponse) -> Self {
         let outcome = match v1::TxOutcome::try_from(r.outcome).unwrap_or(v1::TxOutcome::Unknown) {
+            v1::TxOutcome::Unspecified => TxOutcome::Unknown,
             v1::TxOutcome::Committed => TxOutcome::Committed,
             v1::TxOutcome::Aborted => TxOutcome::Aborted,
             v1::TxOutcome::InProgress => TxOutcome::InProgress,
@@ -136,7 +137,7 @@ impl Transaction {
         // The id goes first; the broker answers nothing to it (an id it refuses ends the
         // stream, and the next answer says why). On a stream kept from an earlier transaction
         // it is pipelined: nothing waits for the broker.
-        let begin = v1::TxRequest {
+        let begin = v1::TransactRequest {
             op: Some(Op::Begin(v1::TxBegin {
                 id: id.0.as_bytes().to_vec().into(),
             })),
@@ -165,7 +166,12 @@ impl Transaction {
     /// Sends a request. If the broker has already ended the stream (it aborted the transaction:
     /// timeout, shutdown, an error), returns the broker's reason.
     async fn request(&mut self, op: Op) -> Result<()> {
-        if self.stream.out.send(v1::TxRequest { op: Some(op) }).is_ok() {
+        if self
+            .stream
+            .out
+            .send(v1::TransactRequest { op: Some(op) })
+            .is_ok()
+        {
             return Ok(());
         }
         Err(match self.next().await {
@@ -185,7 +191,7 @@ impl Transaction {
             messages: vec![message.into_wire()],
         });
         // A failure here means the broker already ended the transaction; `commit` reports why.
-        let _ = self.stream.out.send(v1::TxRequest { op: Some(op) });
+        let _ = self.stream.out.send(v1::TransactRequest { op: Some(op) });
         Ok(())
     }
 
@@ -276,8 +282,8 @@ impl Transaction {
         if self
             .stream
             .out
-            .send(v1::TxRequest {
-                op: Some(Op::Commit(true)),
+            .send(v1::TransactRequest {
+                op: Some(Op::Commit(())),
             })
             .is_err()
         {
@@ -303,7 +309,7 @@ impl Transaction {
             Ok(Res::Committed(c)) => {
                 self.pool.put(self.stream);
                 Ok(c.ids
-                    .chunks_exact(16)
+                    .iter()
                     .map(|b| uuid::Uuid::from_slice(b).unwrap_or_default())
                     .collect())
             }
@@ -328,7 +334,7 @@ impl Transaction {
 
     /// Aborts: nothing sent in the transaction is stored; received messages go back.
     pub async fn abort(mut self) -> Result<()> {
-        self.request(Op::Abort(true)).await?;
+        self.request(Op::Abort(())).await?;
         match self.next().await? {
             Res::Aborted(_) => {
                 self.pool.put(self.stream);
@@ -349,7 +355,7 @@ impl Transaction {
     /// (then it did not commit) rather than the connection breaking.
     async fn next_raw(&mut self) -> std::result::Result<Res, (Error, bool)> {
         match self.stream.inbound.message().await {
-            Ok(Some(v1::TxResponse { result: Some(r) })) => Ok(r),
+            Ok(Some(v1::TransactResponse { result: Some(r) })) => Ok(r),
             Ok(Some(_)) => Err((
                 Error::Internal("the broker sent an empty transaction response".into()),
                 false,

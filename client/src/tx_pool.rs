@@ -21,8 +21,8 @@ pub(crate) const MAX_IDLE: Duration = Duration::from_secs(30);
 /// One `Transact` stream: requests out, answers in.
 #[derive(Debug)]
 pub(crate) struct TxStream {
-    pub(crate) out: mpsc::UnboundedSender<v1::TxRequest>,
-    pub(crate) inbound: Streaming<v1::TxResponse>,
+    pub(crate) out: mpsc::UnboundedSender<v1::TransactRequest>,
+    pub(crate) inbound: Streaming<v1::TransactResponse>,
     /// The broker runs transactions one after another on it (its response header said so).
     reusable: bool,
 }
@@ -30,7 +30,7 @@ pub(crate) struct TxStream {
 impl TxStream {
     /// Opens a stream whose first request is `first`, waiting for the broker's response
     /// headers (within the client's call deadline).
-    pub(crate) async fn open(client: &Client, first: v1::TxRequest) -> Result<TxStream> {
+    pub(crate) async fn open(client: &Client, first: v1::TransactRequest) -> Result<TxStream> {
         let (out, rx) = mpsc::unbounded_channel();
         let _ = out.send(first);
         let mut grpc = client.rpc.clone();

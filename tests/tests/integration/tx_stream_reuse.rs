@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use mq_client::{Client, Error, Message, QueueOptions, TxId, TxOutcome};
-use mq_proto::v1::{self, tx_request::Op, tx_response::Result as Res};
+use mq_proto::v1::{self, transact_request::Op, transact_response::Result as Res};
 use mq_tests::{eventually, free_port, loopback, temp_data_dir, InProcessBroker, MqdProcess};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -24,17 +24,18 @@ async fn create_tx_queue(client: &Client) {
 
 /// One raw `Transact` stream.
 struct Raw {
-    out: mpsc::UnboundedSender<v1::TxRequest>,
-    inbound: tonic::Streaming<v1::TxResponse>,
+    out: mpsc::UnboundedSender<v1::TransactRequest>,
+    inbound: tonic::Streaming<v1::TransactResponse>,
 }
 
 impl Raw {
     /// Opens a stream; asserts the broker announces that it carries transactions one after
     /// another.
     async fn open(url: &str) -> Raw {
-        let mut rpc = v1::message_queue_client::MessageQueueClient::connect(url.to_string())
-            .await
-            .unwrap();
+        let mut rpc =
+            v1::message_queue_service_client::MessageQueueServiceClient::connect(url.to_string())
+                .await
+                .unwrap();
         let (out, rx) = mpsc::unbounded_channel();
         let response = rpc
             .transact(UnboundedReceiverStream::new(rx))
@@ -54,7 +55,7 @@ impl Raw {
     }
 
     fn op(&self, op: Op) {
-        self.out.send(v1::TxRequest { op: Some(op) }).unwrap();
+        self.out.send(v1::TransactRequest { op: Some(op) }).unwrap();
     }
 
     fn begin(&self, id: TxId) {
@@ -83,7 +84,7 @@ impl Raw {
 
     async fn answer(&mut self) -> Result<Res, tonic::Status> {
         match tokio::time::timeout(WAIT, self.inbound.message()).await {
-            Ok(Ok(Some(v1::TxResponse { result: Some(r) }))) => Ok(r),
+            Ok(Ok(Some(v1::TransactResponse { result: Some(r) }))) => Ok(r),
             Ok(Ok(other)) => panic!("the stream ended or sent nothing: {other:?}"),
             Ok(Err(status)) => Err(status),
             Err(_) => panic!("no answer within {WAIT:?}"),
@@ -92,7 +93,7 @@ impl Raw {
 
     /// Commits; asserts it committed as `id`.
     async fn commit(&mut self, id: TxId) -> v1::TxCommitted {
-        self.op(Op::Commit(true));
+        self.op(Op::Commit(()));
         match self.answer().await {
             Ok(Res::Committed(c)) => {
                 assert_eq!(c.id.as_ref(), id.0.as_bytes());
@@ -126,7 +127,7 @@ async fn many_transactions_one_after_another_on_one_stream() {
         let id = TxId::new();
         raw.begin(id);
         raw.send(&format!("m{i}"));
-        assert_eq!(raw.commit(id).await.ids.len(), 16);
+        assert_eq!(raw.commit(id).await.ids.len(), 1);
         ids.push(id);
     }
     // Receives too, and a transaction without TxBegin (the broker names it).
@@ -136,7 +137,7 @@ async fn many_transactions_one_after_another_on_one_stream() {
             Res::Received(m) => assert_eq!(m.body, format!("m{i}").as_bytes()),
             other => panic!("receive {i}: {other:?}"),
         }
-        raw.op(Op::Commit(true));
+        raw.op(Op::Commit(()));
         match raw.answer().await.unwrap() {
             Res::Committed(c) => assert_eq!(c.received, 1),
             other => panic!("commit of receive {i}: {other:?}"),
@@ -173,8 +174,8 @@ async fn an_abort_between_commits_keeps_the_stream_and_undoes_only_its_transacti
         Res::Received(m) => assert_eq!(m.body, "a".as_bytes()),
         other => panic!("{other:?}"),
     }
-    raw.op(Op::Abort(true));
-    assert_eq!(raw.answer().await.unwrap(), Res::Aborted(true));
+    raw.op(Op::Abort(()));
+    assert_eq!(raw.answer().await.unwrap(), Res::Aborted(()));
 
     let third = TxId::new();
     raw.begin(third);
