@@ -584,20 +584,20 @@ impl ReceiveJob {
 /// Where a [`ReceiveJob`] gets its messages: a streaming consumer, or (`--one-at-a-time`)
 /// one explicit transaction per message.
 enum Source {
-    Consumer(Consumer),
-    OneAtATime(Queue),
+    Consumer(Box<Consumer>),
+    OneAtATime(Box<Queue>),
 }
 
 impl Source {
     async fn open(job: &ReceiveJob, queue: &Queue, limit: Option<u64>) -> mq_client::Result<Self> {
         if job.one_at_a_time {
-            return Ok(Source::OneAtATime(queue.clone()));
+            return Ok(Source::OneAtATime(Box::new(queue.clone())));
         }
         let options = ConsumerOptions {
             prefetch: prefetch_for(job.combo.body_bytes),
             limit,
         };
-        Ok(Source::Consumer(queue.consumer(options).await?))
+        Ok(Source::Consumer(Box::new(queue.consumer(options).await?)))
     }
 
     /// The next message; one at a time: begin, receive, commit (an empty receive aborts).
