@@ -85,6 +85,6 @@ impl From<mq_proto::format_name::FormatNameError> for BrokerError {
 
 impl From<BrokerError> for Status {
     fn from(e: BrokerError) -> Status {
-        Status::new(e.code(), e.to_string())
+        crate::rich_error::status(e.code(), e.reason(), e.to_string())
     }
 }

@@ -544,7 +544,7 @@ async fn settle(
     for (i, e) in entries.into_iter().enumerate() {
         match reasons.remove(&i) {
             Some(r) => {
-                let class = v1::DeadLetterClass::try_from(r.class)
+                let class = v1::DeadLetterClass::try_from(r.dead_letter_class)
                     .unwrap_or(v1::DeadLetterClass::BadMessage);
                 dead.push(DeadLetterItem {
                     entry: e,
@@ -718,7 +718,7 @@ mod settle_tests {
     fn rejection(index: u32) -> v1::ForwardRejection {
         v1::ForwardRejection {
             index,
-            class: v1::DeadLetterClass::BadDestinationQueue as i32,
+            dead_letter_class: v1::DeadLetterClass::BadDestinationQueue as i32,
             reason: format!("no queue for {index}"),
         }
     }

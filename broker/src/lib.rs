@@ -70,6 +70,7 @@ mod ratelog;
 mod ready;
 mod receive_acks;
 mod refused_seqs;
+mod rich_error;
 mod server;
 mod service;
 mod stream_bounds;

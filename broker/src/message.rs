@@ -364,7 +364,7 @@ impl StoredMessage {
             receive_by_ms: self.receive_by_ms,
             transactional: self.transactional,
             dead_letter: self.dead_letter.as_deref().map(|d| v1::DeadLetter {
-                class: d.class as i32,
+                dead_letter_class: d.class as i32,
                 reason: d.reason.clone(),
                 destination: d.destination.clone(),
                 time_ms: d.time_ms,

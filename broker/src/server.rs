@@ -165,6 +165,8 @@ pub async fn run_with_ready(
         .max_concurrent_streams(Some(flow.max_streams_per_connection))
         .http2_max_header_list_size(Some(crate::config::MAX_HEADER_LIST_BYTES))
         .layer(crate::metrics::CountCalls(broker.counters().clone()))
+        // Every error status gets its google.rpc.ErrorInfo (domain mq, a reason).
+        .layer(crate::rich_error::ErrorInfoLayer)
         .add_service(svc)
         .add_service(admin)
         .add_service(forward)

@@ -515,6 +515,26 @@ impl Client {
     }
 }
 
+/// Whether a broker of protocol revision `broker` (mqd `version`) at `url` can serve this
+/// client: at least [`mq_proto::MIN_PROTOCOL_VERSION`].
+pub(crate) fn protocol_compatible(url: &str, broker: u32, version: &str) -> Result<()> {
+    if broker < mq_proto::MIN_PROTOCOL_VERSION {
+        return Err(Error::Incompatible(format!(
+            "the broker at {url} (mqd {version}) speaks mq.v1 protocol revision {broker}; this client (mq-client {}) needs revision {} or newer: upgrade mqd, or use an mq-client as old as the broker",
+            env!("CARGO_PKG_VERSION"),
+            mq_proto::MIN_PROTOCOL_VERSION
+        )));
+    }
+    if broker > mq_proto::PROTOCOL_VERSION {
+        tracing::debug!(
+            broker,
+            client = mq_proto::PROTOCOL_VERSION,
+            "the broker is newer than this client; mq.v1 only grows, so everything here works"
+        );
+    }
+    Ok(())
+}
+
 /// The request naming an outgoing queue: `host:port`, or a queue name (checked here, like every
 /// other queue name, before anything is sent).
 fn outgoing_destination(destination: &str) -> Result<String> {
@@ -535,6 +555,22 @@ fn outgoing_destination(destination: &str) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 18 point 4: a broker older than the client's minimum revision is refused with a
+    /// message that names both revisions and says what to upgrade; a newer one is fine.
+    #[test]
+    fn an_older_broker_is_refused_clearly_and_a_newer_one_accepted() {
+        let url = "http://127.0.0.1:1801";
+        let e = protocol_compatible(url, mq_proto::MIN_PROTOCOL_VERSION - 1, "0.0.1").unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, Error::Incompatible(_)), "{e:?}");
+        assert!(
+            text.contains("upgrade mqd") && text.contains(url) && text.contains("revision 1"),
+            "{text}"
+        );
+        protocol_compatible(url, mq_proto::MIN_PROTOCOL_VERSION, "x").unwrap();
+        protocol_compatible(url, mq_proto::PROTOCOL_VERSION + 5, "x").unwrap();
+    }
 
     #[test]
     fn outgoing_request_accepts_host_port_and_format_names() {

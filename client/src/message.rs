@@ -199,7 +199,7 @@ pub struct DeadLetterInfo {
 impl DeadLetterInfo {
     pub(crate) fn from_wire(d: v1::DeadLetter) -> Self {
         DeadLetterInfo {
-            class: DeadLetterClass::from_i32(d.class),
+            class: DeadLetterClass::from_i32(d.dead_letter_class),
             reason: d.reason,
             destination: d.destination,
             broker: d.broker,
@@ -449,7 +449,7 @@ mod tests {
         w.receive_by_ms = 1_700_000_002_000;
         w.transactional = true;
         w.dead_letter = Some(v1::DeadLetter {
-            class: v1::DeadLetterClass::ReachQueueTimeout as i32,
+            dead_letter_class: v1::DeadLetterClass::ReachQueueTimeout as i32,
             reason: "not delivered within 1s".into(),
             destination: r"DIRECT=TCP:10.0.0.5:1802\private$\orders".into(),
             time_ms: 1_700_000_001_001,
@@ -481,7 +481,7 @@ mod tests {
     fn unknown_dead_letter_class_is_kept() {
         let mut w = wire_message();
         w.dead_letter = Some(v1::DeadLetter {
-            class: 42,
+            dead_letter_class: 42,
             ..v1::DeadLetter::default()
         });
         let d = ReceivedMessage::from_wire(w).unwrap().dead_letter.unwrap();

@@ -138,6 +138,13 @@ pub struct Config {
     pub ack_each: bool,
     /// TX: explicit transactions of one message each, awaited one at a time (`--one-at-a-time`).
     pub one_at_a_time: bool,
+    /// `--target`: the systems to run against, one after another (empty: mq only, the
+    /// `--broker` or an embedded one).
+    pub targets: Vec<crate::target::Target>,
+    /// `--csv FILE`: the report's rows as CSV.
+    pub csv: Option<std::path::PathBuf>,
+    /// `--plot FILE`: the figures, SVG or PNG by the extension.
+    pub plot: Option<std::path::PathBuf>,
     /// Draw a progress bar on stderr.
     pub progress: bool,
     /// The command line, for the banner.
@@ -208,6 +215,9 @@ impl Config {
             broker_pid: None,
             ack_each: false,
             one_at_a_time: false,
+            targets: Vec::new(),
+            csv: None,
+            plot: None,
             progress: false,
             command: String::new(),
         }

@@ -71,6 +71,9 @@
 //! - `cursors`: cursors walking a queue while others receive, receive-current, limits, and
 //!   `mq browse`.
 //! - `queue_properties`: `mq queue set` (label, quota), kept across `kill -9`.
+//! - `wire_contract`: every error carries a google.rpc.ErrorInfo reason (calls, streams,
+//!   transport-level refusals, per-message send failures); the client maps reasons; the
+//!   protocol revision check.
 //! - `in_doubt_pipelined`: a pipelined transactional sender cut by `kill -9`: in-doubt receipts
 //!   carry transaction ids that `TransactionOutcome` resolves truthfully; retries commit once.
 
@@ -110,3 +113,4 @@ mod subqueues;
 mod transactions;
 mod transactions_crash;
 mod tx_stream_reuse;
+mod wire_contract;
