@@ -669,6 +669,7 @@ impl Broker {
             if queues.contains_key(&key) {
                 return Err(BrokerError::QueueExists(local_path_name(&addr)));
             }
+            crate::queue_count::check(queues.len(), self.config.max_queues)?;
             let id = self.next_queue_id.fetch_add(1, Ordering::AcqRel);
             let def = QueueDef {
                 acl,
@@ -830,6 +831,7 @@ impl Broker {
             return Ok((q.clone(), false));
         }
         check(&queues)?;
+        crate::queue_count::check(queues.len(), self.config.max_queues)?;
         self.check_writable("create a queue")?;
         if self.journal.is_disk_full() {
             return Err(BrokerError::QuotaExceeded(

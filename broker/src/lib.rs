@@ -68,6 +68,7 @@ mod outcome;
 mod outgoing_admin;
 mod props;
 mod queue;
+mod queue_count;
 mod ratelog;
 mod ready;
 mod receive_acks;
@@ -79,6 +80,7 @@ mod stream_bounds;
 mod subqueue;
 mod tls;
 mod transaction;
+mod tx_reuse;
 mod tx_stream;
 
 pub use auth::{add_user, hash_password, Acl, Identity, Right, Rights};
@@ -90,6 +92,7 @@ pub use config::{
 pub use config::{FlowLimits, MIN_MAX_BATCH_MESSAGES, PEEK_PAGE_BYTES, PEEK_PAGE_MESSAGES};
 pub use config::{
     DEFAULT_MAX_FORWARD_STREAMS, DEFAULT_MAX_FORWARD_STREAMS_PER_PEER, DEFAULT_MAX_OUTGOING_QUEUES,
+    DEFAULT_MAX_QUEUES,
 };
 pub use deadletter::class_name;
 pub use error::BrokerError;

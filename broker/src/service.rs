@@ -191,7 +191,9 @@ impl MessageQueueService for Service {
                 s
             })
         });
-        Ok(Response::new(Box::pin(stream)))
+        let mut response = Response::new(Box::pin(stream) as Self::TransactStream);
+        crate::tx_reuse::announce(&mut response);
+        Ok(response)
     }
 
     async fn transaction_outcome(
@@ -951,8 +953,10 @@ async fn drain_acks(
     Ok(())
 }
 
-/// One transaction stream. Every way out of the loop but a successful commit aborts (the
-/// [`Transaction`] rolls back when dropped): abort, client gone, timeout, shutdown, error.
+/// One transaction stream: transactions one after another, each ended by a commit or an abort
+/// answered on the stream. Every other way out of the loop aborts the open transaction (the
+/// [`Transaction`] rolls back when dropped): client gone, timeout, shutdown, error; an error
+/// ends the stream.
 async fn transact(
     broker: Arc<Broker>,
     auth: Arc<Auth>,
@@ -963,7 +967,9 @@ async fn transact(
     use v1::transact_request::Op as Req;
     use v1::transact_response::Result as Res;
     let timeout = broker.config().tx_timeout;
-    let deadline = tokio::time::Instant::now() + timeout;
+    // Transactions follow one another on the stream (see `crate::tx_reuse`); each has its own
+    // deadline, from its first request. Between transactions the stream waits without one.
+    let mut tx_deadline: Option<tokio::time::Instant> = None;
     // Created by a first `TxBegin` (the client's id), else by the first other request.
     let mut open: Option<Transaction> = None;
     let timed_out = || {
@@ -975,7 +981,7 @@ async fn transact(
     loop {
         let req = tokio::select! {
             r = inbound.message() => r,
-            _ = tokio::time::sleep_until(deadline) => {
+            _ = crate::tx_reuse::sleep_until(tx_deadline) => {
                 if let Some(t) = open.as_mut() {
                     t.timed_out();
                 }
@@ -1007,6 +1013,7 @@ async fn transact(
             // The client went away: abort.
             Ok(None) => return,
         };
+        let deadline = *tx_deadline.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
         if let Req::Begin(b) = &op {
             let begun = match (&open, uuid::Uuid::from_slice(&b.id)) {
                 (Some(_), _) => Err(Status::invalid_argument(
@@ -1111,17 +1118,24 @@ async fn transact(
                         Err(s)
                     }
                 };
-                let _ = out.send(reply).await;
-                return;
+                // Committed: the stream carries the next transaction; failed: it ends.
+                let failed = reply.is_err();
+                if out.send(reply).await.is_err() || failed {
+                    return;
+                }
+                tx_deadline = None;
+                continue;
             }
             Req::Abort(_) => {
                 open.take().expect("opened above").abort();
-                let _ = out
-                    .send(Ok(v1::TransactResponse {
-                        result: Some(Res::Aborted(())),
-                    }))
-                    .await;
-                return;
+                let aborted = v1::TransactResponse {
+                    result: Some(Res::Aborted(())),
+                };
+                if out.send(Ok(aborted)).await.is_err() {
+                    return;
+                }
+                tx_deadline = None;
+                continue;
             }
         };
         let failed = reply.is_err();

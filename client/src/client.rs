@@ -24,6 +24,8 @@ pub struct Client {
     pub(crate) admin: AdminRpc,
     url: String,
     pub(crate) options: ClientOptions,
+    /// Idle `Transact` streams for the next transaction.
+    pub(crate) tx_pool: crate::tx_pool::TxPool,
 }
 
 /// Properties of a new queue.
@@ -163,6 +165,7 @@ impl Client {
             admin,
             url,
             options,
+            tx_pool: Default::default(),
         }
     }
 

@@ -138,6 +138,8 @@ pub struct Config {
     pub ack_each: bool,
     /// `--journal`: queues are created with target journaling (`QUEUE;JOURNAL`).
     pub journal: bool,
+    /// TX: explicit transactions of one message each, awaited one at a time (`--one-at-a-time`).
+    pub one_at_a_time: bool,
     /// `--target`: the systems to run against, one after another (empty: mq only, the
     /// `--broker` or an embedded one).
     pub targets: Vec<crate::target::Target>,
@@ -215,6 +217,7 @@ impl Config {
             broker_pid: None,
             ack_each: false,
             journal: false,
+            one_at_a_time: false,
             targets: Vec::new(),
             csv: None,
             plot: None,

@@ -47,6 +47,11 @@ pub const MAX_GRPC_MESSAGE: usize = 64 * 1024 * 1024;
 /// the outcome in doubt.
 pub const TX_ENDED_METADATA: &str = "mq-tx-ended";
 
+/// Response header of a `Transact` stream whose broker runs transactions one after another on
+/// it: after `committed` or `aborted` the stream stays open and the next request begins the
+/// next transaction. Without it (an older broker) the stream ends after one transaction.
+pub const TX_STREAM_REUSE_METADATA: &str = "mq-tx-reuse";
+
 /// The error reasons of mq (`google.rpc.ErrorInfo.reason` with domain [`reason::DOMAIN`] on a
 /// failed call, `SendFailure.reason` on a failed message): the names of the `ErrorReason` enum
 /// of mq.proto without their `ERROR_REASON_` prefix.

@@ -178,6 +178,9 @@ struct Args {
     /// refused.
     #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_OUTGOING_QUEUES)]
     max_outgoing_queues: usize,
+    /// Most queues (subqueues included); a create beyond it is refused.
+    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_QUEUES, value_parser = at_least_one())]
+    max_queues: usize,
     /// Most incoming forwarding streams kept per sending address; beyond it the least recently
     /// used idle one is forgotten, and a new stream is refused if all are busy.
     #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS_PER_PEER, value_parser = at_least_one())]
@@ -381,6 +384,7 @@ async fn main() -> anyhow::Result<()> {
     config.max_format_name_elements = args.max_format_name_elements;
     config.outgoing_idle_expiry = args.outgoing_idle_expiry;
     config.max_outgoing_queues = args.max_outgoing_queues;
+    config.max_queues = args.max_queues;
     config.max_forward_streams_per_peer = args.max_forward_streams_per_peer;
     config.max_forward_streams = args.max_forward_streams;
     config.forward_stream_idle = args.forward_stream_idle;

@@ -192,6 +192,7 @@ impl Ctx {
             rate: self.config.rate,
             delivery: self.config.send_delivery(),
             transactional: self.config.mode == Mode::Tx,
+            one_at_a_time: self.config.one_at_a_time,
             clients,
             url: self.send_url.clone(),
             label,

@@ -117,4 +117,5 @@ mod store_and_forward;
 mod subqueues;
 mod transactions;
 mod transactions_crash;
+mod tx_stream_reuse;
 mod wire_contract;
