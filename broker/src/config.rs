@@ -128,7 +128,7 @@ pub struct BrokerConfig {
     pub forward_stream_idle: std::time::Duration,
     /// The HTTP port (`/metrics`, `/healthz`, `/readyz`); `None`: no HTTP server.
     pub http_listen: Option<std::net::SocketAddr>,
-    /// Serve the HTTP port on a non-loopback address (it has no authentication).
+    /// Serve the HTTP port on a non-loopback address without TLS and a users file.
     pub http_insecure: bool,
 }
 

@@ -30,6 +30,8 @@
 //! - `receive_acks`: per-message acknowledgements waiting on a receive stream are applied as one.
 //! - `ready`: [`Readiness`] (recovered, serving, shutting down) and gRPC health.
 //! - `metrics`, `histogram`: counters and the Prometheus collector; `http`: the HTTP port.
+//! - `http_api`: the JSON API under `/api/v1/`; `console`: the web console; `http_tls`: HTTPS;
+//!   `preview`: message bodies shown to people.
 //! - `fuzzing` (tests and the `fuzzing` feature): entry points of the fuzz targets in `fuzz/`.
 //!
 //! # Example
@@ -46,6 +48,7 @@ mod auth_layer;
 mod broker;
 mod config;
 pub mod config_file;
+mod console;
 mod cursor;
 mod deadletter;
 mod error;
@@ -56,6 +59,8 @@ mod forward;
 pub mod fuzzing;
 mod histogram;
 mod http;
+mod http_api;
+mod http_tls;
 mod inbound;
 mod index;
 mod info;
@@ -66,6 +71,7 @@ mod message;
 mod metrics;
 mod outcome;
 mod outgoing_admin;
+mod preview;
 mod props;
 mod queue;
 mod queue_count;

@@ -214,8 +214,10 @@ struct Args {
     /// table per host:port with user+password or token, ca, cert+key, domain.
     #[arg(long, env = "MQD_FORWARD_CREDENTIALS", value_name = "FILE")]
     forward_credentials: Option<PathBuf>,
-    /// Serve HTTP on this address: GET /metrics (Prometheus), /healthz (live), /readyz (recovered,
-    /// journal healthy). Loopback only unless --http-insecure; --http-listen is the same option.
+    /// Serve HTTP on this address: the web console (/), its JSON API (/api/v1/), GET /metrics
+    /// (Prometheus), /healthz (live), /readyz (recovered, journal healthy). HTTPS with
+    /// --tls-cert; a non-loopback address needs TLS and --users, or --http-insecure;
+    /// --http-listen is the same option.
     #[arg(
         long,
         visible_alias = "http-listen",
@@ -223,7 +225,7 @@ struct Args {
         env = "MQD_HTTP_LISTEN"
     )]
     metrics_listen: Option<SocketAddr>,
-    /// Serve --metrics-listen on a non-loopback address (the HTTP port has no authentication).
+    /// Serve --metrics-listen on a non-loopback address without TLS and a users file.
     #[arg(long)]
     http_insecure: bool,
 }

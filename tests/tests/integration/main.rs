@@ -17,6 +17,8 @@
 //!   every flag and round-trips, precedence, a bad file names the file and the key (exit 2).
 //! - `observability`: `/metrics` after a known workload, `/readyz`, gRPC health and reflection
 //!   without credentials, `mq info`.
+//! - `http_api`: the HTTP admin API under `/api/v1/`: every endpoint and refusal, rights over
+//!   HTTPS with a users file.
 //! - `cli`: the `mq` command line against an `mqd` process: commands, JSON, exit codes.
 //! - `bad_input`: every kind of bad input (CLI and raw gRPC) is refused clearly and hurts
 //!   nothing.
@@ -90,6 +92,7 @@ mod durable_admin;
 mod express_quota;
 mod flow_limits;
 mod hardening;
+mod http_api;
 mod in_doubt;
 mod in_doubt_pipelined;
 mod journal_disk;
