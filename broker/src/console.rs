@@ -492,7 +492,7 @@ async fn purge(
 ) -> PageResult {
     let name = path(name)?;
     let f = form(f)?;
-    let n = api::purge(&api, &who, &name)?;
+    let n = api::purge(&api, &who, &name).await?;
     redirect(
         &back(f.ret.as_deref(), "/queues"),
         &format!("purged {n} messages from {name}"),

@@ -618,15 +618,16 @@ pub(crate) async fn create(api: &Api, who: &Identity, c: CreateQueue) -> ApiResu
                 quota_bytes: c.quota_bytes,
                 label: c.label,
                 max_aborts: c.max_aborts,
+                ..Default::default()
             },
             crate::auth::Acl::for_creator(who),
         )
         .await?)
 }
 
-pub(crate) fn purge(api: &Api, who: &Identity, name: &str) -> ApiResult<u64> {
+pub(crate) async fn purge(api: &Api, who: &Identity, name: &str) -> ApiResult<u64> {
     let (broker, q) = queue_for(api, who, Right::Admin, name)?;
-    Ok(broker.purge(&q.def().name)?)
+    Ok(broker.purge(&q.def().name).await?)
 }
 
 pub(crate) async fn delete(api: &Api, who: &Identity, name: &str) -> ApiResult<()> {
@@ -896,7 +897,7 @@ async fn post_purge(
     name: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Json<Value>> {
     let name = path(name)?;
-    let purged = purge(&api, &who, &name)?;
+    let purged = purge(&api, &who, &name).await?;
     Ok(Json(json!({ "purged": purged })))
 }
 
