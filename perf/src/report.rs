@@ -53,7 +53,9 @@ pub struct Row {
     pub backlog: Option<u64>,
     /// Every received message acknowledged on its own (`--ack-each`).
     pub ack_each: bool,
-    /// The queue journals every received message (`--journal`).
+    /// The queue journals every received message (`--journal`). Absent in reports written
+    /// before the flag existed (read as false, so `mqperf compare` takes older reports).
+    #[serde(default)]
     pub journal: bool,
     /// Sent through broker A to the queue on broker B (`--forward`).
     pub forwarded: bool,
