@@ -10,10 +10,11 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use mq_client::{Client, ConsumerOptions, Message, MessageId, QueueOptions, ReceivedMessage};
+use mq_client::{Client, ConsumerOptions, Message, MessageId, QueueOptions};
 use mq_tests::{eventually, free_port, mq, temp_data_dir, MqdProcess};
 
 use crate::store_and_forward::{local, Node};
+use crate::subqueues::{bodies, peek_all};
 
 const Q: &str = r".\private$\jq";
 const QJ: &str = r".\private$\jq;JOURNAL";
@@ -21,21 +22,6 @@ const TQ: &str = r".\private$\jtq";
 const TQJ: &str = r".\private$\jtq;JOURNAL";
 const SYSJ: &str = r".\SYSTEM$;JOURNAL";
 const WAIT: Duration = Duration::from_secs(30);
-
-async fn peek_all(client: &Client, queue: &str) -> Vec<ReceivedMessage> {
-    client
-        .queue(queue)
-        .unwrap()
-        .peek_many(1000, Duration::ZERO)
-        .await
-        .unwrap_or_else(|e| panic!("peek {queue}: {e}"))
-}
-
-fn bodies(ms: &[ReceivedMessage]) -> Vec<String> {
-    ms.iter()
-        .map(|m| String::from_utf8_lossy(&m.body).into_owned())
-        .collect()
-}
 
 async fn send(client: &Client, queue: &str, body: &str, recoverable: bool) -> MessageId {
     client
