@@ -283,6 +283,9 @@ async fn scenarios(c: &Client) {
         .to_string();
     assert_eq!(reason, api_reason);
     shot(c, "deadletter").await;
+    c.set_window_size(390, 844).await.expect("phone width");
+    shot(c, "deadletter-phone").await;
+    c.set_window_size(1280, 800).await.expect("desktop width");
 
     // Pausing an outgoing queue from the UI shows ONHOLD, and `mq outgoing list` agrees.
     let port = free_port();
