@@ -195,6 +195,23 @@ fn profile_dir() -> PathBuf {
     dir.to_path_buf()
 }
 
+/// Whether `key` is one of the variables Cargo sets for the package a test belongs to, not one
+/// of Cargo's own settings (CARGO_HOME, CARGO_TARGET_DIR, CARGO_PROFILE_* stay).
+fn is_package_variable(key: &str) -> bool {
+    [
+        "CARGO_PKG_",
+        "CARGO_MANIFEST_",
+        "CARGO_BIN_EXE_",
+        "CARGO_CRATE_",
+    ]
+    .iter()
+    .any(|p| key.starts_with(p))
+        || matches!(
+            key,
+            "CARGO_BIN_NAME" | "CARGO_PRIMARY_PACKAGE" | "CARGO_TARGET_TMPDIR" | "OUT_DIR"
+        )
+}
+
 /// The `cargo build` arguments that build `mqd` and `mq` with the features `cargo test
 /// --workspace` resolves (see the crate docs); `.ci/run` uses the same list. The `journal` test
 /// (broker/tests/journal) is small: it is there only so that the selection holds a test target.
@@ -228,6 +245,15 @@ fn built_binaries() -> &'static Path {
             .to_path_buf();
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut cmd = Command::new(cargo);
+        // Cargo gives a test process the variables of its own package (CARGO_PKG_NAME, ...).
+        // Passed on, they would reach build scripts that watch them (ring's does:
+        // `rerun-if-env-changed=CARGO_PKG_NAME`), and this build would recompile ring and
+        // everything above it, broker included, and the next plain `cargo test` all over again.
+        for (key, _) in std::env::vars_os() {
+            if key.to_str().is_some_and(is_package_variable) {
+                cmd.env_remove(&key);
+            }
+        }
         cmd.arg("build")
             .arg("--quiet")
             .arg("--manifest-path")
@@ -852,4 +878,29 @@ pub fn users_file(path: &Path, users: &[(&str, &str, &[&str], &[&str])]) -> Path
             .unwrap_or_else(|e| panic!("add user {name}: {e}"));
     }
     path.to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_package_variable;
+
+    #[test]
+    fn only_the_packages_own_variables_are_dropped_from_the_build() {
+        for k in [
+            "CARGO_PKG_NAME",
+            "CARGO_MANIFEST_DIR",
+            "CARGO_BIN_EXE_mq",
+            "OUT_DIR",
+        ] {
+            assert!(is_package_variable(k), "{k}");
+        }
+        for k in [
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_PROFILE_DEV_DEBUG",
+            "PATH",
+        ] {
+            assert!(!is_package_variable(k), "{k}");
+        }
+    }
 }
