@@ -664,6 +664,10 @@ impl Broker {
                 crate::config::MAX_LABEL_CHARS
             )));
         }
+        // Not while a deletion is in flight (a refused one puts its queue back under the same
+        // name). Held until the definition is submitted, not while it is written, so that
+        // concurrent creates still share a group commit.
+        let one = self.redefinitions.lock().await;
         let (q, commit) = {
             let mut queues = self.queues.write().unwrap_or_else(|p| p.into_inner());
             if queues.contains_key(&key) {
@@ -692,12 +696,17 @@ impl Broker {
             queues.insert(key.clone(), q.clone());
             (q, commit)
         };
+        drop(one);
         if let Err(e) = commit.await {
-            self.queues
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&key);
-            let _ = q.mark_deleted(); // Nothing was stored in it yet.
+            {
+                let mut queues = self.queues.write().unwrap_or_else(|p| p.into_inner());
+                if queues.get(&key).is_some_and(|cur| Arc::ptr_eq(cur, &q)) {
+                    queues.remove(&key);
+                }
+            }
+            // Nothing was stored in it yet. Marked deleted also if a deletion took it out
+            // meanwhile, so that a refused deletion does not put it back.
+            let _ = q.mark_deleted();
             return Err(BrokerError::Unavailable(format!(
                 "cannot store the queue definition: {e}"
             )));
@@ -758,6 +767,9 @@ impl Broker {
             }
             let mut queues = self.queues.write().unwrap_or_else(|p| p.into_inner());
             for s in std::iter::once(q).chain(subqueues) {
+                if s.is_deleted() {
+                    continue; // its own creation failed meanwhile: it does not exist
+                }
                 queues.entry(s.def().key.clone()).or_insert(s);
             }
             return Err(BrokerError::Unavailable(format!(
@@ -1050,6 +1062,16 @@ impl Broker {
         Ok(o)
     }
 
+    /// Puts back in the registry a queue whose deletion the journal refused, unless its key
+    /// was taken meanwhile.
+    pub(crate) fn reregister_queue(&self, q: &Arc<Queue>) {
+        self.queues
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(q.def().key.clone())
+            .or_insert_with(|| q.clone());
+    }
+
     /// Removes a queue from the registry by key (the caller journals and marks the deletion).
     pub(crate) fn unregister_queue(&self, key: &str) -> Option<Arc<Queue>> {
         self.queues
@@ -1135,7 +1157,7 @@ impl Broker {
         });
     }
 
-    fn start_forwarder(self: &Arc<Self>, o: &Arc<crate::forward::Outgoing>) {
+    pub(crate) fn start_forwarder(self: &Arc<Self>, o: &Arc<crate::forward::Outgoing>) {
         let handle = self
             .background
             .lock()
@@ -1678,5 +1700,74 @@ mod tests {
             "the orphan Put is still live"
         );
         j.shutdown();
+    }
+
+    /// Issue 19: a create does not take the name of a queue whose deletion is in flight. A
+    /// deletion the journal refuses (ENOSPC: nothing stored) puts the queue back, and the name
+    /// is that queue's — not a new empty one's that a concurrent create inserted meanwhile
+    /// (which a failed create then took out, leaving no queue at all).
+    #[tokio::test]
+    async fn a_create_waits_for_a_deletion_in_flight_of_the_same_name() {
+        use std::task::Poll;
+        let dir = tempfile::tempdir().unwrap();
+        let io = crate::journal::FaultyIo::new(41);
+        let mut config = BrokerConfig::new(dir.path());
+        config.journal_io = Some(Arc::new(io.clone()));
+        let (b, _) = Broker::open(config, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
+        let req = |name: &str| v1::CreateQueueRequest {
+            name: name.into(),
+            ..Default::default()
+        };
+        let name = r".\private$\q";
+        let old = b.create_queue(req(name)).await.unwrap();
+        // Hold the journal's writer in the sync of another queue's definition: the records
+        // submitted next wait behind it.
+        io.pause_syncs(true);
+        let other = b.create_queue(req(r".\private$\other"));
+        tokio::pin!(other);
+        assert!(futures::poll!(other.as_mut()).is_pending());
+        let mut held = false;
+        for _ in 0..6000 {
+            if io.sync_held() {
+                held = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(held, "the journal writes the other definition");
+        io.fail_writes_with_enospc(true);
+        let delete = b.delete_queue(name);
+        tokio::pin!(delete);
+        let delete_waits = futures::poll!(delete.as_mut()).is_pending();
+        let out_while_deleting = b.queue(name).is_err();
+        let create = b.create_queue(req(name));
+        tokio::pin!(create);
+        let create_waits = matches!(futures::poll!(create.as_mut()), Poll::Pending);
+        let name_free_while_deleting = b.queue(name).is_err();
+        // Let the journal go on before checking (a failed check must not leave it held).
+        io.pause_syncs(false);
+        assert!(delete_waits, "the deletion waits for the journal");
+        assert!(
+            out_while_deleting,
+            "out of the registry while its deletion is in flight"
+        );
+        assert!(create_waits);
+        assert!(
+            name_free_while_deleting,
+            "a create of the same name waits for the deletion in flight"
+        );
+        other.await.unwrap();
+        let deleted = delete.await;
+        assert!(
+            matches!(&deleted, Err(crate::error::BrokerError::Unavailable(m)) if m.contains("kept")),
+            "the journal refused the deletion: {deleted:?}"
+        );
+        let created = create.await;
+        assert!(
+            matches!(created, Err(crate::error::BrokerError::QueueExists(_))),
+            "the queue is back: {created:?}"
+        );
+        let q = b.queue(name).expect("the queue whose deletion was refused");
+        assert!(Arc::ptr_eq(&q, &old) && !q.is_deleted());
     }
 }

@@ -212,6 +212,16 @@ pub(crate) async fn supervise(broker: Weak<Broker>, o: Arc<Outgoing>) {
     loop {
         let run = std::panic::AssertUnwindSafe(run(broker.clone(), o.clone()));
         let Err(panic) = run.catch_unwind().await else {
+            // Ended: the broker stops, or the queue was deleted. A deletion the journal
+            // refused puts the queue back and starts its forwarder again
+            // (`Broker::restore_outgoing`): whichever of us comes second runs it.
+            o.started.store(false, Ordering::Release);
+            if !o.queue.is_deleted()
+                && broker.upgrade().is_some_and(|b| !b.is_shutting_down())
+                && o.mark_started()
+            {
+                continue;
+            }
             return;
         };
         let what = panic

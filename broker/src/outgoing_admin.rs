@@ -13,8 +13,12 @@ use crate::message::now_ms;
 impl Broker {
     /// Deletes the empty outgoing queue for `destination` (`host:port`, or the format name of a
     /// queue on that broker). Refused while it holds messages.
-    pub async fn delete_outgoing(&self, destination: &str) -> Result<(), BrokerError> {
+    pub async fn delete_outgoing(self: &Arc<Self>, destination: &str) -> Result<(), BrokerError> {
         let key = outgoing_key(|a| self.is_local(a), destination)?;
+        // One redefinition at a time (a pause or resume of this queue waits), and in force only
+        // once journaled: a refused deletion leaves the queue as it was.
+        let _one = self.redefinitions.lock().await;
+        self.check_writable("delete an outgoing queue")?;
         let o = self.remove_outgoing(&key, |_| true)?;
         let Some(o) = o else {
             let found = self
@@ -34,14 +38,43 @@ impl Broker {
                 }
             });
         };
-        self.journal()
+        if let Err(e) = self
+            .journal()
             .submit(vec![Op::DeleteQueue {
                 queue_id: o.queue().def().id,
             }])
             .await
-            .map_err(crate::broker::journal_failed)?;
+        {
+            if e.may_be_stored() {
+                // Maybe deleted (the journal is poisoned now): it stays out.
+                return Err(BrokerError::Unavailable(format!(
+                    "the journal failed while storing the deletion of the outgoing queue, which may or may not be on disk (a restart tells): {e}"
+                )));
+            }
+            self.restore_outgoing(&key, &o);
+            return Err(BrokerError::Unavailable(format!(
+                "cannot store the deletion, the outgoing queue is kept: {e}"
+            )));
+        }
         tracing::info!(destination = %key, "outgoing queue deleted");
         Ok(())
+    }
+
+    /// Puts back an outgoing queue whose deletion the journal refused before storing anything
+    /// (it was empty: nothing was dropped), with its forwarder. If a send created a new outgoing
+    /// queue for the destination meanwhile, that one serves it (its definition is journaled
+    /// after the failed deletion, so the journal refuses it too and a restart finds the old one).
+    fn restore_outgoing(self: &Arc<Self>, key: &str, o: &Arc<Outgoing>) {
+        let mut map = self.outgoing.write().unwrap_or_else(|p| p.into_inner());
+        if map.contains_key(key) {
+            tracing::warn!(destination = %key, "the deletion of the outgoing queue was refused, and a new one was created meanwhile: the new one stays");
+            return;
+        }
+        o.queue().unmark_deleted();
+        self.reregister_queue(o.queue());
+        map.insert(key.to_string(), o.clone());
+        drop(map);
+        self.start_forwarder(o);
     }
 
     /// Takes the outgoing queue for `key` out of the broker if it is empty and `also` agrees:
@@ -68,7 +101,7 @@ impl Broker {
     }
 
     /// Deletes every empty, unpaused outgoing queue unused for `idle`. Returns how many.
-    pub(crate) async fn expire_idle_outgoing(&self, idle: Duration) -> usize {
+    pub(crate) async fn expire_idle_outgoing(self: &Arc<Self>, idle: Duration) -> usize {
         let now = now_ms();
         let idle_ms = idle.as_millis() as u64;
         let keys: Vec<String> = self
@@ -85,6 +118,10 @@ impl Broker {
             .collect();
         let mut n = 0;
         for key in keys {
+            let _one = self.redefinitions.lock().await;
+            if self.check_writable("expire an outgoing queue").is_err() {
+                break;
+            }
             let removed = self.remove_outgoing(&key, |o| {
                 !o.is_paused() && now_ms().saturating_sub(o.last_used_ms()) >= idle_ms
             });
@@ -101,7 +138,10 @@ impl Broker {
                         tracing::info!(destination = %key, idle_ms, "empty outgoing queue expired");
                     }
                     Err(e) => {
-                        tracing::warn!(destination = %key, error = %e, "cannot journal the expiry of an outgoing queue")
+                        tracing::warn!(destination = %key, error = %e, "cannot journal the expiry of an outgoing queue");
+                        if !e.may_be_stored() {
+                            self.restore_outgoing(&key, &o);
+                        }
                     }
                 }
             }

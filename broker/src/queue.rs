@@ -727,6 +727,12 @@ impl Queue {
         true
     }
 
+    /// Undoes [`Queue::mark_deleted_if_empty`] for a deletion the journal refused before storing
+    /// anything: the queue was empty, so nothing was dropped.
+    pub(crate) fn unmark_deleted(&self) {
+        self.lock().deleted = false;
+    }
+
     /// Marks the queue deleted: pushes and takes fail, waiters wake. Returns the quota bytes the
     /// dropped ready (and expired, not yet swept) messages held, by delivery:
     /// `(express, recoverable)`, counted under the same lock so that nothing inserted meanwhile

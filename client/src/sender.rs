@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use mq_proto::v1;
-use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::client::Client;
@@ -68,9 +68,22 @@ struct PendingBatch {
     replies: Vec<Option<Reply>>,
 }
 
+/// The batches handed to the stream and not yet answered, and whether the stream ended: one
+/// lock, so a batch is either registered before the end (and failed in doubt by
+/// [`end_stream`]) or refused by the batcher after it (never sent) — never registered after
+/// the pending batches were failed, where nothing would answer it.
+#[derive(Default)]
+struct Pending {
+    batches: VecDeque<PendingBatch>,
+    /// Why the stream ended, once it has (set by [`end_stream`]).
+    ended: Option<Error>,
+}
+
 #[derive(Default)]
 struct Shared {
-    pending: Mutex<VecDeque<PendingBatch>>,
+    pending: Mutex<Pending>,
+    /// Wakes the batcher when the stream ends (it may be waiting for room to send).
+    ended: Notify,
     /// The first failure: a refused message, or the stream's end.
     first_error: Mutex<Option<Error>>,
     /// Set when the stream is gone; nothing more will be acknowledged.
@@ -211,41 +224,7 @@ impl Sender {
                         Err(status) => break Error::from(status),
                     }
                 };
-                // Fail everything still waiting.
-                let pending: Vec<_> = shared
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .drain(..)
-                    .collect();
-                if !pending.is_empty() {
-                    shared.record(&end);
-                }
-                let lost: usize = pending.iter().map(|b| b.replies.len()).sum();
-                shared.in_doubt.fetch_add(lost as u64, Ordering::AcqRel);
-                if let (Some(first), Some(last)) = (pending.first(), pending.last()) {
-                    let through = last.first_seq + last.replies.len() as u64 - 1;
-                    shared
-                        .in_doubt_seqs
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push((first.first_seq, through));
-                }
-                for b in pending {
-                    for (i, r) in b.replies.into_iter().enumerate() {
-                        let Some(r) = r else { continue };
-                        let e = match shared.tx_stream {
-                            Some(stream) => Error::InDoubt {
-                                id: tx_id(stream, b.first_seq + i as u64),
-                                reason: end.to_string(),
-                            },
-                            None => end.clone(),
-                        };
-                        let _ = r.send(Err(e));
-                    }
-                }
-                *shared.dead.lock().unwrap_or_else(|p| p.into_inner()) = Some(end);
-                window.close();
+                end_stream(&shared, &window, end);
                 progress_tx.send_replace(u64::MAX);
             })
         };
@@ -424,11 +403,51 @@ fn tx_id(stream: u128, seq: u64) -> TxId {
     )))
 }
 
+/// The stream is gone (`end` says why): every batch handed to it and not answered is in doubt
+/// (it may or may not be stored), nothing more is acknowledged, and the window closes.
+fn end_stream(shared: &Shared, window: &Semaphore, end: Error) {
+    let pending: Vec<_> = {
+        let mut p = shared.pending.lock().unwrap_or_else(|p| p.into_inner());
+        p.ended = Some(end.clone());
+        p.batches.drain(..).collect()
+    };
+    shared.ended.notify_waiters();
+    if !pending.is_empty() {
+        shared.record(&end);
+    }
+    let lost: usize = pending.iter().map(|b| b.replies.len()).sum();
+    shared.in_doubt.fetch_add(lost as u64, Ordering::AcqRel);
+    if let (Some(first), Some(last)) = (pending.first(), pending.last()) {
+        let through = last.first_seq + last.replies.len() as u64 - 1;
+        shared
+            .in_doubt_seqs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((first.first_seq, through));
+    }
+    for b in pending {
+        for (i, r) in b.replies.into_iter().enumerate() {
+            let Some(r) = r else { continue };
+            let e = match shared.tx_stream {
+                Some(stream) => Error::InDoubt {
+                    id: tx_id(stream, b.first_seq + i as u64),
+                    reason: end.to_string(),
+                },
+                None => end.clone(),
+            };
+            let _ = r.send(Err(e));
+        }
+    }
+    *shared.dead.lock().unwrap_or_else(|p| p.into_inner()) = Some(end);
+    window.close();
+}
+
 fn apply_ack(shared: &Shared, window: &Semaphore, ack: v1::SendResponse) -> Result<()> {
     let batch = shared
         .pending
         .lock()
         .unwrap_or_else(|p| p.into_inner())
+        .batches
         .pop_front()
         .ok_or_else(|| {
             Error::Internal(format!(
@@ -486,7 +505,15 @@ async fn batch_loop(
         .tx_stream
         .map(|s| bytes::Bytes::copy_from_slice(&s.to_be_bytes()))
         .unwrap_or_default();
-    while let Some(first) = rx.recv().await {
+    loop {
+        let first = tokio::select! {
+            biased;
+            _ = stream_ended(&shared) => break,
+            first = rx.recv() => match first {
+                Some(first) => first,
+                None => return, // the sender is closed or dropped
+            },
+        };
         let mut bytes = first.msg.body.len();
         let mut items = vec![first];
         while items.len() < options.max_batch_messages && bytes < options.max_batch_bytes {
@@ -508,15 +535,28 @@ async fn batch_loop(
             units.push(i.units);
             replies.push(i.reply);
         }
-        shared
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back(PendingBatch {
-                first_seq,
-                units,
-                replies,
-            });
+        // Registered before it is handed over (its acknowledgement may come at once), unless
+        // the stream already ended: then it never leaves.
+        let refused = {
+            let mut p = shared.pending.lock().unwrap_or_else(|p| p.into_inner());
+            match &p.ended {
+                Some(end) => Some((replies, end.clone())),
+                None => {
+                    p.batches.push_back(PendingBatch {
+                        first_seq,
+                        units,
+                        replies,
+                    });
+                    None
+                }
+            }
+        };
+        if let Some((replies, end)) = refused {
+            for r in replies.into_iter().flatten() {
+                let _ = r.send(Err(not_sent(&end)));
+            }
+            break;
+        }
         let batch = v1::SendRequest {
             first_seq,
             destination: destination.clone(),
@@ -524,8 +564,185 @@ async fn batch_loop(
             transactional: options.transactional,
             tx_stream: tx_stream.clone(),
         };
-        if out.send(batch).await.is_err() {
+        // A registered batch is answered by the acknowledgement task (acknowledged, refused,
+        // or in doubt when the stream ends), also if the send fails or is given up here.
+        tokio::select! {
+            biased;
+            _ = stream_ended(&shared) => break,
+            sent = out.send(batch) => if sent.is_err() { break },
+        }
+    }
+    // The stream is gone (or no longer takes requests): what is still queued never left.
+    // Closing the channel makes later sends fail at `Sender::enqueue`.
+    rx.close();
+    let end = shared
+        .pending
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .ended
+        .clone()
+        .unwrap_or_else(|| Error::Unavailable("the send stream is closed".into()));
+    while let Some(item) = rx.recv().await {
+        if let Some(r) = item.reply {
+            let _ = r.send(Err(not_sent(&end)));
+        }
+    }
+}
+
+/// Resolves once [`end_stream`] has run.
+async fn stream_ended(shared: &Shared) {
+    loop {
+        let woken = shared.ended.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        if shared
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ended
+            .is_some()
+        {
             return;
         }
+        woken.await;
+    }
+}
+
+/// The answer for a message that was never handed to the stream because it had ended.
+fn not_sent(end: &Error) -> Error {
+    Error::Unavailable(format!(
+        "not sent: the send stream had ended before this message was handed to it ({end})"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The race behind the flaky `in_doubt_pipelined` kill -9 test (issue 19): a message the
+    //! batcher takes after the acknowledgement task ended the stream must still be answered.
+    use super::*;
+    use std::time::Duration;
+
+    /// Generous bound on a receipt that should resolve at once (a loaded machine); the bug
+    /// being guarded against is a receipt that never resolves.
+    const WAIT: Duration = Duration::from_secs(10);
+
+    fn transactional() -> (Arc<Shared>, Semaphore) {
+        let shared = Arc::new(Shared {
+            tx_stream: Some(0x0123_4567_89ab_cdef_0000_0000_0000_0000),
+            ..Shared::default()
+        });
+        (shared, Semaphore::new(1024))
+    }
+
+    fn item(body: &str) -> (Item, Receipt) {
+        let (tx, rx) = oneshot::channel();
+        let msg = Message::new(body.to_string()).into_wire();
+        (
+            Item {
+                msg,
+                units: 1,
+                reply: Some(tx),
+            },
+            Receipt(rx),
+        )
+    }
+
+    fn options() -> SenderOptions {
+        SenderOptions {
+            transactional: true,
+            ..SenderOptions::default()
+        }
+    }
+
+    /// `Sender::enqueue` checked the stream before the acknowledgement task ended it, so its
+    /// item is queued; the batcher takes it only after the stream ended (and after the pending
+    /// batches were failed). The request channel is still open (the HTTP/2 stream has not
+    /// dropped it yet). The receipt must resolve — "not sent" (it never left) — not wait for
+    /// ever while the `Sender` is alive.
+    #[tokio::test]
+    async fn a_message_batched_after_the_stream_ended_is_answered_not_sent() {
+        let (shared, window) = transactional();
+        let (items, rx) = mpsc::unbounded_channel();
+        let (out, mut out_rx) = mpsc::channel(16);
+        end_stream(
+            &shared,
+            &window,
+            Error::Unavailable("the broker closed the send stream".into()),
+        );
+        let (it, receipt) = item("late");
+        items.send(it).unwrap();
+        let batcher = tokio::spawn(batch_loop(rx, out, shared.clone(), "q".into(), options()));
+        let answer = tokio::time::timeout(WAIT, receipt)
+            .await
+            .expect("the receipt resolves while the sender (`items`) is alive");
+        assert!(
+            matches!(answer, Err(Error::Unavailable(_))),
+            "never handed to the stream: not sent, {answer:?}"
+        );
+        assert_eq!(shared.in_doubt.load(Ordering::Acquire), 0);
+        assert!(
+            out_rx.try_recv().is_err(),
+            "nothing goes out after the stream ended"
+        );
+        // The batcher stops (it drops the request stream) although the sender lives on.
+        tokio::time::timeout(WAIT, batcher)
+            .await
+            .expect("the batcher ends with the stream")
+            .unwrap();
+        drop(items);
+    }
+
+    /// The batcher waits for room in the request channel (the HTTP/2 stream stopped taking
+    /// requests) when the stream ends: the batch it holds was handed over (in doubt), and the
+    /// messages queued behind it are answered "not sent" — nothing waits for ever.
+    #[tokio::test]
+    async fn a_batcher_blocked_on_a_full_request_channel_stops_when_the_stream_ends() {
+        let (shared, window) = transactional();
+        let (items, rx) = mpsc::unbounded_channel();
+        let (out, out_rx) = mpsc::channel(1);
+        out.try_send(v1::SendRequest::default()).unwrap(); // full
+        let batcher = tokio::spawn(batch_loop(rx, out, shared.clone(), "q".into(), options()));
+        let (a, first) = item("a");
+        items.send(a).unwrap();
+        // Wait until the batcher registered the first batch (and so is blocked sending it).
+        let mut registered = false;
+        for _ in 0..10_000 {
+            if !shared.pending.lock().unwrap().batches.is_empty() {
+                registered = true;
+                break;
+            }
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(registered, "the batcher takes the first message");
+        end_stream(
+            &shared,
+            &window,
+            Error::Unavailable("the broker closed the send stream".into()),
+        );
+        let (b, second) = item("b");
+        items
+            .send(b)
+            .unwrap_or_else(|_| panic!("the item channel is open"));
+        let first = tokio::time::timeout(WAIT, first)
+            .await
+            .expect("the first receipt resolves");
+        assert!(
+            matches!(first, Err(Error::InDoubt { .. })),
+            "handed to the stream: in doubt, {first:?}"
+        );
+        let second = tokio::time::timeout(WAIT, second)
+            .await
+            .expect("the second receipt resolves while the sender (`items`) is alive");
+        assert!(
+            matches!(second, Err(Error::Unavailable(_))),
+            "never handed to the stream: not sent, {second:?}"
+        );
+        assert_eq!(shared.in_doubt.load(Ordering::Acquire), 1);
+        tokio::time::timeout(WAIT, batcher)
+            .await
+            .expect("the batcher ends with the stream")
+            .unwrap();
+        drop((items, out_rx));
     }
 }

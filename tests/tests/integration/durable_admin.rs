@@ -4,6 +4,7 @@
 //!   the answer does not bring the messages back);
 //! - with a journal that refuses writes, a refused ACL grant, queue property change, pause or
 //!   resume of an outgoing queue, or queue deletion leaves things as they were.
+//! - a deletion of an outgoing queue the journal refuses (ENOSPC) leaves it, forwarding.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -143,4 +144,74 @@ async fn definition_changes_the_journal_refuses_are_not_in_force() {
         .await
         .expect("a refused deletion leaves the queue");
     broker.stop().await.unwrap();
+}
+
+/// A deletion of an empty outgoing queue that the journal refuses before storing anything
+/// (ENOSPC) leaves the queue as it was: listed, and forwarding what is sent to it (its
+/// forwarder, which saw it deleted for a moment, runs again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_deletion_of_an_outgoing_queue_leaves_it_forwarding() {
+    const R: &str = r".\private$\r";
+    let dir = mq_tests::temp_data_dir("mq-durable-outdel-");
+    let io = FaultyIo::new(43);
+    let broker = start(dir.path(), &io).await;
+    let client = broker.client().await;
+    let (there, there_client) = InProcessBroker::start_with_queue(R).await;
+    let dest = there.addr().to_string();
+    let remote = client
+        .queue(&format!(r"DIRECT=TCP:{dest}\private$\r"))
+        .unwrap();
+    remote
+        .send(Message::new("first").recoverable(true))
+        .await
+        .unwrap();
+    let arrived = |n: u64| {
+        let c = there_client.clone();
+        move || {
+            let c = c.clone();
+            async move { c.queue_info(R).await.is_ok_and(|i| i.messages == n) }
+        }
+    };
+    assert!(eventually(WAIT, arrived(1)).await, "forwarded");
+    // Empty once the destination's acknowledgement is applied (only an empty one is deleted).
+    assert!(
+        eventually(WAIT, || async {
+            client.outgoing().await.is_ok_and(|o| {
+                o.iter()
+                    .any(|o| o.destination == dest && o.messages == 0 && o.in_flight == 0)
+            })
+        })
+        .await,
+        "the outgoing queue is empty"
+    );
+
+    io.fail_writes_with_enospc(true);
+    client
+        .delete_outgoing(&dest)
+        .await
+        .expect_err("a deletion the journal refuses fails");
+    io.fail_writes_with_enospc(false);
+    assert!(
+        client
+            .outgoing()
+            .await
+            .unwrap()
+            .iter()
+            .any(|o| o.destination == dest),
+        "a refused deletion leaves the outgoing queue"
+    );
+    // Still forwarding (sends are refused while the journal's disk-full mode lasts).
+    assert!(
+        eventually(WAIT, || async {
+            remote
+                .send(Message::new("second").recoverable(true))
+                .await
+                .is_ok()
+        })
+        .await,
+        "sends are taken again"
+    );
+    assert!(eventually(WAIT, arrived(2)).await, "forwarded again");
+    broker.stop().await.unwrap();
+    there.stop().await.unwrap();
 }
