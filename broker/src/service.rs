@@ -367,14 +367,21 @@ impl AdminService for Service {
         req: Request<v1::ListQueuesRequest>,
     ) -> Result<Response<v1::ListQueuesResponse>, Status> {
         let who = Identity::of(&req);
-        let queues = self
-            .broker
-            .list()
+        let r = req.into_inner();
+        let max = match r.page_size {
+            0 => usize::MAX,
+            n => n as usize,
+        };
+        let (page, next) = self.broker.list_page(&r.page_token, max);
+        let queues = page
             .iter()
             .filter(|q| self.auth.sees(&who, q))
             .map(|q| q.info())
             .collect();
-        Ok(Response::new(v1::ListQueuesResponse { queues }))
+        Ok(Response::new(v1::ListQueuesResponse {
+            queues,
+            next_page_token: next.unwrap_or_default(),
+        }))
     }
 
     async fn purge(
