@@ -884,6 +884,30 @@ impl Broker {
         v
     }
 
+    /// Up to `max` queues of [`Broker::list`]'s order whose keys come after `after` (empty:
+    /// from the first), and the key to go on after when more may follow. Linear in the number
+    /// of queues (no sort of all of them per page).
+    pub fn list_page(&self, after: &str, max: usize) -> (Vec<Arc<Queue>>, Option<String>) {
+        let mut v: Vec<_> = self
+            .queues
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|q| q.def().role.is_normal() && q.def().key.as_str() > after)
+            .cloned()
+            .collect();
+        let more = v.len() > max;
+        if more && max > 0 {
+            v.select_nth_unstable_by(max - 1, |a, b| a.def().key.cmp(&b.def().key));
+        }
+        v.truncate(max);
+        v.sort_by(|a, b| a.def().key.cmp(&b.def().key));
+        let next = more
+            .then(|| v.last().map(|q| q.def().key.clone()))
+            .flatten();
+        (v, next)
+    }
+
     /// Removes every ready message of a queue; returns once their removal is on disk.
     pub async fn purge(&self, name: &str) -> Result<u64, BrokerError> {
         let q = self.queue(name)?;

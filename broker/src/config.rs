@@ -69,6 +69,9 @@ pub const PEEK_PAGE_MESSAGES: usize = 1000;
 pub const DEFAULT_MAX_CURSORS_PER_CONNECTION: usize = 64;
 /// Default idle time after which a cursor is closed (mqd --cursor-idle-secs).
 pub const DEFAULT_CURSOR_IDLE: std::time::Duration = std::time::Duration::from_secs(300);
+/// Default time a `Transact` stream may wait with no transaction open before the broker ends
+/// it (mqd --tx-stream-idle); clients keep idle streams for less (mq-client: 30 s).
+pub const DEFAULT_TX_STREAM_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 /// A `Peek` page is cut once its bodies reach this size (at least one message per page).
 pub const PEEK_PAGE_BYTES: usize = 4 * 1024 * 1024;
 
@@ -158,6 +161,9 @@ pub struct FlowLimits {
     pub max_cursors_per_connection: usize,
     /// A cursor with no request for this long is closed.
     pub cursor_idle: std::time::Duration,
+    /// A `Transact` stream with no transaction open (before its first or between two) for
+    /// this long is ended cleanly by the broker.
+    pub tx_stream_idle: std::time::Duration,
     /// Most messages in one `SendRequest`, `TxSend` or `ForwardRequest`; a bigger one ends its
     /// stream with one refusal.
     pub max_batch_messages: usize,
@@ -177,6 +183,7 @@ impl Default for FlowLimits {
             max_tx_per_connection: DEFAULT_MAX_TX_PER_CONNECTION,
             max_cursors_per_connection: DEFAULT_MAX_CURSORS_PER_CONNECTION,
             cursor_idle: DEFAULT_CURSOR_IDLE,
+            tx_stream_idle: DEFAULT_TX_STREAM_IDLE,
             max_batch_messages: DEFAULT_MAX_BATCH_MESSAGES,
         }
     }

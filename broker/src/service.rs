@@ -192,7 +192,7 @@ impl MessageQueueService for Service {
             })
         });
         let mut response = Response::new(Box::pin(stream) as Self::TransactStream);
-        crate::tx_reuse::announce(&mut response);
+        crate::tx_reuse::announce(&mut response, self.broker.config().flow.tx_stream_idle);
         Ok(response)
     }
 
@@ -367,14 +367,21 @@ impl AdminService for Service {
         req: Request<v1::ListQueuesRequest>,
     ) -> Result<Response<v1::ListQueuesResponse>, Status> {
         let who = Identity::of(&req);
-        let queues = self
-            .broker
-            .list()
+        let r = req.into_inner();
+        let max = match r.page_size {
+            0 => usize::MAX,
+            n => n as usize,
+        };
+        let (page, next) = self.broker.list_page(&r.page_token, max);
+        let queues = page
             .iter()
             .filter(|q| self.auth.sees(&who, q))
             .map(|q| q.info())
             .collect();
-        Ok(Response::new(v1::ListQueuesResponse { queues }))
+        Ok(Response::new(v1::ListQueuesResponse {
+            queues,
+            next_page_token: next.unwrap_or_default(),
+        }))
     }
 
     async fn purge(
@@ -968,8 +975,11 @@ async fn transact(
     use v1::transact_response::Result as Res;
     let timeout = broker.config().tx_timeout;
     // Transactions follow one another on the stream (see `crate::tx_reuse`); each has its own
-    // deadline, from its first request. Between transactions the stream waits without one.
+    // deadline, from its first request. Between transactions the stream waits at most the idle
+    // bound, from the end of the last one (or the stream's start).
     let mut tx_deadline: Option<tokio::time::Instant> = None;
+    let idle = broker.config().flow.tx_stream_idle;
+    let mut idle_since = tokio::time::Instant::now();
     // Created by a first `TxBegin` (the client's id), else by the first other request.
     let mut open: Option<Transaction> = None;
     let timed_out = || {
@@ -981,7 +991,11 @@ async fn transact(
     loop {
         let req = tokio::select! {
             r = inbound.message() => r,
-            _ = crate::tx_reuse::sleep_until(tx_deadline) => {
+            expired = crate::tx_reuse::sleep_until(tx_deadline, idle_since + idle) => {
+                // No transaction to abort: the stream just ends (the client opens a new one).
+                if expired == crate::tx_reuse::Expired::Idle {
+                    return;
+                }
                 if let Some(t) = open.as_mut() {
                     t.timed_out();
                 }
@@ -1124,6 +1138,7 @@ async fn transact(
                     return;
                 }
                 tx_deadline = None;
+                idle_since = tokio::time::Instant::now();
                 continue;
             }
             Req::Abort(_) => {
@@ -1135,6 +1150,7 @@ async fn transact(
                     return;
                 }
                 tx_deadline = None;
+                idle_since = tokio::time::Instant::now();
                 continue;
             }
         };

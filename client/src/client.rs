@@ -311,11 +311,23 @@ impl Client {
     }
 
     /// Every queue on the broker, sorted by name.
+    /// Asks for 5,000 at a time (a broker may hold hundreds of thousands).
     pub async fn list_queues(&self) -> Result<Vec<QueueInfo>> {
-        let mut grpc = self.admin.clone();
-        let rpc = grpc.list_queues(v1::ListQueuesRequest {});
-        let r = self.call("listing queues", Duration::ZERO, rpc).await?;
-        Ok(r.queues.into_iter().map(Into::into).collect())
+        let mut all = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let mut grpc = self.admin.clone();
+            let rpc = grpc.list_queues(v1::ListQueuesRequest {
+                page_size: LIST_PAGE,
+                page_token,
+            });
+            let r = self.call("listing queues", Duration::ZERO, rpc).await?;
+            all.extend(r.queues.into_iter().map(Into::into));
+            if r.next_page_token.is_empty() {
+                return Ok(all);
+            }
+            page_token = r.next_page_token;
+        }
     }
 
     /// Removes every message waiting in a queue; returns how many.
@@ -541,6 +553,9 @@ impl Client {
         Sender::open(self.clone(), destination.to_string(), options).await
     }
 }
+
+/// Queues [`Client::list_queues`] asks for per call.
+const LIST_PAGE: u32 = 5000;
 
 /// Whether a broker of protocol revision `broker` (mqd `version`) at `url` can serve this
 /// client: at least [`mq_proto::MIN_PROTOCOL_VERSION`].

@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use mq_proto::v1;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -15,7 +16,8 @@ use crate::error::Result;
 /// Idle streams a client keeps at most (each counts against the broker's
 /// `--max-tx-per-connection` while it is open).
 pub(crate) const MAX_IDLE_STREAMS: usize = 4;
-/// An idle stream older than this is closed rather than reused.
+/// An idle stream older than this is closed rather than reused (and older than half the idle
+/// bound the broker announces, `mq-tx-idle-ms`, if that is less).
 pub(crate) const MAX_IDLE: Duration = Duration::from_secs(30);
 
 /// One `Transact` stream: requests out, answers in.
@@ -25,6 +27,8 @@ pub(crate) struct TxStream {
     pub(crate) inbound: Streaming<v1::TransactResponse>,
     /// The broker runs transactions one after another on it (its response header said so).
     reusable: bool,
+    /// How long it may be kept idle: [`MAX_IDLE`], or half the broker's idle bound if less.
+    keep_for: Duration,
 }
 
 impl TxStream {
@@ -45,11 +49,34 @@ impl TxStream {
             .metadata()
             .get(mq_proto::TX_STREAM_REUSE_METADATA)
             .is_some();
+        let keep_for = keep_for(
+            response
+                .metadata()
+                .get(mq_proto::TX_STREAM_IDLE_METADATA)
+                .and_then(|v| v.to_str().ok()?.parse().ok()),
+        );
         Ok(TxStream {
             out,
             inbound: response.into_inner(),
             reusable,
+            keep_for,
         })
+    }
+
+    /// The broker has ended the stream (idle too long, shutting down) or sent something
+    /// unasked: it cannot carry a transaction. Does not wait.
+    fn ended(&mut self) -> bool {
+        self.out.is_closed() || self.inbound.message().now_or_never().is_some()
+    }
+}
+
+/// How long an idle stream is kept, given the broker's idle bound in milliseconds (none: an
+/// older broker without one). Half the bound leaves the broker's end of the stream (and a begin
+/// on its way) clear of each other.
+fn keep_for(broker_idle_ms: Option<u64>) -> Duration {
+    match broker_idle_ms {
+        Some(ms) => MAX_IDLE.min(Duration::from_millis(ms / 2)),
+        None => MAX_IDLE,
     }
 }
 
@@ -58,11 +85,12 @@ impl TxStream {
 pub(crate) struct TxPool(Arc<Mutex<Vec<(TxStream, Instant)>>>);
 
 impl TxPool {
-    /// The most recently idle stream that is still open and not too old, if any.
+    /// The most recently idle stream that is still open and not too old, if any; the others
+    /// are closed.
     pub(crate) fn take(&self) -> Option<TxStream> {
         let mut idle = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some((s, since)) = idle.pop() {
-            if !s.out.is_closed() && since.elapsed() < MAX_IDLE {
+        while let Some((mut s, since)) = idle.pop() {
+            if since.elapsed() < s.keep_for && !s.ended() {
                 return Some(s);
             }
         }
@@ -80,5 +108,19 @@ impl TxPool {
         if idle.len() < MAX_IDLE_STREAMS {
             idle.push((stream, Instant::now()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_stream_is_kept_for_half_the_brokers_bound_at_most_30_s() {
+        assert_eq!(keep_for(None), MAX_IDLE);
+        assert_eq!(keep_for(Some(60_000)), Duration::from_secs(30));
+        assert_eq!(keep_for(Some(3_600_000)), MAX_IDLE);
+        assert_eq!(keep_for(Some(1_000)), Duration::from_millis(500));
+        assert_eq!(keep_for(Some(0)), Duration::ZERO);
     }
 }

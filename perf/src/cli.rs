@@ -56,8 +56,11 @@ Load shape:
                  every message due during it. The achieved msgs/s is close to N unless the
                  broker cannot keep up. Without it sends are closed loop (as fast as the
                  pipeline allows).
-  --queues N     messages round-robin over QUEUE-0 ... QUEUE-<N-1>; every sender opens a
-                 stream to each queue it sends to.
+  --queues N     messages round-robin over QUEUE-0 ... QUEUE-<N-1>, created (or checked) and
+                 purged 64 at a time; every sender opens a stream to each queue it sends to,
+                 or, past 128 queues per sender, goes through them 128 at a time (open, send,
+                 flush, close; not with --rate). --keep (SENDANDPURGE) leaves the last run's
+                 messages in the queues.
   --consumers N  N consumers receive at once (consumer k on queue k mod --queues); rows show
                  the fewest and most messages one consumer got (starvation shows as 0).
   --backlog N    SENDANDRECEIVE: fill N messages (op fill), then time their drain (op drain).
@@ -202,6 +205,11 @@ pub struct Cli {
     /// instead of pipelined single-message transactions (with --clients N: N such loops at once)
     #[arg(long)]
     pub one_at_a_time: bool,
+    /// SENDANDPURGE: leave the last run's messages in the queue(s) instead of purging them
+    /// (to look at, or restart the broker with, a known load: e.g. --queues 100000 --count
+    /// 100000 leaves one message in each queue)
+    #[arg(long)]
+    pub keep: bool,
     /// Run against this system; repeat to run several one after another and report them side
     /// by side: `mq` (the --broker, or an embedded one), `amqp://user:password@host:port`
     /// (RabbitMQ) or `nats://host:port` (NATS JetStream). Default: mq only
@@ -315,6 +323,7 @@ impl Cli {
             ack_each: self.ack_each,
             journal: self.journal,
             one_at_a_time: self.one_at_a_time,
+            keep: self.keep,
             targets: self.target,
             csv: self.csv,
             plot: self.plot,

@@ -140,6 +140,8 @@ pub struct Config {
     pub journal: bool,
     /// TX: explicit transactions of one message each, awaited one at a time (`--one-at-a-time`).
     pub one_at_a_time: bool,
+    /// SENDANDPURGE: the last run's messages stay in the queues (`--keep`).
+    pub keep: bool,
     /// `--target`: the systems to run against, one after another (empty: mq only, the
     /// `--broker` or an embedded one).
     pub targets: Vec<crate::target::Target>,
@@ -218,6 +220,7 @@ impl Config {
             ack_each: false,
             journal: false,
             one_at_a_time: false,
+            keep: false,
             targets: Vec::new(),
             csv: None,
             plot: None,

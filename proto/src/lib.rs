@@ -52,6 +52,12 @@ pub const TX_ENDED_METADATA: &str = "mq-tx-ended";
 /// next transaction. Without it (an older broker) the stream ends after one transaction.
 pub const TX_STREAM_REUSE_METADATA: &str = "mq-tx-reuse";
 
+/// Response header of a reusable `Transact` stream: how long (milliseconds, decimal) the broker
+/// keeps it with no transaction open before it ends it (mqd --tx-stream-idle). A client keeps an
+/// idle stream for clearly less than this, so it never begins a transaction on one the broker
+/// is ending.
+pub const TX_STREAM_IDLE_METADATA: &str = "mq-tx-idle-ms";
+
 /// The error reasons of mq (`google.rpc.ErrorInfo.reason` with domain [`reason::DOMAIN`] on a
 /// failed call, `SendFailure.reason` on a failed message): the names of the `ErrorReason` enum
 /// of mq.proto without their `ERROR_REASON_` prefix.

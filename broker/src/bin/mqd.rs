@@ -154,6 +154,11 @@ struct Args {
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     cursor_idle_secs: u64,
+    /// A transaction stream with no transaction open (before its first, or between two on a
+    /// reused stream) for this long is ended by the broker (cleanly: clients open a new one),
+    /// e.g. 60s, 5m.
+    #[arg(long, default_value = "60s", value_parser = nonzero_duration, value_name = "DURATION")]
+    tx_stream_idle: std::time::Duration,
     /// Most messages in one send batch, transactional send or forwarded batch (at least 512);
     /// a bigger batch ends its stream with one refusal.
     #[arg(
@@ -381,6 +386,7 @@ async fn main() -> anyhow::Result<()> {
         max_tx_per_connection: args.max_tx_per_connection,
         max_cursors_per_connection: args.max_cursors_per_connection,
         cursor_idle: std::time::Duration::from_secs(args.cursor_idle_secs),
+        tx_stream_idle: args.tx_stream_idle,
         max_batch_messages: args.max_batch_messages,
     };
     config.max_format_name_elements = args.max_format_name_elements;

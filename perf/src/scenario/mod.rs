@@ -12,6 +12,7 @@ mod protocol;
 mod send_and_purge;
 mod send_and_receive;
 mod server;
+mod setup;
 
 use std::sync::Arc;
 
@@ -210,14 +211,9 @@ impl Ctx {
         }
     }
 
-    /// Purges every queue (not timed).
+    /// Purges every queue (not timed; many at once).
     pub async fn purge_all(&self) -> Result<()> {
-        for q in &self.queues {
-            q.purge()
-                .await
-                .with_context(|| format!("cannot purge {}", q.name()))?;
-        }
-        Ok(())
+        setup::purge_all(&self.queues).await
     }
 
     /// With `--forward`: waits until A has handed every message to B (A's outgoing queue for B
@@ -243,8 +239,16 @@ pub async fn run(
     // The queue lives on the receiving broker; the response queue (SERVER/CLIENT) on the
     // sending one, where the CLIENT waits (with --forward the SERVER replies through B to A).
     let names = config.queue_names();
-    for name in &names {
-        ensure_queue(&brokers.receive, name, config.mode, config.journal).await?;
+    let took = setup::ensure_all(&brokers.receive, &names, config.mode, config.journal).await?;
+    if names.len() > 1 {
+        progress.suspend(|| {
+            eprintln!(
+                "mqperf: {} queues created or checked in {:.2} s ({} at a time)",
+                names.len(),
+                took.as_secs_f64(),
+                setup::SETUP_CONCURRENCY
+            )
+        });
     }
     let response = match &config.response_queue {
         Some(name) => {

@@ -34,6 +34,11 @@ use crate::stats::Latency;
 /// Consumers of a [`ReceiveJob`] that share one connection (the broker serves 256 streams per
 /// connection by default).
 const CONSUMERS_PER_CONNECTION: usize = 100;
+/// Senders one client keeps open at once. A client that sends to more queues (`--queues` in
+/// the thousands) goes through them in groups of this many: opens their senders at once, sends
+/// the group's messages, flushes and closes them, then the next group (the broker serves 256
+/// streams per connection by default).
+const MAX_OPEN_SENDERS: usize = 128;
 /// Progress is reported in steps of this many messages.
 const PROGRESS_STEP: u64 = 64;
 /// Bytes a consumer may have prefetched (the broker sends up to 256 messages per delivery
@@ -135,7 +140,7 @@ impl SendJob {
         };
         let q = self.queues.len() as u64;
         let mut senders: Senders = (0..q).map(|_| None).collect();
-        if self.one_at_a_time {
+        if self.one_at_a_time || self.grouped(k, n) {
             return Ok(senders);
         }
         let share = self.count / n + u64::from(k < self.count % n);
@@ -152,7 +157,20 @@ impl SendJob {
         Ok(senders)
     }
 
+    /// Client `k` of `n` sends to more queues than it keeps senders open: it sends in groups
+    /// ([`MAX_OPEN_SENDERS`]).
+    fn grouped(&self, k: u64, n: u64) -> bool {
+        let share = self.count / n + u64::from(k < self.count % n);
+        share.min(self.queues.len() as u64) > MAX_OPEN_SENDERS as u64
+    }
+
     pub async fn run(self) -> Result<Sent> {
+        if self.rate.is_some() && !self.one_at_a_time && self.grouped(0, u64::from(self.clients)) {
+            bail!(
+                "{}: --rate needs a sender per queue, and each client keeps at most {MAX_OPEN_SENDERS} open; use fewer --queues or more --clients",
+                self.what()
+            );
+        }
         let job = Arc::new(self);
         let total = job.count;
         let parts = if job.clients <= 1 {
@@ -245,13 +263,15 @@ impl SendJob {
         n: u64,
         mut pacer: Option<PacerHandle>,
     ) -> Result<Part> {
+        let count = self.count / n + u64::from(k < self.count % n);
+        if !self.one_at_a_time && self.grouped(k, n) {
+            return self.drive_grouped(&client, k, n, count).await;
+        }
         let what = self.what();
         let every = sample_every(self.count);
         let (tx, rx) = mpsc::unbounded_channel::<(Instant, Receipt)>();
         let collector = tokio::spawn(collect_receipts(rx));
-        let combo = &self.combo;
         let q = self.queues.len() as u64;
-        let count = self.count / n + u64::from(k < self.count % n);
         // --one-at-a-time: every transaction is awaited, so every one is a latency sample.
         let mut latency = Latency::new();
         let mut one_at_a_time = 0;
@@ -264,15 +284,7 @@ impl SendJob {
                 }
                 None => (unix_ns(), Instant::now()),
             };
-            let (body, body_type) = crate::payload::encode(&combo.payload, combo.formatter)
-                .with_context(|| what.clone())?;
-            let mut m = Message::new(body)
-                .body_type(body_type)
-                .delivery(self.delivery)
-                .app_specific(stamp);
-            if let Some(l) = &self.label {
-                m = m.label(l.clone());
-            }
+            let m = self.message(stamp).with_context(|| what.clone())?;
             if self.one_at_a_time {
                 let t = if pacer.is_some() { t } else { Instant::now() };
                 let mut tx = client.begin().await.with_context(|| what.clone())?;
@@ -314,6 +326,104 @@ impl SendJob {
             s.close().await.with_context(|| what.clone())?;
         }
         latency.merge(&collector.await.context("the receipt collector panicked")?);
+        if acknowledged != count {
+            bail!("{what}: the broker acknowledged {acknowledged} of {count} messages");
+        }
+        Ok(Part {
+            finished,
+            acknowledged,
+            latency,
+        })
+    }
+}
+
+impl SendJob {
+    /// One message of the job, stamped with the sender's clock `stamp` (ns since the epoch).
+    fn message(&self, stamp: i64) -> Result<Message> {
+        let (body, body_type) = crate::payload::encode(&self.combo.payload, self.combo.formatter)?;
+        let mut m = Message::new(body)
+            .body_type(body_type)
+            .delivery(self.delivery)
+            .app_specific(stamp);
+        if let Some(l) = &self.label {
+            m = m.label(l.clone());
+        }
+        Ok(m)
+    }
+
+    /// [`SendJob::drive`] for a client with more queues than [`MAX_OPEN_SENDERS`]: its
+    /// messages in order, cut into groups that go to at most that many queues; per group the
+    /// senders open at once, the messages go out (every [`sample_every`]-th with a receipt),
+    /// and the senders are flushed and closed at once. Closed loop only.
+    async fn drive_grouped(&self, client: &Client, k: u64, n: u64, count: u64) -> Result<Part> {
+        let what = self.what();
+        let every = sample_every(self.count);
+        let options = SenderOptions {
+            transactional: self.transactional,
+            ..SenderOptions::default()
+        };
+        let q = self.queues.len() as u64;
+        let mut latency = Latency::new();
+        let mut acknowledged = 0;
+        let mut j = 0;
+        while j < count {
+            // The next group: messages j.. up to the one that would need one queue too many.
+            let mut group: Vec<usize> = Vec::new();
+            let mut slot_of = std::collections::HashMap::new();
+            let mut end = j;
+            while end < count {
+                let i = ((k + end * n) % q) as usize;
+                if let std::collections::hash_map::Entry::Vacant(e) = slot_of.entry(i) {
+                    if group.len() == MAX_OPEN_SENDERS {
+                        break;
+                    }
+                    e.insert(group.len());
+                    group.push(i);
+                }
+                end += 1;
+            }
+            let mut senders = futures::future::try_join_all(group.iter().map(|&i| {
+                let name = self.queues[i].name().to_string();
+                let options = options.clone();
+                async move { client.queue(&name)?.sender(options).await }
+            }))
+            .await
+            .with_context(|| what.clone())?;
+            let mut receipts = Vec::new();
+            for jj in j..end {
+                let i = ((k + jj * n) % q) as usize;
+                let m = self.message(unix_ns()).with_context(|| what.clone())?;
+                let sender = &senders[slot_of[&i]];
+                if jj % every == 0 || jj + 1 == count {
+                    let t = Instant::now();
+                    let r = sender
+                        .send_with_receipt(m)
+                        .await
+                        .with_context(|| what.clone())?;
+                    receipts.push((t, r));
+                } else {
+                    sender.send(m).await.with_context(|| what.clone())?;
+                }
+                if (jj + 1) % PROGRESS_STEP == 0 {
+                    self.progress.inc(PROGRESS_STEP);
+                }
+            }
+            let flushed = futures::future::try_join_all(senders.iter_mut().map(|s| s.flush()))
+                .await
+                .with_context(|| what.clone())?;
+            acknowledged += flushed.iter().map(|f| f.acknowledged).sum::<u64>();
+            for (t, r) in receipts {
+                if r.await.is_ok() {
+                    latency.record(t.elapsed());
+                }
+            }
+            futures::future::try_join_all(senders.into_iter().map(|s| s.close()))
+                .await
+                .with_context(|| what.clone())?;
+            j = end;
+        }
+        let finished = Instant::now();
+        self.progress.inc(count % PROGRESS_STEP);
         if acknowledged != count {
             bail!("{what}: the broker acknowledged {acknowledged} of {count} messages");
         }

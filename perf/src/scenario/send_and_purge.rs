@@ -3,6 +3,7 @@
 //! TX: every message its own single-message transaction. `--forward`: the send is timed until
 //! A's last acknowledgement; then (not timed) mqperf waits until every message is on B and
 //! purges B's queue, so the next run starts with A's outgoing queue and B's queue empty.
+//! `--keep`: the last run's messages are not purged.
 
 use std::sync::Arc;
 
@@ -20,7 +21,9 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
         send.add_run(s.acknowledged, s.elapsed, &s.latency);
         send.set_rss(ctx.rss());
         ctx.settle().await?;
-        ctx.purge_all().await?;
+        if !(ctx.config.keep && run == ctx.config.runs) {
+            ctx.purge_all().await?;
+        }
     }
     Ok(vec![send])
 }

@@ -328,3 +328,58 @@ async fn deleting_a_queue_under_a_consumer_with_unacknowledged_messages() {
     assert_eq!(accepted, 20, "the express quota is intact");
     broker.stop().await.unwrap();
 }
+
+/// `ListQueues` pages: `page_size` queues per answer in name order, and a token to go on with
+/// until the last page; the client's `list_queues` follows the pages (and 0 still means all).
+#[tokio::test]
+async fn list_queues_pages() {
+    use mq_proto::v1;
+    let broker = InProcessBroker::start().await;
+    let client = broker.client().await;
+    // Created out of order.
+    for i in (0..12).rev() {
+        let n = format!(r".\private$\page-{i:02}");
+        client
+            .create_queue(&n, QueueOptions::default())
+            .await
+            .unwrap();
+    }
+    let mut rpc = v1::admin_service_client::AdminServiceClient::connect(broker.url().to_string())
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut sizes = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let r = rpc
+            .list_queues(v1::ListQueuesRequest {
+                page_size: 5,
+                page_token,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        sizes.push(r.queues.len());
+        seen.extend(r.queues.into_iter().map(|q| q.name));
+        if r.next_page_token.is_empty() {
+            break;
+        }
+        page_token = r.next_page_token;
+    }
+    assert_eq!(sizes, [5, 5, 2]);
+    let numbers: Vec<String> = seen
+        .iter()
+        .map(|n| n.rsplit('-').next().unwrap().to_string())
+        .collect();
+    let want: Vec<String> = (0..12).map(|i| format!("{i:02}")).collect();
+    assert_eq!(numbers, want, "name order, each queue once: {seen:?}");
+    let all = rpc
+        .list_queues(v1::ListQueuesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(all.queues.len(), 12);
+    assert!(all.next_page_token.is_empty());
+    assert_eq!(client.list_queues().await.unwrap().len(), 12);
+    broker.stop().await.unwrap();
+}

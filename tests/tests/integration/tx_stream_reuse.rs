@@ -297,3 +297,88 @@ async fn a_connection_broken_between_two_transactions_never_loses_the_next_one()
         mqd.kill9_checked();
     }
 }
+
+/// The broker's `mq_grpc_calls_open` gauge (`mqd --http-listen` at `http`).
+fn grpc_calls_open(http: &mq_tests::http::Http) -> u64 {
+    let (status, body) = http.page("/metrics");
+    assert_eq!(status, 200, "{body}");
+    body.lines()
+        .find_map(|l| l.strip_prefix("mq_grpc_calls_open "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no mq_grpc_calls_open in {body}"))
+}
+
+/// A stream with no transaction open (between two transactions, or before the first) is ended
+/// cleanly by the broker after `--tx-stream-idle`, which it announces; inside a transaction the
+/// idle bound does not apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_with_no_transaction_open_is_ended_after_the_idle_bound() {
+    let dir = temp_data_dir("mq-txidle-");
+    let mqd = MqdProcess::launch(dir.path(), &["--tx-stream-idle", "300ms"]);
+    let client = mqd.connect().await;
+    create_tx_queue(&client).await;
+
+    let mut raw = Raw::open(mqd.url()).await;
+    // Between two transactions.
+    let id = TxId::new();
+    raw.begin(id);
+    raw.send("kept");
+    raw.commit(id).await;
+    let end = tokio::time::timeout(WAIT, raw.inbound.message()).await;
+    assert!(
+        matches!(end, Ok(Ok(None))),
+        "the idle stream ends cleanly within {WAIT:?}: {end:?}"
+    );
+    // Before the first: a stream that never sends anything.
+    let mut silent = Raw::open(mqd.url()).await;
+    let end = tokio::time::timeout(WAIT, silent.inbound.message()).await;
+    assert!(matches!(end, Ok(Ok(None))), "{end:?}");
+    // The header announces the bound.
+    let mut rpc =
+        v1::message_queue_service_client::MessageQueueServiceClient::connect(mqd.url().to_string())
+            .await
+            .unwrap();
+    let (_out, rx) = mpsc::unbounded_channel::<v1::TransactRequest>();
+    let response = rpc
+        .transact(UnboundedReceiverStream::new(rx))
+        .await
+        .unwrap();
+    let idle = response.metadata().get(mq_proto::TX_STREAM_IDLE_METADATA);
+    assert_eq!(idle.and_then(|v| v.to_str().ok()), Some("300"));
+    assert_eq!(bodies(&client).await, vec![("kept".to_string(), 0)]);
+    drop(mqd);
+}
+
+/// The client never begins a transaction on a stream the broker ended for idling: after the
+/// broker ended the kept stream (it has no call open any more), the next transaction commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_does_not_reuse_a_stream_the_broker_ended() {
+    let dir = temp_data_dir("mq-txidle-client-");
+    let (mqd, http) = mq_tests::http::mqd_with_http(dir.path(), &["--tx-stream-idle", "1s"]);
+    let http = mq_tests::http::Http::new(&format!("http://{http}"));
+    let client = mqd.connect().await;
+    create_tx_queue(&client).await;
+    for round in 0..2 {
+        let mut tx = client.begin().await.unwrap();
+        tx.send(Q, Message::new(format!("m{round}"))).unwrap();
+        tx.commit().await.unwrap();
+        // The client keeps the stream; the broker ends it once idle for 1 s.
+        let ended = eventually(WAIT, || {
+            let http = http.clone();
+            async move {
+                tokio::task::spawn_blocking(move || grpc_calls_open(&http))
+                    .await
+                    .unwrap()
+                    == 0
+            }
+        })
+        .await;
+        assert!(ended, "the broker ends the idle stream within {WAIT:?}");
+    }
+    let mut tx = client.begin().await.unwrap();
+    tx.send(Q, Message::new("m2")).unwrap();
+    tx.commit().await.unwrap();
+    let got: Vec<String> = bodies(&client).await.into_iter().map(|b| b.0).collect();
+    assert_eq!(got, ["m0", "m1", "m2"]);
+    drop(mqd);
+}
