@@ -12,6 +12,9 @@
 //!   acknowledged it. One copy per destination it reaches.
 //! - A recoverable message's copy is in the same journal record as the message's removal (or
 //!   its store), so after a crash it is in its queue or in the journal queue, never in neither.
+//!   A received message's copy is a `Rekey` of its stored `Put` to the journal queue (no body
+//!   read or written again; a `Put` of the copy in a journal of an older format until its next
+//!   segment), a sent one's a `Put` of its own.
 //!   Copies become receivable once that record is durable; express copies at once.
 //! - Each queue journal has a quota (`--journal-quota`, default [`DEFAULT_JOURNAL_QUOTA_BYTES`]);
 //!   `SYSTEM$;JOURNAL` has that default. Past it, past the broker's express or storage quota,
@@ -148,7 +151,8 @@ pub(crate) fn link_recovered(queues: &std::collections::HashMap<String, Arc<Queu
 }
 
 /// Copies of messages for journal queues, each with its position there and its charges taken,
-/// waiting for the journal record that holds their `Put`s (see [`Copies::take_ops`]).
+/// waiting for the journal record that holds their ops (see [`Copies::take_ops`]): a `Put`,
+/// or a `Rekey` that moves the received message's own `Put` to the journal queue.
 #[derive(Debug, Default)]
 pub(crate) struct Copies {
     ops: Vec<Op>,
@@ -156,8 +160,9 @@ pub(crate) struct Copies {
 }
 
 impl Copies {
-    /// The `Put`s of the recoverable copies, for the record that removes (or stores) their
-    /// messages.
+    /// The ops of the recoverable copies, for the record that removes (or stores) their
+    /// messages, where they must come before the messages' `Remove` (a `Rekey` moves only a
+    /// message that is still there).
     pub(crate) fn take_ops(&mut self) -> Vec<Op> {
         std::mem::take(&mut self.ops)
     }
@@ -187,6 +192,17 @@ impl Copies {
             b.release(Delivery::Recoverable, charge);
         }
     }
+}
+
+/// Where a journal copy's bytes come from.
+enum CopyOf {
+    /// An express message: kept in memory only.
+    Express,
+    /// A recoverable copy written as a `Put` of this body.
+    Body(bytes::Bytes),
+    /// A recoverable message removed from `(queue_id, seq)` in the same record: its `Put`
+    /// moves to the journal queue by an [`Op::Rekey`] (no body read or written).
+    Stored { queue_id: u64, seq: u64 },
 }
 
 impl Broker {
@@ -309,11 +325,18 @@ impl Broker {
             }
         };
         let mut express = Vec::new();
+        let rekey = self.journal().can_rekey();
         for e in wanted {
-            let body = match e.msg.delivery {
-                Delivery::Express => None,
+            let source = match e.msg.delivery {
+                Delivery::Express => CopyOf::Express,
+                // The message's Put (header and body) moves to the journal queue as it is.
+                Delivery::Recoverable if rekey => CopyOf::Stored {
+                    queue_id: queue.def().id,
+                    seq: e.seq,
+                },
+                // A journal of an older format, until its next segment: a Put of the copy.
                 Delivery::Recoverable => match self.body(queue, e) {
-                    Ok(b) => Some(b),
+                    Ok(b) => CopyOf::Body(b),
                     Err(err) => {
                         tracing::warn!(id = %e.msg.id, error = %err, "cannot read a message for its journal copy; not kept");
                         counter_of.journaling.count_not_kept();
@@ -321,7 +344,7 @@ impl Broker {
                     }
                 },
             };
-            if let Some(entry) = self.place_copy(&target, &e.msg, body, &mut copies) {
+            if let Some(entry) = self.place_copy(&target, &e.msg, source, &mut copies) {
                 express.push(entry);
             }
         }
@@ -331,14 +354,14 @@ impl Broker {
         copies
     }
 
-    /// Takes the charges and a position in `target` for a copy of `msg` (`body`: a recoverable
-    /// message's body, for its `Put`). Returns an express copy's entry; a recoverable one goes
-    /// into `copies`. Counts a copy that cannot be kept on `target`'s owner.
+    /// Takes the charges and a position in `target` for a copy of `msg` (`source`: where a
+    /// recoverable copy's bytes come from). Returns an express copy's entry; a recoverable one
+    /// goes into `copies`. Counts a copy that cannot be kept on `target`'s owner.
     fn place_copy(
         &self,
         target: &Arc<Queue>,
         msg: &Arc<StoredMessage>,
-        body: Option<bytes::Bytes>,
+        source: CopyOf,
         copies: &mut Copies,
     ) -> Option<Entry> {
         let not_kept = |why: &str| {
@@ -366,26 +389,34 @@ impl Broker {
                 return None;
             }
         };
-        match body {
-            None => Some(Entry::new(seq, msg.clone())),
-            Some(body) => {
-                copies.ops.push(Op::Put {
-                    queue_id: target.def().id,
-                    seq,
-                    header: msg.encode_header(),
-                    body,
-                });
-                let bodyless = if msg.body.is_some() {
-                    Arc::new(msg.without_body())
-                } else {
-                    msg.clone()
-                };
-                copies
-                    .durable
-                    .push((target.clone(), Entry::new(seq, bodyless)));
-                None
-            }
-        }
+        let op = match source {
+            CopyOf::Express => return Some(Entry::new(seq, msg.clone())),
+            CopyOf::Body(body) => Op::Put {
+                queue_id: target.def().id,
+                seq,
+                header: msg.encode_header(),
+                body,
+            },
+            CopyOf::Stored {
+                queue_id,
+                seq: from_seq,
+            } => Op::Rekey {
+                queue_id,
+                seq: from_seq,
+                to_queue_id: target.def().id,
+                to_seq: seq,
+            },
+        };
+        copies.ops.push(op);
+        let bodyless = if msg.body.is_some() {
+            Arc::new(msg.without_body())
+        } else {
+            msg.clone()
+        };
+        copies
+            .durable
+            .push((target.clone(), Entry::new(seq, bodyless)));
+        None
     }
 
     /// Source journaling of `msg` (sent with the journal flag), stored in a local queue by the
@@ -399,11 +430,12 @@ impl Broker {
                 return;
             }
         };
-        let body = match msg.delivery {
-            Delivery::Express => None,
-            Delivery::Recoverable => Some(msg.body.clone().unwrap_or_default()),
+        let source = match msg.delivery {
+            Delivery::Express => CopyOf::Express,
+            // The message's own Put is in the same record: the copy is a Put of its own.
+            Delivery::Recoverable => CopyOf::Body(msg.body.clone().unwrap_or_default()),
         };
-        if let Some(entry) = self.place_copy(&target, msg, body, copies) {
+        if let Some(entry) = self.place_copy(&target, msg, source, copies) {
             self.insert_or_forget(&target, vec![entry]);
         }
     }

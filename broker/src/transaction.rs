@@ -309,14 +309,9 @@ impl Transaction {
                     Entry::new(seq, Arc::new(s.msg.without_body())),
                 ));
             }
-            for (q, e) in &self.received {
-                ops.push(Op::Remove {
-                    queue_id: q.def().id,
-                    seqs: vec![e.seq],
-                });
-            }
-            // Journal copies, in this record: of the received messages (target journaling) and
-            // of sends to local queues with the journal flag (source journaling).
+            // Journal copies, in this record (before the removals: a received message's copy
+            // moves its stored Put): of the received messages (target journaling) and of sends
+            // to local queues with the journal flag (source journaling).
             let mut copies = crate::journal_queue::Copies::default();
             for (q, e) in &self.received {
                 copies.extend(broker.journal_copies(q, std::slice::from_ref(e)));
@@ -329,6 +324,12 @@ impl Transaction {
                 broker.source_copy(&s.msg, &mut copies);
             }
             ops.extend(copies.take_ops());
+            for (q, e) in &self.received {
+                ops.push(Op::Remove {
+                    queue_id: q.def().id,
+                    seqs: vec![e.seq],
+                });
+            }
             let (outcome_ops, committed_at) = broker.outcomes().commit_ops(self.id);
             ops.extend(outcome_ops);
             (broker.journal().submit(ops), placed, committed_at, copies)

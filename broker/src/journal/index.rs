@@ -71,10 +71,16 @@ pub(crate) struct Index {
     /// asked for). Emptied when recovery hands the messages to the broker, so a running
     /// journal keeps no headers in memory.
     pub headers: HashMap<(u64, u64), Bytes>,
+    /// Live `Put`s that a `Rekey` moved, by `(segment, offset)`: the `(queue, seq)` their
+    /// bytes still name. Compaction rewrites that key when it copies them forward.
+    pub rekeyed: HashMap<(u64, u64), (u64, u64)>,
 }
 
 impl Index {
     fn kill(&mut self, loc: Loc) {
+        if !self.rekeyed.is_empty() {
+            self.rekeyed.remove(&(loc.seg, loc.off));
+        }
         if let Some(s) = self.segs.get_mut(&loc.seg) {
             if s.live_ops.remove(&loc.off).is_some() {
                 s.live -= loc.len as u64;
@@ -192,6 +198,50 @@ impl Index {
                 for l in dead {
                     self.kill(l);
                 }
+            }
+            Op::Rekey {
+                queue_id,
+                seq,
+                to_queue_id,
+                to_seq,
+            } => {
+                self.see(*queue_id, Some(*seq));
+                self.see(*to_queue_id, Some(*to_seq));
+                if (queue_id, seq) == (to_queue_id, to_seq) {
+                    return;
+                }
+                let Some(m) = self
+                    .queues
+                    .get_mut(queue_id)
+                    .and_then(|q| q.msgs.remove(seq))
+                else {
+                    return;
+                };
+                if let Some(h) = self.headers.remove(&(*queue_id, *seq)) {
+                    self.headers.insert((*to_queue_id, *to_seq), h);
+                }
+                let loc = m.loc;
+                let old = self
+                    .queues
+                    .entry(*to_queue_id)
+                    .or_default()
+                    .msgs
+                    .insert(*to_seq, m);
+                if let Some(old) = old {
+                    // As for a Put: the later record wins.
+                    self.kill(old.loc);
+                }
+                if let Some(e) = self
+                    .segs
+                    .get_mut(&loc.seg)
+                    .and_then(|s| s.live_ops.get_mut(&loc.off))
+                {
+                    e.0 = Key::Msg(*to_queue_id, *to_seq);
+                }
+                // The bytes still name the key they were written with (a second move keeps it).
+                self.rekeyed
+                    .entry((loc.seg, loc.off))
+                    .or_insert((*queue_id, *seq));
             }
         }
     }

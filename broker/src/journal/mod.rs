@@ -306,6 +306,10 @@ pub(crate) struct Shared {
     pub admission: admission::Admission,
     /// Submissions sent to the writer and not completed yet.
     pub pending: AtomicU64,
+    /// The active segment is format version 3 or later, so records may hold [`Op::Rekey`]
+    /// (set at open, or by the first new segment after it; never cleared, as every later
+    /// active segment is new).
+    pub rekey: AtomicBool,
 }
 
 impl Shared {
@@ -426,6 +430,7 @@ impl Journal {
         let mut index = scan.index;
 
         let versions = std::mem::take(&mut scan.versions);
+        let mut rekey = true;
         let active = match index.segs.iter_mut().next_back() {
             Some((&seg, meta)) => {
                 if meta.cap < opts.segment_size {
@@ -436,6 +441,11 @@ impl Journal {
                     })?;
                     meta.cap = opts.segment_size;
                 }
+                // A journal written by an older version appends to its last segment, which
+                // keeps its version: no Rekey there (the next segment is new).
+                rekey = versions
+                    .get(&seg)
+                    .is_some_and(|&v| v >= segment::REKEY_VERSION);
                 Active {
                     seg,
                     file: meta.file.clone(),
@@ -479,6 +489,7 @@ impl Journal {
             disk_full: AtomicBool::new(false),
             admission: admission::Admission::new(opts.max_queued_bytes),
             pending: AtomicU64::new(0),
+            rekey: AtomicBool::new(rekey),
         });
         let (tx, rx) = crossbeam_channel::bounded(opts.max_queued_records);
         let (urgent, urgent_rx) = crossbeam_channel::unbounded();
@@ -595,6 +606,17 @@ impl Journal {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(Commit::ready(Err(JournalError::Closed)));
         }
+        if !shared.rekey.load(Ordering::Acquire)
+            && ops.iter().any(|o| matches!(o, Op::Rekey { .. }))
+        {
+            return Err(Commit::ready(Err(JournalError::InvalidOptions(
+                "a rekey op needs a format version 3 segment; ask can_rekey first".into(),
+            ))));
+        }
+        debug_assert!(
+            rekeys_come_first(&ops),
+            "a Remove before a Rekey of the same message"
+        );
         let payload: usize = ops.iter().map(Op::encoded_len).sum();
         if payload > MAX_PAYLOAD || ops.iter().any(Op::has_oversized_field) {
             return Err(Commit::ready(Err(JournalError::TooLarge {
@@ -639,6 +661,13 @@ impl Journal {
     /// Submissions made and not completed yet (neither durable nor failed).
     pub fn pending(&self) -> u64 {
         self.inner.shared.pending.load(Ordering::Acquire)
+    }
+
+    /// Whether records may hold [`Op::Rekey`]: the active segment is format version 3 or
+    /// later. False after opening a journal of an older version, until its next segment; once
+    /// true it stays true.
+    pub fn can_rekey(&self) -> bool {
+        self.inner.shared.rekey.load(Ordering::Acquire)
     }
 
     /// True while the disk under the journal is full: records that store data are refused
@@ -714,6 +743,22 @@ impl Journal {
     pub fn dir(&self) -> &Path {
         &self.inner.shared.dir
     }
+}
+
+/// No `Rekey` of a message that a `Remove` earlier in the same record already removed (the
+/// Rekey would find nothing to move: the message would be in neither queue).
+fn rekeys_come_first(ops: &[Op]) -> bool {
+    let mut removed = std::collections::HashSet::new();
+    for op in ops {
+        match op {
+            Op::Remove { queue_id, seqs } => removed.extend(seqs.iter().map(|s| (*queue_id, *s))),
+            Op::Rekey { queue_id, seq, .. } if removed.contains(&(*queue_id, *seq)) => {
+                return false
+            }
+            _ => {}
+        }
+    }
+    true
 }
 
 /// Completion of one [`Journal::submit`]: `Ok(())` once the record is durable.

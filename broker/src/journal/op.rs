@@ -1,7 +1,8 @@
 //! Operations: what a record's payload is made of, and their byte encoding (see FORMAT.md).
 //!
 //! A payload is a sequence of ops, each starting with a one-byte tag. Every op is
-//! self-contained, so compaction can copy the bytes of a live op into a new record as they are.
+//! self-contained, so compaction can copy the bytes of a live op into a new record as they are
+//! (a `Put` that a `Rekey` moved gets its new key written in, see [`rekey_put`]).
 
 use std::ops::Range;
 
@@ -13,9 +14,28 @@ const TAG_PUT: u8 = 3;
 const TAG_REMOVE: u8 = 4;
 const TAG_PURGE: u8 = 5;
 const TAG_MARK: u8 = 6;
+/// Format version 3 and later only (see `segment.rs`).
+pub(crate) const TAG_REKEY: u8 = 7;
 
 /// Bytes of a Put before its header: tag, queue id, seq, header length, body length.
 pub(crate) const PUT_FIXED: usize = 1 + 8 + 8 + 4 + 4;
+
+/// Rewrites the key of the encoded `Put` in `op` (its bytes, from the tag on) from `from` to
+/// `to` (`(queue_id, seq)`): what compaction does to a message that a `Rekey` moved, so that
+/// its copy stands on its own. Returns false, changing nothing, if `op` is not a `Put` of
+/// `from`.
+pub(crate) fn rekey_put(op: &mut [u8], from: (u64, u64), to: (u64, u64)) -> bool {
+    if op.len() < PUT_FIXED
+        || op[0] != TAG_PUT
+        || op[1..9] != from.0.to_le_bytes()
+        || op[9..17] != from.1.to_le_bytes()
+    {
+        return false;
+    }
+    op[1..9].copy_from_slice(&to.0.to_le_bytes());
+    op[9..17].copy_from_slice(&to.1.to_le_bytes());
+    true
+}
 
 /// One change to durable state. The journal treats defs, headers and bodies as opaque bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +78,21 @@ pub enum Op {
         /// Highest sequence number removed.
         through_seq: u64,
     },
+    /// Moves the live message `(queue_id, seq)` to `(to_queue_id, to_seq)`, header and body
+    /// as they are on disk, without writing them again: one op removes it from its queue and
+    /// stores it in the other. Ignored if `(queue_id, seq)` is not live (like a `Remove`), so
+    /// it must come before any `Remove` of the same message in a record. Only in segments of
+    /// format version 3 or later ([`crate::journal::Journal::can_rekey`]).
+    Rekey {
+        /// The message's queue.
+        queue_id: u64,
+        /// Its seq there.
+        seq: u64,
+        /// The queue it moves to.
+        to_queue_id: u64,
+        /// Its seq there (a new one: a seq is never reused).
+        to_seq: u64,
+    },
 }
 
 /// The journal's own op: a watermark of the highest ids seen, written whenever a segment is
@@ -88,17 +123,19 @@ impl Op {
             Op::Put { header, body, .. } => PUT_FIXED + header.len() + body.len(),
             Op::Remove { seqs, .. } => 1 + 8 + 4 + 8 * seqs.len(),
             Op::Purge { .. } => 1 + 8 + 8,
+            Op::Rekey { .. } => 1 + 8 + 8 + 8 + 8,
         }
     }
 
-    /// The queue this op touches.
+    /// The queue this op touches (a `Rekey`: the queue the message leaves).
     pub fn queue_id(&self) -> u64 {
         match self {
             Op::DefineQueue { queue_id, .. }
             | Op::DeleteQueue { queue_id }
             | Op::Put { queue_id, .. }
             | Op::Remove { queue_id, .. }
-            | Op::Purge { queue_id, .. } => *queue_id,
+            | Op::Purge { queue_id, .. }
+            | Op::Rekey { queue_id, .. } => *queue_id,
         }
     }
 
@@ -144,6 +181,18 @@ impl Op {
                 out.push(TAG_PURGE);
                 put_u64(out, *queue_id);
                 put_u64(out, *through_seq);
+            }
+            Op::Rekey {
+                queue_id,
+                seq,
+                to_queue_id,
+                to_seq,
+            } => {
+                out.push(TAG_REKEY);
+                put_u64(out, *queue_id);
+                put_u64(out, *seq);
+                put_u64(out, *to_queue_id);
+                put_u64(out, *to_seq);
             }
         }
     }
@@ -269,6 +318,12 @@ pub(crate) fn decode_payload(payload: &Bytes) -> Result<Vec<(Entry, Range<usize>
                 queue_id: c.u64()?,
                 through_seq: c.u64()?,
             }),
+            TAG_REKEY => Entry::Op(Op::Rekey {
+                queue_id: c.u64()?,
+                seq: c.u64()?,
+                to_queue_id: c.u64()?,
+                to_seq: c.u64()?,
+            }),
             TAG_MARK => {
                 let max_queue_id = c.u64()?;
                 let n = c.count(16)?;
@@ -312,6 +367,14 @@ pub(crate) mod tests {
                 queue_id,
                 through_seq
             }),
+            (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+                |(queue_id, seq, to_queue_id, to_seq)| Op::Rekey {
+                    queue_id,
+                    seq,
+                    to_queue_id,
+                    to_seq
+                }
+            ),
         ]
     }
 

@@ -27,7 +27,7 @@ use super::index::{Index, Loc, SegMeta};
 use super::io::Io;
 use super::op::{decode_payload, Entry};
 use super::record::{decode_frame, Frame, FRAME_HEADER, MAX_PAYLOAD, WRITE_START};
-use super::segment::{check_header, segment_path, HEADER_LEN};
+use super::segment::{check_header, segment_path, HEADER_LEN, REKEY_VERSION};
 use super::{RecoveredMessage, Recovery};
 
 /// Result of scanning the directory: the live index (headers still inside), the scan's
@@ -84,7 +84,7 @@ fn valid_record_at(buf: &[u8], x: usize, flags: bool) -> Option<usize> {
         return None;
     }
     let payload = x + FRAME_HEADER..x + FRAME_HEADER + len;
-    if !matches!(buf[payload.start], 1..=6) {
+    if !matches!(buf[payload.start], 1..=7) {
         return None;
     }
     decode_payload(&Bytes::copy_from_slice(&buf[payload.clone()])).ok()?;
@@ -122,6 +122,12 @@ fn count_valid_records(buf: &[u8], from: usize, flags: bool) -> (u64, String) {
                             queue_id,
                             through_seq,
                         }) => format!("purge {queue_id}:..={through_seq}"),
+                        Entry::Op(super::Op::Rekey {
+                            queue_id,
+                            seq,
+                            to_queue_id,
+                            to_seq,
+                        }) => format!("rekey {queue_id}:{seq} to {to_queue_id}:{to_seq}"),
                         Entry::Mark(_) => "mark".to_string(),
                     });
                 }
@@ -232,6 +238,15 @@ pub(crate) fn scan(dir: &Path, io: &dyn Io, truncate_damaged: bool) -> Result<Sc
                         Ok(e) => e,
                         Err(e) => break Some(format!("record does not decode: {}", e.0)),
                     };
+                    if version < REKEY_VERSION
+                        && entries
+                            .iter()
+                            .any(|(e, _)| matches!(e, Entry::Op(super::Op::Rekey { .. })))
+                    {
+                        break Some(format!(
+                            "record holds a rekey op, which a format version {version} segment cannot"
+                        ));
+                    }
                     // The whole record is valid before any of its ops is applied: a
                     // multi-op submit is all or nothing.
                     apply(&mut out.index, n, &entries, &payload);

@@ -6,8 +6,12 @@ use std::path::{Path, PathBuf};
 pub(crate) const HEADER_LEN: u64 = 32;
 const MAGIC: &[u8; 8] = b"MQJOURNL";
 /// On-disk format version written by this code. Version 2 adds the write-start flag (bit 31
-/// of a record's length word, see `record.rs`); this code reads versions 1 and 2.
-pub(crate) const FORMAT_VERSION: u32 = 2;
+/// of a record's length word, see `record.rs`); version 3 the `Rekey` op (`op.rs`), which
+/// only version 3 segments may hold (an older broker refuses them instead of misreading it).
+/// This code reads versions 1 to 3.
+pub(crate) const FORMAT_VERSION: u32 = 3;
+/// Oldest format version whose segments may hold a `Rekey` op.
+pub(crate) const REKEY_VERSION: u32 = 3;
 /// Oldest format version this code reads.
 pub(crate) const OLDEST_READABLE_VERSION: u32 = 1;
 

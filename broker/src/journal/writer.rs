@@ -777,6 +777,7 @@ impl Writer {
             flags: true,
             stale_end: 0,
         };
+        self.shared.rekey.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -854,7 +855,7 @@ impl Writer {
 
     fn try_compact_step(&mut self, seg: u64) -> Result<(), JournalError> {
         let budget = self.opts.max_batch_bytes.max(1);
-        let (file, items) = {
+        let (file, items, rekeyed) = {
             let idx = self.shared.index.read().unwrap();
             let meta = &idx.segs[&seg];
             let mut items: Vec<(Key, Loc)> = Vec::new();
@@ -866,7 +867,12 @@ impl Writer {
                 bytes += len as usize;
                 items.push((key, Loc { seg, off, len }));
             }
-            (meta.file.clone(), items)
+            // Messages a Rekey moved: the key their bytes name, rewritten in the copy.
+            let rekeyed: Vec<Option<(u64, u64)>> = items
+                .iter()
+                .map(|(_, l)| idx.rekeyed.get(&(l.seg, l.off)).copied())
+                .collect();
+            (meta.file.clone(), items, rekeyed)
         };
         let path = segment_path(&self.shared.dir, seg);
 
@@ -901,14 +907,20 @@ impl Writer {
             return Ok(());
         }
 
-        // Copy live ops forward verbatim: each op is self-contained.
+        // Copy live ops forward verbatim: each op is self-contained (a message a Rekey moved
+        // gets its current key written into its Put, so the copy no longer needs the Rekey).
         let mut payload = Vec::with_capacity(items.iter().map(|(_, l)| l.len as usize).sum());
         let mut ranges = Vec::with_capacity(items.len());
-        for (_, loc) in &items {
+        for ((key, loc), from) in items.iter().zip(&rekeyed) {
             let s = payload.len();
             payload.resize(s + loc.len as usize, 0);
             file.read_at(&mut payload[s..], loc.off)
                 .map_err(|e| JournalError::io("read", &path, e))?;
+            if let (Some(from), Key::Msg(q, seq)) = (from, key) {
+                // If the bytes are not the Put the index says, nothing changes and the check
+                // below reports it.
+                super::op::rekey_put(&mut payload[s..], *from, (*q, *seq));
+            }
             ranges.push(s..payload.len());
         }
         // Check what we copy is what the index says it is, so a bug or bit rot is

@@ -18,6 +18,8 @@
 //!   readable while compaction moves them, watermarks survive dropped segments.
 //! - `concurrency`: many threads submitting share syncs (group commit).
 //! - `format_fixture`: a journal written by format version 1 still reads.
+//! - `rekey`: a Rekey moves a message without writing it again, through reopen, compaction and
+//!   a crash between copy and unlink; an older journal takes Rekeys from its next segment.
 
 mod common;
 
@@ -29,5 +31,6 @@ mod damage;
 mod disk_full;
 mod format_fixture;
 mod poison;
+mod rekey;
 mod reopen;
 mod torn_tail;

@@ -233,6 +233,9 @@ async fn journal_copies_of_recoverable_messages_survive_kill9() {
     let client = mqd.connect().await;
     assert_eq!(client.queue_info(QJ).await.unwrap().messages, 100);
     assert_eq!(client.queue_info(Q).await.unwrap().messages, 200);
+    // The copies' bodies (the received messages' own, moved to the journal) read back.
+    let want: Vec<String> = (0..100).map(|i| format!("m{i}")).collect();
+    assert_eq!(bodies(&peek_all(&client, QJ).await), want);
 
     // Round 2: kill -9 while a receiver acknowledges: nothing lost, nothing in both.
     let q = client.queue(Q).unwrap();
@@ -268,6 +271,81 @@ async fn journal_copies_of_recoverable_messages_survive_kill9() {
         lost.len()
     );
     assert!(in_journal.len() >= 100, "{}", in_journal.len());
+}
+
+/// Bytes the broker's journal has written, from /metrics.
+fn journal_written_bytes(http: &str) -> u64 {
+    let metrics = ureq::get(&format!("http://{http}/metrics"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    metrics
+        .lines()
+        .find(|l| l.starts_with("mq_journal_written_bytes"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no mq_journal_written_bytes in {metrics}")) as u64
+}
+
+/// A recoverable message's journal copy moves the message's stored record to the journal
+/// queue: receiving 1 MiB of bodies from a journaling queue does not write them again (it
+/// did: each copy was a new record with the body read back from disk). The copies' bodies
+/// are intact, also after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn journal_copies_do_not_write_bodies_again() {
+    const N: usize = 32;
+    const LEN: usize = 32 << 10;
+    let dir = temp_data_dir("mq-journal-rekey");
+    let http = format!("127.0.0.1:{}", free_port());
+    let mut mqd = MqdProcess::launch(dir.path(), &["--metrics-listen", &http]);
+    let client = mqd.connect().await;
+    client
+        .create_queue(
+            Q,
+            QueueOptions {
+                journal: true,
+                ..QueueOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    let q = client.queue(Q).unwrap();
+    let body = |i: usize| format!("{i:04}").repeat(LEN / 4);
+    for i in 0..N {
+        q.send(Message::new(body(i)).recoverable(true))
+            .await
+            .unwrap();
+    }
+    let before = journal_written_bytes(&http);
+    // Half by one-shot receives, half by a streaming consumer.
+    for _ in 0..N / 2 {
+        q.receive(WAIT).await.unwrap().unwrap();
+    }
+    let mut c = q
+        .consumer(ConsumerOptions {
+            prefetch: 8,
+            limit: Some((N / 2) as u64),
+        })
+        .await
+        .unwrap();
+    for _ in 0..N / 2 {
+        c.next(WAIT).await.unwrap().unwrap();
+    }
+    c.close().await.unwrap();
+    wait_count(&client, QJ, N as u64).await;
+    let written = journal_written_bytes(&http) - before;
+    assert!(
+        written < (N * LEN / 8) as u64,
+        "{written} bytes written to journal {N} received messages of {LEN} bytes"
+    );
+    mqd.kill9_checked();
+    let mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
+    assert_eq!(client.queue_info(Q).await.unwrap().messages, 0);
+    let want: Vec<String> = (0..N).map(body).collect();
+    assert_eq!(bodies(&peek_all(&client, QJ).await), want);
 }
 
 /// Past the journal quota no copy is kept (as MSMQ, journaling stops) and a counter says how
