@@ -51,6 +51,8 @@ pub struct Broker {
     pub(crate) tx_staged: crate::flow::Budget,
     /// Counters for the metrics that nothing else keeps.
     counters: Arc<crate::metrics::Counters>,
+    /// Acknowledgements to admin queues (`acks.rs`).
+    pub(crate) acks: crate::acks::AckState,
 }
 
 /// Keys of the system queues.
@@ -477,6 +479,7 @@ impl Broker {
             outcomes: std::sync::Mutex::new(outcomes),
             background: std::sync::Mutex::new(None),
             counters: Arc::default(),
+            acks: Default::default(),
         };
         Ok((broker, report))
     }
@@ -703,19 +706,27 @@ impl Broker {
             }
             queues.remove(&key).expect("checked above")
         };
-        let (express, stored) = q.mark_deleted();
+        let deleted = mq_proto::ack::class::NACK_Q_DELETED;
+        let ((express, stored), nacked) =
+            q.mark_deleted_keeping(|e| crate::acks::wanted(&e.msg, deleted));
+        let mut acks = self.acks_for_entries(&q, &nacked, deleted);
         self.release(Delivery::Express, express);
         self.release(Delivery::Recoverable, stored);
         let subqueues = self.delete_subqueues(&q);
-        self.journal
-            .submit(
-                std::iter::once(q.def().id)
-                    .chain(subqueues)
-                    .map(|queue_id| Op::DeleteQueue { queue_id })
-                    .collect(),
-            )
-            .await
-            .map_err(|e| BrokerError::Unavailable(format!("cannot store the deletion: {e}")))?;
+        let mut ops: Vec<Op> = std::iter::once(q.def().id)
+            .chain(subqueues)
+            .map(|queue_id| Op::DeleteQueue { queue_id })
+            .collect();
+        ops.append(&mut acks.ops);
+        match self.journal.submit(ops).await {
+            Ok(()) => acks.commit(self),
+            Err(e) => {
+                acks.abort(self);
+                return Err(BrokerError::Unavailable(format!(
+                    "cannot store the deletion: {e}"
+                )));
+            }
+        }
         tracing::info!(queue = %q.def().name, "queue deleted");
         Ok(())
     }
@@ -826,7 +837,7 @@ impl Broker {
             self.check_writable("purge recoverable messages")?;
         }
         let purged = q.purge();
-        self.forget(&q, &purged);
+        self.forget_acked(&q, &purged, mq_proto::ack::class::NACK_Q_PURGED);
         Ok(purged.len() as u64)
     }
 
@@ -1004,6 +1015,7 @@ impl Broker {
             }
             *bg = Some(tokio::runtime::Handle::current());
         }
+        self.acks.set_broker(self);
         let all: Vec<_> = self
             .outgoing
             .read()
@@ -1201,6 +1213,8 @@ impl Broker {
                 }
             }
         }
+        // Arrivals in local queues that asked for an ack: (message index, queue).
+        let mut arrived: Vec<(usize, Arc<Queue>)> = Vec::new();
         for (t, per_queue) in dests.iter().zip(admitted) {
             let q = &t.queue;
             let mut express = Vec::new();
@@ -1218,6 +1232,9 @@ impl Broker {
                         &routed
                     }
                 };
+                if !refused[j] && t.route.is_none() && m.acknowledge != 0 {
+                    arrived.push((j, q.clone()));
+                }
                 if refused[j] {
                     q.unadmit(seq, m.charged_bytes());
                 } else if m.delivery == Delivery::Express {
@@ -1241,6 +1258,19 @@ impl Broker {
             }
             self.insert_or_forget(q, express);
         }
+        // Express messages have arrived; recoverable ones arrive with their record.
+        let (express_arrived, durable_arrived): (Vec<_>, Vec<_>) = arrived
+            .into_iter()
+            .partition(|(j, _)| accepted[*j].delivery == Delivery::Express);
+        let arrival = |(j, q): &(usize, Arc<Queue>)| crate::acks::AckEvent {
+            msg: &accepted[*j],
+            class: mq_proto::ack::class::ACK_REACH_QUEUE,
+            destination: crate::acks::destination_of(q),
+            body: None,
+        };
+        self.post_acks(express_arrived.iter().map(arrival));
+        let mut acks = self.prepare_acks(durable_arrived.iter().map(arrival));
+        ops.append(&mut acks.ops);
         let stream = stream.map(|(id, first_seq)| {
             let mut refused: Vec<usize> = failures.iter().map(|(i, _)| *i).collect();
             refused.sort_unstable();
@@ -1269,8 +1299,10 @@ impl Broker {
                         for (q, entries) in group_by_queue(placed) {
                             broker.insert_or_forget(&q, entries);
                         }
+                        acks.commit(&broker);
                     }
                     Err(e) => {
+                        acks.abort(&broker);
                         let err = journal_failed(e);
                         for (q, j, entry) in durable {
                             let charge = entry.msg.charged_bytes();
@@ -1392,12 +1424,22 @@ impl Broker {
         entries: Vec<Entry>,
     ) -> Result<Vec<Entry>, BrokerError> {
         let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
-        let commit = self.journal.submit_removal(vec![Op::Remove {
+        let removal = Op::Remove {
             queue_id: queue.def().id,
             seqs,
-        }]);
+        };
+        let mut acks = self.acks_for_entries(queue, &entries, mq_proto::ack::class::ACK_RECEIVE);
+        // With acks, the normal lane: their `Put`s must follow their queues' definitions.
+        let commit = if acks.ops.is_empty() {
+            self.journal.submit_removal(vec![removal])
+        } else {
+            let mut ops = std::mem::take(&mut acks.ops);
+            ops.push(removal);
+            self.journal.submit(ops)
+        };
         match commit.await {
             Ok(()) => {
+                acks.commit(self);
                 queue.complete(&entries);
                 for e in &entries {
                     self.release(e.msg.delivery, e.msg.charged_bytes());
@@ -1405,6 +1447,7 @@ impl Broker {
                 Ok(entries)
             }
             Err(e) => {
+                acks.abort(self);
                 let gone = queue.restore(entries);
                 self.forget(queue, &gone);
                 Err(journal_failed(e))

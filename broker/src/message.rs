@@ -61,6 +61,12 @@ pub struct StoredMessage {
     pub sender: Option<Arc<str>>,
     /// Times it was moved between a queue and its subqueues (MSMQ's PROPID_M_MOVE_COUNT).
     pub move_count: u32,
+    /// Where its acknowledgements go (a format name as the sender wrote it), with `acknowledge`.
+    pub admin_queue: Option<Arc<str>>,
+    /// Which acknowledgements it asked for (`crate::acks` flags; 0 = none).
+    pub acknowledge: u8,
+    /// MSMQ's message class: 0 normal, else the acknowledgement class (`crate::acks`).
+    pub class: u16,
 }
 
 /// Why a message is in a dead-letter queue.
@@ -127,6 +133,7 @@ impl StoredMessage {
                 )))
             }
         };
+        let (admin_queue, acknowledge) = crate::acks::check_request(&m.admin_queue, m.acknowledge)?;
         let arrived = now_ms();
         let deadline = |ms: u64| {
             if ms == 0 {
@@ -162,6 +169,9 @@ impl StoredMessage {
             dead_letter: None,
             sender: (!m.sender.is_empty()).then(|| Arc::from(m.sender.as_str())),
             move_count: 0,
+            admin_queue,
+            acknowledge,
+            class: 0,
         })
     }
 
@@ -191,6 +201,8 @@ impl StoredMessage {
             time_to_reach_queue_ms: 0,
             time_to_be_received_ms: 0,
             sender: m.sender,
+            admin_queue: m.admin_queue,
+            acknowledge: m.acknowledge,
         };
         if transactional && (m.delivery != v1::Delivery::Recoverable as i32 || m.priority != 0) {
             // A broker sends transactional messages recoverable at priority 0 (as MSMQ); anything
@@ -205,6 +217,7 @@ impl StoredMessage {
         sm.reach_queue_by_ms = m.reach_queue_by_ms;
         sm.receive_by_ms = m.receive_by_ms;
         sm.transactional = transactional;
+        sm.class = crate::acks::check_class(m.class)?;
         Ok(sm)
     }
 
@@ -226,6 +239,7 @@ impl StoredMessage {
             + self.label.len() as u64
             + self.correlation_id.len() as u64
             + self.response_queue.len() as u64
+            + self.admin_queue.as_deref().map_or(0, |a| a.len() as u64)
             + MESSAGE_OVERHEAD_BYTES
     }
 
@@ -265,15 +279,24 @@ impl StoredMessage {
         let ext = HeaderExt {
             move_count: self.move_count,
         };
+        let acks = AckExt {
+            admin_queue: self.admin_queue.as_deref().unwrap_or_default(),
+            acknowledge: self.acknowledge,
+            class: self.class,
+        };
         // Version 3: the sender follows version 2's fields, only when there is one (or an
         // extension follows: then an empty sender means none).
-        if self.sender.is_some() || !ext.is_empty() {
+        if self.sender.is_some() || !ext.is_empty() || !acks.is_empty() {
             let s = self.sender.as_deref().unwrap_or_default();
             v.extend(postcard::to_allocvec(s).expect("encoding into a Vec cannot fail"));
         }
-        // Version 4: the extension follows the sender, only when it says something.
-        if !ext.is_empty() {
+        // Version 4: the extension follows the sender, only when it (or version 5) says something.
+        if !ext.is_empty() || !acks.is_empty() {
             v.extend(postcard::to_allocvec(&ext).expect("encoding into a Vec cannot fail"));
+        }
+        // Version 5: acknowledgements follow the extension, only when there are any.
+        if !acks.is_empty() {
+            v.extend(postcard::to_allocvec(&acks).expect("encoding into a Vec cannot fail"));
         }
         Bytes::from(v)
     }
@@ -292,6 +315,7 @@ impl StoredMessage {
     pub fn decode_header(bytes: &[u8], body_len: u32) -> Result<StoredMessage, postcard::Error> {
         // Version 2 appends fields to version 1; a version-1 header ends early.
         let mut ext = HeaderExt::default();
+        let mut acks: Option<(Option<Arc<str>>, u8, u16)> = None;
         let (h, v2, sender) = match postcard::take_from_bytes::<HeaderRecordV2<'_>>(bytes) {
             Ok((v2, rest)) => {
                 // Version 3 appends the sender, version 4 the extension.
@@ -300,7 +324,13 @@ impl StoredMessage {
                 } else {
                     let (s, rest) = postcard::take_from_bytes::<&str>(rest)?;
                     if !rest.is_empty() {
-                        ext = postcard::from_bytes::<HeaderExt>(rest)?;
+                        let (e, rest) = postcard::take_from_bytes::<HeaderExt>(rest)?;
+                        ext = e;
+                        if !rest.is_empty() {
+                            let a = postcard::from_bytes::<AckExt<'_>>(rest)?;
+                            let q = (!a.admin_queue.is_empty()).then(|| Arc::from(a.admin_queue));
+                            acks = Some((q, a.acknowledge, a.class));
+                        }
                     }
                     (!s.is_empty()).then(|| Arc::from(s))
                 };
@@ -337,6 +367,9 @@ impl StoredMessage {
             }),
             sender,
             move_count: ext.move_count,
+            admin_queue: acks.as_ref().and_then(|a| a.0.clone()),
+            acknowledge: acks.as_ref().map_or(0, |a| a.1),
+            class: acks.as_ref().map_or(0, |a| a.2),
         })
     }
 
@@ -371,6 +404,9 @@ impl StoredMessage {
             }),
             sender: self.sender.as_deref().unwrap_or_default().to_string(),
             move_count: self.move_count,
+            admin_queue: self.admin_queue.as_deref().unwrap_or_default().to_string(),
+            acknowledge: self.acknowledge as u32,
+            class: self.class as u32,
         }
     }
 }
@@ -430,6 +466,21 @@ impl HeaderExt {
     }
 }
 
+/// Version 5 of the header: acknowledgements (written only when not all default, after the
+/// sender and the version-4 extension). Field order is the format: append only.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct AckExt<'a> {
+    admin_queue: &'a str,
+    acknowledge: u8,
+    class: u16,
+}
+
+impl AckExt<'_> {
+    fn is_empty(&self) -> bool {
+        self.admin_queue.is_empty() && self.acknowledge == 0 && self.class == 0
+    }
+}
+
 #[derive(serde::Serialize, serde::Deserialize)]
 struct DeadLetterRecord<'a> {
     class: i32,
@@ -475,6 +526,8 @@ mod tests {
                 time_to_reach_queue_ms: 5_000,
                 time_to_be_received_ms: 2_000,
                 sender: "alice".into(),
+                admin_queue: String::new(),
+                acknowledge: 0,
             },
             uuid::Uuid::now_v7(),
             &config,
@@ -535,6 +588,25 @@ mod tests {
                 .move_count,
             0
         );
+        // Version 5: acknowledgements, with and without a sender and a move count.
+        for (sender, move_count) in [(None, 0), (Some(Arc::from("bob")), 3)] {
+            let acked = StoredMessage {
+                sender: sender.clone(),
+                move_count,
+                admin_queue: Some(Arc::from(r".\private$\admin")),
+                acknowledge: 14,
+                class: 0x8002,
+                ..anon.clone()
+            };
+            let back =
+                StoredMessage::decode_header(&acked.encode_header(), acked.body_len).unwrap();
+            assert_eq!(back.admin_queue, acked.admin_queue);
+            assert_eq!((back.acknowledge, back.class), (14, 0x8002));
+            assert_eq!((back.sender, back.move_count), (sender, move_count));
+            assert_eq!(back.dead_letter, acked.dead_letter);
+        }
+        let plain = StoredMessage::decode_header(&anon.encode_header(), 5).unwrap();
+        assert!(plain.admin_queue.is_none() && plain.acknowledge == 0 && plain.class == 0);
     }
 
     #[test]

@@ -723,8 +723,18 @@ impl Queue {
     /// and ones admitted but not yet inserted by their senders ([`Queue::insert`]).
     #[must_use = "the broker-wide quota of the dropped messages must be given back"]
     pub fn mark_deleted(&self) -> (u64, u64) {
+        self.mark_deleted_keeping(|_| false).0
+    }
+
+    /// [`Queue::mark_deleted`], also returning copies of the dropped entries `keep` picks
+    /// (those that asked for an acknowledgement).
+    pub(crate) fn mark_deleted_keeping(
+        &self,
+        keep: impl Fn(&Entry) -> bool,
+    ) -> ((u64, u64), Vec<Entry>) {
         let mut st = self.lock();
         let mut charged = (0, 0);
+        let mut kept = Vec::new();
         for e in st
             .levels
             .iter()
@@ -732,6 +742,9 @@ impl Queue {
             .filter(|e| !e.removed)
             .chain(st.expired.iter())
         {
+            if keep(e) {
+                kept.push(e.clone());
+            }
             match e.msg.delivery {
                 crate::message::Delivery::Express => charged.0 += e.msg.charged_bytes(),
                 crate::message::Delivery::Recoverable => charged.1 += e.msg.charged_bytes(),
@@ -752,7 +765,7 @@ impl Queue {
         st.stats = QueueStats::default();
         drop(st);
         self.notify.notify_waiters();
-        charged
+        (charged, kept)
     }
 
     pub fn is_deleted(&self) -> bool {
@@ -1138,6 +1151,9 @@ mod tests {
             dead_letter: None,
             sender: None,
             move_count: 0,
+            admin_queue: None,
+            acknowledge: 0,
+            class: 0,
         })
     }
 

@@ -533,7 +533,7 @@ pub(crate) async fn hand_out(
             .map_err(|e| BrokerError::Internal(format!("the removal task failed: {e}")))??;
     } else {
         queue.complete(&found);
-        broker.forget(queue, &found);
+        broker.forget_acked(queue, &found, mq_proto::ack::class::ACK_RECEIVE);
     }
     Ok(Some(wire))
 }
@@ -889,7 +889,7 @@ fn apply(
         }
         let done: Vec<Entry> = in_flight.drain(..n).map(|(_, e, _)| e).collect();
         queue.complete(&done);
-        broker.forget(queue, &done);
+        broker.forget_acked(queue, &done, mq_proto::ack::class::ACK_RECEIVE);
         conn.release_unacked(n as u64);
     }
     Ok(r.credit as u64)

@@ -40,6 +40,8 @@ pub struct Message {
     response_queue: String,
     time_to_reach_queue_ms: u64,
     time_to_be_received_ms: u64,
+    admin_queue: String,
+    acknowledge: u8,
 }
 
 impl Message {
@@ -121,6 +123,21 @@ impl Message {
         self.time_to_be_received_ms = limit_ms(d);
         self
     }
+    /// The administration queue (path or format name, possibly on another broker) where the
+    /// broker posts this message's acknowledgements (MSMQ's `AdministrationQueue`). Without
+    /// [`Message::acknowledge`] nothing is posted.
+    pub fn admin_queue(mut self, q: impl Into<String>) -> Self {
+        self.admin_queue = q.into();
+        self
+    }
+    /// Which acknowledgements to post to the admin queue (MSMQ's `AcknowledgeType`): bits of
+    /// [`crate::ack`] or-ed, e.g. `ack::POS_ARRIVAL | ack::NEG_ARRIVAL` (full reach-queue), or
+    /// `ack::parse_type("full-receive")`. Each ack is a message whose `class` says what
+    /// happened ([`crate::ack::class`]) and whose correlation id is this message's id.
+    pub fn acknowledge(mut self, bits: u8) -> Self {
+        self.acknowledge = bits;
+        self
+    }
     pub fn body(&self) -> &Bytes {
         &self.body
     }
@@ -143,6 +160,8 @@ impl Message {
             time_to_be_received_ms: self.time_to_be_received_ms,
             // Set by the broker.
             sender: String::new(),
+            admin_queue: self.admin_queue,
+            acknowledge: self.acknowledge as u32,
         }
     }
 }
@@ -179,6 +198,13 @@ pub struct ReceivedMessage {
     pub sender: String,
     /// Times it was moved between a queue and its subqueues (MSMQ's move count).
     pub move_count: u32,
+    /// MSMQ's message class: 0 for a normal message; an acknowledgement's
+    /// [`crate::ack::class`] code (name: [`crate::ack::class_name`]).
+    pub class: u16,
+    /// The admin queue its acknowledgements go to (empty: none).
+    pub admin_queue: String,
+    /// The acknowledgements it asked for ([`crate::ack`] bits).
+    pub acknowledge: u8,
 }
 
 /// Why a message is in a dead-letter queue, and where it was going.
@@ -330,6 +356,9 @@ impl ReceivedMessage {
             dead_letter: m.dead_letter.map(DeadLetterInfo::from_wire),
             sender: m.sender,
             move_count: m.move_count,
+            class: m.class as u16,
+            admin_queue: m.admin_queue,
+            acknowledge: m.acknowledge as u8,
         })
     }
 }
