@@ -154,7 +154,7 @@ pub struct FlowLimits {
     pub max_cursors_per_connection: usize,
     /// A cursor with no request for this long is closed.
     pub cursor_idle: std::time::Duration,
-    /// Most messages in one `SendBatch`, `TxSend` or `ForwardBatch`; a bigger one ends its
+    /// Most messages in one `SendRequest`, `TxSend` or `ForwardRequest`; a bigger one ends its
     /// stream with one refusal.
     pub max_batch_messages: usize,
 }

@@ -75,9 +75,9 @@ pub(crate) async fn run(
     auth: Arc<Auth>,
     who: Identity,
     queue: Arc<Queue>,
-    first: v1::CursorRequest,
-    mut inbound: Streaming<v1::CursorRequest>,
-    out: mpsc::Sender<Result<v1::CursorResponse, Status>>,
+    first: v1::BrowseRequest,
+    mut inbound: Streaming<v1::BrowseRequest>,
+    out: mpsc::Sender<Result<v1::BrowseResponse, Status>>,
     _slot: CursorSlot,
 ) {
     let idle = broker.config().flow.cursor_idle;
@@ -129,8 +129,9 @@ async fn act(
     who: &Identity,
     queue: &Arc<Queue>,
     pos: &mut Position,
-    req: &v1::CursorRequest,
-) -> Result<v1::CursorResponse, Status> {
+    req: &v1::BrowseRequest,
+) -> Result<v1::BrowseResponse, Status> {
+    // CURSOR_ACTION_UNSPECIFIED (not set) acts as PEEK_CURRENT.
     let action = CursorAction::try_from(req.action)
         .map_err(|_| Status::invalid_argument(format!("unknown cursor action {}", req.action)))?;
     let receive = action == CursorAction::ReceiveCurrent;
@@ -143,7 +144,7 @@ async fn act(
         (_, Position::Past(p)) => Select::After(Some(p)),
         (_, Position::At(p)) => Select::At(p),
     };
-    let status = |s: CursorStatus| v1::CursorResponse {
+    let status = |s: CursorStatus| v1::BrowseResponse {
         message: None,
         status: s as i32,
     };
@@ -179,7 +180,7 @@ async fn act(
         let dest = queue.info().format_name;
         Some(e.msg.to_wire(&dest, broker.body(queue, e)?, e.aborts))
     };
-    Ok(v1::CursorResponse {
+    Ok(v1::BrowseResponse {
         message,
         status: CursorStatus::Ok as i32,
     })

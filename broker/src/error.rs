@@ -1,6 +1,5 @@
 //! The broker's error type and its one mapping to gRPC `Status`.
 
-use mq_proto::v1::ErrorCode;
 use tonic::{Code, Status};
 
 /// Everything a broker operation can refuse or fail with. Messages say what happened, quote the
@@ -44,17 +43,36 @@ pub enum BrokerError {
 }
 
 impl BrokerError {
-    /// The wire error code of this error.
-    pub fn code(&self) -> ErrorCode {
+    /// The gRPC status code of this error (also in per-message failures, `SendFailure.code`).
+    pub fn code(&self) -> Code {
         match self {
-            BrokerError::InvalidArgument(_) => ErrorCode::InvalidArgument,
-            BrokerError::QueueNotFound(_) | BrokerError::NotFound(_) => ErrorCode::NotFound,
-            BrokerError::QueueExists(_) | BrokerError::AlreadyExists(_) => ErrorCode::AlreadyExists,
-            BrokerError::QuotaExceeded(_) => ErrorCode::ResourceExhausted,
-            BrokerError::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
-            BrokerError::ShuttingDown | BrokerError::Unavailable(_) => ErrorCode::Unavailable,
-            BrokerError::Internal(_) => ErrorCode::Internal,
-            BrokerError::PermissionDenied(_) => ErrorCode::PermissionDenied,
+            BrokerError::InvalidArgument(_) => Code::InvalidArgument,
+            BrokerError::QueueNotFound(_) | BrokerError::NotFound(_) => Code::NotFound,
+            BrokerError::QueueExists(_) | BrokerError::AlreadyExists(_) => Code::AlreadyExists,
+            BrokerError::QuotaExceeded(_) => Code::ResourceExhausted,
+            BrokerError::FailedPrecondition(_) => Code::FailedPrecondition,
+            BrokerError::ShuttingDown | BrokerError::Unavailable(_) => Code::Unavailable,
+            BrokerError::Internal(_) => Code::Internal,
+            BrokerError::PermissionDenied(_) => Code::PermissionDenied,
+        }
+    }
+
+    /// The error reason (`google.rpc.ErrorInfo.reason`, `SendFailure.reason`): one of the
+    /// table in mq.proto.
+    pub fn reason(&self) -> &'static str {
+        use mq_proto::reason as r;
+        match self {
+            BrokerError::InvalidArgument(_) => r::INVALID_ARGUMENT,
+            BrokerError::QueueNotFound(_) => r::QUEUE_NOT_FOUND,
+            BrokerError::NotFound(_) => r::NOT_FOUND,
+            BrokerError::QueueExists(_) => r::QUEUE_EXISTS,
+            BrokerError::AlreadyExists(_) => r::ALREADY_EXISTS,
+            BrokerError::QuotaExceeded(_) => r::QUOTA_EXCEEDED,
+            BrokerError::FailedPrecondition(_) => r::FAILED_PRECONDITION,
+            BrokerError::Unavailable(_) => r::STORAGE_UNAVAILABLE,
+            BrokerError::ShuttingDown => r::SHUTTING_DOWN,
+            BrokerError::Internal(_) => r::INTERNAL,
+            BrokerError::PermissionDenied(_) => r::PERMISSION_DENIED,
         }
     }
 }
@@ -67,16 +85,6 @@ impl From<mq_proto::format_name::FormatNameError> for BrokerError {
 
 impl From<BrokerError> for Status {
     fn from(e: BrokerError) -> Status {
-        let code = match e.code() {
-            ErrorCode::InvalidArgument => Code::InvalidArgument,
-            ErrorCode::NotFound => Code::NotFound,
-            ErrorCode::AlreadyExists => Code::AlreadyExists,
-            ErrorCode::ResourceExhausted => Code::ResourceExhausted,
-            ErrorCode::FailedPrecondition => Code::FailedPrecondition,
-            ErrorCode::Unavailable => Code::Unavailable,
-            ErrorCode::PermissionDenied => Code::PermissionDenied,
-            ErrorCode::Internal | ErrorCode::ErrorUnspecified => Code::Internal,
-        };
-        Status::new(code, e.to_string())
+        Status::new(e.code(), e.to_string())
     }
 }

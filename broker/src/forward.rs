@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use mq_proto::format_name::FormatName;
-use mq_proto::v1::{self, message_queue_client::MessageQueueClient, OutgoingState};
+use mq_proto::v1::{self, forward_service_client::ForwardServiceClient, OutgoingState};
 use tokio::sync::{mpsc, Notify};
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -321,7 +321,7 @@ async fn connect(
         .connect()
         .await
         .map_err(|e| format!("cannot connect to {destination}: {}", error_chain(&e)))?;
-    Ok(MessageQueueClient::with_interceptor(channel, credentials)
+    Ok(ForwardServiceClient::with_interceptor(channel, credentials)
         .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
         .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE))
 }
@@ -344,7 +344,7 @@ async fn session(
     o: &Outgoing,
     mut client: crate::tls::PeerClient,
 ) -> Result<(), (String, bool)> {
-    let (tx, rx) = mpsc::channel::<v1::ForwardBatch>(WINDOW_BATCHES);
+    let (tx, rx) = mpsc::channel::<v1::ForwardRequest>(WINDOW_BATCHES);
     let mut acks = match client.forward(ReceiverStream::new(rx)).await {
         Ok(r) => r.into_inner(),
         Err(s) => {
@@ -412,7 +412,7 @@ async fn session(
                 if let Some(err) = failed {
                     break Err((err, progressed));
                 }
-                let batch = v1::ForwardBatch {
+                let batch = v1::ForwardRequest {
                     stream_id: bytes::Bytes::copy_from_slice(o.stream_id.as_bytes()),
                     source: source.clone(),
                     batch: next_batch,

@@ -12,7 +12,9 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body::Body as _;
 use mq_proto::format_name::FormatName;
-use mq_proto::v1::message_queue_server::MessageQueueServer;
+use mq_proto::v1::admin_service_server::AdminServiceServer;
+use mq_proto::v1::forward_service_server::ForwardServiceServer;
+use mq_proto::v1::message_queue_service_server::MessageQueueServiceServer;
 use tonic::codegen::{http, Service as _};
 
 use crate::journal::FaultyIo;
@@ -54,6 +56,17 @@ pub const METHODS: [(&str, bool); 14] = [
     ("PauseOutgoing", false),
     ("ResumeOutgoing", false),
 ];
+
+/// The service that serves `method`.
+fn service_of(method: &str) -> &'static str {
+    match method {
+        "Forward" => "mq.v1.ForwardService",
+        "CreateQueue" | "DeleteQueue" | "GetQueueInfo" | "ListQueues" | "Purge"
+        | "SetQueueProperties" | "ChangeAcl" | "GetAcl" | "ListOutgoing" | "PauseOutgoing"
+        | "ResumeOutgoing" | "DeleteOutgoing" => "mq.v1.AdminService",
+        _ => "mq.v1.MessageQueueService",
+    }
+}
 
 /// Most calls one input runs.
 const MAX_CALLS: usize = 8;
@@ -178,13 +191,27 @@ pub fn wire_requests(data: &[u8]) -> Vec<Option<String>> {
                 }
             }
         });
-        let mut server = MessageQueueServer::new(crate::service::Service::new(
+        let service = crate::service::Service::new(
             broker.clone(),
             Arc::new(crate::flow::Connections::new(16)),
             Arc::new(crate::auth::Auth::open()),
-        ))
-        .max_decoding_message_size(1 << 20)
-        .max_encoding_message_size(1 << 20);
+        );
+        let mut server = tonic::service::Routes::new(
+            MessageQueueServiceServer::new(service.clone())
+                .max_decoding_message_size(1 << 20)
+                .max_encoding_message_size(1 << 20),
+        )
+        .add_service(
+            AdminServiceServer::new(service.clone())
+                .max_decoding_message_size(1 << 20)
+                .max_encoding_message_size(1 << 20),
+        )
+        .add_service(
+            ForwardServiceServer::new(service)
+                .max_decoding_message_size(1 << 20)
+                .max_encoding_message_size(1 << 20),
+        )
+        .prepare();
         for call in &calls {
             let (name, stream) = METHODS[call.method as usize % METHODS.len()];
             let mut frames = BytesMut::new();
@@ -201,7 +228,7 @@ pub fn wire_requests(data: &[u8]) -> Vec<Option<String>> {
             }
             let req = http::Request::builder()
                 .method("POST")
-                .uri(format!("http://fuzz/mq.v1.MessageQueue/{name}"))
+                .uri(format!("http://fuzz/{}/{name}", service_of(name)))
                 .header("content-type", "application/grpc")
                 .header("te", "trailers")
                 .body(tonic::body::Body::new(Frames(Some(frames.freeze()))))
@@ -283,7 +310,7 @@ mod tests {
                     body: body.into(),
                     label,
                     priority,
-                    delivery: delivery % 3,
+                    delivery: delivery % 4,
                     time_to_reach_queue_ms: ttrq,
                     time_to_be_received_ms: ttbr,
                     ..Default::default()
@@ -307,9 +334,10 @@ mod tests {
                     }
                     .encode_to_vec()],
                     "DeleteQueue" | "GetQueueInfo" | "Purge" => {
-                        vec![v1::QueueRequest { name }.encode_to_vec()]
+                        // The three requests are alike: a queue name in field 1.
+                        vec![v1::DeleteQueueRequest { name }.encode_to_vec()]
                     }
-                    "Send" => vec![v1::SendBatch {
+                    "Send" => vec![v1::SendRequest {
                         first_seq: n,
                         destination: name,
                         messages: vec![m.clone(), m],
@@ -356,8 +384,8 @@ mod tests {
                     }
                     .encode_to_vec()],
                     "Transact" => {
-                        use v1::tx_request::Op;
-                        let op = |op| v1::TxRequest { op: Some(op) }.encode_to_vec();
+                        use v1::transact_request::Op;
+                        let op = |op| v1::TransactRequest { op: Some(op) }.encode_to_vec();
                         vec![
                             op(Op::Send(v1::TxSend {
                                 destination: name.clone(),
@@ -368,14 +396,10 @@ mod tests {
                                 timeout_ms: small,
                                 ..Default::default()
                             })),
-                            op(if flag {
-                                Op::Commit(true)
-                            } else {
-                                Op::Abort(true)
-                            }),
+                            op(if flag { Op::Commit(()) } else { Op::Abort(()) }),
                         ]
                     }
-                    "Forward" => vec![v1::ForwardBatch {
+                    "Forward" => vec![v1::ForwardRequest {
                         stream_id: (0..(n % 20) as u8).collect::<Vec<u8>>().into(),
                         source: "peer".into(),
                         batch: 1,
@@ -393,7 +417,8 @@ mod tests {
                     }
                     .encode_to_vec()],
                     "PauseOutgoing" | "ResumeOutgoing" => {
-                        vec![v1::OutgoingRequest { destination: name }.encode_to_vec()]
+                        // Pause and resume requests are alike: a destination in field 1.
+                        vec![v1::PauseOutgoingRequest { destination: name }.encode_to_vec()]
                     }
                     _ => vec![Vec::new()],
                 };
@@ -473,12 +498,12 @@ mod tests {
         };
         let send = Call {
             method: 5,
-            messages: vec![v1::SendBatch {
+            messages: vec![v1::SendRequest {
                 first_seq: 1,
                 destination: q.clone(),
                 messages: vec![v1::OutMessage {
                     body: Bytes::from_static(b"hello"),
-                    delivery: 1,
+                    delivery: v1::Delivery::Recoverable as i32,
                     ..Default::default()
                 }],
                 transactional: false,
@@ -578,12 +603,12 @@ mod tests {
         };
         let send = Call {
             method: 5,
-            messages: vec![v1::SendBatch {
+            messages: vec![v1::SendRequest {
                 first_seq: 1,
                 destination: q.clone(),
                 messages: vec![v1::OutMessage {
                     body: Bytes::from_static(b"hello"),
-                    delivery: 1,
+                    delivery: v1::Delivery::Recoverable as i32,
                     ..Default::default()
                 }],
                 transactional: false,
@@ -614,15 +639,15 @@ mod tests {
         let tx = Call {
             method: 9,
             messages: vec![
-                v1::TxRequest {
-                    op: Some(v1::tx_request::Op::Send(v1::TxSend {
+                v1::TransactRequest {
+                    op: Some(v1::transact_request::Op::Send(v1::TxSend {
                         destination: q.clone(),
                         messages: vec![v1::OutMessage::default()],
                     })),
                 }
                 .encode_to_vec(),
-                v1::TxRequest {
-                    op: Some(v1::tx_request::Op::Commit(true)),
+                v1::TransactRequest {
+                    op: Some(v1::transact_request::Op::Commit(())),
                 }
                 .encode_to_vec(),
             ],
@@ -634,7 +659,7 @@ mod tests {
         );
         let fwd = Call {
             method: 10,
-            messages: vec![v1::ForwardBatch {
+            messages: vec![v1::ForwardRequest {
                 stream_id: vec![7u8; 16].into(),
                 source: "peer".into(),
                 batch: 1,
@@ -655,12 +680,12 @@ mod tests {
         write("wire_request", "seed3", &encode_calls(&[create, fwd]));
         let remote = Call {
             method: 5,
-            messages: vec![v1::SendBatch {
+            messages: vec![v1::SendRequest {
                 first_seq: 1,
                 destination: r"DIRECT=TCP:10.9.9.9:1801\private$\r".into(),
                 messages: vec![v1::OutMessage {
                     body: Bytes::from_static(b"r"),
-                    delivery: 1,
+                    delivery: v1::Delivery::Recoverable as i32,
                     ..Default::default()
                 }],
                 transactional: false,
@@ -670,7 +695,7 @@ mod tests {
         };
         let pause = Call {
             method: 12,
-            messages: vec![v1::OutgoingRequest {
+            messages: vec![v1::PauseOutgoingRequest {
                 destination: "10.9.9.9:1801".into(),
             }
             .encode_to_vec()],

@@ -282,7 +282,7 @@ impl Streams {
     }
 }
 
-type Pending = Pin<Box<dyn Future<Output = Result<v1::ForwardAck, Status>> + Send>>;
+type Pending = Pin<Box<dyn Future<Output = Result<v1::ForwardResponse, Status>> + Send>>;
 
 /// Serves one `Forward` stream: stores batches in order and answers each once stored.
 pub(crate) async fn forward_stream(
@@ -290,8 +290,8 @@ pub(crate) async fn forward_stream(
     peer: Option<std::net::SocketAddr>,
     auth: Arc<crate::auth::Auth>,
     who: crate::auth::Identity,
-    mut inbound: Streaming<v1::ForwardBatch>,
-    out: mpsc::Sender<Result<v1::ForwardAck, Status>>,
+    mut inbound: Streaming<v1::ForwardRequest>,
+    out: mpsc::Sender<Result<v1::ForwardResponse, Status>>,
 ) {
     let first = match inbound.message().await {
         Ok(Some(b)) => b,
@@ -495,7 +495,7 @@ impl Broker {
         self: &Arc<Self>,
         stream: &Arc<InboundStream>,
         accepted: &mut u64,
-        batch: v1::ForwardBatch,
+        batch: v1::ForwardRequest,
     ) -> Pending {
         self.store_forwarded_by(stream, accepted, batch, &Forwarder::trusted())
     }
@@ -507,7 +507,7 @@ impl Broker {
         self: &Arc<Self>,
         stream: &Arc<InboundStream>,
         accepted: &mut u64,
-        batch: v1::ForwardBatch,
+        batch: v1::ForwardRequest,
         from: &Forwarder,
     ) -> Pending {
         let now = now_ms();
@@ -730,7 +730,7 @@ impl Broker {
         drop(order_guard);
         let broker = self.clone();
         let stream = stream.clone();
-        let ack = v1::ForwardAck {
+        let ack = v1::ForwardResponse {
             batch: batch.batch,
             count: n as u32,
             rejected,
@@ -836,8 +836,8 @@ mod tests {
         }
     }
 
-    fn batch(n: u64, messages: Vec<v1::ForwardedMessage>) -> v1::ForwardBatch {
-        v1::ForwardBatch {
+    fn batch(n: u64, messages: Vec<v1::ForwardedMessage>) -> v1::ForwardRequest {
+        v1::ForwardRequest {
             stream_id: Bytes::copy_from_slice(&[7u8; 16]),
             source: "a".into(),
             batch: n,

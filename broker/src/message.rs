@@ -124,11 +124,12 @@ impl StoredMessage {
             )));
         }
         let delivery = match v1::Delivery::try_from(m.delivery) {
-            Ok(v1::Delivery::Express) => Delivery::Express,
+            // Not set means express, the default (as MSMQ's).
+            Ok(v1::Delivery::Unspecified | v1::Delivery::Express) => Delivery::Express,
             Ok(v1::Delivery::Recoverable) => Delivery::Recoverable,
             Err(_) => {
                 return Err(BrokerError::InvalidArgument(format!(
-                    "delivery {} is unknown; expected express (0) or recoverable (1)",
+                    "delivery {} is unknown; expected DELIVERY_EXPRESS (1, or 0 = not set) or DELIVERY_RECOVERABLE (2)",
                     m.delivery
                 )))
             }

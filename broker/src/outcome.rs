@@ -19,7 +19,7 @@
 //! or that is open on another connection, so retrying an in-doubt commit with the same id
 //! commits at most once.
 //!
-//! Single-message transactional sends on a pipelined send stream (`SendBatch.tx_stream`) have
+//! Single-message transactional sends on a pipelined send stream (`SendRequest.tx_stream`) have
 //! ids too, one per message, derived from the stream's id (`mq_proto::txid`). They cost one
 //! entry per *stream*, not per message: each batch's record replaces the stream's entry with one
 //! saying "every message through seq N is decided (committed unless it is in the refused

@@ -16,9 +16,14 @@ use crate::flow::Connections;
 /// How often the journal's health is looked at for readiness (a poisoned journal is not ready).
 const POLL: Duration = Duration::from_millis(250);
 
-/// The services `grpc.health.v1.Health` answers for: the whole server (`""`) and the queue
-/// service; both have the broker's readiness.
-pub(crate) const HEALTH_SERVICES: [&str; 2] = ["", "mq.v1.MessageQueue"];
+/// The services `grpc.health.v1.Health` answers for: the whole server (`""`) and the three
+/// `mq.v1` services; all have the broker's readiness.
+pub(crate) const HEALTH_SERVICES: [&str; 4] = [
+    "",
+    "mq.v1.MessageQueueService",
+    "mq.v1.AdminService",
+    "mq.v1.ForwardService",
+];
 
 /// Where the broker is in its life, shared by everything that reports it.
 #[derive(Debug)]
@@ -165,8 +170,9 @@ impl tonic_health::pb::health_server::Health for Health {
         let service = req.into_inner().service;
         if !HEALTH_SERVICES.contains(&service.as_str()) {
             return Err(tonic::Status::not_found(format!(
-                "no health status for service {}; known: \"\" and mq.v1.MessageQueue",
-                mq_proto::limits::quote(&service)
+                "no health status for service {}; known: {}",
+                mq_proto::limits::quote(&service),
+                HEALTH_SERVICES.map(|s| format!("{s:?}")).join(", ")
             )));
         }
         Ok(tonic::Response::new(response(self.0.check().is_ok())))

@@ -4,7 +4,7 @@
 //! duplicate of a stored one.
 
 /// Most ranges kept per stream. A sender that reports what it has settled
-/// (`ForwardBatch.settled_below`) keeps at most its window of unacknowledged batches here; a batch
+/// (`ForwardRequest.settled_below`) keeps at most its window of unacknowledged batches here; a batch
 /// that could take a stream past this is refused whole (`RESOURCE_EXHAUSTED`), never forgotten.
 pub(crate) const MAX_REFUSED_RANGES: usize = 16_384;
 

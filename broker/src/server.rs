@@ -4,7 +4,9 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use mq_proto::v1::message_queue_server::MessageQueueServer;
+use mq_proto::v1::admin_service_server::AdminServiceServer;
+use mq_proto::v1::forward_service_server::ForwardServiceServer;
+use mq_proto::v1::message_queue_service_server::MessageQueueServiceServer;
 use tokio::net::TcpListener;
 
 use crate::broker::Broker;
@@ -114,15 +116,29 @@ pub async fn run_with_ready(
     let limit = broker.config().grpc_message_limit();
     let flow = broker.config().flow.clone();
     let connections = Arc::new(crate::flow::Connections::new(flow.max_connections));
-    let svc = MessageQueueServer::new(
-        Service::new(broker.clone(), connections.clone(), auth.clone())
-            .with_readiness(ready.clone()),
-    )
-    .max_decoding_message_size(limit)
-    .max_encoding_message_size(limit);
+    let service = Service::new(broker.clone(), connections.clone(), auth.clone())
+        .with_readiness(ready.clone());
     // The identity of every call is established here, once per call (a stream is one call),
-    // asynchronously: password hashes run on blocking threads, a core at a time.
-    let svc = crate::auth_layer::Authenticated::new(svc, auth.clone());
+    // asynchronously: password hashes run on blocking threads, a core at a time. Each method
+    // then checks its right (service.rs), whichever of the three services it belongs to.
+    let svc = crate::auth_layer::Authenticated::new(
+        MessageQueueServiceServer::new(service.clone())
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit),
+        auth.clone(),
+    );
+    let admin = crate::auth_layer::Authenticated::new(
+        AdminServiceServer::new(service.clone())
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit),
+        auth.clone(),
+    );
+    let forward = crate::auth_layer::Authenticated::new(
+        ForwardServiceServer::new(service)
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit),
+        auth.clone(),
+    );
     let _reloader = auth.has_users().then(|| spawn_reloader(auth.clone()));
     // Health and reflection are served beside the identity layer: they need no credentials
     // (README "Security"), and they only describe the broker.
@@ -150,6 +166,8 @@ pub async fn run_with_ready(
         .http2_max_header_list_size(Some(crate::config::MAX_HEADER_LIST_BYTES))
         .layer(crate::metrics::CountCalls(broker.counters().clone()))
         .add_service(svc)
+        .add_service(admin)
+        .add_service(forward)
         .add_service(health)
         .add_service(reflection)
         .serve_with_incoming_shutdown(incoming, async {

@@ -1,4 +1,4 @@
-//! The `mq.v1.MessageQueue` gRPC service: converts wire requests, calls the [`Broker`], streams.
+//! The `mq.v1` gRPC services (`MessageQueueService`, `AdminService`, `ForwardService`): converts wire requests, calls the [`Broker`], streams.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use futures::Stream;
-use mq_proto::v1::{self, message_queue_server::MessageQueue};
+use mq_proto::v1::{
+    self, admin_service_server::AdminService, forward_service_server::ForwardService,
+    message_queue_service_server::MessageQueueService,
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -68,74 +71,12 @@ impl Service {
 }
 
 #[tonic::async_trait]
-impl MessageQueue for Service {
-    async fn create_queue(
-        &self,
-        req: Request<v1::CreateQueueRequest>,
-    ) -> Result<Response<v1::QueueInfo>, Status> {
-        let who = Identity::of(&req);
-        self.auth.authorize(&who, Right::CreateQueue, None)?;
-        let q = self
-            .broker
-            .create_queue_with_acl(req.into_inner(), Acl::for_creator(&who))
-            .await?;
-        Ok(Response::new(q.info()))
-    }
-
-    async fn delete_queue(
-        &self,
-        req: Request<v1::QueueRequest>,
-    ) -> Result<Response<v1::Empty>, Status> {
-        let who = Identity::of(&req);
-        let name = req.into_inner().name;
-        self.queue_for(&who, Right::Admin, &name)?;
-        self.broker.delete_queue(&name).await?;
-        Ok(Response::new(v1::Empty {}))
-    }
-
-    async fn get_queue_info(
-        &self,
-        req: Request<v1::QueueRequest>,
-    ) -> Result<Response<v1::QueueInfo>, Status> {
-        let who = Identity::of(&req);
-        let q = self.broker.queue(&req.into_inner().name)?;
-        if !self.auth.sees(&who, &q) {
-            self.auth.authorize(&who, Right::Peek, Some(&q))?;
-        }
-        Ok(Response::new(q.info()))
-    }
-
-    async fn list_queues(
-        &self,
-        req: Request<v1::ListQueuesRequest>,
-    ) -> Result<Response<v1::ListQueuesResponse>, Status> {
-        let who = Identity::of(&req);
-        let queues = self
-            .broker
-            .list()
-            .iter()
-            .filter(|q| self.auth.sees(&who, q))
-            .map(|q| q.info())
-            .collect();
-        Ok(Response::new(v1::ListQueuesResponse { queues }))
-    }
-
-    async fn purge(
-        &self,
-        req: Request<v1::QueueRequest>,
-    ) -> Result<Response<v1::PurgeResponse>, Status> {
-        let who = Identity::of(&req);
-        let name = req.into_inner().name;
-        self.queue_for(&who, Right::Admin, &name)?;
-        let purged = self.broker.purge(&name)?;
-        Ok(Response::new(v1::PurgeResponse { purged }))
-    }
-
-    type SendStream = BoxStream<v1::SendAck>;
+impl MessageQueueService for Service {
+    type SendStream = BoxStream<v1::SendResponse>;
 
     async fn send(
         &self,
-        req: Request<Streaming<v1::SendBatch>>,
+        req: Request<Streaming<v1::SendRequest>>,
     ) -> Result<Response<Self::SendStream>, Status> {
         let who = Identity::of(&req);
         // Anonymous may send only to a local queue whose ACL grants it: none, no stream.
@@ -157,7 +98,7 @@ impl MessageQueue for Service {
         }))
     }
 
-    type ReceiveStream = BoxStream<v1::ReceiveBatch>;
+    type ReceiveStream = BoxStream<v1::ReceiveResponse>;
 
     async fn receive(
         &self,
@@ -214,11 +155,11 @@ impl MessageQueue for Service {
         Ok(Response::new(v1::ReceiveOneResponse { message }))
     }
 
-    type TransactStream = BoxStream<v1::TxResponse>;
+    type TransactStream = BoxStream<v1::TransactResponse>;
 
     async fn transact(
         &self,
-        req: Request<Streaming<v1::TxRequest>>,
+        req: Request<Streaming<v1::TransactRequest>>,
     ) -> Result<Response<Self::TransactStream>, Status> {
         let who = Identity::of(&req);
         let max = self.broker.config().flow.max_tx_per_connection;
@@ -245,67 +186,6 @@ impl MessageQueue for Service {
             })
         });
         Ok(Response::new(Box::pin(stream)))
-    }
-
-    type ForwardStream = BoxStream<v1::ForwardAck>;
-
-    async fn forward(
-        &self,
-        req: Request<Streaming<v1::ForwardBatch>>,
-    ) -> Result<Response<Self::ForwardStream>, Status> {
-        let who = Identity::of(&req);
-        self.auth.authorize(&who, Right::Forward, None)?;
-        let peer = req.remote_addr();
-        let (broker, auth, inbound) = (self.broker.clone(), self.auth.clone(), req.into_inner());
-        Ok(spawn_stream(32, |tx| {
-            crate::inbound::forward_stream(broker, peer, auth, who, inbound, tx)
-        }))
-    }
-
-    async fn list_outgoing(
-        &self,
-        req: Request<v1::Empty>,
-    ) -> Result<Response<v1::ListOutgoingResponse>, Status> {
-        self.auth
-            .authorize(&Identity::of(&req), Right::Outgoing, None)?;
-        Ok(Response::new(v1::ListOutgoingResponse {
-            queues: self.broker.outgoing_list(),
-        }))
-    }
-
-    async fn pause_outgoing(
-        &self,
-        req: Request<v1::OutgoingRequest>,
-    ) -> Result<Response<v1::OutgoingQueueInfo>, Status> {
-        self.auth
-            .authorize(&Identity::of(&req), Right::Outgoing, None)?;
-        let dest = req.into_inner().destination;
-        Ok(Response::new(
-            self.broker.set_outgoing_paused(&dest, true).await?,
-        ))
-    }
-
-    async fn resume_outgoing(
-        &self,
-        req: Request<v1::OutgoingRequest>,
-    ) -> Result<Response<v1::OutgoingQueueInfo>, Status> {
-        self.auth
-            .authorize(&Identity::of(&req), Right::Outgoing, None)?;
-        let dest = req.into_inner().destination;
-        Ok(Response::new(
-            self.broker.set_outgoing_paused(&dest, false).await?,
-        ))
-    }
-
-    async fn delete_outgoing(
-        &self,
-        req: Request<v1::OutgoingRequest>,
-    ) -> Result<Response<v1::Empty>, Status> {
-        self.auth
-            .authorize(&Identity::of(&req), Right::Outgoing, None)?;
-        let dest = req.into_inner().destination;
-        self.broker.delete_outgoing(&dest).await?;
-        Ok(Response::new(v1::Empty {}))
     }
 
     async fn transaction_outcome(
@@ -378,28 +258,11 @@ impl MessageQueue for Service {
         }))
     }
 
-    async fn change_acl(
-        &self,
-        req: Request<v1::AclChange>,
-    ) -> Result<Response<v1::QueueAcl>, Status> {
-        let who = Identity::of(&req);
-        let req = req.into_inner();
-        let q = self.queue_for(&who, Right::Admin, &req.queue)?;
-        let rights = crate::auth::Rights::parse_list(&req.rights.join(","), true)
-            .map_err(Status::invalid_argument)?;
-        let acl = self
-            .broker
-            .change_acl(&q, &req.principal, rights, req.grant)
-            .await?;
-        tracing::info!(queue = %q.def().name, by = %who.name, principal = %crate::auth::quote(&req.principal), rights = ?rights.names(), grant = req.grant, "queue rights changed");
-        Ok(Response::new(wire_acl(&q, &acl)))
-    }
-
-    type BrowseStream = BoxStream<v1::CursorResponse>;
+    type BrowseStream = BoxStream<v1::BrowseResponse>;
 
     async fn browse(
         &self,
-        req: Request<Streaming<v1::CursorRequest>>,
+        req: Request<Streaming<v1::BrowseRequest>>,
     ) -> Result<Response<Self::BrowseStream>, Status> {
         let who = Identity::of(&req);
         let max = self.broker.config().flow.max_cursors_per_connection;
@@ -419,30 +282,10 @@ impl MessageQueue for Service {
         }))
     }
 
-    async fn set_queue_properties(
-        &self,
-        req: Request<v1::SetQueuePropertiesRequest>,
-    ) -> Result<Response<v1::QueueInfo>, Status> {
-        let who = Identity::of(&req);
-        let req = req.into_inner();
-        let q = self.queue_for(&who, Right::Admin, &req.name)?;
-        self.broker.set_queue_properties(&q, &req).await?;
-        Ok(Response::new(q.info()))
-    }
-
-    async fn get_acl(
-        &self,
-        req: Request<v1::QueueRequest>,
-    ) -> Result<Response<v1::QueueAcl>, Status> {
-        let who = Identity::of(&req);
-        let q = self.queue_for(&who, Right::Admin, &req.into_inner().name)?;
-        Ok(Response::new(wire_acl(&q, &q.acl())))
-    }
-
     async fn move_message(
         &self,
-        req: Request<v1::MoveRequest>,
-    ) -> Result<Response<v1::MoveResponse>, Status> {
+        req: Request<v1::MoveMessageRequest>,
+    ) -> Result<Response<v1::MoveMessageResponse>, Status> {
         let who = Identity::of(&req);
         let req = req.into_inner();
         // Taking a message out of a queue (or a dead-letter queue) is a receive there; a
@@ -460,20 +303,199 @@ impl MessageQueue for Service {
             .broker
             .move_message(&src, id, &req.destination, &may_send)
             .await?;
-        Ok(Response::new(v1::MoveResponse {
+        Ok(Response::new(v1::MoveMessageResponse {
             message: Some(message),
         }))
     }
 
-    async fn get_broker_info(
-        &self,
-        _req: Request<v1::Empty>,
-    ) -> Result<Response<v1::BrokerInfo>, Status> {
+    async fn get_broker_info(&self, _req: Request<()>) -> Result<Response<v1::BrokerInfo>, Status> {
         Ok(Response::new(crate::info::broker_info(
             &self.broker,
             self.ready.as_deref(),
         )))
     }
+}
+
+#[tonic::async_trait]
+impl AdminService for Service {
+    async fn create_queue(
+        &self,
+        req: Request<v1::CreateQueueRequest>,
+    ) -> Result<Response<v1::QueueInfo>, Status> {
+        let who = Identity::of(&req);
+        self.auth.authorize(&who, Right::CreateQueue, None)?;
+        let q = self
+            .broker
+            .create_queue_with_acl(req.into_inner(), Acl::for_creator(&who))
+            .await?;
+        Ok(Response::new(q.info()))
+    }
+
+    async fn delete_queue(
+        &self,
+        req: Request<v1::DeleteQueueRequest>,
+    ) -> Result<Response<()>, Status> {
+        let who = Identity::of(&req);
+        let name = req.into_inner().name;
+        self.queue_for(&who, Right::Admin, &name)?;
+        self.broker.delete_queue(&name).await?;
+        Ok(Response::new(()))
+    }
+
+    async fn get_queue_info(
+        &self,
+        req: Request<v1::GetQueueInfoRequest>,
+    ) -> Result<Response<v1::QueueInfo>, Status> {
+        let who = Identity::of(&req);
+        let q = self.broker.queue(&req.into_inner().name)?;
+        if !self.auth.sees(&who, &q) {
+            self.auth.authorize(&who, Right::Peek, Some(&q))?;
+        }
+        Ok(Response::new(q.info()))
+    }
+
+    async fn list_queues(
+        &self,
+        req: Request<v1::ListQueuesRequest>,
+    ) -> Result<Response<v1::ListQueuesResponse>, Status> {
+        let who = Identity::of(&req);
+        let queues = self
+            .broker
+            .list()
+            .iter()
+            .filter(|q| self.auth.sees(&who, q))
+            .map(|q| q.info())
+            .collect();
+        Ok(Response::new(v1::ListQueuesResponse { queues }))
+    }
+
+    async fn purge(
+        &self,
+        req: Request<v1::PurgeRequest>,
+    ) -> Result<Response<v1::PurgeResponse>, Status> {
+        let who = Identity::of(&req);
+        let name = req.into_inner().name;
+        self.queue_for(&who, Right::Admin, &name)?;
+        let purged = self.broker.purge(&name)?;
+        Ok(Response::new(v1::PurgeResponse { purged }))
+    }
+
+    async fn list_outgoing(
+        &self,
+        req: Request<v1::ListOutgoingRequest>,
+    ) -> Result<Response<v1::ListOutgoingResponse>, Status> {
+        self.auth
+            .authorize(&Identity::of(&req), Right::Outgoing, None)?;
+        Ok(Response::new(v1::ListOutgoingResponse {
+            queues: self.broker.outgoing_list(),
+        }))
+    }
+
+    async fn pause_outgoing(
+        &self,
+        req: Request<v1::PauseOutgoingRequest>,
+    ) -> Result<Response<v1::OutgoingQueueInfo>, Status> {
+        self.auth
+            .authorize(&Identity::of(&req), Right::Outgoing, None)?;
+        let dest = req.into_inner().destination;
+        Ok(Response::new(
+            self.broker.set_outgoing_paused(&dest, true).await?,
+        ))
+    }
+
+    async fn resume_outgoing(
+        &self,
+        req: Request<v1::ResumeOutgoingRequest>,
+    ) -> Result<Response<v1::OutgoingQueueInfo>, Status> {
+        self.auth
+            .authorize(&Identity::of(&req), Right::Outgoing, None)?;
+        let dest = req.into_inner().destination;
+        Ok(Response::new(
+            self.broker.set_outgoing_paused(&dest, false).await?,
+        ))
+    }
+
+    async fn delete_outgoing(
+        &self,
+        req: Request<v1::DeleteOutgoingRequest>,
+    ) -> Result<Response<()>, Status> {
+        self.auth
+            .authorize(&Identity::of(&req), Right::Outgoing, None)?;
+        let dest = req.into_inner().destination;
+        self.broker.delete_outgoing(&dest).await?;
+        Ok(Response::new(()))
+    }
+
+    async fn change_acl(
+        &self,
+        req: Request<v1::ChangeAclRequest>,
+    ) -> Result<Response<v1::QueueAcl>, Status> {
+        let who = Identity::of(&req);
+        let req = req.into_inner();
+        let q = self.queue_for(&who, Right::Admin, &req.queue)?;
+        let rights = crate::auth::Rights::parse_list(&req.rights.join(","), true)
+            .map_err(Status::invalid_argument)?;
+        let acl = self
+            .broker
+            .change_acl(&q, &req.principal, rights, req.grant)
+            .await?;
+        tracing::info!(queue = %q.def().name, by = %who.name, principal = %crate::auth::quote(&req.principal), rights = ?rights.names(), grant = req.grant, "queue rights changed");
+        Ok(Response::new(wire_acl(&q, &acl)))
+    }
+
+    async fn set_queue_properties(
+        &self,
+        req: Request<v1::SetQueuePropertiesRequest>,
+    ) -> Result<Response<v1::QueueInfo>, Status> {
+        let who = Identity::of(&req);
+        let req = req.into_inner();
+        let q = self.queue_for(&who, Right::Admin, &req.name)?;
+        self.broker.set_queue_properties(&q, &req).await?;
+        Ok(Response::new(q.info()))
+    }
+
+    async fn get_acl(
+        &self,
+        req: Request<v1::GetAclRequest>,
+    ) -> Result<Response<v1::QueueAcl>, Status> {
+        let who = Identity::of(&req);
+        let q = self.queue_for(&who, Right::Admin, &req.into_inner().name)?;
+        Ok(Response::new(wire_acl(&q, &q.acl())))
+    }
+}
+
+#[tonic::async_trait]
+impl ForwardService for Service {
+    type ForwardStream = BoxStream<v1::ForwardResponse>;
+
+    async fn forward(
+        &self,
+        req: Request<Streaming<v1::ForwardRequest>>,
+    ) -> Result<Response<Self::ForwardStream>, Status> {
+        let who = Identity::of(&req);
+        self.auth.authorize(&who, Right::Forward, None)?;
+        let peer = req.remote_addr();
+        let (broker, auth, inbound) = (self.broker.clone(), self.auth.clone(), req.into_inner());
+        Ok(spawn_stream(32, |tx| {
+            crate::inbound::forward_stream(broker, peer, auth, who, inbound, tx)
+        }))
+    }
+}
+
+/// Message ids as the wire carries them: one 16-byte value per message, empty where there is
+/// none (a failed send). One buffer for all, sliced.
+fn wire_ids<'a>(ids: impl ExactSizeIterator<Item = Option<&'a uuid::Uuid>>) -> Vec<bytes::Bytes> {
+    let mut buf = BytesMut::with_capacity(16 * ids.len());
+    let mut ranges = Vec::with_capacity(ids.len());
+    for id in ids {
+        let at = buf.len();
+        if let Some(id) = id {
+            buf.put_slice(id.as_bytes());
+        }
+        ranges.push(at..buf.len());
+    }
+    let buf = buf.freeze();
+    ranges.into_iter().map(|r| buf.slice(r)).collect()
 }
 
 fn wire_acl(q: &Queue, acl: &Acl) -> v1::QueueAcl {
@@ -569,10 +591,10 @@ async fn send_stream(
     broker: Arc<Broker>,
     auth: Arc<Auth>,
     who: Identity,
-    mut inbound: Streaming<v1::SendBatch>,
-    tx: mpsc::Sender<Result<v1::SendAck, Status>>,
+    mut inbound: Streaming<v1::SendRequest>,
+    tx: mpsc::Sender<Result<v1::SendResponse, Status>>,
 ) {
-    type Pending = Pin<Box<dyn std::future::Future<Output = v1::SendAck> + Send>>;
+    type Pending = Pin<Box<dyn std::future::Future<Output = v1::SendResponse> + Send>>;
     let (pending_tx, mut pending_rx) = mpsc::channel::<Pending>(SEND_ACK_WINDOW);
     let acker = tokio::spawn(async move {
         // Every accepted batch's future runs to the end, even once the client is gone: it is
@@ -637,14 +659,10 @@ async fn send_stream(
                 let stored = broker.send_batch_on(&dests, batch.messages, tx, stream);
                 Box::pin(async move {
                     let outcome = stored.await;
-                    let mut ids = BytesMut::with_capacity(16 * n);
-                    for id in &outcome.ids {
-                        ids.put_slice(id.as_ref().map(|u| u.as_bytes()).unwrap_or(&[0u8; 16]));
-                    }
-                    v1::SendAck {
+                    v1::SendResponse {
                         first_seq,
                         count: n as u32,
-                        ids: ids.freeze(),
+                        ids: wire_ids(outcome.ids.iter().map(Option::as_ref)),
                         failures: outcome
                             .failures
                             .into_iter()
@@ -654,10 +672,10 @@ async fn send_stream(
                 })
             }
             Err(e) => {
-                let ack = v1::SendAck {
+                let ack = v1::SendResponse {
                     first_seq,
                     count: n as u32,
-                    ids: vec![0u8; 16 * n].into(),
+                    ids: vec![bytes::Bytes::new(); n],
                     failures: (0..n).map(|i| failure(first_seq + i as u64, &e)).collect(),
                 };
                 Box::pin(async move { ack })
@@ -719,6 +737,7 @@ fn failure(seq: u64, e: &BrokerError) -> v1::SendFailure {
         seq,
         code: e.code() as i32,
         message: e.to_string(),
+        reason: e.reason().to_string(),
     }
 }
 
@@ -735,7 +754,7 @@ async fn consume(
     conn: Arc<Connection>,
     mut inbound: Streaming<v1::ReceiveRequest>,
     mut credit: u64,
-    tx: mpsc::Sender<Result<v1::ReceiveBatch, Status>>,
+    tx: mpsc::Sender<Result<v1::ReceiveResponse, Status>>,
 ) {
     let flow = broker.config().flow.clone();
     let dest = queue.info().format_name;
@@ -811,7 +830,7 @@ async fn consume(
                     bytes += m.message.as_ref().map_or(0, |m| m.body.len());
                     batch.push(m);
                     if bytes >= MAX_DELIVERY_BATCH_BYTES || i + 1 == last {
-                        let item = v1::ReceiveBatch {
+                        let item = v1::ReceiveResponse {
                             messages: std::mem::take(&mut batch),
                         };
                         // A client that does not read holds its messages until the ack timeout.
@@ -932,11 +951,11 @@ async fn transact(
     broker: Arc<Broker>,
     auth: Arc<Auth>,
     who: Identity,
-    mut inbound: Streaming<v1::TxRequest>,
-    out: mpsc::Sender<Result<v1::TxResponse, Status>>,
+    mut inbound: Streaming<v1::TransactRequest>,
+    out: mpsc::Sender<Result<v1::TransactResponse, Status>>,
 ) {
-    use v1::tx_request::Op as Req;
-    use v1::tx_response::Result as Res;
+    use v1::transact_request::Op as Req;
+    use v1::transact_response::Result as Res;
     let timeout = broker.config().tx_timeout;
     let deadline = tokio::time::Instant::now() + timeout;
     // Created by a first `TxBegin` (the client's id), else by the first other request.
@@ -963,7 +982,7 @@ async fn transact(
             }
         };
         let op = match req {
-            Ok(Some(v1::TxRequest { op: Some(op) })) => op,
+            Ok(Some(v1::TransactRequest { op: Some(op) })) => op,
             Ok(Some(_)) => {
                 let _ = out
                     .send(Err(Status::invalid_argument(
@@ -1062,26 +1081,20 @@ async fn transact(
                 match tx.receive_selected(&r.queue, &select, wait).await {
                     Ok(Some(m)) => Ok(Res::Received(m)),
                     Ok(None) if tokio::time::Instant::now() >= deadline => Err(timed_out()),
-                    Ok(None) => Ok(Res::ReceiveTimeout(true)),
+                    Ok(None) => Ok(Res::ReceiveTimeout(())),
                     Err(e) => Err(e.into()),
                 }
             }
             Req::Commit(_) => {
                 let r = open.take().expect("opened above").commit().await;
                 let reply = match r {
-                    Ok(c) => {
-                        let mut ids = BytesMut::with_capacity(16 * c.ids.len());
-                        for id in &c.ids {
-                            ids.put_slice(id.as_bytes());
-                        }
-                        Ok(v1::TxResponse {
-                            result: Some(Res::Committed(v1::TxCommitted {
-                                ids: ids.freeze(),
-                                received: c.received as u32,
-                                id: c.id.as_bytes().to_vec().into(),
-                            })),
-                        })
-                    }
+                    Ok(c) => Ok(v1::TransactResponse {
+                        result: Some(Res::Committed(v1::TxCommitted {
+                            ids: wire_ids(c.ids.iter().map(Some)),
+                            received: c.received as u32,
+                            id: c.id.as_bytes().to_vec().into(),
+                        })),
+                    }),
                     Err(e) => Err(Status::from(e)),
                 };
                 let _ = out.send(reply).await;
@@ -1090,8 +1103,8 @@ async fn transact(
             Req::Abort(_) => {
                 open.take().expect("opened above").abort();
                 let _ = out
-                    .send(Ok(v1::TxResponse {
-                        result: Some(Res::Aborted(true)),
+                    .send(Ok(v1::TransactResponse {
+                        result: Some(Res::Aborted(())),
                     }))
                     .await;
                 return;
@@ -1099,7 +1112,7 @@ async fn transact(
         };
         let failed = reply.is_err();
         if out
-            .send(reply.map(|r| v1::TxResponse { result: Some(r) }))
+            .send(reply.map(|r| v1::TransactResponse { result: Some(r) }))
             .await
             .is_err()
             || failed

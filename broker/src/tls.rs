@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use mq_proto::v1::message_queue_client::MessageQueueClient;
+use mq_proto::v1::forward_service_client::ForwardServiceClient;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -161,7 +161,7 @@ impl tonic::service::Interceptor for Credentials {
 }
 
 /// A client of another broker, with credentials.
-pub(crate) type PeerClient = MessageQueueClient<InterceptedService<Channel, Credentials>>;
+pub(crate) type PeerClient = ForwardServiceClient<InterceptedService<Channel, Credentials>>;
 
 /// The endpoint and credentials to reach `destination` (`host:port`) with.
 pub(crate) fn peer_endpoint(

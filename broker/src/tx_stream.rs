@@ -1,4 +1,4 @@
-//! The id of a pipelined transactional send stream (`SendBatch.tx_stream`): registered with the
+//! The id of a pipelined transactional send stream (`SendRequest.tx_stream`): registered with the
 //! broker's transaction outcomes at its first batch, checked on every batch, closed when the
 //! stream ends.
 
@@ -25,7 +25,7 @@ impl TxStream {
     /// the stream's first, an id used before, seqs with a gap.
     pub(crate) fn batch(
         &mut self,
-        batch: &v1::SendBatch,
+        batch: &v1::SendRequest,
     ) -> Result<Option<(u128, u64)>, BrokerError> {
         if !batch.transactional || batch.tx_stream.is_empty() || batch.messages.is_empty() {
             return Ok(None);

@@ -1,7 +1,8 @@
 //! [`ClientBuilder`]: how to reach and authenticate to a broker (TLS CA, client certificate,
 //! user and password or bearer token).
 
-use mq_proto::v1::message_queue_client::MessageQueueClient;
+use mq_proto::v1::admin_service_client::AdminServiceClient;
+use mq_proto::v1::message_queue_service_client::MessageQueueServiceClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -11,7 +12,9 @@ use crate::deadline::ClientOptions;
 use crate::error::{Error, Result};
 
 /// The gRPC client with this client's credentials on every call.
-pub(crate) type Rpc = MessageQueueClient<InterceptedService<Channel, Credentials>>;
+pub(crate) type Rpc = MessageQueueServiceClient<InterceptedService<Channel, Credentials>>;
+/// The administration service's gRPC client (queues, rights, outgoing queues), same channel.
+pub(crate) type AdminRpc = AdminServiceClient<InterceptedService<Channel, Credentials>>;
 
 /// Adds the `authorization` header (Basic user:password, or Bearer token) to every call.
 /// `Debug` leaves the secret out.
@@ -176,10 +179,14 @@ impl ClientBuilder {
             }
             connect_err(reason)
         })?;
-        let rpc = MessageQueueClient::with_interceptor(channel, self.credentials)
+        let rpc =
+            MessageQueueServiceClient::with_interceptor(channel.clone(), self.credentials.clone())
+                .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
+                .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
+        let admin = AdminServiceClient::with_interceptor(channel, self.credentials)
             .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
             .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
-        Ok(Client::from_parts(rpc, url, self.options))
+        Ok(Client::from_parts(rpc, admin, url, self.options))
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::builder::{ClientBuilder, Rpc};
+use crate::builder::{AdminRpc, ClientBuilder, Rpc};
 use mq_proto::format_name::FormatName;
 use mq_proto::v1;
 
@@ -21,6 +21,7 @@ pub const DEFAULT_BROKER_URL: &str = "http://127.0.0.1:1801";
 #[derive(Debug, Clone)]
 pub struct Client {
     pub(crate) rpc: Rpc,
+    pub(crate) admin: AdminRpc,
     url: String,
     pub(crate) options: ClientOptions,
 }
@@ -129,8 +130,18 @@ impl Client {
         ClientBuilder::new(url)
     }
 
-    pub(crate) fn from_parts(rpc: Rpc, url: String, options: ClientOptions) -> Client {
-        Client { rpc, url, options }
+    pub(crate) fn from_parts(
+        rpc: Rpc,
+        admin: AdminRpc,
+        url: String,
+        options: ClientOptions,
+    ) -> Client {
+        Client {
+            rpc,
+            admin,
+            url,
+            options,
+        }
     }
 
     /// Grants `rights` (send, receive, peek, admin, or all) on queue `name` to `principal`
@@ -152,8 +163,8 @@ impl Client {
         grant: bool,
     ) -> Result<QueueAcl> {
         FormatName::parse(name)?;
-        let mut grpc = self.rpc.clone();
-        let rpc = grpc.change_acl(v1::AclChange {
+        let mut grpc = self.admin.clone();
+        let rpc = grpc.change_acl(v1::ChangeAclRequest {
             queue: name.to_string(),
             principal: principal.to_string(),
             rights: rights.iter().map(|r| r.to_string()).collect(),
@@ -168,8 +179,8 @@ impl Client {
     /// Who may do what with queue `name` (needs `admin` on it).
     pub async fn acl(&self, name: &str) -> Result<QueueAcl> {
         FormatName::parse(name)?;
-        let mut grpc = self.rpc.clone();
-        let rpc = grpc.get_acl(v1::QueueRequest {
+        let mut grpc = self.admin.clone();
+        let rpc = grpc.get_acl(v1::GetAclRequest {
             name: name.to_string(),
         });
         Ok(self
@@ -216,7 +227,7 @@ impl Client {
             label: options.label,
             max_aborts: options.max_aborts,
         };
-        let mut grpc = self.rpc.clone();
+        let mut grpc = self.admin.clone();
         let rpc = grpc.create_queue(req);
         Ok(self
             .call("creating the queue", Duration::ZERO, rpc)
@@ -237,7 +248,7 @@ impl Client {
             quota_bytes: props.quota_bytes.flatten(),
             remove_quota: matches!(props.quota_bytes, Some(None)),
         };
-        let mut grpc = self.rpc.clone();
+        let mut grpc = self.admin.clone();
         let rpc = grpc.set_queue_properties(req);
         Ok(self
             .call("changing the queue", Duration::ZERO, rpc)
@@ -248,8 +259,8 @@ impl Client {
     /// Deletes a queue and every message in it.
     pub async fn delete_queue(&self, name: &str) -> Result<()> {
         FormatName::parse(name)?;
-        let mut grpc = self.rpc.clone();
-        let rpc = grpc.delete_queue(v1::QueueRequest {
+        let mut grpc = self.admin.clone();
+        let rpc = grpc.delete_queue(v1::DeleteQueueRequest {
             name: name.to_string(),
         });
         self.call("deleting the queue", Duration::ZERO, rpc).await?;
@@ -259,8 +270,8 @@ impl Client {
     /// A queue's description and counters.
     pub async fn queue_info(&self, name: &str) -> Result<QueueInfo> {
         FormatName::parse(name)?;
-        let mut grpc = self.rpc.clone();
-        let rpc = grpc.get_queue_info(v1::QueueRequest {
+        let mut grpc = self.admin.clone();
+        let rpc = grpc.get_queue_info(v1::GetQueueInfoRequest {
             name: name.to_string(),
         });
         Ok(self
@@ -271,7 +282,7 @@ impl Client {
 
     /// Every queue on the broker, sorted by name.
     pub async fn list_queues(&self) -> Result<Vec<QueueInfo>> {
-        let mut grpc = self.rpc.clone();
+        let mut grpc = self.admin.clone();
         let rpc = grpc.list_queues(v1::ListQueuesRequest {});
         let r = self.call("listing queues", Duration::ZERO, rpc).await?;
         Ok(r.queues.into_iter().map(Into::into).collect())
@@ -280,8 +291,8 @@ impl Client {
     /// Removes every message waiting in a queue; returns how many.
     pub async fn purge(&self, name: &str) -> Result<u64> {
         FormatName::parse(name)?;
-        let mut grpc = self.rpc.clone();
-        let rpc = grpc.purge(v1::QueueRequest {
+        let mut grpc = self.admin.clone();
+        let rpc = grpc.purge(v1::PurgeRequest {
             name: name.to_string(),
         });
         Ok(self.call("purging", Duration::ZERO, rpc).await?.purged)
@@ -299,7 +310,7 @@ impl Client {
     ) -> Result<crate::ReceivedMessage> {
         FormatName::parse(queue)?;
         let mut grpc = self.rpc.clone();
-        let rpc = grpc.move_message(v1::MoveRequest {
+        let rpc = grpc.move_message(v1::MoveMessageRequest {
             queue: queue.to_string(),
             id: bytes::Bytes::copy_from_slice(id.as_bytes()),
             destination: destination.to_string(),
@@ -317,8 +328,8 @@ impl Client {
     /// The broker's outgoing queues (store-and-forward: one per destination broker that this
     /// broker has messages for, or had since it started), with their state and counters.
     pub async fn outgoing(&self) -> Result<Vec<OutgoingQueue>> {
-        let mut grpc = self.rpc.clone();
-        let rpc = grpc.list_outgoing(v1::Empty {});
+        let mut grpc = self.admin.clone();
+        let rpc = grpc.list_outgoing(v1::ListOutgoingRequest {});
         let r = self
             .call("listing outgoing queues", Duration::ZERO, rpc)
             .await?;
@@ -330,8 +341,10 @@ impl Client {
     /// keep running while it is paused. `destination` is `host:port` as [`Client::outgoing`]
     /// shows it, or the format name of any queue on that broker. Returns the queue's new state.
     pub async fn pause_outgoing(&self, destination: &str) -> Result<OutgoingQueue> {
-        let req = outgoing_request(destination)?;
-        let mut grpc = self.rpc.clone();
+        let req = v1::PauseOutgoingRequest {
+            destination: outgoing_destination(destination)?,
+        };
+        let mut grpc = self.admin.clone();
         let rpc = grpc.pause_outgoing(req);
         Ok(self
             .call("pausing the outgoing queue", Duration::ZERO, rpc)
@@ -343,8 +356,10 @@ impl Client {
     /// broker connects at once. `destination` as for [`Client::pause_outgoing`]. Returns the
     /// queue's new state.
     pub async fn resume_outgoing(&self, destination: &str) -> Result<OutgoingQueue> {
-        let req = outgoing_request(destination)?;
-        let mut grpc = self.rpc.clone();
+        let req = v1::ResumeOutgoingRequest {
+            destination: outgoing_destination(destination)?,
+        };
+        let mut grpc = self.admin.clone();
         let rpc = grpc.resume_outgoing(req);
         Ok(self
             .call("resuming the outgoing queue", Duration::ZERO, rpc)
@@ -357,8 +372,10 @@ impl Client {
     /// also expire after `mqd --outgoing-idle-expiry`). `destination` as for
     /// [`Client::pause_outgoing`].
     pub async fn delete_outgoing(&self, destination: &str) -> Result<()> {
-        let req = outgoing_request(destination)?;
-        let mut grpc = self.rpc.clone();
+        let req = v1::DeleteOutgoingRequest {
+            destination: outgoing_destination(destination)?,
+        };
+        let mut grpc = self.admin.clone();
         let rpc = grpc.delete_outgoing(req);
         self.call("deleting the outgoing queue", Duration::ZERO, rpc)
             .await?;
@@ -395,7 +412,7 @@ impl Client {
     /// use and limits (`mq info`).
     pub async fn broker_info(&self) -> Result<crate::BrokerInfo> {
         let mut grpc = self.rpc.clone();
-        let rpc = grpc.get_broker_info(v1::Empty {});
+        let rpc = grpc.get_broker_info(());
         self.call("about the broker", Duration::ZERO, rpc).await
     }
 
@@ -497,7 +514,7 @@ impl Client {
 
 /// The request naming an outgoing queue: `host:port`, or a queue name (checked here, like every
 /// other queue name, before anything is sent).
-fn outgoing_request(destination: &str) -> Result<v1::OutgoingRequest> {
+fn outgoing_destination(destination: &str) -> Result<String> {
     let destination = destination.trim();
     if destination.is_empty() {
         return Err(Error::InvalidArgument(
@@ -509,9 +526,7 @@ fn outgoing_request(destination: &str) -> Result<v1::OutgoingRequest> {
     if destination.contains(['\\', '/', '=']) {
         FormatName::parse(destination)?;
     }
-    Ok(v1::OutgoingRequest {
-        destination: destination.to_string(),
-    })
+    Ok(destination.to_string())
 }
 
 #[cfg(test)]
@@ -521,21 +536,21 @@ mod tests {
     #[test]
     fn outgoing_request_accepts_host_port_and_format_names() {
         assert_eq!(
-            outgoing_request(" 10.0.0.5:1802 ").unwrap().destination,
+            outgoing_destination(" 10.0.0.5:1802 ").unwrap(),
             "10.0.0.5:1802"
         );
         let name = r"DIRECT=TCP:10.0.0.5:1802\private$\orders";
-        assert_eq!(outgoing_request(name).unwrap().destination, name);
+        assert_eq!(outgoing_destination(name).unwrap(), name);
     }
 
     #[test]
     fn outgoing_request_refuses_empty_and_bad_names() {
         assert!(matches!(
-            outgoing_request("  "),
+            outgoing_destination("  "),
             Err(Error::InvalidArgument(_))
         ));
         assert!(matches!(
-            outgoing_request(r"DIRECT=BOGUS:host\private$\q"),
+            outgoing_destination(r"DIRECT=BOGUS:host\private$\q"),
             Err(Error::InvalidName(_))
         ));
     }

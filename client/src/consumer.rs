@@ -59,7 +59,7 @@ impl Default for ConsumerOptions {
 pub struct Consumer {
     out: Option<mpsc::Sender<v1::ReceiveRequest>>,
     /// `None` only after close or drop.
-    inbound: Option<Streaming<v1::ReceiveBatch>>,
+    inbound: Option<Streaming<v1::ReceiveResponse>>,
     buffer: VecDeque<(u64, v1::Message)>,
     /// Tag of the last message handed out.
     handed: u64,

@@ -21,8 +21,8 @@ pub struct Cursor {
     client: Client,
     queue: String,
     stream: Option<(
-        mpsc::UnboundedSender<v1::CursorRequest>,
-        Streaming<v1::CursorResponse>,
+        mpsc::UnboundedSender<v1::BrowseRequest>,
+        Streaming<v1::BrowseResponse>,
     )>,
 }
 
@@ -61,7 +61,7 @@ impl Cursor {
         action: CursorAction,
         timeout: Duration,
     ) -> Result<Option<ReceivedMessage>> {
-        let req = v1::CursorRequest {
+        let req = v1::BrowseRequest {
             queue: self.queue.clone(),
             action: action as i32,
             timeout_ms: timeout.as_millis() as u64,
@@ -104,7 +104,7 @@ impl Cursor {
                 "the message at the cursor in \"{}\" was received by someone else (MQ_ERROR_MESSAGE_ALREADY_RECEIVED); peek_next moves on",
                 self.queue
             ))),
-            Err(_) => Err(Error::Internal(format!(
+            Ok(CursorStatus::Unspecified) | Err(_) => Err(Error::Internal(format!(
                 "the broker sent an unknown cursor status {}",
                 r.status
             ))),

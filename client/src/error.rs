@@ -97,18 +97,18 @@ impl From<Status> for Error {
 }
 
 impl Error {
-    /// Builds an error from a wire error code (per-message send failures).
-    pub(crate) fn from_code(code: i32, msg: String) -> Self {
-        use mq_proto::v1::ErrorCode as C;
-        match C::try_from(code).unwrap_or(C::ErrorUnspecified) {
-            C::InvalidArgument => Error::InvalidArgument(msg),
-            C::NotFound => Error::NotFound(msg),
-            C::AlreadyExists => Error::AlreadyExists(msg),
-            C::ResourceExhausted => Error::QuotaExceeded(msg),
-            C::FailedPrecondition => Error::FailedPrecondition(msg),
-            C::Unavailable => Error::Unavailable(msg),
-            C::PermissionDenied => Error::PermissionDenied(msg),
-            C::Internal | C::ErrorUnspecified => Error::Internal(msg),
+    /// Builds an error from a per-message failure (`SendFailure`: a gRPC status code and an
+    /// error reason).
+    pub(crate) fn from_failure(code: i32, _reason: &str, msg: String) -> Self {
+        match Code::from_i32(code) {
+            Code::InvalidArgument | Code::OutOfRange => Error::InvalidArgument(msg),
+            Code::NotFound => Error::NotFound(msg),
+            Code::AlreadyExists => Error::AlreadyExists(msg),
+            Code::ResourceExhausted => Error::QuotaExceeded(msg),
+            Code::FailedPrecondition => Error::FailedPrecondition(msg),
+            Code::Unavailable => Error::Unavailable(msg),
+            Code::PermissionDenied => Error::PermissionDenied(msg),
+            _ => Error::Internal(msg),
         }
     }
 }

@@ -169,7 +169,7 @@ impl Sender {
     ) -> Result<Sender> {
         let window_units =
             (options.window_messages + options.window_bytes / BYTES_PER_UNIT).max(1) as u32;
-        let (out_tx, out_rx) = mpsc::channel::<v1::SendBatch>(16);
+        let (out_tx, out_rx) = mpsc::channel::<v1::SendRequest>(16);
         let mut grpc = client.rpc.clone();
         let rpc = grpc.send(ReceiverStream::new(out_rx));
         let mut inbound = client
@@ -424,7 +424,7 @@ fn tx_id(stream: u128, seq: u64) -> TxId {
     )))
 }
 
-fn apply_ack(shared: &Shared, window: &Semaphore, ack: v1::SendAck) -> Result<()> {
+fn apply_ack(shared: &Shared, window: &Semaphore, ack: v1::SendResponse) -> Result<()> {
     let batch = shared
         .pending
         .lock()
@@ -453,13 +453,13 @@ fn apply_ack(shared: &Shared, window: &Semaphore, ack: v1::SendAck) -> Result<()
         let result = match failures.peek() {
             Some(f) if f.seq == seq => {
                 let f = failures.next().expect("peeked");
-                let e = Error::from_code(f.code, f.message);
+                let e = Error::from_failure(f.code, &f.reason, f.message);
                 shared.record(&e);
                 failed += 1;
                 Err(e)
             }
             _ => {
-                let raw = ack.ids.get(16 * i..16 * i + 16).unwrap_or(&[0u8; 16]);
+                let raw = ack.ids.get(i).map_or(&[][..], |b| &b[..]);
                 ok += 1;
                 Ok(uuid::Uuid::from_slice(raw).unwrap_or_default())
             }
@@ -476,7 +476,7 @@ fn apply_ack(shared: &Shared, window: &Semaphore, ack: v1::SendAck) -> Result<()
 
 async fn batch_loop(
     mut rx: mpsc::UnboundedReceiver<Item>,
-    out: mpsc::Sender<v1::SendBatch>,
+    out: mpsc::Sender<v1::SendRequest>,
     shared: Arc<Shared>,
     destination: String,
     options: SenderOptions,
@@ -517,7 +517,7 @@ async fn batch_loop(
                 units,
                 replies,
             });
-        let batch = v1::SendBatch {
+        let batch = v1::SendRequest {
             first_seq,
             destination: destination.clone(),
             messages,

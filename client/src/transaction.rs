@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use mq_proto::format_name::FormatName;
-use mq_proto::v1::{self, tx_request::Op, tx_response::Result as Res};
+use mq_proto::v1::{self, transact_request::Op, transact_response::Result as Res};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Streaming;
@@ -38,8 +38,8 @@ use crate::message::{Message, MessageId, ReceivedMessage};
 #[derive(Debug)]
 pub struct Transaction {
     id: TxId,
-    out: mpsc::UnboundedSender<v1::TxRequest>,
-    inbound: Streaming<v1::TxResponse>,
+    out: mpsc::UnboundedSender<v1::TransactRequest>,
+    inbound: Streaming<v1::TransactResponse>,
     call_timeout: Duration,
 }
 
@@ -109,6 +109,7 @@ pub struct TxStatus {
 impl TxStatus {
     pub(crate) fn from_wire(r: v1::TransactionOutcomeResponse) -> Self {
         let outcome = match v1::TxOutcome::try_from(r.outcome).unwrap_or(v1::TxOutcome::Unknown) {
+            v1::TxOutcome::Unspecified => TxOutcome::Unknown,
             v1::TxOutcome::Committed => TxOutcome::Committed,
             v1::TxOutcome::Aborted => TxOutcome::Aborted,
             v1::TxOutcome::InProgress => TxOutcome::InProgress,
@@ -137,7 +138,7 @@ impl Transaction {
         let (out, rx) = mpsc::unbounded_channel();
         // The id goes first; the broker answers nothing to it (an id it refuses ends the
         // stream, and the next answer says why).
-        let _ = out.send(v1::TxRequest {
+        let _ = out.send(v1::TransactRequest {
             op: Some(Op::Begin(v1::TxBegin {
                 id: id.0.as_bytes().to_vec().into(),
             })),
@@ -163,7 +164,7 @@ impl Transaction {
     /// Sends a request. If the broker has already ended the stream (it aborted the transaction:
     /// timeout, shutdown, an error), returns the broker's reason.
     async fn request(&mut self, op: Op) -> Result<()> {
-        if self.out.send(v1::TxRequest { op: Some(op) }).is_ok() {
+        if self.out.send(v1::TransactRequest { op: Some(op) }).is_ok() {
             return Ok(());
         }
         Err(match self.next().await {
@@ -183,7 +184,7 @@ impl Transaction {
             messages: vec![message.into_wire()],
         });
         // A failure here means the broker already ended the transaction; `commit` reports why.
-        let _ = self.out.send(v1::TxRequest { op: Some(op) });
+        let _ = self.out.send(v1::TransactRequest { op: Some(op) });
         Ok(())
     }
 
@@ -273,8 +274,8 @@ impl Transaction {
         let in_doubt = |reason: String| Error::InDoubt { id, reason };
         if self
             .out
-            .send(v1::TxRequest {
-                op: Some(Op::Commit(true)),
+            .send(v1::TransactRequest {
+                op: Some(Op::Commit(())),
             })
             .is_err()
         {
@@ -299,7 +300,7 @@ impl Transaction {
         match next {
             Ok(Res::Committed(c)) => Ok(c
                 .ids
-                .chunks_exact(16)
+                .iter()
                 .map(|b| uuid::Uuid::from_slice(b).unwrap_or_default())
                 .collect()),
             Ok(other) => Err(unexpected(other)),
@@ -323,7 +324,7 @@ impl Transaction {
 
     /// Aborts: nothing sent in the transaction is stored; received messages go back.
     pub async fn abort(mut self) -> Result<()> {
-        self.request(Op::Abort(true)).await?;
+        self.request(Op::Abort(())).await?;
         match self.next().await? {
             Res::Aborted(_) => Ok(()),
             other => Err(unexpected(other)),
@@ -341,7 +342,7 @@ impl Transaction {
     /// (then it did not commit) rather than the connection breaking.
     async fn next_raw(&mut self) -> std::result::Result<Res, (Error, bool)> {
         match self.inbound.message().await {
-            Ok(Some(v1::TxResponse { result: Some(r) })) => Ok(r),
+            Ok(Some(v1::TransactResponse { result: Some(r) })) => Ok(r),
             Ok(Some(_)) => Err((
                 Error::Internal("the broker sent an empty transaction response".into()),
                 false,

@@ -13,8 +13,9 @@ use crate::forward::{BrokerAddr, Route};
 use crate::machine::Machine;
 use crate::measurement::ComboResult;
 use crate::progress::Progress;
-use crate::report::{self, ReportContext};
+use crate::report::{self, ReportContext, Row};
 use crate::scenario::{self, Brokers};
+use crate::target::{Target, TargetInfo};
 
 /// Bytes the broker charges per message besides the body (label, headers), with margin.
 const PER_MESSAGE_OVERHEAD: u64 = 512;
@@ -26,11 +27,105 @@ pub async fn run(
     out: &mut (dyn Write + Send),
     err: &mut (dyn Write + Send),
 ) -> Result<Vec<ComboResult>> {
+    run_mq(config, out, err, &mut Vec::new()).await
+}
+
+/// Runs the benchmark against every `--target` (mq alone without one), one after another,
+/// then prints the side-by-side table (several targets), and writes `--csv` and `--plot`.
+/// Returns every row of every target. A peer that cannot be reached fails the whole run
+/// before anything is measured.
+pub async fn run_all(
+    config: &Config,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+) -> Result<Vec<Row>> {
+    let targets = if config.targets.is_empty() {
+        vec![Target::Mq]
+    } else {
+        config.targets.clone()
+    };
+    for t in targets.iter().filter(|t| **t != Target::Mq) {
+        check_peer(config, t).await?;
+    }
+    let mut rows = Vec::new();
+    for (i, t) in targets.iter().enumerate() {
+        if i > 0 {
+            let w: &mut dyn Write = if config.json { err } else { out };
+            writeln!(w)?;
+        }
+        match t {
+            Target::Mq => {
+                run_mq(config, out, err, &mut rows).await?;
+            }
+            peer => {
+                run_peer(config, peer, out, err, &mut rows).await?;
+            }
+        }
+    }
+    if targets.len() > 1 {
+        let w: &mut dyn Write = if config.json { err } else { out };
+        report::write_side_by_side(w, &rows)?;
+        w.flush()?;
+    }
+    if let Some(path) = &config.csv {
+        crate::spreadsheet::write_csv_file(path, &rows)
+            .with_context(|| format!("cannot write --csv {}", path.display()))?;
+    }
+    if let Some(path) = &config.plot {
+        let caption = crate::plot::caption(&Machine::detect(), &config.command);
+        crate::plot::draw_file(path, &rows, &caption)
+            .with_context(|| format!("cannot draw --plot {}", path.display()))?;
+    }
+    Ok(rows)
+}
+
+#[cfg(any(feature = "amqp", feature = "nats"))]
+async fn check_peer(config: &Config, target: &Target) -> Result<()> {
+    crate::peer::check(config, target).await
+}
+
+#[cfg(not(any(feature = "amqp", feature = "nats")))]
+async fn check_peer(_config: &Config, target: &Target) -> Result<()> {
+    bail!(
+        "--target {}: this mqperf was built without peer support (cargo features amqp, nats)",
+        target.display_url()
+    )
+}
+
+#[cfg(any(feature = "amqp", feature = "nats"))]
+async fn run_peer(
+    config: &Config,
+    target: &Target,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+    rows: &mut Vec<Row>,
+) -> Result<Vec<ComboResult>> {
+    let plan = scenario::plan(config, mq_broker::DEFAULT_MAX_BODY_BYTES)?;
+    crate::peer::run(config, target, plan, out, err, rows).await
+}
+
+#[cfg(not(any(feature = "amqp", feature = "nats")))]
+async fn run_peer(
+    config: &Config,
+    target: &Target,
+    _out: &mut (dyn Write + Send),
+    _err: &mut (dyn Write + Send),
+    _rows: &mut Vec<Row>,
+) -> Result<Vec<ComboResult>> {
+    check_peer(config, target).await.map(|()| Vec::new())
+}
+
+async fn run_mq(
+    config: &Config,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+    rows_out: &mut Vec<Row>,
+) -> Result<Vec<ComboResult>> {
     // An external broker's limit is not known to the client: assume the default.
     let max_body = mq_broker::DEFAULT_MAX_BODY_BYTES;
     let plan = scenario::plan(config, max_body)?;
     if config.forward {
-        return run_forward(config, plan, out, err).await;
+        return run_forward(config, plan, out, err, rows_out).await;
     }
     match &config.broker {
         Some(url) => {
@@ -40,9 +135,10 @@ pub async fn run(
                 broker_detail: format!("(body limit assumed {max_body} bytes)"),
                 forward: None,
                 machine: Machine::detect(),
+                target: TargetInfo::mq(config),
             };
             let brokers = connect(url, url, None).await?;
-            run_against(config, &brokers, ctx, plan, out, err).await
+            run_against(config, &brokers, ctx, plan, out, err, rows_out).await
         }
         None => {
             let broker = EmbeddedBroker::start(express_quota(config, &plan)).await?;
@@ -58,10 +154,11 @@ pub async fn run(
                 ),
                 forward: None,
                 machine: Machine::detect(),
+                target: TargetInfo::mq(config),
             };
             let url = broker.url().to_string();
             let result = match connect(&url, &url, None).await {
-                Ok(brokers) => run_against(config, &brokers, ctx, plan, out, err).await,
+                Ok(brokers) => run_against(config, &brokers, ctx, plan, out, err, rows_out).await,
                 Err(e) => Err(e),
             };
             let stopped = broker.stop().await;
@@ -87,6 +184,7 @@ async fn run_forward(
     plan: Vec<scenario::Planned>,
     out: &mut (dyn Write + Send),
     err: &mut (dyn Write + Send),
+    rows_out: &mut Vec<Row>,
 ) -> Result<Vec<ComboResult>> {
     let max_body = mq_broker::DEFAULT_MAX_BODY_BYTES;
     match (&config.broker, &config.receive_broker) {
@@ -99,9 +197,10 @@ async fn run_forward(
                 broker_detail: format!("(body limit assumed {max_body} bytes)"),
                 forward: Some(describe(config, &route)?),
                 machine: Machine::detect(),
+                target: TargetInfo::mq(config),
             };
             let brokers = connect(a, b, Some(route)).await?;
-            run_against(config, &brokers, ctx, plan, out, err).await
+            run_against(config, &brokers, ctx, plan, out, err, rows_out).await
         }
         (None, None) => {
             let quota = express_quota(config, &plan);
@@ -132,9 +231,10 @@ async fn run_forward(
                 ),
                 forward: Some(describe(config, &route)?),
                 machine: Machine::detect(),
+                target: TargetInfo::mq(config),
             };
             let result = match connect(a.url(), b.url(), Some(route)).await {
-                Ok(brokers) => run_against(config, &brokers, ctx, plan, out, err).await,
+                Ok(brokers) => run_against(config, &brokers, ctx, plan, out, err, rows_out).await,
                 Err(e) => Err(e),
             };
             // A first: its forwarder talks to B.
@@ -199,6 +299,7 @@ async fn run_against(
     plan: Vec<scenario::Planned>,
     out: &mut (dyn Write + Send),
     err: &mut (dyn Write + Send),
+    rows_out: &mut Vec<Row>,
 ) -> Result<Vec<ComboResult>> {
     if config.json {
         report::write_banner(err, &ctx)?;
@@ -228,6 +329,7 @@ async fn run_against(
         if let Err(e) = written {
             write_error.get_or_insert(e);
         }
+        rows_out.extend(rows);
     };
     let results = scenario::run(config, brokers, plan, &progress, &mut on_result).await;
     progress.finish();

@@ -10,6 +10,7 @@ use mq_client::format_name::FormatName;
 use crate::config::{Config, DeliveryKind, Mode, Scenario};
 use crate::forward;
 use crate::payload::{FormatterKind, PayloadKind};
+use crate::target::Target;
 
 const AFTER_HELP: &str = "\
 Scenarios:
@@ -67,13 +68,41 @@ Load shape:
 Latency: send = send() to acknowledgement, sampled (every max(1, min(64, N/1000))th message);
   receive = next() plus decode; e2e = sender's clock before encoding to decoded.
 
+Peers (--target, repeatable; run one after another, then a side-by-side table):
+  --target mq                               the mq broker (--broker URL, or embedded)
+  --target amqp://guest:guest@127.0.0.1:5672  RabbitMQ (AMQP 0-9-1, classic queues)
+  --target nats://127.0.0.1:4222            NATS JetStream (nats-server -js)
+  The same payloads, formatters, counts, runs and checks; each mode mapped to the peer's
+  closest equivalent (printed in the banner as `mapping` and `fsync`, and in every row):
+    express      RabbitMQ: non-durable queue, transient messages, publisher confirms
+                 NATS: memory-storage work-queue stream, publish acks
+    recoverable  RabbitMQ: durable queue, persistent messages, publisher confirms (after fsync)
+                 NATS: file-storage work-queue stream, publish acks (written, not fsync'd)
+    TX           RabbitMQ: tx.select, one tx.commit per message sent and per message received
+                 NATS: file storage, each publish ack awaited before the next, each receive
+                 acked synchronously (double ack)
+  Peer queues are named mqperf_<last part of QUEUE>_<express|recoverable|tx>. --forward,
+  --clients, --rate, --queues, --consumers, --backlog, --broker-pid are mq-only. A peer that
+  cannot be reached fails the run (exit 1) before anything is measured.
+
+Files: --csv FILE writes every row (the --json fields) as CSV; --plot FILE.svg|FILE.png draws
+  the figures: per delivery mode and op, bars of msgs/s per payload/formatter, one per target,
+  whiskers min-max over runs.
+
+Other commands:
+  mqperf compare BEFORE.json AFTER.json   ratio per cell of two --json reports; flagged when
+                                          the runs' min-max ranges do not overlap; exit 3 when
+                                          a cell is slower beyond them
+  mqperf plot A.json [B.json ...] --out F.svg   the figures of several reports in one picture
+
 Exit codes: 0 success, 1 failure (broker unreachable or refusing, a message lost or
-  different), 2 usage error.
+  different), 2 usage error; compare: 3 a cell slower beyond the run-to-run spread.
 
 Examples:
   mqperf NOTX SENDANDRECEIVE '.\\private$\\perf' --payload empty,string:1000 --formatter raw
   mqperf TX SENDANDPURGE '.\\private$\\tx' --payload string:1000 --formatter raw --clients 8
-  mqperf NOTX SENDANDRECEIVE '.\\private$\\perf' --forward --delivery recoverable --formatter raw";
+  mqperf NOTX SENDANDRECEIVE '.\\private$\\perf' --forward --delivery recoverable --formatter raw
+  mqperf NOTX SENDANDRECEIVE '.\\private$\\perf' --target mq --target amqp://guest:guest@127.0.0.1:5672 --target nats://127.0.0.1:4222 --plot cmp.svg";
 
 /// mqperf: the System.Messaging white paper's MsmqPerfTest scenarios against an mq broker.
 #[derive(Debug, Parser)]
@@ -162,6 +191,17 @@ pub struct Cli {
     /// instead of in batches
     #[arg(long)]
     pub ack_each: bool,
+    /// Run against this system; repeat to run several one after another and report them side
+    /// by side: `mq` (the --broker, or an embedded one), `amqp://user:password@host:port`
+    /// (RabbitMQ) or `nats://host:port` (NATS JetStream). Default: mq only
+    #[arg(long, value_name = "URL", value_parser = parse_target)]
+    pub target: Vec<Target>,
+    /// Also write the report's rows (the JSON lines' fields) to FILE as CSV
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<std::path::PathBuf>,
+    /// Draw the figures of this run to FILE: SVG, or PNG when FILE ends in .png
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<std::path::PathBuf>,
     /// The CA certificate (PEM) that signed the broker's certificate, for --broker https://...
     #[arg(long, value_name = "FILE", env = "MQ_CA")]
     pub ca: Option<std::path::PathBuf>,
@@ -239,6 +279,7 @@ impl Cli {
             ));
         }
         self.check_load_shape()?;
+        self.check_targets()?;
         Ok(Config {
             mode: self.mode,
             scenario,
@@ -261,6 +302,9 @@ impl Cli {
             backlog: self.backlog,
             broker_pid: self.broker_pid,
             ack_each: self.ack_each,
+            targets: self.target,
+            csv: self.csv,
+            plot: self.plot,
             progress: progress && !self.json,
             command,
         })
@@ -386,6 +430,52 @@ impl Cli {
         }
         Ok(())
     }
+}
+
+impl Cli {
+    /// Peer targets run the white paper's scenarios and modes only: the mq-specific options
+    /// are refused with them, and `--plot` needs an .svg or .png name.
+    fn check_targets(&self) -> Result<(), clap::Error> {
+        let usage = |kind: ErrorKind, msg: String| Cli::command().error(kind, msg);
+        if let Some(p) = &self.plot {
+            if crate::plot::Format::of(p).is_none() {
+                return Err(usage(
+                    ErrorKind::ValueValidation,
+                    format!(
+                        "--plot {}: the file name must end in .svg or .png",
+                        p.display()
+                    ),
+                ));
+            }
+        }
+        let Some(peer) = self.target.iter().find(|t| **t != Target::Mq) else {
+            return Ok(());
+        };
+        let mq_only = [
+            ("--forward", self.forward),
+            ("--clients", self.clients > 1),
+            ("--rate", self.rate.is_some()),
+            ("--queues", self.queues > 1),
+            ("--consumers", self.consumers.is_some()),
+            ("--backlog", self.backlog.is_some()),
+            ("--broker-pid", self.broker_pid.is_some()),
+        ];
+        if let Some((flag, _)) = mq_only.iter().find(|(_, set)| *set) {
+            return Err(usage(
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "{flag} applies to the mq target only, not to --target {}",
+                    peer.display_url()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `--target`.
+fn parse_target(s: &str) -> Result<Target, String> {
+    Target::parse(s)
 }
 
 /// Queue names compare case-insensitively, `/` and `\` alike.

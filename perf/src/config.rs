@@ -136,6 +136,13 @@ pub struct Config {
     pub broker_pid: Option<u32>,
     /// `--ack-each`: acknowledge every received message on its own.
     pub ack_each: bool,
+    /// `--target`: the systems to run against, one after another (empty: mq only, the
+    /// `--broker` or an embedded one).
+    pub targets: Vec<crate::target::Target>,
+    /// `--csv FILE`: the report's rows as CSV.
+    pub csv: Option<std::path::PathBuf>,
+    /// `--plot FILE`: the figures, SVG or PNG by the extension.
+    pub plot: Option<std::path::PathBuf>,
     /// Draw a progress bar on stderr.
     pub progress: bool,
     /// The command line, for the banner.
@@ -205,6 +212,9 @@ impl Config {
             backlog: None,
             broker_pid: None,
             ack_each: false,
+            targets: Vec::new(),
+            csv: None,
+            plot: None,
             progress: false,
             command: String::new(),
         }

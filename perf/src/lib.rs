@@ -24,6 +24,13 @@
 //! - `rss`: [`rss_bytes`], a process's resident memory for the report.
 //! - `benchmark`: [`run`], one invocation end to end.
 //! - `connect`: [`ConnectSettings`]: TLS CA and credentials (`--ca`, `--user`, `--token`).
+//! - `target`: [`Target`] (`--target`: mq, `amqp://`, `nats://`) and [`TargetInfo`], how the
+//!   modes map onto each and whether it fsyncs before acknowledging.
+//! - `peer`: the scenarios against RabbitMQ (`amqp`, cargo feature `amqp`) and NATS JetStream
+//!   (`nats`, cargo feature `nats`).
+//! - [`spreadsheet`]: `--csv`, and reading `--json` reports back.
+//! - [`plot`]: `--plot` and `mqperf plot`, the figures (plotters, SVG or PNG).
+//! - [`compare`]: `mqperf compare BEFORE.json AFTER.json`.
 //!
 //! # Example
 //! ```no_run
@@ -37,6 +44,7 @@
 
 mod benchmark;
 mod cli;
+pub mod compare;
 mod config;
 mod connect;
 mod embedded;
@@ -44,14 +52,19 @@ mod forward;
 mod machine;
 mod measurement;
 pub mod payload;
+#[cfg(any(feature = "amqp", feature = "nats"))]
+mod peer;
+pub mod plot;
 mod progress;
 pub mod rate;
 mod report;
 mod rss;
 mod scenario;
+pub mod spreadsheet;
 mod stats;
+mod target;
 
-pub use benchmark::run;
+pub use benchmark::{run, run_all};
 pub use cli::{Cli, FormatterList, PayloadList};
 pub use config::{Config, DeliveryKind, Mode, Scenario};
 pub use connect::{set_connect_settings, ConnectSettings};
@@ -59,8 +72,11 @@ pub use embedded::EmbeddedBroker;
 pub use forward::{BrokerAddr, Route};
 pub use machine::Machine;
 pub use measurement::{ComboResult, Op, OpResult, Outcome, RunSample};
+#[cfg(any(feature = "amqp", feature = "nats"))]
+pub use peer::peer_queue;
 pub use progress::Progress;
 pub use report::{ReportContext, Row};
 pub use rss::rss_bytes;
 pub use scenario::{prefetch_for, sample_every};
 pub use stats::{Latency, Spread};
+pub use target::{Target, TargetInfo};

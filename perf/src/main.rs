@@ -1,4 +1,5 @@
-//! `mqperf`: see the `mq-perf` library. Exit codes: 0 success, 1 failure, 2 usage error.
+//! `mqperf`: see the `mq-perf` library. Exit codes: 0 success, 1 failure, 2 usage error;
+//! `mqperf compare` also 3 (a cell is slower beyond the run-to-run spread).
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -7,6 +8,30 @@ use clap::Parser;
 use mq_perf::Cli;
 
 fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("compare") => {
+            let cli = mq_perf::compare::CompareCli::parse_from(&args[1..]);
+            return match mq_perf::compare::main(&cli, &mut std::io::stdout()) {
+                Ok(code) => ExitCode::from(code),
+                Err(e) => {
+                    eprintln!("mqperf compare: error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Some("plot") => {
+            let cli = mq_perf::plot::PlotCli::parse_from(&args[1..]);
+            return match mq_perf::plot::main(&cli) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("mqperf plot: error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        _ => {}
+    }
     // Usage errors print clap's message and exit with 2; --help and --version with 0.
     let cli = Cli::parse();
     let progress = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
@@ -53,7 +78,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         let mut out = std::io::stdout();
         let mut err = std::io::stderr();
-        mq_perf::run(&config, &mut out, &mut err).await
+        mq_perf::run_all(&config, &mut out, &mut err).await
     });
     match result {
         Ok(_) => ExitCode::SUCCESS,

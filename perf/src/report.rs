@@ -8,13 +8,14 @@
 
 use std::io::{self, Write};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, Mode};
 use crate::machine::Machine;
 use crate::measurement::{ComboResult, Outcome};
 use crate::payload::PayloadKind;
 use crate::scenario::sample_every;
+use crate::target::TargetInfo;
 
 /// What every line shares: the configuration, the broker and the machine.
 #[derive(Debug, Clone)]
@@ -27,15 +28,19 @@ pub struct ReportContext {
     /// With `--forward`: the route, `A 127.0.0.1:x -> B 127.0.0.1:y`.
     pub forward: Option<String>,
     pub machine: Machine,
+    /// The system under test and how the mode maps onto it.
+    pub target: TargetInfo,
 }
 
-/// One (payload, formatter, op): a table line or a JSON line.
-#[derive(Debug, Clone, Serialize)]
+/// One (payload, formatter, op): a table line, a JSON line or a CSV record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
-    pub op: &'static str,
-    pub mode: &'static str,
-    pub scenario: &'static str,
-    pub delivery: &'static str,
+    /// The system under test: `mq`, `rabbitmq` or `nats`.
+    pub target: String,
+    pub op: String,
+    pub mode: String,
+    pub scenario: String,
+    pub delivery: String,
     /// Concurrent sending clients.
     pub clients: u32,
     /// `--rate`: the open-loop send rate (messages/s); `null`: closed loop.
@@ -51,7 +56,7 @@ pub struct Row {
     /// Sent through broker A to the queue on broker B (`--forward`).
     pub forwarded: bool,
     pub payload: String,
-    pub formatter: &'static str,
+    pub formatter: String,
     pub body_bytes: Option<usize>,
     /// Messages per run.
     pub count: u64,
@@ -67,7 +72,7 @@ pub struct Row {
     pub p999_us: Option<f64>,
     /// What the latency measures: `send_to_ack`, `receive_and_decode`, `send_to_decode`
     /// (with `--rate` the send side counts from the intended send time).
-    pub latency: &'static str,
+    pub latency: String,
     /// The broker's resident memory at the end of this op's last run, MiB (`null`: unknown).
     pub rss_mib: Option<f64>,
     /// With several consumers: fewest and most messages one consumer received in a run.
@@ -81,6 +86,12 @@ pub struct Row {
     pub broker: String,
     pub cores: usize,
     pub cpu: String,
+    /// The target's server version, when known.
+    pub target_version: Option<String>,
+    /// The mode in the target's own terms (see `TargetInfo`).
+    pub mapping: String,
+    /// Whether an acknowledged send was fsync'd by the target.
+    pub fsync_before_ack: bool,
 }
 
 fn round(x: f64, places: i32) -> f64 {
@@ -92,10 +103,11 @@ fn round(x: f64, places: i32) -> f64 {
 pub fn rows(ctx: &ReportContext, r: &ComboResult) -> Vec<Row> {
     let c = &ctx.config;
     let base = |op: crate::measurement::Op| Row {
-        op: op.name(),
-        mode: c.mode.name(),
-        scenario: c.scenario.name(),
-        delivery: c.delivery_name(),
+        target: ctx.target.kind.to_string(),
+        op: op.name().to_string(),
+        mode: c.mode.name().to_string(),
+        scenario: c.scenario.name().to_string(),
+        delivery: c.delivery_name().to_string(),
         clients: c.clients,
         rate: c.rate,
         queues: c.queues,
@@ -104,7 +116,7 @@ pub fn rows(ctx: &ReportContext, r: &ComboResult) -> Vec<Row> {
         ack_each: c.ack_each,
         forwarded: c.forward,
         payload: r.payload.clone(),
-        formatter: r.formatter,
+        formatter: r.formatter.to_string(),
         body_bytes: r.body_bytes,
         count: c.count,
         runs: c.runs,
@@ -117,7 +129,7 @@ pub fn rows(ctx: &ReportContext, r: &ComboResult) -> Vec<Row> {
         p50_us: None,
         p99_us: None,
         p999_us: None,
-        latency: op.latency_meaning(),
+        latency: op.latency_meaning().to_string(),
         rss_mib: None,
         consumer_min: None,
         consumer_max: None,
@@ -128,6 +140,9 @@ pub fn rows(ctx: &ReportContext, r: &ComboResult) -> Vec<Row> {
         broker: ctx.broker.clone(),
         cores: ctx.machine.cores,
         cpu: ctx.machine.cpu.clone(),
+        target_version: ctx.target.version.clone(),
+        mapping: ctx.target.mapping.clone(),
+        fsync_before_ack: ctx.target.fsync_before_ack,
     };
     match &r.outcome {
         Outcome::Skipped { reason, ops } => ops
@@ -189,6 +204,26 @@ pub fn write_banner(w: &mut dyn Write, ctx: &ReportContext) -> io::Result<()> {
             .trim_end()
             .to_string(),
     )?;
+    line(
+        "target",
+        match &ctx.target.version {
+            Some(v) => format!("{} {v}", ctx.target.kind),
+            None => ctx.target.kind.to_string(),
+        },
+    )?;
+    line("mapping", ctx.target.mapping.clone())?;
+    line(
+        "fsync",
+        format!(
+            "{} before the acknowledgement: {}",
+            if ctx.target.fsync_before_ack {
+                "yes"
+            } else {
+                "no"
+            },
+            ctx.target.fsync_note
+        ),
+    )?;
     line("mode", c.mode.name().to_string())?;
     line("scenario", c.scenario.name().to_string())?;
     line("queue", c.queue.clone())?;
@@ -242,6 +277,7 @@ pub fn write_banner(w: &mut dyn Write, ctx: &ReportContext) -> io::Result<()> {
     line(
         "rss",
         match (c.broker_pid, &c.broker) {
+            _ if ctx.target.kind != "mq" => "not measured for peers".to_string(),
             (Some(pid), _) => format!("VmRSS of pid {pid} at the end of each phase"),
             (None, None) => {
                 "VmRSS of this process (embedded broker and mqperf) at the end of each phase"
@@ -366,6 +402,50 @@ pub fn write_table_summary(w: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
     Ok(())
 }
 
+/// Several targets: one line per (payload, formatter, op) with each target's median msgs/s
+/// (and its min-max), in the order the rows came; `-` where a target has no figure.
+pub fn write_side_by_side(w: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
+    let mut targets: Vec<&str> = Vec::new();
+    let mut keys: Vec<(&str, &str, &str)> = Vec::new();
+    for r in rows {
+        if !targets.contains(&r.target.as_str()) {
+            targets.push(&r.target);
+        }
+        let k = (r.payload.as_str(), r.formatter.as_str(), r.op.as_str());
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    writeln!(w, "side by side (msgs/s, median and min-max over runs):")?;
+    write!(w, "{:<16} {:<9} {:<7}", "payload", "formatter", "op")?;
+    for t in &targets {
+        write!(w, " {t:>28}")?;
+    }
+    writeln!(w)?;
+    for (payload, formatter, op) in keys {
+        write!(w, "{payload:<16} {formatter:<9} {op:<7}")?;
+        for t in &targets {
+            let cell = rows
+                .iter()
+                .find(|r| {
+                    r.target == *t && r.payload == payload && r.formatter == formatter && r.op == op
+                })
+                .and_then(|r| {
+                    Some(format!(
+                        "{} ({}-{})",
+                        group(r.msgs_per_s?),
+                        group(r.msgs_per_s_min?),
+                        group(r.msgs_per_s_max?)
+                    ))
+                })
+                .unwrap_or_else(|| "-".to_string());
+            write!(w, " {cell:>28}")?;
+        }
+        writeln!(w)?;
+    }
+    Ok(())
+}
+
 /// One JSON object per row, one per line.
 pub fn write_json_rows(w: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
     for r in rows {
@@ -415,6 +495,11 @@ mod tests {
                 cores: 2,
                 cpu: "Test CPU".into(),
             },
+            target: TargetInfo::mq(&Config::new(
+                Mode::Notx,
+                Scenario::SendAndReceive,
+                r".\private$\q",
+            )),
         }
     }
 

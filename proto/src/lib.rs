@@ -4,7 +4,8 @@
 //! It is not a client: applications use `mq-client`.
 //!
 //! # Layout
-//! - [`v1`]: generated messages and the `MessageQueue` service (client and server stubs).
+//! - [`v1`]: generated messages and the `MessageQueueService`, `AdminService` and
+//!   `ForwardService` services (client and server stubs).
 //! - [`format_name`]: parsing and printing of `.\private$\orders`, `DIRECT=TCP:host\private$\q`,
 //!   and multiple-element `FORMATNAME:a,b` names.
 //! - [`ack`]: acknowledgement request bits and class codes (MSMQ's `MQMSG_ACKNOWLEDGMENT_*`,
@@ -33,7 +34,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("mq_d
 
 /// The revision of the `mq.v1` protocol this crate speaks, reported by `GetBrokerInfo`: it
 /// grows when the protocol gains something a client may depend on.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest gRPC message the broker and client accept or send. Above the default 4 MiB body
 /// limit plus headers; a batch of sends is cut before it reaches this size.
@@ -43,3 +44,32 @@ pub const MAX_GRPC_MESSAGE: usize = 64 * 1024 * 1024;
 /// did not commit. An error without it after a commit was sent (a broken connection) leaves
 /// the outcome in doubt.
 pub const TX_ENDED_METADATA: &str = "mq-tx-ended";
+
+/// The error reasons of mq (`google.rpc.ErrorInfo.reason` with domain [`reason::DOMAIN`] on a
+/// failed call, `SendFailure.reason` on a failed message): the table in mq.proto.
+pub mod reason {
+    /// `google.rpc.ErrorInfo.domain` of every mq error.
+    pub const DOMAIN: &str = "mq";
+    /// A request broke a rule (bad name, label too long, priority 8, body too large, ...).
+    pub const INVALID_ARGUMENT: &str = "INVALID_ARGUMENT";
+    /// The named queue does not exist.
+    pub const QUEUE_NOT_FOUND: &str = "QUEUE_NOT_FOUND";
+    /// Something other than a queue does not exist (a message id, an outgoing queue, ...).
+    pub const NOT_FOUND: &str = "NOT_FOUND";
+    /// The queue exists already.
+    pub const QUEUE_EXISTS: &str = "QUEUE_EXISTS";
+    /// Something other than a queue exists already (a transaction id that committed, ...).
+    pub const ALREADY_EXISTS: &str = "ALREADY_EXISTS";
+    /// A queue, broker or per-transaction quota would be exceeded; nothing was stored.
+    pub const QUOTA_EXCEEDED: &str = "QUOTA_EXCEEDED";
+    /// The operation does not apply here (read-only queue, transactional mismatch, ...).
+    pub const FAILED_PRECONDITION: &str = "FAILED_PRECONDITION";
+    /// The broker cannot store anything right now (its journal failed or refuses writes).
+    pub const STORAGE_UNAVAILABLE: &str = "STORAGE_UNAVAILABLE";
+    /// The broker is shutting down; retry against a running broker.
+    pub const SHUTTING_DOWN: &str = "SHUTTING_DOWN";
+    /// Something went wrong inside the broker.
+    pub const INTERNAL: &str = "INTERNAL";
+    /// The caller lacks a right on the queue or the broker.
+    pub const PERMISSION_DENIED: &str = "PERMISSION_DENIED";
+}

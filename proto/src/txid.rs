@@ -11,8 +11,8 @@
 //! +----------------+------+---------+-----+-----------+---------------+
 //! ```
 //!
-//! The stream id is the same with `seq` 0 (`SendBatch.tx_stream`); message `seq` (the client's
-//! `SendBatch.first_seq` numbering, from 1) has the id `stream | seq`. The time in the top 48
+//! The stream id is the same with `seq` 0 (`SendRequest.tx_stream`); message `seq` (the client's
+//! `SendRequest.first_seq` numbering, from 1) has the id `stream | seq`. The time in the top 48
 //! bits is the stream's start, in the same place as in a UUID v7.
 
 /// Bits of the sequence number in an id.

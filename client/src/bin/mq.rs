@@ -530,10 +530,17 @@ struct Failure {
     message: String,
 }
 
-impl<E: std::fmt::Display> From<E> for Failure {
+/// The exit code of a command whose output pipe was closed (`mq receive … | head`): what a
+/// shell shows for a process ended by SIGPIPE (128 + 13). Nothing is printed for it.
+const BROKEN_PIPE_EXIT: u8 = 141;
+
+impl<E: std::fmt::Display + 'static> From<E> for Failure {
     fn from(e: E) -> Self {
+        let broken_pipe = (&e as &dyn std::any::Any)
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe);
         Failure {
-            code: 1,
+            code: if broken_pipe { BROKEN_PIPE_EXIT } else { 1 },
             message: e.to_string(),
         }
     }
@@ -553,6 +560,8 @@ fn main() -> ExitCode {
     };
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`| head`): stop quietly, as cat and grep do.
+        Err(f) if f.code == BROKEN_PIPE_EXIT => ExitCode::from(f.code),
         Err(f) => {
             let kind = if f.code == 3 { "timeout" } else { "error" };
             eprintln!("mq: {kind}: {}", f.message.replace('\n', " "));
@@ -1151,7 +1160,8 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
             }
         };
         sender.close().await?;
-        println!("{id}");
+        // The message is sent; a closed stdout (`| head`) does not make that a failure.
+        let _ = writeln!(std::io::stdout(), "{id}");
         return Ok(());
     }
     let bar = progress_bar(a.count);
@@ -1279,7 +1289,7 @@ async fn send_tx(
     };
     if a.count == 1 {
         if let Some(id) = ids.first() {
-            println!("{id}");
+            let _ = writeln!(std::io::stdout(), "{id}");
         }
         return Ok(());
     }

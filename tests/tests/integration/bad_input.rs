@@ -250,12 +250,14 @@ async fn raw_protocol_abuse_is_refused_and_harmless() {
     let (broker, client) = InProcessBroker::start_with_queue(KEEP).await;
     let keep = client.queue(KEEP).unwrap();
     keep.send(Message::new("precious")).await.unwrap();
-    let mut rpc = v1::message_queue_client::MessageQueueClient::connect(broker.url().to_string())
-        .await
-        .unwrap();
+    let mut rpc = v1::message_queue_service_client::MessageQueueServiceClient::connect(
+        broker.url().to_string(),
+    )
+    .await
+    .unwrap();
 
     // Out-of-range fields fail their own message only.
-    let batch = v1::SendBatch {
+    let batch = v1::SendRequest {
         transactional: false,
         tx_stream: Default::default(),
         first_seq: 1,
@@ -275,7 +277,7 @@ async fn raw_protocol_abuse_is_refused_and_harmless() {
     let mut acks = rpc
         .send(futures::stream::iter(vec![
             batch,
-            v1::SendBatch {
+            v1::SendRequest {
                 transactional: false,
                 tx_stream: Default::default(),
                 first_seq: 4,
@@ -299,16 +301,17 @@ async fn raw_protocol_abuse_is_refused_and_harmless() {
         "{f:?}"
     );
     assert!(f[1].0 == 2 && f[1].1.contains("delivery 99"), "{f:?}");
-    assert_eq!(
-        &ack.ids[..32],
-        &[0u8; 32][..],
+    assert_eq!(ack.ids.len(), 3, "one id entry per message");
+    assert!(
+        ack.ids[0].is_empty() && ack.ids[1].is_empty(),
         "no ids for refused messages"
     );
-    assert_ne!(&ack.ids[32..48], &[0u8; 16][..], "an id for the good one");
+    assert_eq!(ack.ids[2].len(), 16, "an id for the good one");
     let ack = acks.message().await.unwrap().expect("an ack");
     assert_eq!(ack.failures.len(), 1);
     assert!(ack.failures[0].message.contains("no such name"), "{ack:?}");
-    assert_eq!(ack.failures[0].code, v1::ErrorCode::InvalidArgument as i32);
+    assert_eq!(ack.failures[0].code, tonic::Code::InvalidArgument as i32);
+    assert_eq!(ack.failures[0].reason, "INVALID_ARGUMENT");
     assert!(
         acks.message().await.unwrap().is_none(),
         "the stream ends cleanly"

@@ -462,3 +462,61 @@ fn send_help_shows_the_placeholder_and_peek_refuses_tx() {
     assert_eq!(peek.status.code(), Some(2), "{peek:?}");
     assert!(String::from_utf8_lossy(&peek.stderr).contains("--tx"));
 }
+
+/// `mq peek … | head -1` and `mq receive … | head -1`: when the reader closes the pipe, mq
+/// stops quietly (no "Broken pipe" error line) with the SIGPIPE-like exit code 141, and a
+/// non-transactional receive whose output was never read gives its unacknowledged messages back.
+#[test]
+fn a_closed_output_pipe_ends_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let (_dir, mqd) = mqd();
+    let url = mqd.url();
+    let q = r".\private$\pipe";
+    ok(mq(url, &["queue", "create", q], None));
+    ok(mq(
+        url,
+        &[
+            "send",
+            q,
+            "message {n} with some padding to fill the pipe",
+            "--count",
+            "2000",
+        ],
+        None,
+    ));
+    for verb in ["peek", "receive"] {
+        let mut child = Command::new(mq_tests::mq_path())
+            .args([verb, q, "--count", "2000", "--json"])
+            .env("MQ_BROKER", url)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        lines.read_line(&mut first).unwrap();
+        assert!(first.contains("message 1 with"), "{verb}: {first}");
+        drop(lines); // the reader goes away, as `head -1` does
+        let status = mq_tests::wait_timeout(&mut child, std::time::Duration::from_secs(60))
+            .unwrap()
+            .unwrap_or_else(|| {
+                let _ = child.kill();
+                panic!("mq {verb} did not end after its output pipe closed")
+            });
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(
+            status.code(),
+            Some(141),
+            "mq {verb}: {status:?}, stderr: {err}"
+        );
+        assert_eq!(err, "", "mq {verb} printed on stderr");
+    }
+    // Nothing acknowledged was lost: what the receive could not print is back in the queue
+    // (some messages may have been written into the pipe before it closed, and are lost to
+    // the reader only because a non-transactional receive is at most once — use --tx).
+    let info = ok(mq(url, &["queue", "info", q, "--json"], None));
+    let v: Value = serde_json::from_str(&info).unwrap();
+    assert!(v["messages"].as_u64().unwrap() > 0, "{info}");
+}

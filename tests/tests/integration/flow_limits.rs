@@ -24,8 +24,10 @@ fn raw_stream<T: Send + 'static>(
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-async fn raw(url: &str) -> v1::message_queue_client::MessageQueueClient<tonic::transport::Channel> {
-    v1::message_queue_client::MessageQueueClient::connect(url.to_string())
+async fn raw(
+    url: &str,
+) -> v1::message_queue_service_client::MessageQueueServiceClient<tonic::transport::Channel> {
+    v1::message_queue_service_client::MessageQueueServiceClient::connect(url.to_string())
         .await
         .unwrap()
         .max_decoding_message_size(256 << 20)
@@ -133,7 +135,7 @@ async fn grpc_messages_above_body_limit_plus_headroom_are_refused() {
     let limit = broker.config().grpc_message_limit();
     assert_eq!(limit, 1000 + 8 * 1024 * 1024);
     // One batch of 10 MiB: above the limit (it used to be decoded, up to 64 MiB).
-    let big = v1::SendBatch {
+    let big = v1::SendRequest {
         first_seq: 1,
         destination: Q.into(),
         messages: (0..10)

@@ -147,8 +147,8 @@ fn forwarded(destination: &str, seq: u64) -> v1::ForwardedMessage {
     }
 }
 
-fn batch(stream: uuid::Uuid, source: &str, msgs: Vec<v1::ForwardedMessage>) -> v1::ForwardBatch {
-    v1::ForwardBatch {
+fn batch(stream: uuid::Uuid, source: &str, msgs: Vec<v1::ForwardedMessage>) -> v1::ForwardRequest {
+    v1::ForwardRequest {
         stream_id: bytes::Bytes::copy_from_slice(stream.as_bytes()),
         source: source.to_string(),
         batch: 1,
@@ -157,19 +157,19 @@ fn batch(stream: uuid::Uuid, source: &str, msgs: Vec<v1::ForwardedMessage>) -> v
     }
 }
 
-type Acks = tonic::Streaming<v1::ForwardAck>;
+type Acks = tonic::Streaming<v1::ForwardResponse>;
 
 /// Opens a forwarding stream, sends `first`, and returns the sender (kept open) and the first
 /// answer.
 async fn open_forward(
     url: &str,
-    first: v1::ForwardBatch,
+    first: v1::ForwardRequest,
 ) -> (
-    tokio::sync::mpsc::Sender<v1::ForwardBatch>,
-    Result<v1::ForwardAck, tonic::Status>,
+    tokio::sync::mpsc::Sender<v1::ForwardRequest>,
+    Result<v1::ForwardResponse, tonic::Status>,
     Option<Acks>,
 ) {
-    let mut rpc = v1::message_queue_client::MessageQueueClient::connect(url.to_string())
+    let mut rpc = v1::forward_service_client::ForwardServiceClient::connect(url.to_string())
         .await
         .unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -303,12 +303,14 @@ async fn multiple_element_names_have_a_configurable_limit() {
         msg.len()
     );
     // A huge one is refused just as plainly (a raw client: the mq-client parses names too).
-    let mut rpc = v1::message_queue_client::MessageQueueClient::connect(broker.url().to_string())
-        .await
-        .unwrap();
+    let mut rpc = v1::message_queue_service_client::MessageQueueServiceClient::connect(
+        broker.url().to_string(),
+    )
+    .await
+    .unwrap();
     let huge = format!("{},", unreachable_queue(port, "x")).repeat(200_000);
     let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tx.send(v1::SendBatch {
+    tx.send(v1::SendRequest {
         first_seq: 1,
         destination: huge,
         messages: vec![v1::OutMessage::default()],
@@ -567,26 +569,26 @@ async fn pausing_an_unknown_destination_does_not_list_the_others() {
 async fn errors_quote_huge_client_values_cut_short() {
     let broker = InProcessBroker::start().await;
     let client = broker.client().await;
-    let mut rpc = v1::message_queue_client::MessageQueueClient::connect(broker.url().to_string())
+    let mut rpc = v1::admin_service_client::AdminServiceClient::connect(broker.url().to_string())
         .await
         .unwrap();
     let huge = format!(r".\private$\{}", "n".repeat(1 << 20));
     let checks = [
-        rpc.get_queue_info(v1::QueueRequest { name: huge.clone() })
+        rpc.get_queue_info(v1::GetQueueInfoRequest { name: huge.clone() })
             .await
             .map(|_| ())
             .unwrap_err(),
-        rpc.delete_queue(v1::QueueRequest { name: huge.clone() })
+        rpc.delete_queue(v1::DeleteQueueRequest { name: huge.clone() })
             .await
             .map(|_| ())
             .unwrap_err(),
-        rpc.pause_outgoing(v1::OutgoingRequest {
+        rpc.pause_outgoing(v1::PauseOutgoingRequest {
             destination: format!("{}:1801", "h".repeat(1 << 20)),
         })
         .await
         .map(|_| ())
         .unwrap_err(),
-        rpc.delete_outgoing(v1::OutgoingRequest {
+        rpc.delete_outgoing(v1::DeleteOutgoingRequest {
             destination: huge.clone(),
         })
         .await
@@ -604,7 +606,7 @@ async fn errors_quote_huge_client_values_cut_short() {
     // Errors carried in answers (not in gRPC headers, which the transport limits anyway).
     let (tx, rx) = tokio::sync::mpsc::channel(2);
     for destination in [huge.clone(), format!("FORMATNAME:{huge},{huge}")] {
-        tx.send(v1::SendBatch {
+        tx.send(v1::SendRequest {
             first_seq: 1,
             destination,
             messages: vec![v1::OutMessage::default()],
@@ -615,6 +617,11 @@ async fn errors_quote_huge_client_values_cut_short() {
         .unwrap();
     }
     drop(tx);
+    let mut rpc = v1::message_queue_service_client::MessageQueueServiceClient::connect(
+        broker.url().to_string(),
+    )
+    .await
+    .unwrap();
     let mut acks = rpc
         .send(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await

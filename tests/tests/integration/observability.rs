@@ -245,7 +245,12 @@ async fn grpc_health_and_reflection_answer_without_credentials() {
     assert!(refused.to_string().contains("anonymous"), "{refused}");
     // ... health does not.
     let mut health = HealthClient::new(channel.clone());
-    for service in ["", "mq.v1.MessageQueue"] {
+    for service in [
+        "",
+        "mq.v1.MessageQueueService",
+        "mq.v1.AdminService",
+        "mq.v1.ForwardService",
+    ] {
         let r = health
             .check(HealthCheckRequest {
                 service: service.into(),
@@ -284,17 +289,19 @@ async fn grpc_health_and_reflection_answer_without_credentials() {
     };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
     for want in [
-        "mq.v1.MessageQueue",
+        "mq.v1.MessageQueueService",
+        "mq.v1.AdminService",
+        "mq.v1.ForwardService",
         "grpc.health.v1.Health",
         "grpc.reflection.v1.ServerReflection",
     ] {
         assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
     }
-    // The file that defines mq.v1.MessageQueue is there (what `grpcurl describe` reads).
+    // The file that defines mq.v1.MessageQueueService is there (what `grpcurl describe` reads).
     let req = ServerReflectionRequest {
         host: String::new(),
         message_request: Some(MessageRequest::FileContainingSymbol(
-            "mq.v1.MessageQueue".into(),
+            "mq.v1.MessageQueueService".into(),
         )),
     };
     let mut answers = reflection
@@ -412,7 +419,7 @@ async fn a_poisoned_journal_is_not_ready() {
     );
     let status = |mut h: HealthClient<tonic::transport::Channel>| async move {
         h.check(HealthCheckRequest {
-            service: "mq.v1.MessageQueue".into(),
+            service: "mq.v1.MessageQueueService".into(),
         })
         .await
         .unwrap()

@@ -394,11 +394,9 @@ fn protected_mode_refuses_a_public_address_without_tls_and_users() {
     mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
 }
 
-type Raw = mq_proto::v1::message_queue_client::MessageQueueClient<
-    tonic::service::interceptor::InterceptedService<
-        tonic::transport::Channel,
-        mq_broker::Credentials,
-    >,
+type Raw = tonic::service::interceptor::InterceptedService<
+    tonic::transport::Channel,
+    mq_broker::Credentials,
 >;
 
 /// A raw gRPC client over TLS as `user`: for what the client crate does not do (Forward).
@@ -412,10 +410,7 @@ async fn raw(addr: std::net::SocketAddr, pki: &TestPki, user: &str, password: &s
         .connect()
         .await
         .unwrap();
-    mq_proto::v1::message_queue_client::MessageQueueClient::with_interceptor(
-        channel,
-        mq_broker::Credentials::basic(user, password),
-    )
+    Raw::new(channel, mq_broker::Credentials::basic(user, password))
 }
 
 /// Two `mqd` processes with TLS and users. A forwards to B as `broker-a` (forward right on B).
@@ -562,15 +557,19 @@ async fn authenticated_forwarding_between_two_tls_brokers() {
     assert_eq!(got.sender, "carol", "sender survives forwarding");
 
     // The hijack: A's stream id, as `ListOutgoing` on A shows it.
-    let mut a_raw = raw(a.addr(), &pki, "admin", "admin-pw").await;
+    let mut a_raw = v1::admin_service_client::AdminServiceClient::new(
+        raw(a.addr(), &pki, "admin", "admin-pw").await,
+    );
     let outgoing = a_raw
-        .list_outgoing(v1::Empty {})
+        .list_outgoing(v1::ListOutgoingRequest {})
         .await
         .unwrap()
         .into_inner();
     let stream_id = outgoing.queues[0].stream_id.clone();
-    let mut mallory = raw(b_addr, &pki, "mallory", "m-pw").await;
-    let attack = v1::ForwardBatch {
+    let mut mallory = v1::forward_service_client::ForwardServiceClient::new(
+        raw(b_addr, &pki, "mallory", "m-pw").await,
+    );
+    let attack = v1::ForwardRequest {
         stream_id,
         source: "a".into(),
         batch: 1,
@@ -690,7 +689,10 @@ async fn batches_of_too_many_messages_are_refused_whole() {
         .create_queue(Q, QueueOptions::default())
         .await
         .unwrap();
-    let mut rpc = v1::message_queue_client::MessageQueueClient::connect(url.clone())
+    let mut rpc = v1::message_queue_service_client::MessageQueueServiceClient::connect(url.clone())
+        .await
+        .unwrap();
+    let mut forward = v1::forward_service_client::ForwardServiceClient::connect(url.clone())
         .await
         .unwrap();
     let limit = Duration::from_secs(60);
@@ -703,7 +705,7 @@ async fn batches_of_too_many_messages_are_refused_whole() {
     };
 
     // Send: 200,000 empty messages (400 KB on the wire).
-    let batch = v1::SendBatch {
+    let batch = v1::SendRequest {
         first_seq: 1,
         destination: Q.into(),
         messages: vec![v1::OutMessage::default(); 200_000],
@@ -728,14 +730,14 @@ async fn batches_of_too_many_messages_are_refused_whole() {
     }
 
     // Transact: one TxSend of 200,000.
-    let op = v1::TxRequest {
-        op: Some(v1::tx_request::Op::Send(v1::TxSend {
+    let op = v1::TransactRequest {
+        op: Some(v1::transact_request::Op::Send(v1::TxSend {
             destination: Q.into(),
             messages: vec![v1::OutMessage::default(); 200_000],
         })),
     };
-    let commit = v1::TxRequest {
-        op: Some(v1::tx_request::Op::Commit(true)),
+    let commit = v1::TransactRequest {
+        op: Some(v1::transact_request::Op::Commit(())),
     };
     let r = tokio::time::timeout(limit, async {
         let mut answers = rpc
@@ -752,7 +754,7 @@ async fn batches_of_too_many_messages_are_refused_whole() {
     }
 
     // Forward: 20,000 messages in one batch.
-    let fwd = v1::ForwardBatch {
+    let fwd = v1::ForwardRequest {
         stream_id: bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
         source: "test".into(),
         batch: 1,
@@ -767,7 +769,7 @@ async fn batches_of_too_many_messages_are_refused_whole() {
             .collect(),
     };
     let r = tokio::time::timeout(limit, async {
-        let mut acks = rpc
+        let mut acks = forward
             .forward(futures::stream::iter(vec![fwd]))
             .await?
             .into_inner();
@@ -796,12 +798,13 @@ async fn batches_of_too_many_messages_are_refused_whole() {
     let dir = mq_tests::temp_data_dir("mq-sec-");
     let users_arg = users.to_str().unwrap().to_string();
     let mqd = MqdProcess::launch(dir.path(), &["--users", &users_arg]);
-    let mut anon = v1::message_queue_client::MessageQueueClient::connect(mqd.url().to_string())
-        .await
-        .unwrap();
+    let mut anon =
+        v1::message_queue_service_client::MessageQueueServiceClient::connect(mqd.url().to_string())
+            .await
+            .unwrap();
     let r = tokio::time::timeout(
         limit,
-        anon.send(futures::stream::pending::<v1::SendBatch>().boxed()),
+        anon.send(futures::stream::pending::<v1::SendRequest>().boxed()),
     )
     .await
     .expect("refused at once, without a batch");
@@ -884,7 +887,7 @@ impl tonic::service::Interceptor for Guess {
     }
 }
 
-type GuessClient = mq_proto::v1::message_queue_client::MessageQueueClient<
+type GuessClient = mq_proto::v1::admin_service_client::AdminServiceClient<
     tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Guess>,
 >;
 
@@ -895,7 +898,7 @@ async fn guessing(url: &str, user: &'static str) -> GuessClient {
         .connect()
         .await
         .unwrap();
-    mq_proto::v1::message_queue_client::MessageQueueClient::with_interceptor(channel, Guess(user))
+    mq_proto::v1::admin_service_client::AdminServiceClient::with_interceptor(channel, Guess(user))
 }
 
 /// Review M2: password hashing is off the async workers and failed logins are limited per peer

@@ -745,11 +745,11 @@ async fn a_sender_that_vanishes_mid_stream_does_not_stall_forwarding() {
     let dest = b.queue("q");
     let body = bytes::Bytes::from(vec![b'x'; 1000]);
     for _round in 0..4 {
-        let mut rpc = v1::message_queue_client::MessageQueueClient::connect(a.url())
+        let mut rpc = v1::message_queue_service_client::MessageQueueServiceClient::connect(a.url())
             .await
             .unwrap();
-        let batches: Vec<v1::SendBatch> = (0..200u64)
-            .map(|i| v1::SendBatch {
+        let batches: Vec<v1::SendRequest> = (0..200u64)
+            .map(|i| v1::SendRequest {
                 first_seq: i * 50 + 1,
                 destination: dest.clone(),
                 transactional: false,
@@ -799,7 +799,7 @@ async fn a_new_forwarding_connection_takes_over_from_a_silent_one() {
     let bc = b.client().await;
     create(&bc, "q", false, None).await;
     let stream_id = bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes());
-    let batch = |n: u64, seqs: std::ops::RangeInclusive<u64>| v1::ForwardBatch {
+    let batch = |n: u64, seqs: std::ops::RangeInclusive<u64>| v1::ForwardRequest {
         stream_id: stream_id.clone(),
         source: "test".into(),
         batch: n,
@@ -820,7 +820,7 @@ async fn a_new_forwarding_connection_takes_over_from_a_silent_one() {
             .collect(),
     };
     let connect = || async {
-        v1::message_queue_client::MessageQueueClient::connect(b.url())
+        v1::forward_service_client::ForwardServiceClient::connect(b.url())
             .await
             .unwrap()
     };
