@@ -35,6 +35,7 @@ use mq_proto::v1::DeadLetterClass;
 use crate::broker::{remote_destination, Broker};
 use crate::error::BrokerError;
 use crate::journal::Op;
+use crate::journal_queue::Copies;
 use crate::message::{now_ms, Delivery, StoredMessage};
 use crate::queue::{group_by_queue, Entry, Queue, QueueRole};
 
@@ -241,14 +242,15 @@ impl Broker {
     pub(crate) fn post_acks<'a>(&self, events: impl IntoIterator<Item = AckEvent<'a>>) {
         let mut p = self.prepare_acks(events);
         let ops = std::mem::take(&mut p.ops);
-        self.finish_acks(ops, p);
+        self.finish_acks(ops, p, Copies::default());
     }
 
-    /// Submits `ops` (the event's record, with the acks' `Put`s) unless empty, and makes the
-    /// acks receivable once it is durable; not awaited.
-    fn finish_acks(&self, ops: Vec<Op>, acks: Prepared) {
+    /// Submits `ops` (the event's record, with the acks' and journal copies' `Put`s) unless
+    /// empty, and makes the acks and copies receivable once it is durable; not awaited.
+    fn finish_acks(&self, ops: Vec<Op>, acks: Prepared, copies: Copies) {
         if ops.is_empty() {
             acks.commit(self);
+            copies.stored(self);
             return;
         }
         // The normal lane, not the removal lane: an ack's `Put` must follow its queue's
@@ -256,15 +258,27 @@ impl Broker {
         let commit = self.journal().submit(ops);
         let Some(me) = self.acks.me.get().and_then(Weak::upgrade) else {
             match commit.wait() {
-                Ok(()) => acks.commit(self),
-                Err(_) => acks.abort(self),
+                Ok(()) => {
+                    acks.commit(self);
+                    copies.stored(self);
+                }
+                Err(_) => {
+                    acks.abort(self);
+                    copies.failed(self);
+                }
             }
             return;
         };
         tokio::spawn(async move {
             match commit.await {
-                Ok(()) => acks.commit(&me),
-                Err(_) => acks.abort(&me),
+                Ok(()) => {
+                    acks.commit(&me);
+                    copies.stored(&me);
+                }
+                Err(_) => {
+                    acks.abort(&me);
+                    copies.failed(&me);
+                }
             }
         });
     }
@@ -322,6 +336,8 @@ impl Broker {
             dead_letter: None,
             sender: o.sender.clone(),
             move_count: 0,
+            // An ack is never journaled at its source.
+            journal: false,
             admin_queue: None,
             acknowledge: 0,
             class: ev.class,
@@ -367,7 +383,12 @@ impl Broker {
         entries: &[Entry],
         class: u16,
     ) -> Prepared {
-        if !entries.iter().any(|e| wanted(&e.msg, class)) {
+        // Journal copies and dead letters keep the original's request but post nothing more.
+        let posts = matches!(
+            queue.def().role,
+            QueueRole::Normal | QueueRole::Subqueue | QueueRole::Outgoing { .. }
+        );
+        if !posts || !entries.iter().any(|e| wanted(&e.msg, class)) {
             return Prepared::default();
         }
         let destination = destination_of(queue);
@@ -392,20 +413,18 @@ impl Broker {
         self.prepare_acks(events)
     }
 
-    /// [`Broker::forget`] of entries received for good, with their `ACK_RECEIVE`s (or of
-    /// purged ones with their `NACK_Q_PURGED`s) in the removal's record.
-    pub(crate) fn forget_acked(&self, queue: &Queue, entries: &[Entry], class: u16) {
-        let acks = self.acks_for_entries(queue, entries, class);
+    /// Entries received for good from `queue` (a streaming receiver's acknowledgement, a
+    /// one-shot receive): [`Broker::forget_received`], with their `ACK_RECEIVE`s in the same
+    /// record as the removal and the journal copies.
+    pub(crate) fn forget_received_acked(self: &Arc<Self>, queue: &Arc<Queue>, entries: &[Entry]) {
+        let mut acks = self.acks_for_entries(queue, entries, class::ACK_RECEIVE);
         if acks.is_empty() {
-            self.forget(queue, entries);
+            self.forget_received(queue, entries);
             return;
         }
-        self.forget_with(queue, entries, acks);
-    }
-
-    /// [`Broker::forget`] whose removal record also holds `acks`' `Put`s; the acks become
-    /// receivable once it is durable (express ones at once).
-    fn forget_with(&self, queue: &Queue, entries: &[Entry], acks: Prepared) {
+        let mut copies = self.journal_copies(queue, entries);
+        let mut ops = copies.take_ops();
+        ops.append(&mut acks.ops);
         let mut seqs = Vec::new();
         for e in entries {
             self.release(e.msg.delivery, e.msg.charged_bytes());
@@ -413,15 +432,36 @@ impl Broker {
                 seqs.push(e.seq);
             }
         }
-        let mut acks = acks;
-        let mut ops = std::mem::take(&mut acks.ops);
         if !seqs.is_empty() {
             ops.push(Op::Remove {
                 queue_id: queue.def().id,
                 seqs,
             });
         }
-        self.finish_acks(ops, acks);
+        self.finish_acks(ops, acks, copies);
+    }
+
+    /// The `NACK_Q_DELETED`s of the messages waiting in the application queue `key` and its
+    /// subqueues (not its journal: copies post nothing), for the deletion's record. A message
+    /// received between this and the deletion gets both its `ACK_RECEIVE` and this NACK; one
+    /// sent in between gets none (the deletion holds the redefinitions lock, not the queue).
+    pub(crate) fn deletion_nacks(&self, key: &str) -> Prepared {
+        let deleted = class::NACK_Q_DELETED;
+        let prefix = format!("{key};");
+        let mut out = Prepared::default();
+        for q in self.all_queues() {
+            let k = &q.def().key;
+            let ours = (k == key && q.def().role.is_normal())
+                || (q.def().role == QueueRole::Subqueue && k.starts_with(&prefix));
+            if !ours {
+                continue;
+            }
+            let nacked = q.waiting_matching(|e| wanted(&e.msg, deleted));
+            let mut p = self.acks_for_entries(&q, &nacked, deleted);
+            out.ops.append(&mut p.ops);
+            out.absorb(p);
+        }
+        out
     }
 }
 

@@ -768,20 +768,19 @@ impl crate::broker::Broker {
         grant: bool,
     ) -> Result<Acl, crate::error::BrokerError> {
         use crate::error::BrokerError;
-        let (acl, commit) = {
-            let mut cur = q.acl_lock();
-            let mut acl = (**cur).clone();
-            acl.change(who, rights, grant)
-                .map_err(BrokerError::InvalidArgument)?;
-            let def = crate::queue::QueueDef {
-                acl: acl.clone(),
-                ..q.current_def()
-            };
-            let commit = self.redefine_queue(q, &def)?;
-            *cur = Arc::new(acl.clone());
-            (acl, commit)
+        // In force only once journaled: a refused change leaves the ACL as it was.
+        let _one = self.redefinitions.lock().await;
+        let mut acl = (**q.acl_lock()).clone();
+        acl.change(who, rights, grant)
+            .map_err(BrokerError::InvalidArgument)?;
+        let def = crate::queue::QueueDef {
+            acl: acl.clone(),
+            ..q.current_def()
         };
-        commit.await.map_err(crate::broker::journal_failed)?;
+        self.redefine_queue(q, &def)?
+            .await
+            .map_err(crate::broker::journal_failed)?;
+        *q.acl_lock() = Arc::new(acl.clone());
         Ok(acl)
     }
 }

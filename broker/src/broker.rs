@@ -53,6 +53,10 @@ pub struct Broker {
     counters: Arc<crate::metrics::Counters>,
     /// Acknowledgements to admin queues (`acks.rs`).
     pub(crate) acks: crate::acks::AckState,
+    /// Held by a change of a queue's definition (ACL, properties, an outgoing queue's pause,
+    /// a deletion) from reading the current definition until the change is journaled and
+    /// applied: a change takes effect in memory only once its record is on disk.
+    pub(crate) redefinitions: tokio::sync::Mutex<()>,
 }
 
 /// Keys of the system queues.
@@ -146,6 +150,7 @@ enum RoleRecord {
     Streams,
     TxOutcomes,
     Subqueue,
+    Journal,
 }
 
 impl QueueDefRecord {
@@ -166,6 +171,7 @@ impl QueueDefRecord {
             QueueRole::Streams => RoleRecord::Streams,
             QueueRole::TxOutcomes => RoleRecord::TxOutcomes,
             QueueRole::Subqueue => RoleRecord::Subqueue,
+            QueueRole::Journal => RoleRecord::Journal,
         };
         let r = QueueDefRecordV2 {
             name: def.name.clone(),
@@ -177,14 +183,20 @@ impl QueueDefRecord {
             role,
         };
         let mut v = postcard::to_allocvec(&r).expect("encoding into a Vec cannot fail");
+        let journal = def.journal != crate::journal_queue::JournalPolicy::default();
         // Version 3: the ACL follows version 2's fields, only when there is one (or the poison
         // policy follows).
-        if !def.acl.0.is_empty() || !def.poison.is_default() {
+        if !def.acl.0.is_empty() || !def.poison.is_default() || journal {
             v.extend(postcard::to_allocvec(&def.acl).expect("encoding into a Vec cannot fail"));
         }
-        // Version 4: the poison policy follows the ACL, only when there is one.
-        if !def.poison.is_default() {
+        // Version 4: the poison policy follows the ACL, only when there is one (or the
+        // journal policy follows).
+        if !def.poison.is_default() || journal {
             v.extend(postcard::to_allocvec(&def.poison).expect("encoding into a Vec cannot fail"));
+        }
+        // Version 5: the journal policy follows the poison policy, only when there is one.
+        if journal {
+            v.extend(postcard::to_allocvec(&def.journal).expect("encoding into a Vec cannot fail"));
         }
         Bytes::from(v)
     }
@@ -192,13 +204,18 @@ impl QueueDefRecord {
     fn decode(id: u64, bytes: &[u8]) -> Result<QueueDef, postcard::Error> {
         let mut acl = crate::auth::Acl::default();
         let mut poison = crate::subqueue::PoisonPolicy::default();
+        let mut journal = crate::journal_queue::JournalPolicy::default();
         let r = match postcard::take_from_bytes::<QueueDefRecordV2>(bytes) {
             Ok((r, rest)) => {
                 if !rest.is_empty() {
                     let (a, rest) = postcard::take_from_bytes(rest)?;
                     acl = a;
                     if !rest.is_empty() {
-                        poison = postcard::from_bytes(rest)?;
+                        let (p, rest) = postcard::take_from_bytes(rest)?;
+                        poison = p;
+                        if !rest.is_empty() {
+                            journal = postcard::from_bytes(rest)?;
+                        }
                     }
                 }
                 r
@@ -232,6 +249,7 @@ impl QueueDefRecord {
             RoleRecord::Streams => QueueRole::Streams,
             RoleRecord::TxOutcomes => QueueRole::TxOutcomes,
             RoleRecord::Subqueue => QueueRole::Subqueue,
+            RoleRecord::Journal => QueueRole::Journal,
         };
         Ok(QueueDef {
             id,
@@ -244,6 +262,7 @@ impl QueueDefRecord {
             role,
             acl,
             poison,
+            journal,
         })
     }
 }
@@ -382,6 +401,7 @@ impl Broker {
             }
         }
         crate::subqueue::link_recovered(&queues);
+        crate::journal_queue::link_recovered(&queues);
         report.queues = queues.values().filter(|q| q.def().role.is_normal()).count();
         let mut next_queue_id = rec.max_queue_id + 1;
         // The system queues exist on every broker; a new data directory gets them now. Their
@@ -480,6 +500,7 @@ impl Broker {
             background: std::sync::Mutex::new(None),
             counters: Arc::default(),
             acks: Default::default(),
+            redefinitions: tokio::sync::Mutex::new(()),
         };
         Ok((broker, report))
     }
@@ -597,16 +618,14 @@ impl Broker {
         addr.is_local_to(&self.local_names, &self.local_addrs)
     }
 
-    fn normal_queue_key(&self, name: &str, addr: &QueueAddress) -> Result<String, BrokerError> {
+    fn normal_queue_key(&self, _name: &str, addr: &QueueAddress) -> Result<String, BrokerError> {
         match addr.kind {
             QueueKind::Normal
             | QueueKind::DeadLetter
             | QueueKind::DeadXact
-            | QueueKind::Subqueue => Ok(addr.key()),
-            QueueKind::Journal => Err(BrokerError::FailedPrecondition(format!(
-                "\"{}\" is a queue journal; journal queues are not kept by this broker yet",
-                quote(name)
-            ))),
+            | QueueKind::Subqueue
+            | QueueKind::Journal
+            | QueueKind::SystemJournal => Ok(addr.key()),
         }
     }
 
@@ -634,9 +653,10 @@ impl Broker {
             )));
         }
         let poison = crate::subqueue::PoisonPolicy::from_request(&req)?;
+        let journal = crate::journal_queue::JournalPolicy::from_request(&req)?;
         if addr.kind != QueueKind::Normal {
             return Err(BrokerError::QueueExists(format!(
-                "{} (the dead-letter queues exist on every broker and cannot be created)",
+                "{} (the dead-letter queues, SYSTEM$;JOURNAL and each queue's journal exist without being created)",
                 addr.path_name()
             )));
         }
@@ -652,10 +672,12 @@ impl Broker {
             if queues.contains_key(&key) {
                 return Err(BrokerError::QueueExists(local_path_name(&addr)));
             }
+            crate::queue_count::check(queues.len(), self.config.max_queues)?;
             let id = self.next_queue_id.fetch_add(1, Ordering::AcqRel);
             let def = QueueDef {
                 acl,
                 poison,
+                journal,
                 ..QueueDef::new(
                     id,
                     local_path_name(&addr),
@@ -697,35 +719,63 @@ impl Broker {
                 quote(name)
             )));
         }
+        let _one = self.redefinitions.lock().await;
         self.check_writable("delete a queue")?;
-        let q = {
+        // NACK_Q_DELETEDs of its waiting messages, prepared before the registry lock (they
+        // read bodies and look up admin queues) and stored in the deletion's record.
+        let mut nacks = self.deletion_nacks(&key);
+        // Out of the registry (with its subqueues and its journal) and the deletion submitted under its lock, so
+        // no record of a later lookup comes before the deletion's; emptied only once the
+        // deletion is on disk, and back in the registry if nothing was written.
+        let (q, subqueues, commit) = {
             let mut queues = self.queues.write().unwrap_or_else(|p| p.into_inner());
             match queues.get(&key) {
                 Some(q) if q.def().role.is_normal() => {}
                 _ => return Err(BrokerError::QueueNotFound(local_path_name(&addr))),
             }
-            queues.remove(&key).expect("checked above")
+            let q = queues.remove(&key).expect("checked above");
+            let prefix = format!("{};", q.def().key);
+            let sub_keys: Vec<String> = queues
+                .iter()
+                .filter(|(k, s)| {
+                    matches!(s.def().role, QueueRole::Subqueue | QueueRole::Journal)
+                        && k.starts_with(&prefix)
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            let subqueues: Vec<Arc<Queue>> =
+                sub_keys.iter().filter_map(|k| queues.remove(k)).collect();
+            let mut ops: Vec<Op> = std::iter::once(&q)
+                .chain(&subqueues)
+                .map(|s| Op::DeleteQueue {
+                    queue_id: s.def().id,
+                })
+                .collect();
+            ops.append(&mut nacks.ops);
+            let commit = self.journal.submit(ops);
+            (q, subqueues, commit)
         };
-        let deleted = mq_proto::ack::class::NACK_Q_DELETED;
-        let ((express, stored), nacked) =
-            q.mark_deleted_keeping(|e| crate::acks::wanted(&e.msg, deleted));
-        let mut acks = self.acks_for_entries(&q, &nacked, deleted);
-        self.release(Delivery::Express, express);
-        self.release(Delivery::Recoverable, stored);
-        let subqueues = self.delete_subqueues(&q);
-        let mut ops: Vec<Op> = std::iter::once(q.def().id)
-            .chain(subqueues)
-            .map(|queue_id| Op::DeleteQueue { queue_id })
-            .collect();
-        ops.append(&mut acks.ops);
-        match self.journal.submit(ops).await {
-            Ok(()) => acks.commit(self),
-            Err(e) => {
-                acks.abort(self);
+        if let Err(e) = commit.await {
+            nacks.abort(self);
+            if e.may_be_stored() {
+                // Maybe deleted (the journal is poisoned now): it stays out of the registry.
                 return Err(BrokerError::Unavailable(format!(
-                    "cannot store the deletion: {e}"
+                    "the journal failed while storing the deletion, which may or may not be on disk (a restart tells): {e}"
                 )));
             }
+            let mut queues = self.queues.write().unwrap_or_else(|p| p.into_inner());
+            for s in std::iter::once(q).chain(subqueues) {
+                queues.entry(s.def().key.clone()).or_insert(s);
+            }
+            return Err(BrokerError::Unavailable(format!(
+                "cannot store the deletion, the queue is kept: {e}"
+            )));
+        }
+        nacks.commit(self);
+        for s in std::iter::once(&q).chain(&subqueues) {
+            let (express, stored) = s.mark_deleted();
+            self.release(Delivery::Express, express);
+            self.release(Delivery::Recoverable, stored);
         }
         tracing::info!(queue = %q.def().name, "queue deleted");
         Ok(())
@@ -765,6 +815,9 @@ impl Broker {
         match self.queue_by_key(&key) {
             Some(q) => Ok(q),
             None if addr.kind == QueueKind::Subqueue => self.open_subqueue(name, addr),
+            None if matches!(addr.kind, QueueKind::Journal | QueueKind::SystemJournal) => {
+                self.open_journal(name, addr)
+            }
             None => Err(BrokerError::QueueNotFound(local_path_name(addr))),
         }
     }
@@ -786,6 +839,7 @@ impl Broker {
             return Ok((q.clone(), false));
         }
         check(&queues)?;
+        crate::queue_count::check(queues.len(), self.config.max_queues)?;
         self.check_writable("create a queue")?;
         if self.journal.is_disk_full() {
             return Err(BrokerError::QuotaExceeded(
@@ -826,8 +880,8 @@ impl Broker {
         v
     }
 
-    /// Removes every ready message of a queue.
-    pub fn purge(&self, name: &str) -> Result<u64, BrokerError> {
+    /// Removes every ready message of a queue; returns once their removal is on disk.
+    pub async fn purge(&self, name: &str) -> Result<u64, BrokerError> {
         let q = self.queue(name)?;
         if self.journal.is_poisoned()
             && q.peek(usize::MAX)?
@@ -837,7 +891,22 @@ impl Broker {
             self.check_writable("purge recoverable messages")?;
         }
         let purged = q.purge();
-        self.forget_acked(&q, &purged, mq_proto::ack::class::NACK_Q_PURGED);
+        let class = match q.def().role {
+            QueueRole::Outgoing { .. } => mq_proto::ack::class::NACK_PURGED,
+            _ => mq_proto::ack::class::NACK_Q_PURGED,
+        };
+        let mut nacks = self.acks_for_entries(&q, &purged, class);
+        let removal = self.forget_removal_with(&q, &purged, std::mem::take(&mut nacks.ops));
+        if let Some(removal) = removal {
+            if let Err(e) = removal.await {
+                nacks.abort(self);
+                return Err(BrokerError::Unavailable(format!(
+                    "the purge of {} messages could not be stored ({e}); they are gone from the queue until the broker restarts",
+                    purged.len()
+                )));
+            }
+        }
+        nacks.commit(self);
         Ok(purged.len() as u64)
     }
 
@@ -1177,6 +1246,8 @@ impl Broker {
         let mut headers: Vec<Option<(Bytes, Arc<StoredMessage>)>> = vec![None; accepted.len()];
         let mut ops = Vec::new();
         let mut durable: Vec<(Arc<Queue>, usize, Entry)> = Vec::new();
+        // Source journaling: copies of stored messages sent with the journal flag.
+        let mut source = crate::journal_queue::Copies::default();
         let order_guard =
             transactional.then(|| self.commit_order.lock().unwrap_or_else(|p| p.into_inner()));
         // Every destination first: a message goes to all of its queues or to none (a
@@ -1255,6 +1326,9 @@ impl Broker {
                     });
                     durable.push((q.clone(), j, Entry::new(seq, bodyless)));
                 }
+                if m.journal && t.route.is_none() && !refused[j] {
+                    self.source_copy(m, &mut source);
+                }
             }
             self.insert_or_forget(q, express);
         }
@@ -1281,6 +1355,7 @@ impl Broker {
             ops.extend(outcome_ops);
             batch
         });
+        ops.extend(source.take_ops());
         let commit = (!ops.is_empty()).then(|| self.journal.submit(ops));
         drop(order_guard);
         let broker = self.clone();
@@ -1292,6 +1367,10 @@ impl Broker {
                         Ok(()) => broker.outcomes().stream_committed(batch),
                         Err(_) => broker.outcomes().stream_failed(batch),
                     }
+                }
+                match &result {
+                    Ok(()) => source.stored(&broker),
+                    Err(_) => source.failed(&broker),
                 }
                 match result {
                     Ok(()) => {
@@ -1379,6 +1458,27 @@ impl Broker {
     /// waited for: a crash before it reaches the disk redelivers the message (at least once);
     /// it never loses one.
     pub fn forget(&self, queue: &Queue, entries: &[Entry]) {
+        // Not awaited on purpose (see above); a failure poisons the journal, and later sends
+        // report it.
+        drop(self.forget_removal(queue, entries));
+    }
+
+    /// [`Broker::forget`], returning the journal write of the removal (if any) to wait for.
+    pub(crate) fn forget_removal(
+        &self,
+        queue: &Queue,
+        entries: &[Entry],
+    ) -> Option<crate::journal::Commit> {
+        self.forget_removal_with(queue, entries, Vec::new())
+    }
+
+    /// [`Broker::forget_removal`] whose record also holds `extra` (acks' `Put`s).
+    pub(crate) fn forget_removal_with(
+        &self,
+        queue: &Queue,
+        entries: &[Entry],
+        mut extra: Vec<Op>,
+    ) -> Option<crate::journal::Commit> {
         let mut express = 0;
         let mut stored = 0;
         let mut seqs = Vec::new();
@@ -1393,16 +1493,25 @@ impl Broker {
         }
         self.release(Delivery::Express, express);
         self.release(Delivery::Recoverable, stored);
-        if !seqs.is_empty() {
-            // Not awaited on purpose (see above); a failure poisons the journal, and later
-            // sends report it. The removal lane: the entries' `Put`s are durable (they were
-            // in the queue), so it rides the next group commit instead of queueing behind
-            // pending sends; that bounds the redelivery window after a crash.
-            drop(self.journal.submit_removal(vec![Op::Remove {
+        if !extra.is_empty() {
+            // `Put`s must follow their queues' definitions: the normal lane.
+            if !seqs.is_empty() {
+                extra.push(Op::Remove {
+                    queue_id: queue.def().id,
+                    seqs,
+                });
+            }
+            return Some(self.journal.submit(extra));
+        }
+        // The removal lane: the entries' `Put`s are durable (they were in the queue), so it
+        // rides the next group commit instead of queueing behind pending sends; that bounds
+        // the redelivery window after a crash.
+        (!seqs.is_empty()).then(|| {
+            self.journal.submit_removal(vec![Op::Remove {
                 queue_id: queue.def().id,
                 seqs,
-            }]));
-        }
+            }])
+        })
     }
 
     /// Makes admitted entries receivable; if their queue was deleted meanwhile, forgets them
@@ -1420,26 +1529,38 @@ impl Broker {
     /// handed out). If the journal fails, the entries go back to the queue.
     pub async fn remove_durably(
         &self,
-        queue: &Queue,
+        queue: &Arc<Queue>,
         entries: Vec<Entry>,
     ) -> Result<Vec<Entry>, BrokerError> {
         let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
-        let removal = Op::Remove {
+        // Journal copies (target journaling) and ACK_RECEIVEs go into the removal's record.
+        let mut copies = self.journal_copies(queue, &entries);
+        let mut acks = self.acks_for_entries(queue, &entries, mq_proto::ack::class::ACK_RECEIVE);
+        let mut ops = copies.take_ops();
+        ops.append(&mut acks.ops);
+        ops.push(Op::Remove {
             queue_id: queue.def().id,
             seqs,
-        };
-        let mut acks = self.acks_for_entries(queue, &entries, mq_proto::ack::class::ACK_RECEIVE);
-        // With acks, the normal lane: their `Put`s must follow their queues' definitions.
-        let commit = if acks.ops.is_empty() {
-            self.journal.submit_removal(vec![removal])
+        });
+        // Copies' and acks' `Put`s must follow their queues' definitions: the normal lane.
+        let commit = if ops.len() == 1 {
+            self.journal.submit_removal(ops)
         } else {
-            let mut ops = std::mem::take(&mut acks.ops);
-            ops.push(removal);
             self.journal.submit(ops)
         };
-        match commit.await {
+        let result = commit.await;
+        match &result {
             Ok(()) => {
+                copies.stored(self);
                 acks.commit(self);
+            }
+            Err(_) => {
+                copies.failed(self);
+                acks.abort(self);
+            }
+        }
+        match result {
+            Ok(()) => {
                 queue.complete(&entries);
                 for e in &entries {
                     self.release(e.msg.delivery, e.msg.charged_bytes());
@@ -1447,7 +1568,6 @@ impl Broker {
                 Ok(entries)
             }
             Err(e) => {
-                acks.abort(self);
                 let gone = queue.restore(entries);
                 self.forget(queue, &gone);
                 Err(journal_failed(e))

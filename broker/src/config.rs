@@ -25,6 +25,8 @@ pub const MESSAGE_OVERHEAD_BYTES: u64 = 128;
 pub const DEFAULT_OUTGOING_IDLE_EXPIRY: std::time::Duration = std::time::Duration::from_secs(3600);
 /// Default most outgoing queues (destination brokers) at once.
 pub const DEFAULT_MAX_OUTGOING_QUEUES: usize = 10_000;
+/// Default most queues (subqueues included) a broker holds.
+pub const DEFAULT_MAX_QUEUES: usize = 200_000;
 /// Default most incoming forwarding streams kept per peer (sending address).
 pub const DEFAULT_MAX_FORWARD_STREAMS_PER_PEER: usize = 256;
 /// Default most incoming forwarding streams kept in all.
@@ -116,6 +118,8 @@ pub struct BrokerConfig {
     pub outgoing_idle_expiry: std::time::Duration,
     /// Most outgoing queues (destination brokers) at once.
     pub max_outgoing_queues: usize,
+    /// Most queues (subqueues included); a create beyond it is refused.
+    pub max_queues: usize,
     /// Most incoming forwarding streams kept per peer address.
     pub max_forward_streams_per_peer: usize,
     /// Most incoming forwarding streams kept in all.
@@ -124,7 +128,7 @@ pub struct BrokerConfig {
     pub forward_stream_idle: std::time::Duration,
     /// The HTTP port (`/metrics`, `/healthz`, `/readyz`); `None`: no HTTP server.
     pub http_listen: Option<std::net::SocketAddr>,
-    /// Serve the HTTP port on a non-loopback address (it has no authentication).
+    /// Serve the HTTP port on a non-loopback address without TLS and a users file.
     pub http_insecure: bool,
 }
 
@@ -202,6 +206,7 @@ impl BrokerConfig {
             max_format_name_elements: mq_proto::limits::DEFAULT_MAX_FORMAT_NAME_ELEMENTS,
             outgoing_idle_expiry: DEFAULT_OUTGOING_IDLE_EXPIRY,
             max_outgoing_queues: DEFAULT_MAX_OUTGOING_QUEUES,
+            max_queues: DEFAULT_MAX_QUEUES,
             max_forward_streams_per_peer: DEFAULT_MAX_FORWARD_STREAMS_PER_PEER,
             max_forward_streams: DEFAULT_MAX_FORWARD_STREAMS,
             forward_stream_idle: DEFAULT_FORWARD_STREAM_IDLE,
@@ -248,6 +253,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("max_format_name_elements", &self.max_format_name_elements)
             .field("outgoing_idle_expiry", &self.outgoing_idle_expiry)
             .field("max_outgoing_queues", &self.max_outgoing_queues)
+            .field("max_queues", &self.max_queues)
             .field(
                 "max_forward_streams_per_peer",
                 &self.max_forward_streams_per_peer,

@@ -272,7 +272,7 @@ pub(crate) fn rejection(
 ) -> v1::ForwardRejection {
     v1::ForwardRejection {
         index: index as u32,
-        class: class as i32,
+        dead_letter_class: class as i32,
         reason: mq_proto::limits::truncate(&reason, mq_proto::limits::MAX_REASON_BYTES),
     }
 }

@@ -31,6 +31,10 @@ pub enum BrokerError {
     /// a failed sync).
     #[error("{0}")]
     Unavailable(String),
+    /// A transaction's commit record was handed to the journal and the write or its
+    /// `fdatasync` failed: it may be on disk. Nobody knows whether it committed until a restart.
+    #[error("{0}")]
+    InDoubt(String),
     /// The broker is shutting down.
     #[error("the broker is shutting down; retry against a running broker")]
     ShuttingDown,
@@ -51,7 +55,9 @@ impl BrokerError {
             BrokerError::QueueExists(_) | BrokerError::AlreadyExists(_) => Code::AlreadyExists,
             BrokerError::QuotaExceeded(_) => Code::ResourceExhausted,
             BrokerError::FailedPrecondition(_) => Code::FailedPrecondition,
-            BrokerError::ShuttingDown | BrokerError::Unavailable(_) => Code::Unavailable,
+            BrokerError::ShuttingDown | BrokerError::Unavailable(_) | BrokerError::InDoubt(_) => {
+                Code::Unavailable
+            }
             BrokerError::Internal(_) => Code::Internal,
             BrokerError::PermissionDenied(_) => Code::PermissionDenied,
         }
@@ -69,7 +75,7 @@ impl BrokerError {
             BrokerError::AlreadyExists(_) => r::ALREADY_EXISTS,
             BrokerError::QuotaExceeded(_) => r::QUOTA_EXCEEDED,
             BrokerError::FailedPrecondition(_) => r::FAILED_PRECONDITION,
-            BrokerError::Unavailable(_) => r::STORAGE_UNAVAILABLE,
+            BrokerError::Unavailable(_) | BrokerError::InDoubt(_) => r::STORAGE_UNAVAILABLE,
             BrokerError::ShuttingDown => r::SHUTTING_DOWN,
             BrokerError::Internal(_) => r::INTERNAL,
             BrokerError::PermissionDenied(_) => r::PERMISSION_DENIED,
@@ -85,6 +91,6 @@ impl From<mq_proto::format_name::FormatNameError> for BrokerError {
 
 impl From<BrokerError> for Status {
     fn from(e: BrokerError) -> Status {
-        Status::new(e.code(), e.to_string())
+        crate::rich_error::status(e.code(), e.reason(), e.to_string())
     }
 }

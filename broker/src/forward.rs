@@ -532,7 +532,7 @@ async fn settle(
         o.forwarded
             .fetch_add(entries.len() as u64, Ordering::Relaxed);
         queue.complete(&entries);
-        b.forget(queue, &entries);
+        b.forget_received(queue, &entries);
         return Ok(());
     }
     let mut reasons = match index_rejections(entries.len(), rejected) {
@@ -544,7 +544,7 @@ async fn settle(
     for (i, e) in entries.into_iter().enumerate() {
         match reasons.remove(&i) {
             Some(r) => {
-                let class = v1::DeadLetterClass::try_from(r.class)
+                let class = v1::DeadLetterClass::try_from(r.dead_letter_class)
                     .unwrap_or(v1::DeadLetterClass::BadMessage);
                 dead.push(DeadLetterItem {
                     entry: e,
@@ -563,7 +563,7 @@ async fn settle(
     o.forwarded
         .fetch_add(stored.len() as u64, Ordering::Relaxed);
     queue.complete(&stored);
-    b.forget(queue, &stored);
+    b.forget_received(queue, &stored);
     b.dead_letter(queue, dead).await;
     Ok(())
 }
@@ -599,21 +599,22 @@ impl Broker {
             .get(&key)
             .cloned();
         let o = found.ok_or_else(|| no_outgoing_queue(&key))?;
-        let commit = {
-            let _order = o.pause_order.lock().unwrap_or_else(|p| p.into_inner());
-            o.set_paused(paused).then(|| {
-                let mut def = o.queue().def().clone();
-                if let QueueRole::Outgoing { paused: p, .. } = &mut def.role {
-                    *p = paused;
-                }
+        // In force only once journaled: a refused change leaves the state as it was.
+        let _one = self.redefinitions.lock().await;
+        if o.is_paused() != paused {
+            let mut def = o.queue().def().clone();
+            if let QueueRole::Outgoing { paused: p, .. } = &mut def.role {
+                *p = paused;
+            }
+            let commit = {
+                let _order = o.pause_order.lock().unwrap_or_else(|p| p.into_inner());
                 self.journal().submit(vec![crate::journal::Op::DefineQueue {
                     queue_id: def.id,
                     def: crate::broker::QueueDefRecord::encode(&def),
                 }])
-            })
-        };
-        if let Some(commit) = commit {
+            };
             commit.await.map_err(crate::broker::journal_failed)?;
+            o.set_paused(paused);
             tracing::info!(destination = %key, paused, "outgoing queue {}", if paused { "paused" } else { "resumed" });
         }
         Ok(o.info())
@@ -718,7 +719,7 @@ mod settle_tests {
     fn rejection(index: u32) -> v1::ForwardRejection {
         v1::ForwardRejection {
             index,
-            class: v1::DeadLetterClass::BadDestinationQueue as i32,
+            dead_letter_class: v1::DeadLetterClass::BadDestinationQueue as i32,
             reason: format!("no queue for {index}"),
         }
     }

@@ -40,7 +40,7 @@ pub fn format_name(data: &[u8]) {
 }
 
 /// The RPCs, by the number a call starts with, and whether the request is a stream.
-pub const METHODS: [(&str, bool); 14] = [
+pub const METHODS: [(&str, bool); 17] = [
     ("CreateQueue", false),
     ("DeleteQueue", false),
     ("GetQueueInfo", false),
@@ -55,6 +55,9 @@ pub const METHODS: [(&str, bool); 14] = [
     ("ListOutgoing", false),
     ("PauseOutgoing", false),
     ("ResumeOutgoing", false),
+    ("SetQueueProperties", false),
+    ("MoveMessage", false),
+    ("Browse", true),
 ];
 
 /// The service that serves `method`.
@@ -321,9 +324,28 @@ mod tests {
     /// A call whose messages are well-formed requests of its RPC with arbitrary fields, or
     /// (one in four) arbitrary bytes.
     fn call() -> impl Strategy<Value = Call> {
-        let structured = (0u8..14, names(), any::<bool>(), any::<u64>(), out_message()).prop_map(
-            |(method, name, flag, n, m)| {
+        let structured = (
+            0..METHODS.len() as u8,
+            names(),
+            any::<bool>(),
+            any::<u64>(),
+            out_message(),
+        )
+            .prop_map(|(method, name, flag, n, m)| {
                 let small = n % 5_000;
+                // A message id: 16 bytes (that match nothing stored), or a wrong length.
+                let id = || -> bytes::Bytes {
+                    match n % 4 {
+                        0 => bytes::Bytes::new(),
+                        1 => vec![7u8; (n % 20) as usize].into(),
+                        _ => small.to_le_bytes().repeat(2).into(),
+                    }
+                };
+                let corr = if n % 5 == 0 {
+                    name.clone()
+                } else {
+                    String::new()
+                };
                 let msg: Vec<Vec<u8>> = match METHODS[method as usize].0 {
                     "CreateQueue" => vec![v1::CreateQueueRequest {
                         name,
@@ -331,6 +353,8 @@ mod tests {
                         quota_bytes: (n % 3 == 0).then_some(n % 10_000),
                         label: String::new(),
                         max_aborts: (n % 4) as u32,
+                        journal: n % 2 == 0,
+                        journal_quota_bytes: (n % 7 == 0).then_some(small),
                     }
                     .encode_to_vec()],
                     "DeleteQueue" | "GetQueueInfo" | "Purge" => {
@@ -363,7 +387,8 @@ mod tests {
                         queue: name,
                         timeout_ms: small,
                         peek: flag,
-                        ..Default::default()
+                        id: id(),
+                        correlation_id: corr,
                     }
                     .encode_to_vec()],
                     "Peek" => vec![v1::PeekRequest {
@@ -380,7 +405,7 @@ mod tests {
                             .encode(),
                             _ => bytes::Bytes::copy_from_slice(&small.to_le_bytes()),
                         },
-                        ..Default::default()
+                        from_id: id(),
                     }
                     .encode_to_vec()],
                     "Transact" => {
@@ -394,7 +419,8 @@ mod tests {
                             op(Op::Receive(v1::TxReceive {
                                 queue: name,
                                 timeout_ms: small,
-                                ..Default::default()
+                                id: id(),
+                                correlation_id: corr,
                             })),
                             op(if flag { Op::Commit(()) } else { Op::Abort(()) }),
                         ]
@@ -420,14 +446,46 @@ mod tests {
                         // Pause and resume requests are alike: a destination in field 1.
                         vec![v1::PauseOutgoingRequest { destination: name }.encode_to_vec()]
                     }
+                    "SetQueueProperties" => vec![v1::SetQueuePropertiesRequest {
+                        name,
+                        label: flag.then(|| "x".repeat((n % 300) as usize)),
+                        quota_bytes: (n % 3 == 0).then_some(small),
+                        remove_quota: n % 5 == 0,
+                        journal: (n % 2 == 0).then_some(flag),
+                        journal_quota_bytes: (n % 7 == 0).then_some(small),
+                        max_aborts: (n % 3 == 1).then_some((n % 20_000) as u32),
+                    }
+                    .encode_to_vec()],
+                    "MoveMessage" => vec![v1::MoveMessageRequest {
+                        queue: name.clone(),
+                        id: id(),
+                        destination: match n % 3 {
+                            0 => String::new(),
+                            1 => "poison".into(),
+                            _ => name,
+                        },
+                    }
+                    .encode_to_vec()],
+                    "Browse" => {
+                        let action = |k: u64| (k % 5) as i32; // 4 is not an action
+                        (0..=(n % 4))
+                            .map(|k| {
+                                v1::BrowseRequest {
+                                    queue: if k == 0 { name.clone() } else { String::new() },
+                                    action: action(n.rotate_right(k as u32 * 2)),
+                                    timeout_ms: small,
+                                }
+                                .encode_to_vec()
+                            })
+                            .collect()
+                    }
                     _ => vec![Vec::new()],
                 };
                 Call {
                     method,
                     messages: msg,
                 }
-            },
-        );
+            });
         let raw = (
             any::<u8>(),
             prop::collection::vec(prop::collection::vec(any::<u8>(), 0..64), 0..4),

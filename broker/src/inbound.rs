@@ -145,7 +145,7 @@ impl InboundStream {
 
     fn remember_refusal(&self, seq: u64, r: &v1::ForwardRejection) {
         let mut q = self.refused.lock().unwrap_or_else(|p| p.into_inner());
-        q.remember(seq, r.class, &r.reason, now_ms());
+        q.remember(seq, r.dead_letter_class, &r.reason, now_ms());
     }
 
     fn refusal_of(&self, seq: u64) -> Option<(i32, String)> {
@@ -361,7 +361,9 @@ pub(crate) async fn forward_stream(
             Ok(g) => g,
             Err(_) => {
                 let _ = out
-                    .send(Err(Status::unavailable(
+                    .send(Err(crate::rich_error::status(
+                        tonic::Code::Unavailable,
+                        mq_proto::reason::STREAM_BUSY,
                         "another connection is still forwarding this stream; retry later",
                     )))
                     .await;
@@ -552,7 +554,7 @@ impl Broker {
                         };
                         rejected.push(v1::ForwardRejection {
                             index: i as u32,
-                            class,
+                            dead_letter_class: class,
                             reason,
                         });
                     }
@@ -677,7 +679,7 @@ impl Broker {
                 let seq = seqs[r.index as usize];
                 if seq > before {
                     stream.remember_refusal(seq, r);
-                    state.accepted.insert(seq, r.class);
+                    state.accepted.insert(seq, r.dead_letter_class);
                 }
             }
             state.accepted.clone()
@@ -908,7 +910,7 @@ mod tests {
             assert_eq!(ack.rejected.len(), 1);
             assert_eq!(ack.rejected[0].index, 1);
             assert_eq!(
-                ack.rejected[0].class,
+                ack.rejected[0].dead_letter_class,
                 DeadLetterClass::BadDestinationQueue as i32
             );
             // The same batch again (its answer was lost): nothing new, the same refusal.
@@ -986,7 +988,11 @@ mod tests {
             .store_forwarded(&stream, &mut accepted, batch(1, vec![express, high, ok]))
             .await
             .unwrap();
-        let refused: Vec<(u32, i32)> = ack.rejected.iter().map(|r| (r.index, r.class)).collect();
+        let refused: Vec<(u32, i32)> = ack
+            .rejected
+            .iter()
+            .map(|r| (r.index, r.dead_letter_class))
+            .collect();
         assert_eq!(
             refused,
             [
@@ -1064,7 +1070,7 @@ mod tests {
             .store_forwarded(&stream, &mut accepted, batch(1, msgs))
             .await
             .unwrap();
-        let classes: Vec<i32> = ack.rejected.iter().map(|r| r.class).collect();
+        let classes: Vec<i32> = ack.rejected.iter().map(|r| r.dead_letter_class).collect();
         assert_eq!(
             classes,
             [
@@ -1184,7 +1190,7 @@ mod tests {
             );
             assert_eq!(ack.rejected[0].reason, REASON_FORGOTTEN);
             assert_eq!(
-                ack.rejected[0].class,
+                ack.rejected[0].dead_letter_class,
                 DeadLetterClass::BadDestinationQueue as i32
             );
             b.close();
@@ -1198,7 +1204,11 @@ mod tests {
             .store_forwarded(&stream, &mut accepted, first.clone())
             .await
             .unwrap();
-        let refused: Vec<(u32, i32)> = ack.rejected.iter().map(|r| (r.index, r.class)).collect();
+        let refused: Vec<(u32, i32)> = ack
+            .rejected
+            .iter()
+            .map(|r| (r.index, r.dead_letter_class))
+            .collect();
         assert_eq!(refused, [(1, DeadLetterClass::BadDestinationQueue as i32)]);
         assert_eq!(bodies(&b, r".\private$\q"), ["1", "3"]);
         // Once the sender says it settled everything below 3, seq 2 is forgotten.

@@ -36,6 +36,7 @@ pub(crate) fn broker_info(b: &Broker, ready: Option<&Readiness>) -> v1::BrokerIn
             c.max_format_name_elements as u64,
         ),
         ("max-outgoing-queues", c.max_outgoing_queues as u64),
+        ("max-queues", c.max_queues as u64),
         (
             "max-forward-streams-per-peer",
             c.max_forward_streams_per_peer as u64,

@@ -22,6 +22,8 @@
 //! - `tx_stream`: the id of a pipelined transactional send stream (one transaction per message).
 //! - `service`: the gRPC service.
 //! - `server`: [`run`]: bind, serve, graceful shutdown.
+//! - `journal_queue`: queue journals (`Q;JOURNAL`, target journaling) and `SYSTEM$;JOURNAL`
+//!   (source journaling).
 //! - `subqueue`: subqueues (`Q;name`), moving a message by id, dead-letter replay, poison messages.
 //! - `auth`: identities (users file, tokens, certificates), rights, queue ACLs, `authorize`.
 //! - `tls`: [`SecurityConfig`]: TLS, protected mode, forwarding credentials.
@@ -29,6 +31,8 @@
 //! - `receive_acks`: per-message acknowledgements waiting on a receive stream are applied as one.
 //! - `ready`: [`Readiness`] (recovered, serving, shutting down) and gRPC health.
 //! - `metrics`, `histogram`: counters and the Prometheus collector; `http`: the HTTP port.
+//! - `http_api`: the JSON API under `/api/v1/`; `console`: the web console; `http_tls`: HTTPS;
+//!   `preview`: message bodies shown to people.
 //! - `fuzzing` (tests and the `fuzzing` feature): entry points of the fuzz targets in `fuzz/`.
 //!
 //! # Example
@@ -46,6 +50,7 @@ mod auth_layer;
 mod broker;
 mod config;
 pub mod config_file;
+mod console;
 mod cursor;
 mod deadletter;
 mod error;
@@ -56,27 +61,34 @@ mod forward;
 pub mod fuzzing;
 mod histogram;
 mod http;
+mod http_api;
+mod http_tls;
 mod inbound;
 mod index;
 mod info;
 pub mod journal;
+mod journal_queue;
 mod memtrim;
 mod message;
 mod metrics;
 mod outcome;
 mod outgoing_admin;
+mod preview;
 mod props;
 mod queue;
+mod queue_count;
 mod ratelog;
 mod ready;
 mod receive_acks;
 mod refused_seqs;
+mod rich_error;
 mod server;
 mod service;
 mod stream_bounds;
 mod subqueue;
 mod tls;
 mod transaction;
+mod tx_reuse;
 mod tx_stream;
 
 pub use auth::{add_user, hash_password, Acl, Identity, Right, Rights};
@@ -88,9 +100,11 @@ pub use config::{
 pub use config::{FlowLimits, MIN_MAX_BATCH_MESSAGES, PEEK_PAGE_BYTES, PEEK_PAGE_MESSAGES};
 pub use config::{
     DEFAULT_MAX_FORWARD_STREAMS, DEFAULT_MAX_FORWARD_STREAMS_PER_PEER, DEFAULT_MAX_OUTGOING_QUEUES,
+    DEFAULT_MAX_QUEUES,
 };
 pub use deadletter::class_name;
 pub use error::BrokerError;
+pub use journal_queue::DEFAULT_JOURNAL_QUOTA_BYTES;
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};
 pub use outcome::{DEFAULT_TX_OUTCOME_MAX, DEFAULT_TX_OUTCOME_RETENTION};
 pub use queue::{Queue, QueueStats, QueueTotals};

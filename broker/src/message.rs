@@ -67,6 +67,9 @@ pub struct StoredMessage {
     pub acknowledge: u8,
     /// MSMQ's message class: 0 normal, else the acknowledgement class (`crate::acks`).
     pub class: u16,
+    /// Source journaling (MSMQ's MQMSG_JOURNAL): a copy goes to this broker's
+    /// `SYSTEM$;JOURNAL` once the message reaches its next hop (see `journal_queue.rs`).
+    pub journal: bool,
 }
 
 /// Why a message is in a dead-letter queue.
@@ -173,6 +176,7 @@ impl StoredMessage {
             admin_queue,
             acknowledge,
             class: 0,
+            journal: m.journal,
         })
     }
 
@@ -204,6 +208,8 @@ impl StoredMessage {
             sender: m.sender,
             admin_queue: m.admin_queue,
             acknowledge: m.acknowledge,
+            // Source journaling is the sending broker's: not asked of this one.
+            journal: false,
         };
         if transactional && (m.delivery != v1::Delivery::Recoverable as i32 || m.priority != 0) {
             // A broker sends transactional messages recoverable at priority 0 (as MSMQ); anything
@@ -218,7 +224,7 @@ impl StoredMessage {
         sm.reach_queue_by_ms = m.reach_queue_by_ms;
         sm.receive_by_ms = m.receive_by_ms;
         sm.transactional = transactional;
-        sm.class = crate::acks::check_class(m.class)?;
+        sm.class = crate::acks::check_class(m.message_class)?;
         Ok(sm)
     }
 
@@ -280,22 +286,30 @@ impl StoredMessage {
         let ext = HeaderExt {
             move_count: self.move_count,
         };
+        let flags = HeaderFlags {
+            journal: self.journal,
+        };
         let acks = AckExt {
             admin_queue: self.admin_queue.as_deref().unwrap_or_default(),
             acknowledge: self.acknowledge,
             class: self.class,
         };
-        // Version 3: the sender follows version 2's fields, only when there is one (or an
-        // extension follows: then an empty sender means none).
-        if self.sender.is_some() || !ext.is_empty() || !acks.is_empty() {
+        // Each version appends to the one before and is written only when it (or a later one)
+        // says something; the earlier ones are then written even when they hold defaults.
+        // Version 3: the sender follows version 2's fields (an empty sender means none).
+        if self.sender.is_some() || !ext.is_empty() || !flags.is_empty() || !acks.is_empty() {
             let s = self.sender.as_deref().unwrap_or_default();
             v.extend(postcard::to_allocvec(s).expect("encoding into a Vec cannot fail"));
         }
-        // Version 4: the extension follows the sender, only when it (or version 5) says something.
-        if !ext.is_empty() || !acks.is_empty() {
+        // Version 4: the extension follows the sender.
+        if !ext.is_empty() || !flags.is_empty() || !acks.is_empty() {
             v.extend(postcard::to_allocvec(&ext).expect("encoding into a Vec cannot fail"));
         }
-        // Version 5: acknowledgements follow the extension, only when there are any.
+        // Version 5: the flags follow the extension.
+        if !flags.is_empty() || !acks.is_empty() {
+            v.extend(postcard::to_allocvec(&flags).expect("encoding into a Vec cannot fail"));
+        }
+        // Version 6: acknowledgements follow the flags.
         if !acks.is_empty() {
             v.extend(postcard::to_allocvec(&acks).expect("encoding into a Vec cannot fail"));
         }
@@ -316,6 +330,7 @@ impl StoredMessage {
     pub fn decode_header(bytes: &[u8], body_len: u32) -> Result<StoredMessage, postcard::Error> {
         // Version 2 appends fields to version 1; a version-1 header ends early.
         let mut ext = HeaderExt::default();
+        let mut flags = HeaderFlags::default();
         let mut acks: Option<(Option<Arc<str>>, u8, u16)> = None;
         let (h, v2, sender) = match postcard::take_from_bytes::<HeaderRecordV2<'_>>(bytes) {
             Ok((v2, rest)) => {
@@ -328,9 +343,14 @@ impl StoredMessage {
                         let (e, rest) = postcard::take_from_bytes::<HeaderExt>(rest)?;
                         ext = e;
                         if !rest.is_empty() {
-                            let a = postcard::from_bytes::<AckExt<'_>>(rest)?;
-                            let q = (!a.admin_queue.is_empty()).then(|| Arc::from(a.admin_queue));
-                            acks = Some((q, a.acknowledge, a.class));
+                            let (f, rest) = postcard::take_from_bytes::<HeaderFlags>(rest)?;
+                            flags = f;
+                            if !rest.is_empty() {
+                                let a = postcard::from_bytes::<AckExt<'_>>(rest)?;
+                                let q =
+                                    (!a.admin_queue.is_empty()).then(|| Arc::from(a.admin_queue));
+                                acks = Some((q, a.acknowledge, a.class));
+                            }
                         }
                     }
                     (!s.is_empty()).then(|| Arc::from(s))
@@ -368,6 +388,7 @@ impl StoredMessage {
             }),
             sender,
             move_count: ext.move_count,
+            journal: flags.journal,
             admin_queue: acks.as_ref().and_then(|a| a.0.clone()),
             acknowledge: acks.as_ref().map_or(0, |a| a.1),
             class: acks.as_ref().map_or(0, |a| a.2),
@@ -397,7 +418,7 @@ impl StoredMessage {
             receive_by_ms: self.receive_by_ms,
             transactional: self.transactional,
             dead_letter: self.dead_letter.as_deref().map(|d| v1::DeadLetter {
-                class: d.class as i32,
+                dead_letter_class: d.class as i32,
                 reason: d.reason.clone(),
                 destination: d.destination.clone(),
                 time_ms: d.time_ms,
@@ -407,7 +428,7 @@ impl StoredMessage {
             move_count: self.move_count,
             admin_queue: self.admin_queue.as_deref().unwrap_or_default().to_string(),
             acknowledge: self.acknowledge as u32,
-            class: self.class as u32,
+            message_class: self.class as u32,
         }
     }
 }
@@ -467,8 +488,22 @@ impl HeaderExt {
     }
 }
 
-/// Version 5 of the header: acknowledgements (written only when not all default, after the
-/// sender and the version-4 extension). Field order is the format: append only.
+/// Version 5 of the header: flags after the extension (written only when one is set, or
+/// version 6 follows). Field order is the format: append only.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct HeaderFlags {
+    /// Source journaling was asked for.
+    journal: bool,
+}
+
+impl HeaderFlags {
+    fn is_empty(&self) -> bool {
+        !self.journal
+    }
+}
+
+/// Version 6 of the header: acknowledgements after the version-5 flags (written only when not
+/// all default). Field order is the format: append only.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct AckExt<'a> {
     admin_queue: &'a str,
@@ -529,6 +564,7 @@ mod tests {
                 sender: "alice".into(),
                 admin_queue: String::new(),
                 acknowledge: 0,
+                journal: false,
             },
             uuid::Uuid::now_v7(),
             &config,
@@ -589,7 +625,7 @@ mod tests {
                 .move_count,
             0
         );
-        // Version 5: acknowledgements, with and without a sender and a move count.
+        // Version 6: acknowledgements, with and without a sender and a move count.
         for (sender, move_count) in [(None, 0), (Some(Arc::from("bob")), 3)] {
             let acked = StoredMessage {
                 sender: sender.clone(),
@@ -608,6 +644,108 @@ mod tests {
         }
         let plain = StoredMessage::decode_header(&anon.encode_header(), 5).unwrap();
         assert!(plain.admin_queue.is_none() && plain.acknowledge == 0 && plain.class == 0);
+    }
+
+    /// Version 5: the source-journaling flag, with and without a sender and a move count.
+    #[test]
+    fn header_v5_keeps_the_journal_flag() {
+        let m = sample();
+        for (sender, move_count) in [(None, 0), (Some(Arc::from("bob")), 0), (None, 3)] {
+            let j = StoredMessage {
+                sender: sender.clone(),
+                move_count,
+                journal: true,
+                ..m.clone()
+            };
+            let back = StoredMessage::decode_header(&j.encode_header(), j.body_len).unwrap();
+            assert!(back.journal);
+            assert_eq!((back.sender, back.move_count), (sender, move_count));
+        }
+        let back = StoredMessage::decode_header(&m.encode_header(), m.body_len).unwrap();
+        assert!(!back.journal);
+    }
+
+    /// Headers of versions 4, 5 and 6 as each version's writer lays them out (version 2's
+    /// fields, then the sender, the extension, the flags and the acknowledgements): a header
+    /// written before acknowledgements existed (version 5: the journal flag) still reads, and
+    /// version 6 reads with the flags before it.
+    #[test]
+    fn header_v4_v5_v6_decode() {
+        let m = StoredMessage {
+            move_count: 2,
+            ..sample()
+        };
+        let v2 = HeaderRecordV2 {
+            id: *m.id.as_bytes(),
+            label: &m.label,
+            priority: m.priority,
+            correlation_id: &m.correlation_id,
+            app_specific: m.app_specific,
+            body_type: m.body_type,
+            sent_time_ms: m.sent_time_ms,
+            arrived_time_ms: m.arrived_time_ms,
+            response_queue: &m.response_queue,
+            reach_queue_by_ms: m.reach_queue_by_ms,
+            receive_by_ms: m.receive_by_ms,
+            transactional: m.transactional,
+            route: None,
+            dead_letter: None,
+        };
+        let mut v4 = postcard::to_allocvec(&v2).unwrap();
+        v4.extend(postcard::to_allocvec("alice").unwrap());
+        v4.extend(postcard::to_allocvec(&HeaderExt { move_count: 2 }).unwrap());
+        let mut v5 = v4.clone();
+        v5.extend(postcard::to_allocvec(&HeaderFlags { journal: true }).unwrap());
+        let mut v6 = v5.clone();
+        v6.extend(
+            postcard::to_allocvec(&AckExt {
+                admin_queue: r".\private$\admin",
+                acknowledge: 5,
+                class: 0,
+            })
+            .unwrap(),
+        );
+
+        let back = StoredMessage::decode_header(&v4, 5).unwrap();
+        assert_eq!((back.id, back.move_count), (m.id, 2));
+        assert_eq!(back.sender.as_deref(), Some("alice"));
+        assert!(!back.journal && back.admin_queue.is_none());
+        assert_eq!((back.acknowledge, back.class), (0, 0));
+
+        let back = StoredMessage::decode_header(&v5, 5).unwrap();
+        assert_eq!((back.id, back.move_count), (m.id, 2));
+        assert_eq!(back.sender.as_deref(), Some("alice"));
+        assert!(back.journal && back.admin_queue.is_none());
+        assert_eq!((back.acknowledge, back.class), (0, 0));
+
+        let back = StoredMessage::decode_header(&v6, 5).unwrap();
+        assert_eq!((back.id, back.move_count), (m.id, 2));
+        assert!(back.journal);
+        assert_eq!(back.admin_queue.as_deref(), Some(r".\private$\admin"));
+        assert_eq!((back.acknowledge, back.class), (5, 0));
+
+        // The encoder writes exactly these layouts.
+        let written = StoredMessage {
+            journal: true,
+            admin_queue: Some(Arc::from(r".\private$\admin")),
+            acknowledge: 5,
+            ..m.clone()
+        };
+        assert_eq!(&written.encode_header()[..], &v6[..]);
+        let written = StoredMessage {
+            journal: true,
+            ..m.clone()
+        };
+        assert_eq!(&written.encode_header()[..], &v5[..]);
+        assert_eq!(&m.encode_header()[..], &v4[..]);
+        // An ack (class only, no flags) writes the default flags before its version-6 part.
+        let ack = StoredMessage {
+            class: 0x4000,
+            ..m.clone()
+        };
+        let back = StoredMessage::decode_header(&ack.encode_header(), 5).unwrap();
+        assert_eq!(back.class, 0x4000);
+        assert!(!back.journal && back.admin_queue.is_none());
     }
 
     #[test]

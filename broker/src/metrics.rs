@@ -294,6 +294,20 @@ impl prometheus_client::collector::Collector for Collector {
             "Acknowledgements dropped since mqd started: no such local admin queue, a transactional one, over quota",
             dropped,
         )?;
+        let not_kept: Vec<_> = b
+            .journal_not_kept()
+            .into_iter()
+            .map(|(q, n)| (escape(&q), n))
+            .collect();
+        let labels: Vec<[(&'static str, &str); 1]> =
+            not_kept.iter().map(|q| [("queue", q.0.as_str())]).collect();
+        family(
+            &mut e,
+            "mq_journal_copies_not_kept",
+            "Journal copies not kept since mqd started (journal quota, broker quota or disk full): of messages received from the queue, or for SYSTEM$;JOURNAL of messages sent with the journal flag",
+            MetricType::Counter,
+            labels.iter().zip(&not_kept).map(|(l, q)| (&l[..], q.1)),
+        )?;
 
         // Outgoing queues.
         let now = now_ms();

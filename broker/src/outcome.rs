@@ -130,6 +130,9 @@ pub(crate) struct Outcomes {
     aborted_order: VecDeque<uuid::Uuid>,
     /// Open or committing on some connection.
     open: HashSet<uuid::Uuid>,
+    /// The journal failed while storing their commit records (it is poisoned): unknown until a
+    /// restart reads what reached the disk. Bounded by `max`.
+    in_doubt: HashSet<uuid::Uuid>,
     /// Commit time of the newest entry forgotten early (the count limit): every commit after it
     /// is still remembered.
     forgotten_through_ms: u64,
@@ -274,6 +277,11 @@ impl Outcomes {
                 _ => {}
             }
         }
+        if self.in_doubt.contains(&id) {
+            return Err(BrokerError::Unavailable(format!(
+                "transaction {id} is in doubt: the journal failed while storing its commit; restart the broker, then ask its outcome (mq tx status {id})"
+            )));
+        }
         if !self.open.insert(id) {
             return Err(BrokerError::FailedPrecondition(format!(
                 "transaction {id} is open on another connection; ask its outcome (mq tx status {id}) and retry once it has ended"
@@ -335,6 +343,14 @@ impl Outcomes {
             if let Some(old) = self.aborted_order.pop_front() {
                 self.aborted.remove(&old);
             }
+        }
+    }
+
+    /// The journal failed while storing the commit record of `id`, which may be on disk.
+    pub(crate) fn in_doubt(&mut self, id: uuid::Uuid) {
+        self.open.remove(&id);
+        if self.in_doubt.len() < self.max {
+            self.in_doubt.insert(id);
         }
     }
 
@@ -579,6 +595,13 @@ impl Outcomes {
         }
         if let Some(a) = self.stream_outcome(id) {
             return a;
+        }
+        if self.in_doubt.contains(&id) {
+            return Answer {
+                outcome: v1::TxOutcome::Unknown,
+                time_ms: 0,
+                detail: format!("transaction {id}: the broker's journal failed while storing its commit, which may or may not have reached the disk; after the broker restarts it can tell"),
+            };
         }
         if let Some(&t) = self.aborted.get(&id) {
             return Answer {

@@ -28,6 +28,19 @@ impl Broker {
                 "set a quota or remove it, not both".into(),
             ));
         }
+        if let Some(n) = req.max_aborts {
+            if n > 0 && !q.def().transactional {
+                return Err(BrokerError::InvalidArgument(
+                    "max_aborts (poison messages) needs a transactional queue: only a transaction's receive can be aborted".into(),
+                ));
+            }
+            if n > crate::subqueue::MAX_MAX_ABORTS {
+                return Err(BrokerError::InvalidArgument(format!(
+                    "max_aborts is {n}; the limit is {}",
+                    crate::subqueue::MAX_MAX_ABORTS
+                )));
+            }
+        }
         if let Some(label) = &req.label {
             let n = label.chars().count();
             if n > crate::config::MAX_LABEL_CHARS {
@@ -37,9 +50,10 @@ impl Broker {
                 )));
             }
         }
+        // One redefinition at a time (ACL changes too), so none journals a definition another
+        // has just replaced; in force only once journaled.
+        let _one = self.redefinitions.lock().await;
         let commit = {
-            // The ACL lock serialises every redefinition of the queue (ACL changes too), so
-            // none journals a definition another has just replaced.
             let acl = q.acl_lock();
             let mut def = q.current_def();
             def.acl = (**acl).clone();
@@ -52,10 +66,21 @@ impl Broker {
             if req.remove_quota {
                 def.quota_bytes = None;
             }
-            let commit = self.redefine_queue(q, &def)?;
-            q.set_properties(def.label, def.quota_bytes);
-            commit
+            if let Some(on) = req.journal {
+                def.journal.enabled = on;
+            }
+            if let Some(n) = req.journal_quota_bytes {
+                def.journal.quota_bytes = n;
+            }
+            if let Some(n) = req.max_aborts {
+                def.poison.max_aborts = n;
+            }
+            (self.redefine_queue(q, &def)?, def)
         };
-        commit.await.map_err(crate::broker::journal_failed)
+        let (commit, def) = commit;
+        commit.await.map_err(crate::broker::journal_failed)?;
+        q.journaling.set(&def);
+        q.set_properties(def.label, def.quota_bytes);
+        Ok(())
     }
 }

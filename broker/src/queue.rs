@@ -63,6 +63,8 @@ pub struct QueueDef {
     pub acl: crate::auth::Acl,
     /// Poison-message handling of a transactional queue (see `subqueue.rs`).
     pub poison: crate::subqueue::PoisonPolicy,
+    /// Target journaling (see `journal_queue.rs`).
+    pub journal: crate::journal_queue::JournalPolicy,
 }
 
 /// What a queue is for.
@@ -88,6 +90,9 @@ pub enum QueueRole {
     /// `Q;name`: a subqueue of a queue (see `subqueue.rs`); its key is the main queue's key,
     /// `;` and the subqueue's name.
     Subqueue,
+    /// `Q;JOURNAL` (key: the main queue's key and `;journal`) or `SYSTEM$;JOURNAL`: copies
+    /// kept by target or source journaling (see `journal_queue.rs`).
+    Journal,
 }
 
 impl QueueRole {
@@ -178,6 +183,8 @@ pub struct Queue {
     parent: std::sync::OnceLock<Arc<Queue>>,
     /// Messages moved to this queue's poison subqueue since the broker started.
     pub(crate) poisoned: std::sync::atomic::AtomicU64,
+    /// Live journaling and poison settings, and the journal queue (see `journal_queue.rs`).
+    pub(crate) journaling: crate::journal_queue::Journaling,
 }
 
 impl Queue {
@@ -192,10 +199,11 @@ impl Queue {
                 label: def.label.clone(),
                 ..State::default()
             }),
-            def,
             notify: Notify::new(),
             parent: std::sync::OnceLock::new(),
             poisoned: std::sync::atomic::AtomicU64::new(0),
+            journaling: crate::journal_queue::Journaling::new(&def),
+            def,
         }
     }
 
@@ -207,6 +215,9 @@ impl Queue {
     pub fn acl(&self) -> Arc<crate::auth::Acl> {
         if let Some(p) = self.parent.get() {
             return p.acl();
+        }
+        if let Some(owner) = self.journaling.owner() {
+            return owner.acl();
         }
         self.acl.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -230,9 +241,9 @@ impl Queue {
         let m = &e.msg;
         let d = match self.def.role {
             QueueRole::Outgoing { .. } if m.reach_queue_by_ms != 0 => m.reach_queue_by_ms,
-            // Dead letters keep their timers as properties; nothing expires out of a
-            // dead-letter queue.
-            QueueRole::DeadLetter | QueueRole::DeadXact => 0,
+            // Dead letters and journal copies keep their timers as properties; nothing
+            // expires out of a dead-letter or journal queue.
+            QueueRole::DeadLetter | QueueRole::DeadXact | QueueRole::Journal => 0,
             _ => m.receive_by_ms,
         };
         (d != 0).then_some(d)
@@ -723,18 +734,8 @@ impl Queue {
     /// and ones admitted but not yet inserted by their senders ([`Queue::insert`]).
     #[must_use = "the broker-wide quota of the dropped messages must be given back"]
     pub fn mark_deleted(&self) -> (u64, u64) {
-        self.mark_deleted_keeping(|_| false).0
-    }
-
-    /// [`Queue::mark_deleted`], also returning copies of the dropped entries `keep` picks
-    /// (those that asked for an acknowledgement).
-    pub(crate) fn mark_deleted_keeping(
-        &self,
-        keep: impl Fn(&Entry) -> bool,
-    ) -> ((u64, u64), Vec<Entry>) {
         let mut st = self.lock();
         let mut charged = (0, 0);
-        let mut kept = Vec::new();
         for e in st
             .levels
             .iter()
@@ -742,9 +743,6 @@ impl Queue {
             .filter(|e| !e.removed)
             .chain(st.expired.iter())
         {
-            if keep(e) {
-                kept.push(e.clone());
-            }
             match e.msg.delivery {
                 crate::message::Delivery::Express => charged.0 += e.msg.charged_bytes(),
                 crate::message::Delivery::Recoverable => charged.1 += e.msg.charged_bytes(),
@@ -765,7 +763,21 @@ impl Queue {
         st.stats = QueueStats::default();
         drop(st);
         self.notify.notify_waiters();
-        (charged, kept)
+        charged
+    }
+
+    /// Copies of the waiting entries (and expired ones not yet swept) that `keep` picks, left
+    /// in the queue: those of a queue about to be deleted that asked for an acknowledgement.
+    pub(crate) fn waiting_matching(&self, keep: impl Fn(&Entry) -> bool) -> Vec<Entry> {
+        let st = self.lock();
+        st.levels
+            .iter()
+            .flat_map(|l| l.iter())
+            .filter(|e| !e.removed)
+            .chain(st.expired.iter())
+            .filter(|e| keep(e))
+            .cloned()
+            .collect()
     }
 
     pub fn is_deleted(&self) -> bool {
@@ -935,6 +947,8 @@ impl Queue {
         QueueDef {
             quota_bytes,
             label,
+            poison: self.journaling.poison(),
+            journal: self.journaling.policy(),
             ..self.def.clone()
         }
     }
@@ -952,6 +966,11 @@ impl Queue {
         let mut st = self.lock();
         st.label = label;
         st.quota = quota;
+    }
+
+    /// Sets the live quota (a journal queue's follows its queue's journal quota).
+    pub(crate) fn set_quota(&self, quota: Option<u64>) {
+        self.lock().quota = quota;
     }
 
     /// Bytes the queue's index holds now (0 until a lookup by id or correlation id built it).
@@ -977,8 +996,14 @@ impl Queue {
             in_flight: s.in_flight,
             sent: t.sent,
             received: t.received(),
-            max_aborts: self.def.poison.max_aborts,
+            max_aborts: self.journaling.poison().max_aborts,
             poisoned: self.poisoned.load(std::sync::atomic::Ordering::Relaxed),
+            journal: self.journaling.policy().enabled,
+            journal_quota_bytes: self.journaling.policy().quota_bytes,
+            journal_not_kept: self
+                .journaling
+                .not_kept
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }
@@ -1120,6 +1145,7 @@ impl QueueDef {
             role: QueueRole::Normal,
             acl: crate::auth::Acl::default(),
             poison: crate::subqueue::PoisonPolicy::default(),
+            journal: crate::journal_queue::JournalPolicy::default(),
         }
     }
 }
@@ -1154,6 +1180,7 @@ mod tests {
             admin_queue: None,
             acknowledge: 0,
             class: 0,
+            journal: false,
         })
     }
 

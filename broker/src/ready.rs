@@ -34,6 +34,8 @@ pub struct Readiness {
     connections: OnceLock<Arc<Connections>>,
     grpc_addrs: OnceLock<Vec<SocketAddr>>,
     http_addr: OnceLock<SocketAddr>,
+    /// The identities and rights (for the HTTP API and console).
+    auth: OnceLock<Arc<crate::auth::Auth>>,
     stopping: AtomicBool,
     /// Whether it is ready, for watchers (gRPC health `Watch`).
     serving: tokio::sync::watch::Sender<bool>,
@@ -48,6 +50,7 @@ impl Default for Readiness {
             connections: OnceLock::new(),
             grpc_addrs: OnceLock::new(),
             http_addr: OnceLock::new(),
+            auth: OnceLock::new(),
             stopping: AtomicBool::new(false),
             serving: tokio::sync::watch::channel(false).0,
         }
@@ -95,6 +98,14 @@ impl Readiness {
 
     pub(crate) fn http_addr(&self) -> Option<SocketAddr> {
         self.http_addr.get().copied()
+    }
+
+    pub(crate) fn auth(&self) -> Option<&Arc<crate::auth::Auth>> {
+        self.auth.get()
+    }
+
+    pub(crate) fn set_auth(&self, auth: Arc<crate::auth::Auth>) {
+        let _ = self.auth.set(auth);
     }
 
     pub(crate) fn set_http_addr(&self, a: SocketAddr) {

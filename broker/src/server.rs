@@ -78,15 +78,16 @@ pub async fn run_with_ready(
     // The HTTP port answers from the start: live at once, ready after recovery.
     let http = match config.http_listen {
         Some(addr) => {
-            crate::http::check_address(addr, config.http_insecure).map_err(RunError::Http)?;
+            crate::http::check_address(addr, config.http_insecure, &sec).map_err(RunError::Http)?;
+            let http_tls = crate::http_tls::server_config(&sec).map_err(RunError::Tls)?;
             let l = TcpListener::bind(addr)
                 .await
                 .map_err(|e| RunError::Http(format!("cannot listen on {addr} for HTTP: {e}")))?;
             let bound = l.local_addr().map_err(RunError::Listener)?;
             ready.set_http_addr(bound);
-            tracing::info!(%bound, "serving HTTP: /metrics, /healthz, /readyz");
+            tracing::info!(%bound, tls = http_tls.is_some(), "serving HTTP: the console at /, its API at /api/v1/, /metrics, /healthz, /readyz");
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            let task = tokio::spawn(crate::http::serve(l, ready.clone(), async {
+            let task = tokio::spawn(crate::http::serve(l, ready.clone(), http_tls, async {
                 let _ = rx.await;
             }));
             Some((tx, task))
@@ -98,6 +99,7 @@ pub async fn run_with_ready(
         Some(path) => crate::auth::Auth::from_file(path).map_err(RunError::Users)?,
         None => crate::auth::Auth::open(),
     });
+    ready.set_auth(auth.clone());
     let _lock = lock_data_dir(&config)?;
     let grace = config.shutdown_grace;
     let (broker, rec) = Broker::open(config, local_addresses(local)).map_err(RunError::Journal)?;
@@ -165,6 +167,8 @@ pub async fn run_with_ready(
         .max_concurrent_streams(Some(flow.max_streams_per_connection))
         .http2_max_header_list_size(Some(crate::config::MAX_HEADER_LIST_BYTES))
         .layer(crate::metrics::CountCalls(broker.counters().clone()))
+        // Every error status gets its google.rpc.ErrorInfo (domain mq, a reason).
+        .layer(crate::rich_error::ErrorInfoLayer)
         .add_service(svc)
         .add_service(admin)
         .add_service(forward)

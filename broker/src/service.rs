@@ -28,6 +28,9 @@ const MAX_DELIVERY_BATCH: usize = 256;
 const MAX_DELIVERY_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// Send batches whose acknowledgements may be pending at once on one stream.
 const SEND_ACK_WINDOW: usize = 64;
+/// Metadata on a commit's error whose outcome is unknown (the journal failed after the record
+/// was issued): the stream's end then carries no `mq-tx-ended` mark, so the client says in doubt.
+const TX_IN_DOUBT_METADATA: &str = "mq-tx-in-doubt";
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -174,18 +177,23 @@ impl MessageQueueService for Service {
             transact(broker, auth, who, inbound, tx).await;
             drop(slot);
         });
-        // Every error the broker ends a transaction with means it did not commit; the client
-        // tells that from a broken connection (in doubt) by this mark.
+        // Every error the broker ends a transaction with means it did not commit, but a commit
+        // whose journal write failed after it was issued (in doubt, like a broken connection);
+        // the client tells them apart by this mark.
         let stream = tokio_stream::StreamExt::map(ReceiverStream::new(rx), |r| {
             r.map_err(|mut s: Status| {
-                s.metadata_mut().insert(
-                    mq_proto::TX_ENDED_METADATA,
-                    "aborted".parse().expect("ascii"),
-                );
+                if s.metadata().get(TX_IN_DOUBT_METADATA).is_none() {
+                    s.metadata_mut().insert(
+                        mq_proto::TX_ENDED_METADATA,
+                        "aborted".parse().expect("ascii"),
+                    );
+                }
                 s
             })
         });
-        Ok(Response::new(Box::pin(stream)))
+        let mut response = Response::new(Box::pin(stream) as Self::TransactStream);
+        crate::tx_reuse::announce(&mut response);
+        Ok(response)
     }
 
     async fn transaction_outcome(
@@ -376,7 +384,7 @@ impl AdminService for Service {
         let who = Identity::of(&req);
         let name = req.into_inner().name;
         self.queue_for(&who, Right::Admin, &name)?;
-        let purged = self.broker.purge(&name)?;
+        let purged = self.broker.purge(&name).await?;
         Ok(Response::new(v1::PurgeResponse { purged }))
     }
 
@@ -555,7 +563,7 @@ pub(crate) async fn hand_out(
             .map_err(|e| BrokerError::Internal(format!("the removal task failed: {e}")))??;
     } else {
         queue.complete(&found);
-        broker.forget_acked(queue, &found, mq_proto::ack::class::ACK_RECEIVE);
+        broker.forget_received_acked(queue, &found);
     }
     Ok(Some(wire))
 }
@@ -889,8 +897,8 @@ async fn consume(
 
 /// Applies an acknowledgement and returns the credit granted.
 fn apply(
-    broker: &Broker,
-    queue: &Queue,
+    broker: &Arc<Broker>,
+    queue: &Arc<Queue>,
     conn: &Connection,
     in_flight: &mut VecDeque<(u64, Entry, tokio::time::Instant)>,
     r: &v1::ReceiveRequest,
@@ -908,7 +916,7 @@ fn apply(
         }
         let done: Vec<Entry> = in_flight.drain(..n).map(|(_, e, _)| e).collect();
         queue.complete(&done);
-        broker.forget_acked(queue, &done, mq_proto::ack::class::ACK_RECEIVE);
+        broker.forget_received_acked(queue, &done);
         conn.release_unacked(n as u64);
     }
     Ok(r.credit as u64)
@@ -926,8 +934,8 @@ const ACK_DRAIN_MAX: Duration = Duration::from_secs(2);
 /// journaled before the journal closes) rather than redelivered after the restart. Reads until
 /// the receiver is quiet for [`ACK_DRAIN_IDLE`], ends its stream, or [`ACK_DRAIN_MAX`] passed.
 async fn drain_acks(
-    broker: &Broker,
-    queue: &Queue,
+    broker: &Arc<Broker>,
+    queue: &Arc<Queue>,
     conn: &Connection,
     in_flight: &mut VecDeque<(u64, Entry, tokio::time::Instant)>,
     inbound: &mut Streaming<v1::ReceiveRequest>,
@@ -945,8 +953,10 @@ async fn drain_acks(
     Ok(())
 }
 
-/// One transaction stream. Every way out of the loop but a successful commit aborts (the
-/// [`Transaction`] rolls back when dropped): abort, client gone, timeout, shutdown, error.
+/// One transaction stream: transactions one after another, each ended by a commit or an abort
+/// answered on the stream. Every other way out of the loop aborts the open transaction (the
+/// [`Transaction`] rolls back when dropped): client gone, timeout, shutdown, error; an error
+/// ends the stream.
 async fn transact(
     broker: Arc<Broker>,
     auth: Arc<Auth>,
@@ -957,7 +967,9 @@ async fn transact(
     use v1::transact_request::Op as Req;
     use v1::transact_response::Result as Res;
     let timeout = broker.config().tx_timeout;
-    let deadline = tokio::time::Instant::now() + timeout;
+    // Transactions follow one another on the stream (see `crate::tx_reuse`); each has its own
+    // deadline, from its first request. Between transactions the stream waits without one.
+    let mut tx_deadline: Option<tokio::time::Instant> = None;
     // Created by a first `TxBegin` (the client's id), else by the first other request.
     let mut open: Option<Transaction> = None;
     let timed_out = || {
@@ -969,7 +981,7 @@ async fn transact(
     loop {
         let req = tokio::select! {
             r = inbound.message() => r,
-            _ = tokio::time::sleep_until(deadline) => {
+            _ = crate::tx_reuse::sleep_until(tx_deadline) => {
                 if let Some(t) = open.as_mut() {
                     t.timed_out();
                 }
@@ -1001,6 +1013,7 @@ async fn transact(
             // The client went away: abort.
             Ok(None) => return,
         };
+        let deadline = *tx_deadline.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
         if let Req::Begin(b) = &op {
             let begun = match (&open, uuid::Uuid::from_slice(&b.id)) {
                 (Some(_), _) => Err(Status::invalid_argument(
@@ -1095,19 +1108,34 @@ async fn transact(
                             id: c.id.as_bytes().to_vec().into(),
                         })),
                     }),
-                    Err(e) => Err(Status::from(e)),
+                    Err(e) => {
+                        let in_doubt = matches!(e, BrokerError::InDoubt(_));
+                        let mut s = Status::from(e);
+                        if in_doubt {
+                            s.metadata_mut()
+                                .insert(TX_IN_DOUBT_METADATA, "1".parse().expect("ascii"));
+                        }
+                        Err(s)
+                    }
                 };
-                let _ = out.send(reply).await;
-                return;
+                // Committed: the stream carries the next transaction; failed: it ends.
+                let failed = reply.is_err();
+                if out.send(reply).await.is_err() || failed {
+                    return;
+                }
+                tx_deadline = None;
+                continue;
             }
             Req::Abort(_) => {
                 open.take().expect("opened above").abort();
-                let _ = out
-                    .send(Ok(v1::TransactResponse {
-                        result: Some(Res::Aborted(())),
-                    }))
-                    .await;
-                return;
+                let aborted = v1::TransactResponse {
+                    result: Some(Res::Aborted(())),
+                };
+                if out.send(Ok(aborted)).await.is_err() {
+                    return;
+                }
+                tx_deadline = None;
+                continue;
             }
         };
         let failed = reply.is_err();

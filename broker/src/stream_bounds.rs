@@ -242,7 +242,7 @@ impl Broker {
                 source = %quote(source),
                 refused = rejected.len(),
                 held_back,
-                class = first.class,
+                class = first.dead_letter_class,
                 reason = %quote(&first.reason),
                 "refused forwarded messages (at most one line per peer every 10 s)"
             );

@@ -153,23 +153,6 @@ impl Broker {
         Ok(q)
     }
 
-    /// Deletes the subqueues of `main` (which is being deleted) and their messages.
-    pub(crate) fn delete_subqueues(&self, main: &Queue) -> Vec<u64> {
-        let prefix = format!("{};", main.def().key);
-        let mut ids = Vec::new();
-        for q in self.all_queues() {
-            if q.def().role == QueueRole::Subqueue && q.def().key.starts_with(&prefix) {
-                if let Some(q) = self.unregister_queue(&q.def().key) {
-                    let (express, stored) = q.mark_deleted();
-                    self.release(Delivery::Express, express);
-                    self.release(Delivery::Recoverable, stored);
-                    ids.push(q.def().id);
-                }
-            }
-        }
-        ids
-    }
-
     /// Moves the waiting message `id` out of `src`: within a queue (`src` a queue or subqueue,
     /// `destination` a subqueue name or empty for the main queue), or out of a dead-letter queue
     /// (`destination` a format name, or empty for the message's original destination; a local

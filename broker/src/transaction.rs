@@ -272,7 +272,7 @@ impl Transaction {
         }
         let broker = self.broker.clone();
         // Positions and the journal record, in commit order.
-        let (commit, placed, committed_at, acks) = {
+        let (commit, placed, committed_at, copies, acks) = {
             let _order = broker.commit_order_lock();
             let mut placed: Vec<(Arc<Queue>, Entry)> = Vec::with_capacity(self.sends.len());
             let mut ops = Vec::new();
@@ -315,6 +315,20 @@ impl Transaction {
                     seqs: vec![e.seq],
                 });
             }
+            // Journal copies, in this record: of the received messages (target journaling) and
+            // of sends to local queues with the journal flag (source journaling).
+            let mut copies = crate::journal_queue::Copies::default();
+            for (q, e) in &self.received {
+                copies.extend(broker.journal_copies(q, std::slice::from_ref(e)));
+            }
+            for s in self
+                .sends
+                .iter()
+                .filter(|s| s.msg.journal && s.msg.route.is_none())
+            {
+                broker.source_copy(&s.msg, &mut copies);
+            }
+            ops.extend(copies.take_ops());
             // Acks: arrivals of the sends to local queues, and the receives.
             let class = mq_proto::ack::class::ACK_REACH_QUEUE;
             let arrivals = self.sends.iter().filter(|s| s.msg.route.is_none());
@@ -336,15 +350,33 @@ impl Transaction {
             }
             let (outcome_ops, committed_at) = broker.outcomes().commit_ops(self.id);
             ops.extend(outcome_ops);
-            (broker.journal().submit(ops), placed, committed_at, acks)
+            (
+                broker.journal().submit(ops),
+                placed,
+                committed_at,
+                copies,
+                acks,
+            )
         };
         if let Err(e) = commit.await {
+            copies.failed(&broker);
             acks.abort(&broker);
             for (q, e) in &placed {
                 q.unadmit(e.seq, 0);
             }
+            if e.may_be_stored() {
+                // The record may be on disk (the journal is poisoned now): the outcome is
+                // unknown until a restart reads the journal, so it is not recorded as aborted.
+                self.registered = false;
+                broker.outcomes().in_doubt(self.id);
+                let id = self.id;
+                return Err(BrokerError::InDoubt(format!(
+                    "the journal failed while storing the commit of transaction {id}, which may or may not have committed: {e}; after the restart ask its outcome (mq tx status {id}) before retrying"
+                ))); // Drop gives back what is held in memory.
+            }
             return Err(journal_failed(e)); // Drop aborts and releases the reservations.
         }
+        copies.stored(&broker);
         acks.commit(&broker);
         self.done = true;
         self.registered = false;
@@ -404,7 +436,7 @@ impl Transaction {
         });
         for (q, entries) in group_by_queue(received) {
             q.count(0, entries.len() as u64);
-            let max = q.def().poison.max_aborts;
+            let max = q.journaling.poison().max_aborts;
             let (poison, back): (Vec<Entry>, Vec<Entry>) = entries
                 .into_iter()
                 .partition(|e| max > 0 && e.aborts >= max);

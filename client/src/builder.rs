@@ -179,6 +179,7 @@ impl ClientBuilder {
             }
             connect_err(reason)
         })?;
+        let channel_for_check = channel.clone();
         let rpc =
             MessageQueueServiceClient::with_interceptor(channel.clone(), self.credentials.clone())
                 .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
@@ -186,7 +187,29 @@ impl ClientBuilder {
         let admin = AdminServiceClient::with_interceptor(channel, self.credentials)
             .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
             .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
+        check_protocol(&channel_for_check, &url, self.options.call_timeout).await?;
         Ok(Client::from_parts(rpc, admin, url, self.options))
+    }
+}
+
+/// Checks at connect that the broker speaks a revision of mq.v1 this client can use
+/// ([`mq_proto::MIN_PROTOCOL_VERSION`] or newer; a newer broker only added things). Asked
+/// without credentials (`GetBrokerInfo` needs none, and a wrong password is then not counted
+/// twice); when the broker cannot be asked (no answer within `timeout`, refused), the first
+/// real call reports why: only an answer that says "too old" fails here.
+async fn check_protocol(channel: &Channel, url: &str, timeout: std::time::Duration) -> Result<()> {
+    let mut grpc = MessageQueueServiceClient::new(channel.clone());
+    match tokio::time::timeout(timeout, grpc.get_broker_info(())).await {
+        Ok(Ok(info)) => {
+            let info = info.into_inner();
+            crate::client::protocol_compatible(url, info.protocol_version, &info.version)
+        }
+        Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => Err(Error::Incompatible(format!(
+            "the broker at {url} does not serve mq.v1.MessageQueueService/GetBrokerInfo: it is an mq broker older than protocol revision {} (or not an mq broker); upgrade mqd to a version as new as this client (mq-client {})",
+            mq_proto::MIN_PROTOCOL_VERSION,
+            env!("CARGO_PKG_VERSION")
+        ))),
+        Ok(Err(_)) | Err(_) => Ok(()),
     }
 }
 

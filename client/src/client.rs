@@ -24,6 +24,8 @@ pub struct Client {
     pub(crate) admin: AdminRpc,
     url: String,
     pub(crate) options: ClientOptions,
+    /// Idle `Transact` streams for the next transaction.
+    pub(crate) tx_pool: crate::tx_pool::TxPool,
 }
 
 /// Properties of a new queue.
@@ -38,6 +40,12 @@ pub struct QueueOptions {
     /// Transactional queues: a message whose receive was aborted this many times is moved to
     /// the subqueue `Q;poison` instead of being handed out again (0 = never).
     pub max_aborts: u32,
+    /// Target journaling: a copy of every message received from the queue is kept in
+    /// `Q;JOURNAL`.
+    pub journal: bool,
+    /// Most bytes `Q;JOURNAL` may hold; past it copies are not kept (and counted). `None`: the
+    /// broker's default (1 GiB).
+    pub journal_quota_bytes: Option<u64>,
 }
 
 /// Properties [`Client::set_queue_properties`] changes; `None` leaves one as it is.
@@ -47,6 +55,12 @@ pub struct QueueProperties {
     pub label: Option<String>,
     /// `Some(None)` removes the queue quota; `Some(Some(n))` sets it.
     pub quota_bytes: Option<Option<u64>>,
+    /// Target journaling on or off.
+    pub journal: Option<bool>,
+    /// The journal quota (bytes).
+    pub journal_quota_bytes: Option<u64>,
+    /// Transactional queues: the poison threshold (0 = never).
+    pub max_aborts: Option<u32>,
 }
 
 /// A queue's description and counters.
@@ -69,6 +83,13 @@ pub struct QueueInfo {
     pub max_aborts: u32,
     /// Messages moved to `Q;poison` since the broker started.
     pub poisoned: u64,
+    /// Target journaling: received messages are copied to `Q;JOURNAL`.
+    pub journal: bool,
+    /// Most bytes `Q;JOURNAL` may hold.
+    pub journal_quota_bytes: u64,
+    /// Journal copies not kept (journal quota, broker quota or disk full) since the broker
+    /// started.
+    pub journal_not_kept: u64,
 }
 
 impl From<v1::QueueInfo> for QueueInfo {
@@ -87,6 +108,9 @@ impl From<v1::QueueInfo> for QueueInfo {
             received: q.received,
             max_aborts: q.max_aborts,
             poisoned: q.poisoned,
+            journal: q.journal,
+            journal_quota_bytes: q.journal_quota_bytes,
+            journal_not_kept: q.journal_not_kept,
         }
     }
 }
@@ -141,6 +165,7 @@ impl Client {
             admin,
             url,
             options,
+            tx_pool: Default::default(),
         }
     }
 
@@ -226,6 +251,8 @@ impl Client {
             quota_bytes: options.quota_bytes,
             label: options.label,
             max_aborts: options.max_aborts,
+            journal: options.journal,
+            journal_quota_bytes: options.journal_quota_bytes,
         };
         let mut grpc = self.admin.clone();
         let rpc = grpc.create_queue(req);
@@ -247,6 +274,9 @@ impl Client {
             label: props.label,
             quota_bytes: props.quota_bytes.flatten(),
             remove_quota: matches!(props.quota_bytes, Some(None)),
+            journal: props.journal,
+            journal_quota_bytes: props.journal_quota_bytes,
+            max_aborts: props.max_aborts,
         };
         let mut grpc = self.admin.clone();
         let rpc = grpc.set_queue_properties(req);
@@ -512,6 +542,26 @@ impl Client {
     }
 }
 
+/// Whether a broker of protocol revision `broker` (mqd `version`) at `url` can serve this
+/// client: at least [`mq_proto::MIN_PROTOCOL_VERSION`].
+pub(crate) fn protocol_compatible(url: &str, broker: u32, version: &str) -> Result<()> {
+    if broker < mq_proto::MIN_PROTOCOL_VERSION {
+        return Err(Error::Incompatible(format!(
+            "the broker at {url} (mqd {version}) speaks mq.v1 protocol revision {broker}; this client (mq-client {}) needs revision {} or newer: upgrade mqd, or use an mq-client as old as the broker",
+            env!("CARGO_PKG_VERSION"),
+            mq_proto::MIN_PROTOCOL_VERSION
+        )));
+    }
+    if broker > mq_proto::PROTOCOL_VERSION {
+        tracing::debug!(
+            broker,
+            client = mq_proto::PROTOCOL_VERSION,
+            "the broker is newer than this client; mq.v1 only grows, so everything here works"
+        );
+    }
+    Ok(())
+}
+
 /// The request naming an outgoing queue: `host:port`, or a queue name (checked here, like every
 /// other queue name, before anything is sent).
 fn outgoing_destination(destination: &str) -> Result<String> {
@@ -532,6 +582,22 @@ fn outgoing_destination(destination: &str) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 18 point 4: a broker older than the client's minimum revision is refused with a
+    /// message that names both revisions and says what to upgrade; a newer one is fine.
+    #[test]
+    fn an_older_broker_is_refused_clearly_and_a_newer_one_accepted() {
+        let url = "http://127.0.0.1:1801";
+        let e = protocol_compatible(url, mq_proto::MIN_PROTOCOL_VERSION - 1, "0.0.1").unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, Error::Incompatible(_)), "{e:?}");
+        assert!(
+            text.contains("upgrade mqd") && text.contains(url) && text.contains("revision 1"),
+            "{text}"
+        );
+        protocol_compatible(url, mq_proto::MIN_PROTOCOL_VERSION, "x").unwrap();
+        protocol_compatible(url, mq_proto::PROTOCOL_VERSION + 5, "x").unwrap();
+    }
 
     #[test]
     fn outgoing_request_accepts_host_port_and_format_names() {

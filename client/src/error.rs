@@ -1,6 +1,7 @@
 //! The client's error type.
 
 use tonic::{Code, Status};
+use tonic_types::StatusExt;
 
 /// Everything a client call can fail with. Each message says what happened and, where it helps,
 /// what to do.
@@ -62,10 +63,22 @@ pub enum Error {
     /// A body could not be encoded or decoded.
     #[error(transparent)]
     Format(#[from] crate::formatter::FormatError),
+    /// The broker speaks an older revision of the mq.v1 protocol than this client needs
+    /// ([`mq_proto::MIN_PROTOCOL_VERSION`]), or no mq.v1 at all; the text says what to upgrade.
+    #[error("{0}")]
+    Incompatible(String),
 }
 
 impl From<Status> for Error {
     fn from(s: Status) -> Self {
+        // The broker's own word first: its error reason (google.rpc.ErrorInfo, domain mq).
+        if let Some(e) = s
+            .get_details_error_info()
+            .filter(|i| i.domain == mq_proto::reason::DOMAIN)
+            .and_then(|i| Error::from_reason(&i.reason, s.message()))
+        {
+            return e;
+        }
         let msg = s.message().to_string();
         match s.code() {
             Code::InvalidArgument | Code::OutOfRange => Error::InvalidArgument(msg),
@@ -97,9 +110,35 @@ impl From<Status> for Error {
 }
 
 impl Error {
+    /// The error for a broker's error reason (mq.proto's `ErrorReason` table), or `None` for a
+    /// reason this client does not know or that the gRPC code tells as well (then the code
+    /// decides).
+    fn from_reason(reason: &str, msg: &str) -> Option<Self> {
+        use mq_proto::reason as r;
+        let msg = msg.to_string();
+        Some(match reason {
+            r::INVALID_ARGUMENT => Error::InvalidArgument(msg),
+            r::QUEUE_NOT_FOUND | r::NOT_FOUND => Error::NotFound(msg),
+            r::QUEUE_EXISTS | r::ALREADY_EXISTS => Error::AlreadyExists(msg),
+            r::QUOTA_EXCEEDED => Error::QuotaExceeded(msg),
+            r::FAILED_PRECONDITION => Error::FailedPrecondition(msg),
+            // The broker said so itself: not a lost connection.
+            r::STORAGE_UNAVAILABLE | r::SHUTTING_DOWN | r::STREAM_BUSY => Error::Unavailable(msg),
+            r::INTERNAL => Error::Internal(msg),
+            r::PERMISSION_DENIED => Error::PermissionDenied(msg),
+            r::UNAUTHENTICATED => Error::Unauthenticated(msg),
+            r::TX_TIMEOUT => Error::Aborted(msg),
+            r::IDLE_TIMEOUT => Error::Timeout(msg),
+            _ => return None,
+        })
+    }
+
     /// Builds an error from a per-message failure (`SendFailure`: a gRPC status code and an
     /// error reason).
-    pub(crate) fn from_failure(code: i32, _reason: &str, msg: String) -> Self {
+    pub(crate) fn from_failure(code: i32, reason: &str, msg: String) -> Self {
+        if let Some(e) = Error::from_reason(reason, &msg) {
+            return e;
+        }
         match Code::from_i32(code) {
             Code::InvalidArgument | Code::OutOfRange => Error::InvalidArgument(msg),
             Code::NotFound => Error::NotFound(msg),

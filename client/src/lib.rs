@@ -48,6 +48,7 @@ mod queue;
 mod sender;
 pub mod stats;
 mod transaction;
+mod tx_pool;
 
 pub use builder::ClientBuilder;
 pub use client::{Client, QueueAcl, QueueInfo, QueueOptions, QueueProperties, DEFAULT_BROKER_URL};

@@ -42,6 +42,7 @@ pub struct Message {
     time_to_be_received_ms: u64,
     admin_queue: String,
     acknowledge: u8,
+    journal: bool,
 }
 
 impl Message {
@@ -138,6 +139,13 @@ impl Message {
         self.acknowledge = bits;
         self
     }
+    /// Source journaling (MSMQ's `UseJournalQueue`, `MQMSG_JOURNAL`): once the message reaches
+    /// its next hop (stored in a queue of the broker it was sent to, or acknowledged by the
+    /// broker it is forwarded to), that broker keeps a copy in its `SYSTEM$;JOURNAL`.
+    pub fn journal(mut self, yes: bool) -> Self {
+        self.journal = yes;
+        self
+    }
     pub fn body(&self) -> &Bytes {
         &self.body
     }
@@ -162,6 +170,7 @@ impl Message {
             sender: String::new(),
             admin_queue: self.admin_queue,
             acknowledge: self.acknowledge as u32,
+            journal: self.journal,
         }
     }
 }
@@ -225,7 +234,7 @@ pub struct DeadLetterInfo {
 impl DeadLetterInfo {
     pub(crate) fn from_wire(d: v1::DeadLetter) -> Self {
         DeadLetterInfo {
-            class: DeadLetterClass::from_i32(d.class),
+            class: DeadLetterClass::from_i32(d.dead_letter_class),
             reason: d.reason,
             destination: d.destination,
             broker: d.broker,
@@ -356,7 +365,7 @@ impl ReceivedMessage {
             dead_letter: m.dead_letter.map(DeadLetterInfo::from_wire),
             sender: m.sender,
             move_count: m.move_count,
-            class: m.class as u16,
+            class: m.message_class as u16,
             admin_queue: m.admin_queue,
             acknowledge: m.acknowledge as u8,
         })
@@ -478,7 +487,7 @@ mod tests {
         w.receive_by_ms = 1_700_000_002_000;
         w.transactional = true;
         w.dead_letter = Some(v1::DeadLetter {
-            class: v1::DeadLetterClass::ReachQueueTimeout as i32,
+            dead_letter_class: v1::DeadLetterClass::ReachQueueTimeout as i32,
             reason: "not delivered within 1s".into(),
             destination: r"DIRECT=TCP:10.0.0.5:1802\private$\orders".into(),
             time_ms: 1_700_000_001_001,
@@ -510,7 +519,7 @@ mod tests {
     fn unknown_dead_letter_class_is_kept() {
         let mut w = wire_message();
         w.dead_letter = Some(v1::DeadLetter {
-            class: 42,
+            dead_letter_class: 42,
             ..v1::DeadLetter::default()
         });
         let d = ReceivedMessage::from_wire(w).unwrap().dead_letter.unwrap();

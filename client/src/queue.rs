@@ -33,6 +33,11 @@ impl Queue {
         &self.name
     }
 
+    /// The client (connection) this handle uses, e.g. to begin a transaction on it.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     fn receivable(&self) -> Result<()> {
         if self.parsed.single().is_none() {
             return Err(Error::InvalidArgument(format!(

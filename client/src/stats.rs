@@ -104,6 +104,9 @@ mod tests {
             received,
             max_aborts: 0,
             poisoned: 0,
+            journal: false,
+            journal_quota_bytes: 0,
+            journal_not_kept: 0,
         }
     }
 

@@ -5,14 +5,12 @@ use std::time::Duration;
 
 use mq_proto::format_name::FormatName;
 use mq_proto::v1::{self, transact_request::Op, transact_response::Result as Res};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
-use tonic::Streaming;
 
 use crate::client::Client;
 use crate::deadline::deadline_error;
 use crate::error::{Error, Result};
 use crate::message::{Message, MessageId, ReceivedMessage};
+use crate::tx_pool::{TxPool, TxStream};
 
 /// An open transaction, from [`Client::begin`].
 ///
@@ -38,8 +36,9 @@ use crate::message::{Message, MessageId, ReceivedMessage};
 #[derive(Debug)]
 pub struct Transaction {
     id: TxId,
-    out: mpsc::UnboundedSender<v1::TransactRequest>,
-    inbound: Streaming<v1::TransactResponse>,
+    stream: TxStream,
+    /// Where the stream goes back once this transaction ended with an answer.
+    pool: TxPool,
     call_timeout: Duration,
 }
 
@@ -135,23 +134,26 @@ pub enum CommitOnce {
 
 impl Transaction {
     pub(crate) async fn begin(client: &Client, id: TxId) -> Result<Transaction> {
-        let (out, rx) = mpsc::unbounded_channel();
         // The id goes first; the broker answers nothing to it (an id it refuses ends the
-        // stream, and the next answer says why).
-        let _ = out.send(v1::TransactRequest {
+        // stream, and the next answer says why). On a stream kept from an earlier transaction
+        // it is pipelined: nothing waits for the broker.
+        let begin = v1::TransactRequest {
             op: Some(Op::Begin(v1::TxBegin {
                 id: id.0.as_bytes().to_vec().into(),
             })),
-        });
-        let mut grpc = client.rpc.clone();
-        let rpc = grpc.transact(UnboundedReceiverStream::new(rx));
-        let inbound = client
-            .call("beginning the transaction", Duration::ZERO, rpc)
-            .await?;
+        };
+        let stream = match client.tx_pool.take() {
+            Some(s) => {
+                // Closed meanwhile: the commit finds out (it did not commit) and says why.
+                let _ = s.out.send(begin);
+                s
+            }
+            None => TxStream::open(client, begin).await?,
+        };
         Ok(Transaction {
             id,
-            out,
-            inbound,
+            stream,
+            pool: client.tx_pool.clone(),
             call_timeout: client.options.call_timeout,
         })
     }
@@ -164,7 +166,12 @@ impl Transaction {
     /// Sends a request. If the broker has already ended the stream (it aborted the transaction:
     /// timeout, shutdown, an error), returns the broker's reason.
     async fn request(&mut self, op: Op) -> Result<()> {
-        if self.out.send(v1::TransactRequest { op: Some(op) }).is_ok() {
+        if self
+            .stream
+            .out
+            .send(v1::TransactRequest { op: Some(op) })
+            .is_ok()
+        {
             return Ok(());
         }
         Err(match self.next().await {
@@ -184,7 +191,7 @@ impl Transaction {
             messages: vec![message.into_wire()],
         });
         // A failure here means the broker already ended the transaction; `commit` reports why.
-        let _ = self.out.send(v1::TransactRequest { op: Some(op) });
+        let _ = self.stream.out.send(v1::TransactRequest { op: Some(op) });
         Ok(())
     }
 
@@ -273,6 +280,7 @@ impl Transaction {
         let id = self.id;
         let in_doubt = |reason: String| Error::InDoubt { id, reason };
         if self
+            .stream
             .out
             .send(v1::TransactRequest {
                 op: Some(Op::Commit(())),
@@ -298,11 +306,13 @@ impl Transaction {
             }
         };
         match next {
-            Ok(Res::Committed(c)) => Ok(c
-                .ids
-                .iter()
-                .map(|b| uuid::Uuid::from_slice(b).unwrap_or_default())
-                .collect()),
+            Ok(Res::Committed(c)) => {
+                self.pool.put(self.stream);
+                Ok(c.ids
+                    .iter()
+                    .map(|b| uuid::Uuid::from_slice(b).unwrap_or_default())
+                    .collect())
+            }
             Ok(other) => Err(unexpected(other)),
             Err((e, definite)) => Err(self.classify(e, definite)),
         }
@@ -326,7 +336,10 @@ impl Transaction {
     pub async fn abort(mut self) -> Result<()> {
         self.request(Op::Abort(())).await?;
         match self.next().await? {
-            Res::Aborted(_) => Ok(()),
+            Res::Aborted(_) => {
+                self.pool.put(self.stream);
+                Ok(())
+            }
             other => Err(unexpected(other)),
         }
     }
@@ -341,7 +354,7 @@ impl Transaction {
     /// The next answer, or the error and whether the broker itself ended the transaction
     /// (then it did not commit) rather than the connection breaking.
     async fn next_raw(&mut self) -> std::result::Result<Res, (Error, bool)> {
-        match self.inbound.message().await {
+        match self.stream.inbound.message().await {
             Ok(Some(v1::TransactResponse { result: Some(r) })) => Ok(r),
             Ok(Some(_)) => Err((
                 Error::Internal("the broker sent an empty transaction response".into()),

@@ -61,6 +61,8 @@ Load shape:
   --consumers N  N consumers receive at once (consumer k on queue k mod --queues); rows show
                  the fewest and most messages one consumer got (starvation shows as 0).
   --backlog N    SENDANDRECEIVE: fill N messages (op fill), then time their drain (op drain).
+  --one-at-a-time  TX: each send is begin, send, commit and each receive is begin, receive,
+                 commit, awaited before the next (a synchronous application's transactions).
   RSS: after each phase the table prints a line `rss ...` with the broker's VmRSS at the end
   of it (embedded broker: mqperf's own process, client included; --broker: only with
   --broker-pid PID); JSON rows carry it as rss_mib.
@@ -191,6 +193,15 @@ pub struct Cli {
     /// instead of in batches
     #[arg(long)]
     pub ack_each: bool,
+    /// Create the queue(s) with target journaling: every received message is copied to
+    /// QUEUE;JOURNAL (no journal quota), to measure what journaling costs
+    #[arg(long)]
+    pub journal: bool,
+    /// TX: every send is an explicit transaction (begin, send one message, commit) and every
+    /// receive one too (begin, receive one message, commit), each awaited before the next,
+    /// instead of pipelined single-message transactions (with --clients N: N such loops at once)
+    #[arg(long)]
+    pub one_at_a_time: bool,
     /// Run against this system; repeat to run several one after another and report them side
     /// by side: `mq` (the --broker, or an embedded one), `amqp://user:password@host:port`
     /// (RabbitMQ) or `nats://host:port` (NATS JetStream). Default: mq only
@@ -302,6 +313,8 @@ impl Cli {
             backlog: self.backlog,
             broker_pid: self.broker_pid,
             ack_each: self.ack_each,
+            journal: self.journal,
+            one_at_a_time: self.one_at_a_time,
             targets: self.target,
             csv: self.csv,
             plot: self.plot,
@@ -367,6 +380,12 @@ impl Cli {
                     ),
                 ));
             }
+        }
+        if self.one_at_a_time && self.mode != crate::config::Mode::Tx {
+            return Err(usage(
+                ErrorKind::ArgumentConflict,
+                "--one-at-a-time applies to TX only (it times explicit transactions)".to_string(),
+            ));
         }
         if self.broker_pid.is_some() && self.broker.is_none() {
             return Err(usage(

@@ -136,6 +136,10 @@ pub struct Config {
     pub broker_pid: Option<u32>,
     /// `--ack-each`: acknowledge every received message on its own.
     pub ack_each: bool,
+    /// `--journal`: queues are created with target journaling (`QUEUE;JOURNAL`).
+    pub journal: bool,
+    /// TX: explicit transactions of one message each, awaited one at a time (`--one-at-a-time`).
+    pub one_at_a_time: bool,
     /// `--target`: the systems to run against, one after another (empty: mq only, the
     /// `--broker` or an embedded one).
     pub targets: Vec<crate::target::Target>,
@@ -212,6 +216,8 @@ impl Config {
             backlog: None,
             broker_pid: None,
             ack_each: false,
+            journal: false,
+            one_at_a_time: false,
             targets: Vec::new(),
             csv: None,
             plot: None,

@@ -53,6 +53,10 @@ pub struct Row {
     pub backlog: Option<u64>,
     /// Every received message acknowledged on its own (`--ack-each`).
     pub ack_each: bool,
+    /// The queue journals every received message (`--journal`). Absent in reports written
+    /// before the flag existed (read as false, so `mqperf compare` takes older reports).
+    #[serde(default)]
+    pub journal: bool,
     /// Sent through broker A to the queue on broker B (`--forward`).
     pub forwarded: bool,
     pub payload: String,
@@ -114,6 +118,7 @@ pub fn rows(ctx: &ReportContext, r: &ComboResult) -> Vec<Row> {
         consumers: c.consumers(),
         backlog: c.backlog,
         ack_each: c.ack_each,
+        journal: c.journal,
         forwarded: c.forward,
         payload: r.payload.clone(),
         formatter: r.formatter.to_string(),
@@ -273,6 +278,12 @@ pub fn write_banner(w: &mut dyn Write, ctx: &ReportContext) -> io::Result<()> {
     }
     if c.ack_each {
         line("acks", "every message acknowledged on its own".to_string())?;
+    }
+    if c.journal {
+        line(
+            "journal",
+            "queues journal every received message (QUEUE;JOURNAL)".to_string(),
+        )?;
     }
     line(
         "rss",

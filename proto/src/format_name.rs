@@ -94,6 +94,8 @@ pub enum QueueKind {
     DeadLetter,
     /// `SYSTEM$;DEADXACT`: the broker's transactional dead-letter queue (read-only).
     DeadXact,
+    /// `SYSTEM$;JOURNAL`: the broker's journal (source journaling copies; read-only).
+    SystemJournal,
     /// `;name`: a subqueue of the queue, named in [`QueueAddress::subqueue`] (messages are
     /// moved into it, never sent).
     Subqueue,
@@ -101,7 +103,8 @@ pub enum QueueKind {
 
 /// One queue: where it is and which queue it is.
 ///
-/// For [`QueueKind::DeadLetter`] and [`QueueKind::DeadXact`] the parser sets `private` to
+/// For [`QueueKind::DeadLetter`], [`QueueKind::DeadXact`] and [`QueueKind::SystemJournal`]
+/// the parser sets `private` to
 /// `false` and `name` to `"SYSTEM$"`; `key`, `path_name` and `Display` ignore both for those
 /// kinds.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -242,6 +245,7 @@ impl QueueAddress {
             QueueKind::Subqueue => format!("{};{}", queue(), self.subqueue),
             QueueKind::DeadLetter => format!("{SYSTEM};DEADLETTER"),
             QueueKind::DeadXact => format!("{SYSTEM};DEADXACT"),
+            QueueKind::SystemJournal => format!("{SYSTEM};JOURNAL"),
         }
     }
 }
@@ -822,12 +826,12 @@ fn parse_queue_path(
         Target::System { alias } => {
             if let Some(sub) = subqueue {
                 return Err(format!(
-                    "unknown suffix \";{sub}\"; SYSTEM$ takes ;DEADLETTER or ;DEADXACT (system queues have no subqueues)"
+                    "unknown suffix \";{sub}\"; SYSTEM$ takes ;DEADLETTER, ;DEADXACT or ;JOURNAL (system queues have no subqueues)"
                 ));
             }
             if journal_segment {
                 return Err(
-                    "journal$ is only valid after a queue; SYSTEM$ takes ;DEADLETTER or ;DEADXACT"
+                    "journal$ is only valid after a queue; SYSTEM$ takes ;DEADLETTER, ;DEADXACT or ;JOURNAL"
                         .into(),
                 );
             }
@@ -836,13 +840,10 @@ fn parse_queue_path(
                 (Some((word, _)), Some(s)) => {
                     return Err(format!("\"{word}\" cannot also carry {}", s.text()));
                 }
-                (None, None) => return Err("SYSTEM$ needs ;DEADLETTER or ;DEADXACT".into()),
-                (None, Some(Suffix::Journal)) => {
-                    return Err(
-                        ";JOURNAL is only valid on a queue; SYSTEM$ takes ;DEADLETTER or ;DEADXACT"
-                            .into(),
-                    );
+                (None, None) => {
+                    return Err("SYSTEM$ needs ;DEADLETTER, ;DEADXACT or ;JOURNAL".into())
                 }
+                (None, Some(Suffix::Journal)) => QueueKind::SystemJournal,
                 (None, Some(Suffix::DeadLetter)) => QueueKind::DeadLetter,
                 (None, Some(Suffix::DeadXact)) => QueueKind::DeadXact,
             };
@@ -1373,10 +1374,15 @@ mod tests {
     fn error_suffixes() {
         err(
             r"DIRECT=OS:host\SYSTEM$",
-            "SYSTEM$ needs ;DEADLETTER or ;DEADXACT",
+            "SYSTEM$ needs ;DEADLETTER, ;DEADXACT or ;JOURNAL",
         );
-        err(r".\system$", "SYSTEM$ needs ;DEADLETTER or ;DEADXACT");
-        err(r".\SYSTEM$;JOURNAL", ";JOURNAL is only valid on a queue");
+        err(
+            r".\system$",
+            "SYSTEM$ needs ;DEADLETTER, ;DEADXACT or ;JOURNAL",
+        );
+        assert_eq!(single(r".\SYSTEM$;Journal").kind, QueueKind::SystemJournal);
+        assert!(single(r"DIRECT=OS:host\SYSTEM$;JOURNAL").is_read_only());
+        round_trips(&single(r"DIRECT=TCP:10.0.0.5:1802\SYSTEM$;JOURNAL"));
         err(
             r".\private$\q;DEADLETTER",
             r";DEADLETTER is only valid on SYSTEM$",
@@ -1564,7 +1570,10 @@ mod tests {
             arb_subqueue_name(),
         )
             .prop_map(|(host, port, private, name, kind, sub)| {
-                let system = matches!(kind, QueueKind::DeadLetter | QueueKind::DeadXact);
+                let system = matches!(
+                    kind,
+                    QueueKind::DeadLetter | QueueKind::DeadXact | QueueKind::SystemJournal
+                );
                 QueueAddress {
                     host,
                     port,
@@ -1604,6 +1613,7 @@ mod tests {
             QueueKind::Journal,
             QueueKind::DeadLetter,
             QueueKind::DeadXact,
+            QueueKind::SystemJournal,
             QueueKind::Subqueue,
         ])
     }

@@ -33,8 +33,13 @@ pub mod v1 {
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("mq_descriptor");
 
 /// The revision of the `mq.v1` protocol this crate speaks, reported by `GetBrokerInfo`: it
-/// grows when the protocol gains something a client may depend on.
+/// grows by one when the protocol gains something a client may depend on (mq.v1 changes only
+/// additively). 2 is the first revision of the cleaned-up contract (issue 18).
 pub const PROTOCOL_VERSION: u32 = 2;
+
+/// The oldest broker revision ([`PROTOCOL_VERSION`] of the broker) this crate's client works
+/// with: the client refuses an older broker at connect, saying so.
+pub const MIN_PROTOCOL_VERSION: u32 = 2;
 
 /// Largest gRPC message the broker and client accept or send. Above the default 4 MiB body
 /// limit plus headers; a batch of sends is cut before it reaches this size.
@@ -45,8 +50,14 @@ pub const MAX_GRPC_MESSAGE: usize = 64 * 1024 * 1024;
 /// the outcome in doubt.
 pub const TX_ENDED_METADATA: &str = "mq-tx-ended";
 
+/// Response header of a `Transact` stream whose broker runs transactions one after another on
+/// it: after `committed` or `aborted` the stream stays open and the next request begins the
+/// next transaction. Without it (an older broker) the stream ends after one transaction.
+pub const TX_STREAM_REUSE_METADATA: &str = "mq-tx-reuse";
+
 /// The error reasons of mq (`google.rpc.ErrorInfo.reason` with domain [`reason::DOMAIN`] on a
-/// failed call, `SendFailure.reason` on a failed message): the table in mq.proto.
+/// failed call, `SendFailure.reason` on a failed message): the names of the `ErrorReason` enum
+/// of mq.proto without their `ERROR_REASON_` prefix.
 pub mod reason {
     /// `google.rpc.ErrorInfo.domain` of every mq error.
     pub const DOMAIN: &str = "mq";
@@ -72,4 +83,60 @@ pub mod reason {
     pub const INTERNAL: &str = "INTERNAL";
     /// The caller lacks a right on the queue or the broker.
     pub const PERMISSION_DENIED: &str = "PERMISSION_DENIED";
+    /// No, bad or unsendable credentials.
+    pub const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
+    /// A per-connection or per-stream bound (the message names the mqd flag).
+    pub const LIMIT_EXCEEDED: &str = "LIMIT_EXCEEDED";
+    /// A transaction was open longer than `mqd --tx-timeout-secs` and was aborted.
+    pub const TX_TIMEOUT: &str = "TX_TIMEOUT";
+    /// A delivery stayed unacknowledged past `mqd --ack-timeout`, or a cursor was idle too long.
+    pub const IDLE_TIMEOUT: &str = "IDLE_TIMEOUT";
+    /// (Forward) another connection still forwards this stream; retry later.
+    pub const STREAM_BUSY: &str = "STREAM_BUSY";
+
+    /// Every reason.
+    pub const ALL: [&str; 16] = [
+        INVALID_ARGUMENT,
+        QUEUE_NOT_FOUND,
+        NOT_FOUND,
+        QUEUE_EXISTS,
+        ALREADY_EXISTS,
+        QUOTA_EXCEEDED,
+        FAILED_PRECONDITION,
+        STORAGE_UNAVAILABLE,
+        SHUTTING_DOWN,
+        INTERNAL,
+        PERMISSION_DENIED,
+        UNAUTHENTICATED,
+        LIMIT_EXCEEDED,
+        TX_TIMEOUT,
+        IDLE_TIMEOUT,
+        STREAM_BUSY,
+    ];
+
+    #[cfg(test)]
+    mod tests {
+        use crate::v1::ErrorReason;
+
+        /// The constants and the proto's `ErrorReason` table are the same list.
+        #[test]
+        fn the_reasons_are_the_error_reason_enum() {
+            for r in super::ALL {
+                assert!(
+                    ErrorReason::from_str_name(&format!("ERROR_REASON_{r}")).is_some(),
+                    "{r} is not in mq.proto's ErrorReason"
+                );
+            }
+            let mut n = 0;
+            for v in 1.. {
+                let Ok(e) = ErrorReason::try_from(v) else {
+                    break;
+                };
+                let name = e.as_str_name().strip_prefix("ERROR_REASON_").unwrap();
+                assert!(super::ALL.contains(&name), "{name} has no constant");
+                n += 1;
+            }
+            assert_eq!(n, super::ALL.len());
+        }
+    }
 }

@@ -29,6 +29,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod http;
+
 use std::future::Future;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;

@@ -178,6 +178,9 @@ struct Args {
     /// refused.
     #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_OUTGOING_QUEUES)]
     max_outgoing_queues: usize,
+    /// Most queues (subqueues included); a create beyond it is refused.
+    #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_QUEUES, value_parser = at_least_one())]
+    max_queues: usize,
     /// Most incoming forwarding streams kept per sending address; beyond it the least recently
     /// used idle one is forgotten, and a new stream is refused if all are busy.
     #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS_PER_PEER, value_parser = at_least_one())]
@@ -211,8 +214,10 @@ struct Args {
     /// table per host:port with user+password or token, ca, cert+key, domain.
     #[arg(long, env = "MQD_FORWARD_CREDENTIALS", value_name = "FILE")]
     forward_credentials: Option<PathBuf>,
-    /// Serve HTTP on this address: GET /metrics (Prometheus), /healthz (live), /readyz (recovered,
-    /// journal healthy). Loopback only unless --http-insecure; --http-listen is the same option.
+    /// Serve HTTP on this address: the web console (/), its JSON API (/api/v1/), GET /metrics
+    /// (Prometheus), /healthz (live), /readyz (recovered, journal healthy). HTTPS with
+    /// --tls-cert; a non-loopback address needs TLS and --users, or --http-insecure;
+    /// --http-listen is the same option.
     #[arg(
         long,
         visible_alias = "http-listen",
@@ -220,7 +225,7 @@ struct Args {
         env = "MQD_HTTP_LISTEN"
     )]
     metrics_listen: Option<SocketAddr>,
-    /// Serve --metrics-listen on a non-loopback address (the HTTP port has no authentication).
+    /// Serve --metrics-listen on a non-loopback address without TLS and a users file.
     #[arg(long)]
     http_insecure: bool,
 }
@@ -381,6 +386,7 @@ async fn main() -> anyhow::Result<()> {
     config.max_format_name_elements = args.max_format_name_elements;
     config.outgoing_idle_expiry = args.outgoing_idle_expiry;
     config.max_outgoing_queues = args.max_outgoing_queues;
+    config.max_queues = args.max_queues;
     config.max_forward_streams_per_peer = args.max_forward_streams_per_peer;
     config.max_forward_streams = args.max_forward_streams;
     config.forward_stream_idle = args.forward_stream_idle;

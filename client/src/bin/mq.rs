@@ -305,6 +305,14 @@ enum QueueCommand {
         /// subqueue NAME;poison instead of handing it out again (0 = never).
         #[arg(long, default_value_t = 0, value_name = "N")]
         max_aborts: u32,
+        /// Target journaling: keep a copy of every message received from the queue in
+        /// NAME;JOURNAL (read it with mq receive/peek/browse, empty it with mq queue purge).
+        #[arg(long)]
+        journal: bool,
+        /// Most bytes NAME;JOURNAL may hold; past it received messages are not copied (counted
+        /// as journal_not_kept). Default: 1 GiB.
+        #[arg(long, value_name = "BYTES", visible_alias = "journal-quota-bytes")]
+        journal_quota: Option<u64>,
     },
     /// Delete a queue and every message in it.
     Delete {
@@ -332,6 +340,16 @@ enum QueueCommand {
         /// Remove the queue quota (only the broker's applies).
         #[arg(long, conflicts_with = "quota_bytes")]
         no_quota: bool,
+        /// Target journaling on or off (received messages are copied to NAME;JOURNAL).
+        #[arg(long, value_name = "on|off", value_parser = on_off)]
+        journal: Option<bool>,
+        /// Most bytes NAME;JOURNAL may hold.
+        #[arg(long, value_name = "BYTES", visible_alias = "journal-quota-bytes")]
+        journal_quota: Option<u64>,
+        /// Transactional queues: move a message whose receive was aborted N times to
+        /// NAME;poison (0 = never).
+        #[arg(long, value_name = "N")]
+        max_aborts: Option<u32>,
         /// The resulting queue as `mq queue info --json` shows it.
         #[arg(long)]
         json: bool,
@@ -463,6 +481,10 @@ struct SendArgs {
     /// correlation id is the original message's id.
     #[arg(long, value_name = "TYPE", value_parser = mq_client::ack::parse_type, requires = "admin_queue")]
     ack: Option<u8>,
+    /// Source journaling: once each message reaches its next hop (stored here, or accepted by
+    /// the broker it is forwarded to), this broker keeps a copy in SYSTEM$;JOURNAL.
+    #[arg(long)]
+    journal: bool,
 }
 
 /// Help text with a literal `{n}`: clap turns a plain `{n}` into a line break, so its `n` is
@@ -471,6 +493,15 @@ struct SendArgs {
 fn placeholder_help(text: &str) -> clap::builder::StyledStr {
     let bold = clap::builder::styling::Style::new().bold();
     text.replace("{n}", &format!("{{{bold}n{bold:#}}}")).into()
+}
+
+/// `on` or `off` (also yes/no, true/false).
+fn on_off(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "on" | "yes" | "true" => Ok(true),
+        "off" | "no" | "false" => Ok(false),
+        _ => Err(format!("expected on or off, not \"{}\"", s.escape_debug())),
+    }
 }
 
 /// A --ttrq / --ttbr value: a humantime duration above zero (leave the flag out for no limit).
@@ -839,6 +870,8 @@ async fn queue_command(
             quota_bytes,
             label,
             max_aborts,
+            journal,
+            journal_quota,
         } => {
             let info = client
                 .create_queue(
@@ -848,6 +881,8 @@ async fn queue_command(
                         quota_bytes,
                         label,
                         max_aborts,
+                        journal,
+                        journal_quota_bytes: journal_quota,
                     },
                 )
                 .await?;
@@ -862,10 +897,16 @@ async fn queue_command(
             label,
             quota_bytes,
             no_quota,
+            journal,
+            journal_quota,
+            max_aborts,
             json,
         } => {
             let mut props = mq_client::QueueProperties::default();
             props.label = label;
+            props.journal = journal;
+            props.journal_quota_bytes = journal_quota;
+            props.max_aborts = max_aborts;
             props.quota_bytes = if no_quota {
                 Some(None)
             } else {
@@ -904,6 +945,13 @@ async fn queue_command(
                     writeln!(out, "max aborts:     {}", q.max_aborts)?;
                     writeln!(out, "poisoned:       {}", q.poisoned)?;
                 }
+                writeln!(
+                    out,
+                    "journal:        {} (quota {} bytes, {} copies not kept)",
+                    if q.journal { "on" } else { "off" },
+                    q.journal_quota_bytes,
+                    q.journal_not_kept
+                )?;
             }
         }
         QueueCommand::Grant { name, who, rights } => {
@@ -1127,6 +1175,7 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
             Some(d) => m.time_to_reach_queue(d),
             None => m,
         };
+        let m = m.journal(a.journal);
         match a.ttbr {
             Some(d) => m.time_to_be_received(d),
             None => m,

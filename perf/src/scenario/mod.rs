@@ -192,6 +192,7 @@ impl Ctx {
             rate: self.config.rate,
             delivery: self.config.send_delivery(),
             transactional: self.config.mode == Mode::Tx,
+            one_at_a_time: self.config.one_at_a_time,
             clients,
             url: self.send_url.clone(),
             label,
@@ -243,11 +244,11 @@ pub async fn run(
     // sending one, where the CLIENT waits (with --forward the SERVER replies through B to A).
     let names = config.queue_names();
     for name in &names {
-        ensure_queue(&brokers.receive, name, config.mode).await?;
+        ensure_queue(&brokers.receive, name, config.mode, config.journal).await?;
     }
     let response = match &config.response_queue {
         Some(name) => {
-            ensure_queue(&brokers.send, name, config.mode).await?;
+            ensure_queue(&brokers.send, name, config.mode, config.journal).await?;
             Some(match (route, config.scenario) {
                 (Some(r), Scenario::Server) => brokers.receive.queue(&r.on_a(name)?)?,
                 _ => brokers.send.queue(name)?,
@@ -344,11 +345,13 @@ pub async fn run(
 
 /// Creates the queue unless it exists (transactional for TX); an existing queue must match the
 /// mode (transactional for TX, not for NOTX).
-async fn ensure_queue(client: &Client, name: &str, mode: Mode) -> Result<()> {
+async fn ensure_queue(client: &Client, name: &str, mode: Mode, journal: bool) -> Result<()> {
     let transactional = mode == Mode::Tx;
     let options = QueueOptions {
         transactional,
         label: "mqperf".to_string(),
+        journal,
+        journal_quota_bytes: journal.then_some(u64::MAX),
         ..QueueOptions::default()
     };
     match client.create_queue(name, options).await {
@@ -366,6 +369,11 @@ async fn ensure_queue(client: &Client, name: &str, mode: Mode) -> Result<()> {
         ),
         (Mode::Notx, true) => bail!(
             "NOTX needs a non-transactional queue, but {name} exists and is transactional (a queue cannot change; use another queue name, or run TX)"
+        ),
+        _ if info.journal != journal => bail!(
+            "{name} exists with journaling {}; --journal asks for it {} (mq queue set {name} --journal on|off)",
+            if info.journal { "on" } else { "off" },
+            if journal { "on" } else { "off" }
         ),
         _ => Ok(()),
     }

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use mq_client::formatter::BodyType;
 use mq_client::{
-    ConsumerOptions, Delivery, Message, Queue, Receipt, ReceivedMessage, Sender, SenderOptions,
+    Client, Consumer, ConsumerOptions, Delivery, Message, Queue, Receipt, ReceivedMessage, Sender,
+    SenderOptions,
 };
 use tokio::sync::mpsc;
 
@@ -30,6 +31,9 @@ use crate::progress::Progress;
 use crate::rate::{Pacer, PacerHandle, Schedule};
 use crate::stats::Latency;
 
+/// Consumers of a [`ReceiveJob`] that share one connection (the broker serves 256 streams per
+/// connection by default).
+const CONSUMERS_PER_CONNECTION: usize = 100;
 /// Progress is reported in steps of this many messages.
 const PROGRESS_STEP: u64 = 64;
 /// Bytes a consumer may have prefetched (the broker sends up to 256 messages per delivery
@@ -70,6 +74,8 @@ pub(crate) struct SendJob {
     pub delivery: Delivery,
     /// Each message its own single-message transaction (TX; the queue is transactional).
     pub transactional: bool,
+    /// TX: each message an explicit transaction (begin, send, commit), awaited before the next.
+    pub one_at_a_time: bool,
     /// Concurrent senders (1: through `queues`' connection).
     pub clients: u32,
     /// The broker's URL, where each of several clients connects.
@@ -129,6 +135,9 @@ impl SendJob {
         };
         let q = self.queues.len() as u64;
         let mut senders: Senders = (0..q).map(|_| None).collect();
+        if self.one_at_a_time {
+            return Ok(senders);
+        }
         let share = self.count / n + u64::from(k < self.count % n);
         for j in 0..share.min(q) {
             let i = ((k + j * n) % q) as usize;
@@ -150,8 +159,9 @@ impl SendJob {
             let senders = job.open(0, 1, |i| Ok(job.queues[i].clone())).await?;
             let pacer = job.rate.map(|r| Pacer::start(Schedule::new(r), total));
             let start = Instant::now();
+            let client = job.queues[0].client().clone();
             let part = job
-                .drive(senders, 0, 1, pacer.as_ref().map(Pacer::handle))
+                .drive(client, senders, 0, 1, pacer.as_ref().map(Pacer::handle))
                 .await?;
             vec![(start, part)]
         } else {
@@ -172,7 +182,8 @@ impl SendJob {
                             .await
                             .with_context(|| job.what())?;
                         let name = |i: usize| job.queues[i].name().to_string();
-                        job.open(k, n, |i| Ok(client.queue(&name(i))?)).await
+                        let senders = job.open(k, n, |i| Ok(client.queue(&name(i))?)).await?;
+                        anyhow::Ok((client, senders))
                     }
                     .await;
                     // Pass the gates even on failure, so the others are not left waiting.
@@ -180,7 +191,8 @@ impl SendJob {
                     start_gate.wait().await;
                     let pacer = pacer_rx.borrow_and_update().clone();
                     let start = Instant::now();
-                    job.drive(opened?, k, n, pacer)
+                    let (client, senders) = opened?;
+                    job.drive(client, senders, k, n, pacer)
                         .await
                         .map(|p| (start, p))
                         .with_context(|| format!("sender {} of {n}", k + 1))
@@ -227,6 +239,7 @@ impl SendJob {
     /// its senders, timed until the last acknowledgement; paced by `pacer` if given.
     async fn drive(
         &self,
+        client: Client,
         mut senders: Senders,
         k: u64,
         n: u64,
@@ -239,6 +252,9 @@ impl SendJob {
         let combo = &self.combo;
         let q = self.queues.len() as u64;
         let count = self.count / n + u64::from(k < self.count % n);
+        // --one-at-a-time: every transaction is awaited, so every one is a latency sample.
+        let mut latency = Latency::new();
+        let mut one_at_a_time = 0;
         for j in 0..count {
             let g = k + j * n;
             let (stamp, t) = match &mut pacer {
@@ -257,6 +273,19 @@ impl SendJob {
             if let Some(l) = &self.label {
                 m = m.label(l.clone());
             }
+            if self.one_at_a_time {
+                let t = if pacer.is_some() { t } else { Instant::now() };
+                let mut tx = client.begin().await.with_context(|| what.clone())?;
+                tx.send(self.queues[(g % q) as usize].name(), m)
+                    .with_context(|| what.clone())?;
+                tx.commit().await.with_context(|| what.clone())?;
+                latency.record(t.elapsed());
+                one_at_a_time += 1;
+                if (j + 1) % PROGRESS_STEP == 0 {
+                    self.progress.inc(PROGRESS_STEP);
+                }
+                continue;
+            }
             let sender = senders[(g % q) as usize]
                 .as_mut()
                 .context("no sender for a queue this client sends to")?;
@@ -274,7 +303,7 @@ impl SendJob {
                 self.progress.inc(PROGRESS_STEP);
             }
         }
-        let mut acknowledged = 0;
+        let mut acknowledged = one_at_a_time;
         for s in senders.iter_mut().flatten() {
             acknowledged += s.flush().await.with_context(|| what.clone())?.acknowledged;
         }
@@ -284,7 +313,7 @@ impl SendJob {
         for s in senders.into_iter().flatten() {
             s.close().await.with_context(|| what.clone())?;
         }
-        let latency = collector.await.context("the receipt collector panicked")?;
+        latency.merge(&collector.await.context("the receipt collector panicked")?);
         if acknowledged != count {
             bail!("{what}: the broker acknowledged {acknowledged} of {count} messages");
         }
@@ -318,6 +347,8 @@ pub(crate) struct ReceiveJob {
     pub consumers: u32,
     /// Acknowledge every message on its own.
     pub ack_each: bool,
+    /// TX: every receive an explicit transaction (begin, receive, commit), awaited.
+    pub one_at_a_time: bool,
     pub combo: Arc<Combo>,
     pub count: u64,
     /// Longest wait for the next message.
@@ -361,11 +392,7 @@ impl ReceiveJob {
         let queue = &self.queues[0];
         let what = format!("receiving {} from {}", self.combo.name(), queue.name());
         let mut start = Instant::now();
-        let mut consumer = queue
-            .consumer(ConsumerOptions {
-                prefetch: prefetch_for(self.combo.body_bytes),
-                limit: Some(self.count),
-            })
+        let mut consumer = Source::open(&self, queue, Some(self.count))
             .await
             .with_context(|| what.clone())?;
         let mut service = Latency::new();
@@ -443,13 +470,25 @@ impl ReceiveJob {
         for k in 0..u64::from(job.consumers) {
             consumers_per_queue[(k % q) as usize] += 1;
         }
+        // Up to CONSUMERS_PER_CONNECTION consumers share a connection (the first group the
+        // job's own), so many consumers stay below the broker's streams per connection.
+        let mut connections = vec![job.queues[0].client().clone()];
+        let url = connections[0].url().to_string();
+        for _ in 1..(job.consumers as usize).div_ceil(CONSUMERS_PER_CONNECTION) {
+            let c = crate::connect::client(&url)
+                .await
+                .with_context(|| format!("connecting another consumer connection to {url}"))?;
+            connections.push(c);
+        }
         let mut tasks = Vec::new();
         for k in 0..job.consumers as usize {
             let i = k % q as usize;
             let (job, share) = (job.clone(), shares[i].clone());
             let alone = consumers_per_queue[i] == 1;
+            let client = connections[k / CONSUMERS_PER_CONNECTION].clone();
             tasks.push(tokio::spawn(async move {
-                job.consume(i, share, alone)
+                let queue = client.queue(job.queues[i].name())?;
+                job.consume(&queue, share, alone)
                     .await
                     .with_context(|| format!("consumer {} of {}", k + 1, job.consumers))
             }));
@@ -479,11 +518,10 @@ impl ReceiveJob {
     /// One consumer on queue `i`: receives until the queue's share is done.
     async fn consume(
         &self,
-        i: usize,
+        queue: &Queue,
         share: Arc<Share>,
         alone: bool,
     ) -> Result<(u64, Latency, Latency)> {
-        let queue = &self.queues[i];
         let what = format!("receiving {} from {}", self.combo.name(), queue.name());
         let mut service = Latency::new();
         let mut transit = Latency::new();
@@ -493,12 +531,8 @@ impl ReceiveJob {
         if total == 0 {
             return Ok((0, service, transit));
         }
-        let mut consumer = queue
-            .consumer(ConsumerOptions {
-                prefetch: prefetch_for(self.combo.body_bytes),
-                // Alone on its queue it knows its count; sharing, any of them may get the rest.
-                limit: alone.then_some(total),
-            })
+        // Alone on its queue it knows its count; sharing, any of them may get the rest.
+        let mut consumer = Source::open(self, queue, alone.then_some(total))
             .await
             .with_context(|| what.clone())?;
         let mut last_progress = (share.left.load(Ordering::Acquire), Instant::now());
@@ -544,6 +578,61 @@ impl ReceiveJob {
         }
         consumer.close().await.with_context(|| what.clone())?;
         Ok((got, service, transit))
+    }
+}
+
+/// Where a [`ReceiveJob`] gets its messages: a streaming consumer, or (`--one-at-a-time`)
+/// one explicit transaction per message.
+enum Source {
+    Consumer(Box<Consumer>),
+    OneAtATime(Box<Queue>),
+}
+
+impl Source {
+    async fn open(job: &ReceiveJob, queue: &Queue, limit: Option<u64>) -> mq_client::Result<Self> {
+        if job.one_at_a_time {
+            return Ok(Source::OneAtATime(Box::new(queue.clone())));
+        }
+        let options = ConsumerOptions {
+            prefetch: prefetch_for(job.combo.body_bytes),
+            limit,
+        };
+        Ok(Source::Consumer(Box::new(queue.consumer(options).await?)))
+    }
+
+    /// The next message; one at a time: begin, receive, commit (an empty receive aborts).
+    async fn next(&mut self, timeout: Duration) -> mq_client::Result<Option<ReceivedMessage>> {
+        match self {
+            Source::Consumer(c) => c.next(timeout).await,
+            Source::OneAtATime(q) => {
+                let mut tx = q.client().begin().await?;
+                match tx.receive(q.name(), timeout).await? {
+                    Some(m) => {
+                        tx.commit().await?;
+                        Ok(Some(m))
+                    }
+                    None => {
+                        tx.abort().await?;
+                        Ok(None)
+                    }
+                }
+            }
+        }
+    }
+
+    /// `--ack-each`: acknowledges what the consumer delivered (a transaction needs none).
+    async fn ack(&mut self) -> mq_client::Result<()> {
+        match self {
+            Source::Consumer(c) => c.ack().await,
+            Source::OneAtATime(_) => Ok(()),
+        }
+    }
+
+    async fn close(self) -> mq_client::Result<()> {
+        match self {
+            Source::Consumer(c) => c.close().await,
+            Source::OneAtATime(_) => Ok(()),
+        }
     }
 }
 

@@ -41,6 +41,7 @@ pub(crate) async fn measure(
             queues: vec![ctx.queue.clone()],
             consumers: 1,
             ack_each: ctx.config.ack_each,
+            one_at_a_time: ctx.config.one_at_a_time,
             combo: combo.clone(),
             count: ctx.config.count,
             timeout: ctx.config.timeout,

@@ -19,6 +19,8 @@
 //!   every flag and round-trips, precedence, a bad file names the file and the key (exit 2).
 //! - `observability`: `/metrics` after a known workload, `/readyz`, gRPC health and reflection
 //!   without credentials, `mq info`.
+//! - `http_api`: the HTTP admin API under `/api/v1/`: every endpoint and refusal, rights over
+//!   HTTPS with a users file.
 //! - `cli`: the `mq` command line against an `mqd` process: commands, JSON, exit codes.
 //! - `bad_input`: every kind of bad input (CLI and raw gRPC) is refused clearly and hurts
 //!   nothing.
@@ -73,6 +75,12 @@
 //! - `cursors`: cursors walking a queue while others receive, receive-current, limits, and
 //!   `mq browse`.
 //! - `queue_properties`: `mq queue set` (label, quota), kept across `kill -9`.
+//! - `wire_contract`: every error carries a google.rpc.ErrorInfo reason (calls, streams,
+//!   transport-level refusals, per-message send failures); the client maps reasons; the
+//!   protocol revision check.
+//! - `journals`: queue journals (`Q;JOURNAL`: copies of received messages, express,
+//!   recoverable and transactional, across `kill -9`, the journal quota and its counter, sends
+//!   refused) and source journaling into `SYSTEM$;JOURNAL` (local, and across two brokers).
 //! - `in_doubt_pipelined`: a pipelined transactional sender cut by `kill -9`: in-doubt receipts
 //!   carry transaction ids that `TransactionOutcome` resolves truthfully; retries commit once.
 
@@ -83,12 +91,15 @@ mod competing_receivers;
 mod config_file;
 mod cursors;
 mod dead_letter;
+mod durable_admin;
 mod express_quota;
 mod flow_limits;
 mod hardening;
+mod http_api;
 mod in_doubt;
 mod in_doubt_pipelined;
 mod journal_disk;
+mod journals;
 mod memory_returns;
 mod message_lookup;
 mod message_properties;
@@ -112,3 +123,5 @@ mod store_and_forward;
 mod subqueues;
 mod transactions;
 mod transactions_crash;
+mod tx_stream_reuse;
+mod wire_contract;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mq_broker::journal::FaultyIo;
-use mq_client::{Client, ConsumerOptions, Error, Message, QueueOptions};
+use mq_client::{Client, CommitOnce, ConsumerOptions, Error, Message, QueueOptions, TxOutcome};
 use mq_tests::{create_default_queue, mq, InProcessBroker};
 
 const Q: &str = r".\private$\poisoned";
@@ -145,4 +145,82 @@ async fn a_poisoned_journal_refuses_every_write_and_keeps_serving_reads() {
     assert_eq!(messages(&client, TXQ).await, 2);
     client.queue_info(OTHER).await.unwrap();
     broker.stop().await.unwrap();
+}
+
+/// A commit whose `fdatasync` fails with EIO: its record was written and may be on disk, so the
+/// client gets `Error::InDoubt` (not a definite abort), `TransactionOutcome` answers unknown
+/// (not aborted) until a restart, and after the restart it tells the truth: committed if the
+/// record survived (a `kill -9` keeps the page cache), aborted if it did not (a power loss),
+/// and a retry through `commit_once` commits exactly once either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_sync_fails_is_in_doubt_until_a_restart_tells() {
+    for survives in [true, false] {
+        let dir = mq_tests::temp_data_dir("mq-poison-commit-");
+        let io = FaultyIo::new(23);
+        let broker = start(dir.path(), &io).await;
+        let client = broker.client().await;
+        let tx_opts = QueueOptions {
+            transactional: true,
+            ..QueueOptions::default()
+        };
+        client.create_queue(TXQ, tx_opts).await.unwrap();
+        let mut tx = client.begin().await.unwrap();
+        let id = tx.id();
+        tx.send(TXQ, Message::new("once")).unwrap();
+        io.fail_sync_at(1);
+        match tx.commit().await {
+            Err(Error::InDoubt { id: got, reason }) => {
+                assert_eq!(got, id);
+                assert!(reason.contains("journal"), "{reason}");
+            }
+            other => panic!("a commit whose fdatasync failed is in doubt, got {other:?}"),
+        }
+        let o = client.transaction_outcome(id).await.unwrap();
+        assert_eq!(
+            o.outcome,
+            TxOutcome::Unknown,
+            "before the restart nobody knows: {}",
+            o.detail
+        );
+        // A retry on this broker cannot commit it a second time.
+        assert!(
+            client.begin_with_id(id).await.is_err() || {
+                let mut t = client.begin_with_id(id).await.unwrap();
+                t.send(TXQ, Message::new("once")).unwrap();
+                t.commit().await.is_err()
+            }
+        );
+        broker.stop().await.unwrap();
+
+        let disk = if survives {
+            io.restart_after_kill()
+        } else {
+            io.restart()
+        };
+        let broker = start(dir.path(), &disk).await;
+        let client = broker.client().await;
+        let o = client.transaction_outcome(id).await.unwrap();
+        let stored = messages(&client, TXQ).await;
+        let want = if survives {
+            TxOutcome::Committed
+        } else {
+            TxOutcome::Aborted
+        };
+        assert_eq!(o.outcome, want, "after the restart: {}", o.detail);
+        assert_eq!(stored, u64::from(survives), "messages after the restart");
+        let r = client
+            .commit_once(id, 3, |mut t| async move {
+                t.send(TXQ, Message::new("once"))?;
+                Ok(t)
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            matches!(r, CommitOnce::AlreadyCommitted),
+            survives,
+            "commit_once after the restart: {r:?}"
+        );
+        assert_eq!(messages(&client, TXQ).await, 1, "exactly once");
+        broker.stop().await.unwrap();
+    }
 }

@@ -18,7 +18,8 @@ const DEADLETTER: &str = r"DIRECT=OS:.\SYSTEM$;DEADLETTER";
 const DEADXACT: &str = r"DIRECT=OS:.\SYSTEM$;DEADXACT";
 const WAIT: Duration = Duration::from_secs(30);
 
-async fn peek_all(client: &Client, queue: &str) -> Vec<ReceivedMessage> {
+/// Every waiting message of `queue` (up to 1,000), left in place.
+pub(crate) async fn peek_all(client: &Client, queue: &str) -> Vec<ReceivedMessage> {
     client
         .queue(queue)
         .unwrap()
@@ -27,7 +28,8 @@ async fn peek_all(client: &Client, queue: &str) -> Vec<ReceivedMessage> {
         .unwrap_or_else(|e| panic!("peek {queue}: {e}"))
 }
 
-fn bodies(ms: &[ReceivedMessage]) -> Vec<String> {
+/// The bodies of `ms` as text.
+pub(crate) fn bodies(ms: &[ReceivedMessage]) -> Vec<String> {
     ms.iter()
         .map(|m| String::from_utf8_lossy(&m.body).into_owned())
         .collect()

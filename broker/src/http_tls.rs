@@ -1,0 +1,133 @@
+//! HTTPS for the HTTP port: mqd's own certificate and key (`--tls-cert`, `--tls-key`), handshakes off the accept loop.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+/// How long a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshakes in progress at once, at most (more connections wait to be accepted).
+const MAX_HANDSHAKES: usize = 64;
+
+/// The HTTP port's TLS configuration: whenever mqd has a certificate, the HTTP port uses it
+/// too (no client certificates: browsers log in with a user's password).
+pub(crate) fn server_config(
+    sec: &crate::tls::SecurityConfig,
+) -> Result<Option<Arc<rustls::ServerConfig>>, String> {
+    let (Some(cert), Some(key)) = (&sec.tls_cert, &sec.tls_key) else {
+        return Ok(None);
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|i| i.collect::<Result<_, _>>())
+        .map_err(|e| format!("cannot read the certificate {}: {e}", cert.display()))?;
+    if certs.is_empty() {
+        return Err(format!("no certificate in {}", cert.display()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("cannot read the private key {}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS for the HTTP port: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("TLS for the HTTP port: {e}"))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Some(Arc::new(config)))
+}
+
+/// A listener whose connections have finished their TLS handshake. A task accepts TCP
+/// connections and runs each handshake in its own task (bounded in time and number), so a slow
+/// or silent client holds up no one else; failed handshakes are dropped.
+#[derive(Debug)]
+pub(crate) struct TlsListener {
+    rx: mpsc::Receiver<(tokio_rustls::server::TlsStream<TcpStream>, SocketAddr)>,
+    local: std::io::Result<SocketAddr>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TlsListener {
+    pub(crate) fn new(listener: TcpListener, config: Arc<rustls::ServerConfig>) -> TlsListener {
+        let local = listener.local_addr();
+        let (tx, rx) = mpsc::channel(16);
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let permits = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    return;
+                };
+                let (tcp, peer) = match listener.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::debug!("HTTP port: accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, "HTTP port: TLS handshake failed: {e}")
+                        }
+                        Err(_) => tracing::debug!(%peer, "HTTP port: TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        TlsListener { rx, local, task }
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.rx.recv().await {
+            Some(c) => c,
+            // The accept task ended (it does not, but for its panic): accept nothing more.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        match &self.local {
+            Ok(a) => Ok(*a),
+            Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+        }
+    }
+}
+
+/// The address of the peer of an HTTP connection, plain or TLS (`ConnectInfo<Peer>`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer(pub SocketAddr);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TcpListener>> for Peer {
+    fn connect_info(s: axum::serve::IncomingStream<'_, TcpListener>) -> Peer {
+        Peer(*s.remote_addr())
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for Peer {
+    fn connect_info(s: axum::serve::IncomingStream<'_, TlsListener>) -> Peer {
+        Peer(*s.remote_addr())
+    }
+}

@@ -1,0 +1,199 @@
+"""``Queue``: a handle to one queue: send, receive, peek."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, List, Optional, Union
+
+from . import _wire
+from ._errors import MessageNotFound, QueueNotFound, SendFailed
+from ._message import BODY_TYPE_RAW, Body, Message, QueueInfo, id_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._client import Client
+    from ._cursor import Cursor
+    from ._receiver import Receiver
+    from ._sender import Sender
+
+IdLike = Union[uuid.UUID, bytes, str]
+
+
+class Queue:
+    """A queue on the broker, from :meth:`Client.queue`."""
+
+    def __init__(self, client: "Client", name: str) -> None:
+        self.client = client
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r})"
+
+    # -- sending ------------------------------------------------------------------------------
+
+    def send(
+        self,
+        body: Body,
+        *,
+        label: str = "",
+        priority: Optional[int] = None,
+        recoverable: bool = False,
+        correlation_id: str = "",
+        app_specific: int = 0,
+        body_type: int = BODY_TYPE_RAW,
+        response_queue: str = "",
+        time_to_reach_queue: Optional[float] = None,
+        time_to_be_received: Optional[float] = None,
+        transactional: bool = False,
+    ) -> uuid.UUID:
+        """Sends one message and waits until the broker has stored it (on disk if
+        ``recoverable``); returns its id. ``priority`` 0..=7 (default 3); times in seconds.
+        ``transactional=True`` sends it as its own single-message transaction, as a
+        transactional queue requires. For many messages use :meth:`sender`, which pipelines."""
+        s = self.sender(transactional=transactional, max_batch=1)
+        try:
+            s.send(
+                body,
+                label=label,
+                priority=priority,
+                recoverable=recoverable,
+                correlation_id=correlation_id,
+                app_specific=app_specific,
+                body_type=body_type,
+                response_queue=response_queue,
+                time_to_reach_queue=time_to_reach_queue,
+                time_to_be_received=time_to_be_received,
+            )
+            return s.close()[0]
+        except SendFailed as e:
+            # One message: its own error says it best (QueueNotFound, QuotaExceeded, ...).
+            raise e.failures[0][1] from None
+        finally:
+            s.cancel()
+
+    def sender(self, **options: object) -> "Sender":
+        """A pipelining sender to this queue (options as :meth:`Client.sender`)."""
+        return self.client.sender(self.name, **options)  # type: ignore[arg-type]
+
+    # -- receiving ----------------------------------------------------------------------------
+
+    def receive(
+        self,
+        timeout: Optional[float] = 1.0,
+        *,
+        prefetch: int = 256,
+        max_messages: Optional[int] = None,
+        auto_ack: bool = False,
+    ) -> "Receiver":
+        """A streaming receiver: iterate over it for messages; the iteration ends once no
+        message arrived for ``timeout`` seconds (``None``: never) or after ``max_messages``.
+        Each message stays reserved until :meth:`Message.ack` (or, with ``auto_ack``, until the
+        next one is asked for); when the receiver closes (end of the iteration, ``with`` block,
+        :meth:`Receiver.close`) unacknowledged messages go back to the head of the queue.
+        The broker pushes up to ``prefetch`` messages ahead."""
+        from ._receiver import Receiver
+
+        return Receiver(
+            self.client,
+            self.name,
+            timeout=timeout,
+            prefetch=prefetch,
+            max_messages=max_messages,
+            auto_ack=auto_ack,
+        )
+
+    def receive_one(self, timeout: float = 0.0) -> Optional[Message]:
+        """Removes and returns the first message, waiting up to ``timeout`` seconds; ``None`` if
+        none came. Removed at once: no ack."""
+        return self._one(timeout, peek=False)
+
+    def peek(self, timeout: float = 0.0) -> Optional[Message]:
+        """The first message, left in the queue; ``None`` if none came within ``timeout``."""
+        return self._one(timeout, peek=True)
+
+    def peek_many(self, max: int, timeout: float = 0.0) -> List[Message]:
+        """Up to ``max`` messages from the head of the queue, left in place (paged)."""
+        out: List[Message] = []
+        cursor = b""
+        while len(out) < max:
+            req = _wire.PeekRequest(
+                queue=self.name,
+                timeout_ms=int(timeout * 1000) if not out else 0,
+                max=min(max - len(out), 1000),
+                cursor=cursor,
+            )
+            r = self.client._call(
+                self.client._stubs.queue.Peek,
+                req,
+                wait=timeout,
+                what="to a peek",
+                not_found=QueueNotFound,
+            )
+            out.extend(Message.from_wire(m) for m in r.messages)
+            cursor = r.next_cursor
+            if not cursor or not r.messages:
+                break
+        return out
+
+    def receive_by_id(self, id: IdLike, timeout: float = 0.0) -> Optional[Message]:
+        """Removes the message with this id. With ``timeout`` 0 and no such message waiting:
+        :class:`MessageNotFound`; with a timeout: ``None`` once it passes."""
+        return self._one(timeout, peek=False, id=id_bytes(id))
+
+    def peek_by_id(self, id: IdLike, timeout: float = 0.0) -> Optional[Message]:
+        """The message with this id, left in place (as :meth:`receive_by_id`)."""
+        return self._one(timeout, peek=True, id=id_bytes(id))
+
+    def receive_by_correlation_id(
+        self, correlation_id: str, timeout: float = 0.0
+    ) -> Optional[Message]:
+        """Removes the first message with this correlation id (as :meth:`receive_by_id`)."""
+        return self._one(timeout, peek=False, correlation_id=correlation_id)
+
+    def peek_by_correlation_id(
+        self, correlation_id: str, timeout: float = 0.0
+    ) -> Optional[Message]:
+        """The first message with this correlation id, left in place."""
+        return self._one(timeout, peek=True, correlation_id=correlation_id)
+
+    def _one(
+        self, timeout: float, *, peek: bool, id: bytes = b"", correlation_id: str = ""
+    ) -> Optional[Message]:
+        req = _wire.ReceiveOneRequest(
+            queue=self.name,
+            timeout_ms=int(timeout * 1000),
+            peek=peek,
+            id=id,
+            correlation_id=correlation_id,
+        )
+        selected = bool(id or correlation_id)
+        try:
+            r = self.client._call(
+                self.client._stubs.queue.ReceiveOne,
+                req,
+                wait=timeout,
+                what="to a receive",
+                not_found=MessageNotFound if selected else QueueNotFound,
+            )
+        except MessageNotFound as e:
+            # NOT_FOUND on a selected receive is the queue's too when there is no reason.
+            if not e.reason and "queue" in e.message and "does not exist" in e.message:
+                raise QueueNotFound(e.message, code=e.code) from None
+            raise
+        return Message.from_wire(r.message) if r.HasField("message") else None
+
+    def cursor(self) -> "Cursor":
+        """A cursor on this queue: peek current / peek next / receive current (see
+        :class:`Cursor`)."""
+        from ._cursor import Cursor
+
+        return Cursor(self.client, self.name)
+
+    # -- administration -----------------------------------------------------------------------
+
+    def info(self) -> QueueInfo:
+        """The queue's description and counters."""
+        return self.client.queue_info(self.name)
+
+    def purge(self) -> int:
+        """Removes every waiting message; returns how many."""
+        return self.client.purge(self.name)

@@ -1,0 +1,210 @@
+"""``Receiver``: a streaming receive with a prefetch window and acknowledgements.
+
+The Receive stream's protocol (mq.v1): the first request names the queue and grants credit;
+the broker pushes up to that many messages, each with a delivery tag 1, 2, 3, ...; later
+requests grant more credit and acknowledge cumulatively (``ack_through``). The request side
+stays open for the stream's whole life: half-closing it makes the broker apply the last
+acknowledgement and end the stream, giving every unacknowledged message back.
+
+This receiver grants one credit per message handed to the application (so ``prefetch``
+messages wait ahead of it), and acknowledges through the longest run of acknowledged tags:
+a message acknowledged after an unacknowledged one is removed only once that one is too.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Deque, Iterator, Optional, Set
+
+from . import _wire
+from ._errors import FailedPrecondition, MqError, QueueNotFound, Timeout, from_rpc_error
+from ._message import Message
+from ._stream import BidiStream, StreamEnded
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._client import Client
+
+#: How long :meth:`Receiver.close` waits for the broker to confirm the acknowledgements.
+CLOSE_TIMEOUT = 10.0
+
+
+class Receiver:
+    """From :meth:`Queue.receive`; iterate over it, ideally in a ``with`` block::
+
+        with queue.receive(timeout=1.0) as messages:
+            for msg in messages:
+                handle(msg)
+                msg.ack()
+
+    The iteration ends once no message came for ``timeout`` seconds, or after
+    ``max_messages``. The receiver then closes (in a ``with`` block: at the block's end, so
+    messages can still be acknowledged after the loop): acknowledgements are applied,
+    unacknowledged messages go back to the head of the queue.
+    Errors (a missing queue: :class:`QueueNotFound`) are raised by the iteration.
+    """
+
+    def __init__(
+        self,
+        client: "Client",
+        queue: str,
+        *,
+        timeout: Optional[float],
+        prefetch: int,
+        max_messages: Optional[int],
+        auto_ack: bool,
+    ) -> None:
+        self.queue = queue
+        self._timeout = timeout
+        self._prefetch = max(1, min(prefetch, 65_535))
+        self._max = max_messages
+        self._auto_ack = auto_ack
+        self._lock = threading.Lock()
+        self._buffer: Deque[Any] = deque()
+        self._acked: Set[int] = set()
+        self._through = 0  # every tag <= this is acknowledged (locally)
+        self._sent_through = 0  # ... and told to the broker
+        self._credit_owed = 0  # messages handed out whose credit is not yet granted again
+        first = self._prefetch if max_messages is None else min(self._prefetch, max_messages)
+        self._requested = first
+        self._handed = 0
+        self._last: Optional[Message] = None
+        self._closed = False
+        self._managed = False  # in a `with` block: the block's end closes, not the iteration's
+        self._stream: BidiStream[Any, Any] = BidiStream(
+            client._stubs.queue.Receive, client._metadata
+        )
+        self._stream.send(_wire.ReceiveRequest(queue=queue, credit=first))
+
+    # -- iteration ----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Message]:
+        return self
+
+    def __next__(self) -> Message:
+        if self._auto_ack and self._last is not None:
+            self._last.ack()
+            self._last = None
+        if self._closed or (self._max is not None and self._handed >= self._max):
+            self._end_iteration()
+            raise StopIteration
+        if not self._buffer:
+            self._send_acks(force=True)
+            try:
+                batch = self._stream.recv(self._timeout)
+            except StreamEnded as end:
+                self._close_ended()
+                if end.error is None:
+                    raise StopIteration from None
+                raise from_rpc_error(end.error, not_found=QueueNotFound) from None
+            if batch is None:
+                self._end_iteration()
+                raise StopIteration
+            self._buffer.extend(batch.messages)
+        d = self._buffer.popleft()
+        tag = d.tag
+        msg = Message.from_wire(d.message, ack=lambda: self._ack(tag))
+        with self._lock:
+            self._handed += 1
+            self._credit_owed += 1
+        self._last = msg
+        self._send_acks(force=False)
+        return msg
+
+    def _ack(self, tag: int) -> None:
+        with self._lock:
+            if tag <= self._through:
+                return
+            if self._closed:
+                raise FailedPrecondition(
+                    "the receiver is closed: this message was not acknowledged and went back "
+                    "to the queue (it will be delivered again)"
+                )
+            self._acked.add(tag)
+            while self._through + 1 in self._acked:
+                self._through += 1
+                self._acked.discard(self._through)
+
+    def _send_acks(self, force: bool) -> None:
+        """Tells the broker the acknowledgements and grants credit for what was handed out: in
+        batches, or at once before waiting (``force``)."""
+        with self._lock:
+            acks = self._through - self._sent_through
+            credit = self._credit_owed
+            if self._max is not None:
+                credit = min(credit, max(0, self._max - self._requested))
+            if not force and acks + credit < max(1, self._prefetch // 2):
+                return
+            if acks == 0 and credit == 0:
+                return
+            self._credit_owed = 0
+            self._requested += credit
+            self._sent_through = self._through
+            req = _wire.ReceiveRequest(credit=credit, ack_through=self._through)
+        self._stream.send(req)
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def _end_iteration(self) -> None:
+        if not self._managed:
+            self.close()
+
+    def _close_ended(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Applies the acknowledgements and ends the stream; unacknowledged messages go back to
+        the queue. Waits up to ``timeout`` seconds for the broker to confirm (by ending the
+        stream); raises :class:`Timeout` if it did not, or the error that ended the stream if
+        acknowledgements may not have been applied."""
+        with self._lock:
+            if self._closed:
+                return
+            to_confirm = self._through > 0
+            self._credit_owed = 0
+        self._send_acks(force=True)
+        with self._lock:
+            self._closed = True
+        self._stream.half_close()
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._stream.cancel()
+                if to_confirm:
+                    raise Timeout(
+                        f"the broker did not confirm within {timeout:g} s that it applied the "
+                        f"acknowledgements; messages not applied will be delivered again"
+                    )
+                return
+            try:
+                self._stream.recv(left)  # prefetched, not handed out: the broker takes them back
+            except StreamEnded as end:
+                if end.error is not None and to_confirm:
+                    raise from_rpc_error(end.error, not_found=QueueNotFound) from None
+                return
+
+    def __enter__(self) -> "Receiver":
+        self._managed = True
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            try:
+                self.close()
+            except MqError:
+                pass  # the exception already on its way matters more
+
+    def __del__(self) -> None:
+        # Half-close without waiting: the broker applies what was acknowledged and gives the
+        # rest back; the stream's thread reads until it ends.
+        try:
+            if not self._closed:
+                self._send_acks(force=True)
+                self._stream.half_close()
+        except Exception:  # noqa: BLE001
+            pass

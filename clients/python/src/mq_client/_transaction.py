@@ -1,0 +1,262 @@
+"""``Transaction``: sends and receives across transactional queues, committed or aborted as one;
+what a commit whose answer was lost means (:class:`TransactionInDoubt`)."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, List, Optional, Union
+
+from . import _wire
+from ._errors import (
+    AlreadyCommitted,
+    InternalError,
+    MessageNotFound,
+    MqError,
+    QueueNotFound,
+    Timeout,
+    TransactionAborted,
+    TransactionInDoubt,
+    Unavailable,
+    from_rpc_error,
+    has_trailer,
+)
+from ._message import BODY_TYPE_RAW, Body, Message, id_bytes, out_message, to_uuid
+from ._stream import BidiStream, StreamEnded
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._client import Client
+
+
+def uuid7() -> uuid.UUID:
+    """A UUID version 7: Unix ms in the top 48 bits, then random bits."""
+    ms = int(time.time() * 1000) & 0xFFFF_FFFF_FFFF
+    r = int.from_bytes(os.urandom(10), "big")
+    value = (
+        (ms << 80) | (0x7 << 76) | ((r >> 62) & 0xFFF) << 64 | (0b10 << 62) | (r & ((1 << 62) - 1))
+    )
+    return uuid.UUID(int=value)
+
+
+class Transaction:
+    """From :meth:`Client.transaction`; best used as a context manager::
+
+        with client.transaction() as tx:
+            order = tx.receive(r".\\private$\\orders", timeout=1.0)
+            tx.send(r".\\private$\\billing", b"invoice 7")
+        # committed here (tx.ids: the ids of the messages sent); aborted if the block raised
+
+    Messages sent in it appear all at once at the commit, in send order; messages received in
+    it are hidden from other receivers until the commit (then gone) or an abort (then back at
+    the head of their queue). Sends get no answer: one the broker cannot stage makes the commit
+    fail, and then nothing of the transaction happens. ``commit`` returns once the commit
+    record is on disk. If its answer is lost, :class:`TransactionInDoubt` carries the id.
+    """
+
+    def __init__(self, client: "Client", id: Optional[uuid.UUID], *, commit_timeout: float) -> None:
+        self.id: uuid.UUID = id if id is not None else uuid7()
+        self.ids: List[uuid.UUID] = []
+        self._call_timeout = client.call_timeout
+        self._commit_timeout = commit_timeout
+        self._done = False
+        self._stream: BidiStream[Any, Any] = BidiStream(
+            client._stubs.queue.Transact, client._metadata
+        )
+        # The id goes first; the broker answers nothing to it (an id that already committed
+        # ends the stream with ALREADY_EXISTS, and the next answer says so).
+        self._stream.send(_wire.TransactRequest(begin=_wire.TxBegin(id=self.id.bytes)))
+
+    def send(
+        self,
+        destination: str,
+        body: Body,
+        *,
+        label: str = "",
+        correlation_id: str = "",
+        app_specific: int = 0,
+        body_type: int = BODY_TYPE_RAW,
+        response_queue: str = "",
+        time_to_reach_queue: Optional[float] = None,
+        time_to_be_received: Optional[float] = None,
+    ) -> None:
+        """Stages a message for ``destination`` (a transactional queue). Does not wait. (In a
+        transaction every message is recoverable and has priority 0.)"""
+        self._check_open()
+        m = out_message(
+            body,
+            label=label,
+            recoverable=True,
+            correlation_id=correlation_id,
+            app_specific=app_specific,
+            body_type=body_type,
+            response_queue=response_queue,
+            time_to_reach_queue=time_to_reach_queue,
+            time_to_be_received=time_to_be_received,
+        )
+        self._stream.send(
+            _wire.TransactRequest(send=_wire.TxSend(destination=destination, messages=[m]))
+        )
+
+    def receive(self, queue: str, timeout: float = 0.0) -> Optional[Message]:
+        """Receives one message from a transactional queue, waiting up to ``timeout`` seconds;
+        ``None`` if none came."""
+        return self._receive(queue, timeout)
+
+    def receive_by_id(
+        self, queue: str, id: Union[uuid.UUID, bytes, str], timeout: float = 0.0
+    ) -> Optional[Message]:
+        """Receives the message with this id. With ``timeout`` 0 and no such message:
+        :class:`MessageNotFound` (the transaction stays open)."""
+        return self._receive(queue, timeout, id=id_bytes(id))
+
+    def receive_by_correlation_id(
+        self, queue: str, correlation_id: str, timeout: float = 0.0
+    ) -> Optional[Message]:
+        """Receives the first message with this correlation id (as :meth:`receive_by_id`)."""
+        return self._receive(queue, timeout, correlation_id=correlation_id)
+
+    def _receive(
+        self, queue: str, timeout: float, *, id: bytes = b"", correlation_id: str = ""
+    ) -> Optional[Message]:
+        self._check_open()
+        self._stream.send(
+            _wire.TransactRequest(
+                receive=_wire.TxReceive(
+                    queue=queue,
+                    timeout_ms=int(timeout * 1000),
+                    id=id,
+                    correlation_id=correlation_id,
+                )
+            )
+        )
+        r = self._next(self._call_timeout + timeout, "to a transactional receive")
+        kind = r.WhichOneof("result")
+        if kind == "received":
+            return Message.from_wire(r.received)
+        if kind == "receive_timeout":
+            if (id or correlation_id) and timeout == 0:
+                what = f"id {to_uuid(id)}" if id else f"correlation id {correlation_id[:128]!r}"
+                raise MessageNotFound(
+                    f"no message with {what} is waiting in queue {queue[:200]!r} "
+                    f"(MQ_ERROR_MESSAGE_NOT_FOUND)"
+                )
+            return None
+        raise InternalError(f"unexpected transaction response from the broker: {kind}")
+
+    def commit(self) -> List[uuid.UUID]:
+        """Commits; returns the ids of the messages sent, in send order, once the commit record
+        is on disk. Raises :class:`TransactionInDoubt` if the answer is lost after the commit
+        left, :class:`AlreadyCommitted` if this id committed before, or the reason the broker
+        aborted the transaction (then nothing of it happened)."""
+        self._check_open()
+        self._done = True
+        self._stream.send(_wire.tx_commit())
+        try:
+            r = self._stream.recv(self._commit_timeout)
+        except StreamEnded as end:
+            raise self._classify(end, committing=True) from None
+        finally:
+            self._stream.half_close()
+        if r is None:
+            self._stream.cancel()
+            raise TransactionInDoubt(
+                f"no answer to the commit of transaction {self.id} within "
+                f"{self._commit_timeout:g} s; it may or may not have committed: ask with "
+                f"client.transaction_outcome(id), or run it again with "
+                f"client.transaction(id=...) (commits at most once)",
+                transaction_id=self.id,
+            )
+        if r.WhichOneof("result") != "committed":
+            raise InternalError(
+                f"unexpected answer to a commit from the broker: {r.WhichOneof('result')}"
+            )
+        self.ids = [to_uuid(b) for b in _wire.committed_ids(r.committed)]
+        return self.ids
+
+    def abort(self) -> None:
+        """Aborts: nothing sent in the transaction is stored; received messages go back."""
+        if self._done:
+            return
+        self._done = True
+        self._stream.send(_wire.tx_abort())
+        try:
+            r = self._stream.recv(self._call_timeout)
+            if r is not None and r.WhichOneof("result") != "aborted":
+                raise InternalError(
+                    f"unexpected answer to an abort from the broker: {r.WhichOneof('result')}"
+                )
+        except StreamEnded:
+            pass  # the broker ended it: it did not commit either way
+        finally:
+            self._stream.half_close()
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise TransactionAborted(f"transaction {self.id} is over (committed or aborted)")
+
+    def _next(self, timeout: float, what: str) -> Any:
+        try:
+            r = self._stream.recv(timeout)
+        except StreamEnded as end:
+            self._done = True
+            raise self._classify(end, committing=False) from None
+        if r is None:
+            raise Timeout(f"no answer {what} within {timeout:g} s")
+        return r
+
+    def _classify(self, end: StreamEnded, *, committing: bool) -> MqError:
+        """What an error ending the transaction's stream means for its outcome: the broker said
+        so itself (it did not commit), or, after the commit left, the outcome is unknown."""
+        if end.error is None:
+            e: MqError = Unavailable("the broker ended the transaction's stream without an answer")
+            definite = False
+        else:
+            e = from_rpc_error(end.error, not_found=QueueNotFound)
+            definite = has_trailer(end.error, _wire.TX_ENDED_METADATA)
+        if (
+            e.code is not None
+            and e.code.name == "ALREADY_EXISTS"
+            or e.reason
+            in (
+                "TRANSACTION_ALREADY_COMMITTED",
+                "ALREADY_COMMITTED",
+            )
+        ):
+            return AlreadyCommitted(
+                f"transaction {self.id} was already committed; nothing was done this time",
+                transaction_id=self.id,
+                code=e.code,
+                reason=e.reason,
+            )
+        if committing and not definite:
+            return TransactionInDoubt(
+                f"the outcome of transaction {self.id} is unknown ({e}); it may or may not "
+                f"have committed: ask with client.transaction_outcome(id), or run it again "
+                f"with client.transaction(id=...) (commits at most once)",
+                transaction_id=self.id,
+                code=e.code,
+                reason=e.reason,
+            )
+        return e
+
+    def __enter__(self) -> "Transaction":
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if self._done:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            try:
+                self.abort()
+            except MqError:
+                pass  # the exception already on its way matters more
+
+    def __del__(self) -> None:
+        try:
+            if not self._done:
+                self._stream.half_close()  # the broker aborts a transaction whose stream ends
+        except Exception:  # noqa: BLE001
+            pass

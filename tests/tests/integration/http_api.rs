@@ -1,0 +1,549 @@
+//! The HTTP admin API (`/api/v1/` on `mqd --http-listen`) with a real HTTP client against real
+//! `mqd` processes: every endpoint, every refusal (JSON errors with the CLI's line and a fitting
+//! status), and rights over HTTPS with a users file.
+
+use std::time::Duration;
+
+use mq_tests::http::{enc, mqd_with_http, Http};
+use mq_tests::{free_port, mq, temp_data_dir, users_file, wait_until, TestPki};
+use serde_json::Value;
+
+const Q: &str = r".\private$\api";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn send(url: &str, queue: &str, body: &[u8], extra: &[&str]) -> String {
+    let mut args = vec!["send", queue];
+    args.extend_from_slice(extra);
+    let out = mq(url, &args, Some(body));
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn qpath(q: &str) -> String {
+    format!("/api/v1/queues/{}", enc(q))
+}
+
+/// An error answer: its status, `code` and the one line.
+#[track_caller]
+fn refused(r: (u16, Value), status: u16, code: &str, line_has: &str) {
+    let (s, v) = r;
+    assert_eq!(s, status, "{v}");
+    assert_eq!(v["code"], code, "{v}");
+    let line = v["error"].as_str().expect("an error line");
+    assert!(!line.contains('\n'), "{line}");
+    assert!(
+        line.contains(line_has),
+        "{line:?} should contain {line_has:?}"
+    );
+}
+
+#[test]
+fn every_endpoint_and_refusal_without_a_users_file() {
+    let dir = temp_data_dir("mq-api-");
+    let (mqd, http) = mqd_with_http(dir.path(), &[]);
+    let url = mqd.url().to_string();
+    let api = Http::new(&format!("http://{http}"));
+
+    // Overview.
+    let (s, b) = api.get("/api/v1/broker");
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["version"], env!("CARGO_PKG_VERSION"));
+    assert!(
+        b["uptime_ms"].as_u64().is_some() && b["name"].is_string(),
+        "{b}"
+    );
+    assert!(b["journal"]["segments"].as_u64().unwrap() >= 1, "{b}");
+    assert_eq!(b["journal"]["poisoned"], false);
+    assert!(b["journal"]["disk_bytes"].as_u64().unwrap() > 0);
+
+    // Create, list, info.
+    let (s, q) = api.post(
+        "/api/v1/queues",
+        Some(&format!(
+            r#"{{"name": {}, "quota_bytes": 1000000, "label": "api test"}}"#,
+            serde_json::to_string(Q).unwrap()
+        )),
+    );
+    assert_eq!(s, 201, "{q}");
+    assert_eq!(q["name"], Q);
+    refused(
+        api.post(
+            "/api/v1/queues",
+            Some(&format!(
+                r#"{{"name": {}}}"#,
+                serde_json::to_string(Q).unwrap()
+            )),
+        ),
+        409,
+        "already_exists",
+        "already exists",
+    );
+    // The same line the CLI prints for the same refusal.
+    let cli = mq(&url, &["queue", "create", Q], None);
+    let cli_line = String::from_utf8_lossy(&cli.stderr).to_string();
+    let (_, v) = api.post(
+        "/api/v1/queues",
+        Some(&format!(
+            r#"{{"name": {}}}"#,
+            serde_json::to_string(Q).unwrap()
+        )),
+    );
+    assert!(
+        cli_line.contains(v["error"].as_str().unwrap()),
+        "CLI {cli_line:?} vs API {v}"
+    );
+
+    send(
+        &url,
+        Q,
+        br#"{"order":1,"items":[1,2]}"#,
+        &["--label", "json one"],
+    );
+    send(
+        &url,
+        Q,
+        b"<order><id>2</id></order>",
+        &["--label", "xml two"],
+    );
+    send(
+        &url,
+        Q,
+        &[0u8, 1, 2, 0xfe, 0xff],
+        &["--label", "binary three"],
+    );
+    let (s, l) = api.get("/api/v1/queues");
+    assert_eq!(s, 200);
+    let mine = l["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == Q)
+        .expect("listed")
+        .clone();
+    assert_eq!(mine["messages"], 3, "{mine}");
+    assert_eq!(mine["kind"], "queue");
+    assert_eq!(mine["quota_bytes"], 1000000);
+    assert!(mine["quota_used"].as_f64().unwrap() > 0.0);
+    assert!(l["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|q| q["kind"] == "dead-letter"));
+    let (s, i) = api.get(&qpath(Q));
+    assert_eq!((s, i["messages"].as_u64()), (200, Some(3)), "{i}");
+    let (s, r) = api.get("/api/v1/rates");
+    assert_eq!(s, 200, "{r}");
+    assert!(r["queues"].is_object());
+
+    // Pages: 2 then 1, without removing.
+    let (s, p1) = api.get(&format!("{}/messages?limit=2", qpath(Q)));
+    assert_eq!(s, 200, "{p1}");
+    let m1 = p1["messages"].as_array().unwrap().clone();
+    assert_eq!(m1.len(), 2);
+    assert_eq!(m1[0]["label"], "json one");
+    let next = p1["next"].as_str().expect("a next cursor").to_string();
+    let (_, p2) = api.get(&format!("{}/messages?limit=2&after={next}", qpath(Q)));
+    let m2 = p2["messages"].as_array().unwrap().clone();
+    assert_eq!(m2.len(), 1, "{p2}");
+    assert_eq!(m2[0]["label"], "binary three");
+    assert!(p2["next"].is_null());
+    assert_eq!(
+        api.get(&qpath(Q)).1["messages"],
+        3,
+        "browsing removed nothing"
+    );
+
+    // One message: the preview's formatter, by id and by position.
+    let id = |m: &Value| m["id"].as_str().unwrap().to_string();
+    let (s, j) = api.get(&format!("{}/messages/{}", qpath(Q), id(&m1[0])));
+    assert_eq!(s, 200, "{j}");
+    assert_eq!(j["preview"]["formatter"], "json");
+    assert!(
+        j["preview"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("\n  \"order\": 1"),
+        "{j}"
+    );
+    let (_, x) = api.get(&format!(
+        "{}/messages/{}?at={}",
+        qpath(Q),
+        id(&m1[1]),
+        m1[1]["at"].as_str().unwrap()
+    ));
+    assert_eq!(x["preview"]["formatter"], "xml", "{x}");
+    let (_, h) = api.get(&format!("{}/messages/{}", qpath(Q), id(&m2[0])));
+    assert_eq!(h["preview"]["formatter"], "hex", "{h}");
+    assert!(h["preview"]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("00000000  00 01 02 fe ff"));
+
+    // Receive one by id; move one to a subqueue; the rest is purged.
+    let (s, r) = api.post(
+        &format!("{}/messages/{}/receive", qpath(Q), id(&m1[0])),
+        None,
+    );
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["received"]["label"], "json one");
+    assert_eq!(r["received"]["preview"]["formatter"], "json");
+    refused(
+        api.post(
+            &format!("{}/messages/{}/receive", qpath(Q), id(&m1[0])),
+            None,
+        ),
+        404,
+        "not_found",
+        "MQ_ERROR_MESSAGE_NOT_FOUND",
+    );
+    let (s, m) = api.post(
+        &format!("{}/messages/{}/move", qpath(Q), id(&m1[1])),
+        Some(r#"{"destination": "retry"}"#),
+    );
+    assert_eq!(s, 200, "{m}");
+    let sub = format!("{Q};retry");
+    assert_eq!(api.get(&qpath(&sub)).1["messages"], 1);
+    let (s, d) = api.json(
+        "DELETE",
+        &format!("{}/messages/{}", qpath(&sub), id(&m1[1])),
+        None,
+    );
+    assert_eq!(s, 200, "{d}");
+    assert_eq!(api.get(&qpath(&sub)).1["messages"], 0);
+    let (s, p) = api.post(&format!("{}/purge", qpath(Q)), None);
+    assert_eq!((s, p["purged"].as_u64()), (200, Some(1)), "{p}");
+    assert_eq!(api.get(&qpath(Q)).1["messages"], 0);
+
+    // Refusals: every input bounded and refused with one line.
+    let page = |q: &str| api.get(&format!("{}/messages?{q}", qpath(Q)));
+    refused(page("limit=0"), 400, "invalid_argument", "1 to 500");
+    refused(page("limit=501"), 400, "invalid_argument", "limit 501");
+    refused(page("limit=x"), 400, "invalid_argument", "limit");
+    refused(
+        page("after=nonsense"),
+        400,
+        "invalid_argument",
+        "not a page cursor",
+    );
+    refused(page("bogus=1"), 400, "invalid_argument", "bogus");
+    refused(
+        api.get(&format!("{}/messages/not-a-uuid", qpath(Q))),
+        400,
+        "invalid_argument",
+        "not a message id",
+    );
+    refused(
+        api.get(&format!("{}/messages/{}", qpath(Q), id(&m2[0]))),
+        404,
+        "not_found",
+        "no message with id",
+    );
+    refused(
+        api.get(&qpath(r".\private$\nosuch")),
+        404,
+        "not_found",
+        "does not exist; create it with `mq queue create",
+    );
+    let long = "x".repeat(2000);
+    refused(
+        api.get(&qpath(&long)),
+        400,
+        "invalid_argument",
+        "the limit is 1024",
+    );
+    refused(
+        api.post("/api/v1/queues", Some(&format!(r#"{{"name": "{long}"}}"#))),
+        400,
+        "invalid_argument",
+        "the limit is 1024",
+    );
+    refused(
+        api.post("/api/v1/queues", Some("{not json")),
+        400,
+        "invalid_argument",
+        "not the JSON expected",
+    );
+    refused(
+        api.post("/api/v1/queues", Some(r#"{"name": "a", "colour": 1}"#)),
+        400,
+        "invalid_argument",
+        "colour",
+    );
+    let huge = format!(r#"{{"name": "a", "label": "{}"}}"#, "y".repeat(70 * 1024));
+    refused(
+        api.post("/api/v1/queues", Some(&huge)),
+        413,
+        "invalid_argument",
+        "65536 bytes",
+    );
+    refused(
+        api.post(
+            &format!("{}/messages/{}/move", qpath(Q), id(&m2[0])),
+            Some(r#"{"destination": " "}"#),
+        ),
+        400,
+        "invalid_argument",
+        "destination is empty",
+    );
+    refused(
+        api.get("/api/v1/nothing-here"),
+        404,
+        "not_found",
+        "no API endpoint GET /api/v1/nothing-here",
+    );
+    refused(
+        api.post("/api/v1/outgoing/127.0.0.1:9/pause", None),
+        404,
+        "not_found",
+        "no outgoing queue",
+    );
+    refused(
+        api.json("DELETE", &qpath(r".\SYSTEM$;DEADLETTER"), None),
+        409,
+        "failed_precondition",
+        "cannot be deleted",
+    );
+    // Another site's page may not make the browser change things.
+    let (s, _, t) = api
+        .raw(
+            "POST",
+            &format!("{}/purge", qpath(Q)),
+            None,
+            &[("origin", "http://evil.example")],
+        )
+        .unwrap();
+    assert_eq!(s, 403, "{t}");
+    assert!(t.contains("only pages of this console"), "{t}");
+
+    // Delete.
+    let (s, d) = api.json("DELETE", &qpath(Q), None);
+    assert_eq!(s, 200, "{d}");
+    refused(api.get(&qpath(Q)), 404, "not_found", "does not exist");
+}
+
+#[test]
+fn dead_letters_replay_and_outgoing_pause() {
+    let dir = temp_data_dir("mq-api-dl-");
+    let (mqd, http) = mqd_with_http(dir.path(), &[]);
+    let url = mqd.url().to_string();
+    let api = Http::new(&format!("http://{http}"));
+    assert!(mq(&url, &["queue", "create", Q], None).status.success());
+    // Two messages expire unreceived: ReceiveTimeout.
+    send(
+        &url,
+        Q,
+        b"late one",
+        &["--ttbr", "1ms", "--label", "late 1"],
+    );
+    send(
+        &url,
+        Q,
+        b"late two",
+        &["--ttbr", "1ms", "--label", "late 2"],
+    );
+    let mut dl = Value::Null;
+    assert!(
+        wait_until(WAIT, || {
+            dl = api.get("/api/v1/deadletter").1;
+            dl["queues"][0]["messages"] == 2
+        }),
+        "{dl}"
+    );
+    let dlq = dl["queues"][0]["name"].as_str().unwrap().to_string();
+    let msgs = dl["queues"][0]["messages_page"].as_array().unwrap().clone();
+    assert_eq!(msgs[0]["dead_letter"]["class"], "ReceiveTimeout", "{dl}");
+    assert!(
+        msgs[0]["dead_letter"]["reason"].as_str().unwrap().len() > 5,
+        "{dl}"
+    );
+    assert!(
+        msgs[0]["dead_letter"]["destination"]
+            .as_str()
+            .unwrap()
+            .contains(r"private$\api"),
+        "{dl}"
+    );
+    // The same through the queue's pages and one message.
+    let (_, one) = api.get(&format!(
+        "{}/messages/{}",
+        qpath(&dlq),
+        msgs[0]["id"].as_str().unwrap()
+    ));
+    assert_eq!(one["dead_letter"]["class"], "ReceiveTimeout", "{one}");
+    // Replay one to where it was going, delete the other.
+    let (s, r) = api.post(
+        &format!(
+            "{}/messages/{}/replay",
+            qpath(&dlq),
+            msgs[0]["id"].as_str().unwrap()
+        ),
+        None,
+    );
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(api.get(&qpath(Q)).1["messages"], 1);
+    let (s, d) = api.json(
+        "DELETE",
+        &format!(
+            "{}/messages/{}",
+            qpath(&dlq),
+            msgs[1]["id"].as_str().unwrap()
+        ),
+        None,
+    );
+    assert_eq!(s, 200, "{d}");
+    assert_eq!(api.get(&qpath(&dlq)).1["messages"], 0);
+
+    // An outgoing queue to a broker that is not there: WAITING with its last error.
+    let port = free_port();
+    let remote = format!(r"DIRECT=TCP:127.0.0.1:{port}\private$\far");
+    send(&url, &remote, b"to a broker that is down", &[]);
+    let dest = format!("127.0.0.1:{port}");
+    let mut o = Value::Null;
+    assert!(
+        wait_until(WAIT, || {
+            o = api.get("/api/v1/outgoing").1;
+            o["outgoing"][0]["last_error"]
+                .as_str()
+                .is_some_and(|e| !e.is_empty())
+        }),
+        "{o}"
+    );
+    let q = &o["outgoing"][0];
+    assert_eq!(q["destination"], dest.as_str());
+    assert_eq!(q["messages"], 1);
+    assert!(q["last_error_age_ms"].as_u64().is_some(), "{q}");
+    let (s, p) = api.post(&format!("/api/v1/outgoing/{}/pause", enc(&dest)), None);
+    assert_eq!(s, 200, "{p}");
+    assert_eq!(
+        api.get("/api/v1/outgoing").1["outgoing"][0]["state"],
+        "ONHOLD"
+    );
+    let cli = mq(&url, &["outgoing", "list"], None);
+    assert!(
+        String::from_utf8_lossy(&cli.stdout).contains("ONHOLD"),
+        "{cli:?}"
+    );
+    let (s, _) = api.post(&format!("/api/v1/outgoing/{}/resume", enc(&dest)), None);
+    assert_eq!(s, 200);
+    assert_ne!(
+        api.get("/api/v1/outgoing").1["outgoing"][0]["state"],
+        "ONHOLD"
+    );
+}
+
+/// With a users file and mqd's certificate: the HTTP port is HTTPS, the API uses the users'
+/// identities and rights (403 for a reader's actions, 401 for bad credentials), and the
+/// console shows a reader no buttons that would fail.
+#[test]
+fn rights_over_https_with_a_users_file() {
+    let pki = TestPki::new("api CA");
+    let (cert, key) = pki.issue("mqd");
+    let users = users_file(
+        &pki.path("users.toml"),
+        &[
+            (
+                "root",
+                "root-pw",
+                &[],
+                &[
+                    "send",
+                    "receive",
+                    "peek",
+                    "admin",
+                    "create-queue",
+                    "outgoing",
+                    "dead-letter",
+                ],
+            ),
+            ("reader", "reader-pw", &[], &["peek"]),
+        ],
+    );
+    let dir = temp_data_dir("mq-api-tls-");
+    let (_mqd, http) = mqd_with_http(
+        dir.path(),
+        &[
+            "--users",
+            users.to_str().unwrap(),
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    // Plain HTTP gets no answer from the HTTPS port.
+    assert!(Http::new(&format!("http://{http}"))
+        .raw("GET", "/api/v1/broker", None, &[])
+        .is_err());
+    let https = Http::tls(&format!("https://{http}"), &pki.ca_pem());
+    let root = https.as_user("root", "root-pw");
+    let reader = https.as_user("reader", "reader-pw");
+    let (s, q) = root.post(
+        "/api/v1/queues",
+        Some(&format!(
+            r#"{{"name": {}}}"#,
+            serde_json::to_string(Q).unwrap()
+        )),
+    );
+    assert_eq!(s, 201, "{q}");
+    // Anonymous sees nothing and may do nothing; the console asks for a login.
+    let (s, l) = https.get("/api/v1/queues");
+    assert_eq!(s, 200);
+    assert_eq!(l["queues"].as_array().unwrap().len(), 0, "{l}");
+    refused(
+        https.post(&format!("{}/purge", qpath(Q)), None),
+        403,
+        "permission_denied",
+        "identity \"anonymous\" lacks",
+    );
+    let (s, h, _) = https.raw("GET", "/", None, &[]).unwrap();
+    assert_eq!(s, 401);
+    assert!(h.get("www-authenticate").is_some());
+    refused(
+        https.as_user("reader", "wrong").get("/api/v1/queues"),
+        401,
+        "unauthenticated",
+        "password is wrong",
+    );
+    // The reader browses but may not act.
+    let (s, p) = reader.get(&format!("{}/messages", qpath(Q)));
+    assert_eq!(s, 200, "{p}");
+    refused(
+        reader.post(&format!("{}/purge", qpath(Q)), None),
+        403,
+        "permission_denied",
+        "lacks the right \"admin\"",
+    );
+    refused(
+        reader.json("DELETE", &qpath(Q), None),
+        403,
+        "permission_denied",
+        "lacks the right \"admin\"",
+    );
+    refused(
+        reader.post("/api/v1/queues", Some(r#"{"name": ".\\private$\\r"}"#)),
+        403,
+        "permission_denied",
+        "create-queue",
+    );
+    refused(
+        reader.get("/api/v1/outgoing"),
+        403,
+        "permission_denied",
+        "outgoing",
+    );
+    let (s, page) = reader.page(&format!("/queues/{}", enc(Q)));
+    assert_eq!(s, 200, "{page}");
+    assert!(
+        !page.contains("/purge"),
+        "a reader sees no purge button: {page}"
+    );
+    let (_, page) = reader.page("/queues");
+    assert!(
+        !page.contains("Create a queue") && !page.contains("/delete"),
+        "{page}"
+    );
+    let (_, page) = root.page(&format!("/queues/{}", enc(Q)));
+    assert!(page.contains("/purge"), "{page}");
+    let (s, p) = root.post(&format!("{}/purge", qpath(Q)), None);
+    assert_eq!(s, 200, "{p}");
+}
