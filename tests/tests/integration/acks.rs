@@ -608,3 +608,321 @@ async fn recoverable_acks_survive_kill9() {
         _ => assert!(acks.is_empty(), "an ack without its removal: {acks:#?}"),
     }
 }
+
+/// A cursor's receive-current (MSMQ `MQ_ACTION_RECEIVE` at a cursor, .NET `RemoveCurrent`) is
+/// a receive for good: it posts `ACK_RECEIVE` for the message under the cursor only, from a
+/// plain queue (express and recoverable) and from a transactional one (a committed
+/// single-message transaction); peeking through the cursor posts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursor_receive_current_posts_ack_receive() {
+    let (_broker, client) = with_queues().await;
+    let pos_receive = ack::parse_type("pos-receive").unwrap();
+    for (queue, recoverable) in [(Q, false), (Q, true), (TQ, true)] {
+        let mut ids = Vec::new();
+        for body in ["first", "second"] {
+            let m = Message::new(body)
+                .recoverable(recoverable)
+                .admin_queue(AQ)
+                .acknowledge(pos_receive);
+            let id = if queue == TQ {
+                let mut tx = client.begin().await.unwrap();
+                tx.send(TQ, m).unwrap();
+                tx.commit().await.unwrap()[0]
+            } else {
+                client.queue(queue).unwrap().send(m).await.unwrap()
+            };
+            ids.push(id);
+        }
+        let mut cursor = client.queue(queue).unwrap().cursor().unwrap();
+        let first = cursor.peek_current(WAIT).await.unwrap().unwrap();
+        let second = cursor.peek_next(WAIT).await.unwrap().unwrap();
+        assert_eq!((first.id, second.id), (ids[0], ids[1]));
+        let got = cursor.receive_current(WAIT).await.unwrap().unwrap();
+        assert_eq!(got.id, ids[1], "{queue}: the message under the cursor");
+        let acks = wait_acks(&client, AQ, 1).await;
+        check_ack(&acks[0], ids[1], class::ACK_RECEIVE, "", b"");
+        // The one left waiting (peeked by the cursor) is not acknowledged.
+        assert_eq!(count(&client, queue).await, 1, "{queue}");
+        client.purge(AQ).await.unwrap();
+        client.purge(queue).await.unwrap();
+    }
+}
+
+/// Acknowledgements with a queue journal: a receive posts one `ACK_RECEIVE` and keeps one
+/// journal copy; receiving or purging the copy in `Q;JOURNAL`, and receiving a dead letter,
+/// post nothing (copies and dead letters keep the original's request, but only the original
+/// is acknowledged). Deleting the queue posts `NACK_Q_DELETED` for the messages waiting in it
+/// and in its subqueues, not for its journal's copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_with_queue_journals_and_dead_letters() {
+    let (_broker, client) = with_queues().await;
+    let jq = r".\private$\journaled";
+    client
+        .create_queue(
+            jq,
+            QueueOptions {
+                journal: true,
+                ..QueueOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    let journal = format!("{jq};JOURNAL");
+    for recoverable in [false, true] {
+        let id = client
+            .queue(jq)
+            .unwrap()
+            .send(
+                Message::new("kept")
+                    .recoverable(recoverable)
+                    .admin_queue(AQ)
+                    .acknowledge(full()),
+            )
+            .await
+            .unwrap();
+        check_ack(
+            &receive_ack(&client, AQ).await,
+            id,
+            class::ACK_REACH_QUEUE,
+            "",
+            b"",
+        );
+        let got = client.queue(jq).unwrap().receive(WAIT).await.unwrap();
+        assert_eq!(got.unwrap().id, id);
+        check_ack(
+            &receive_ack(&client, AQ).await,
+            id,
+            class::ACK_RECEIVE,
+            "",
+            b"",
+        );
+        let copies = wait_acks(&client, &journal, 1).await;
+        assert_eq!(copies[0].id, id, "the journal copy");
+        let copy = client.queue(&journal).unwrap().receive(WAIT).await.unwrap();
+        assert_eq!(copy.unwrap().id, id);
+    }
+    // A copy purged from the journal: no NACK_Q_PURGED.
+    let id = client
+        .queue(jq)
+        .unwrap()
+        .send(
+            Message::new("purged copy")
+                .admin_queue(AQ)
+                .acknowledge(ack::parse_type("full-receive").unwrap()),
+        )
+        .await
+        .unwrap();
+    assert!(client
+        .queue(jq)
+        .unwrap()
+        .receive(WAIT)
+        .await
+        .unwrap()
+        .is_some());
+    check_ack(
+        &receive_ack(&client, AQ).await,
+        id,
+        class::ACK_RECEIVE,
+        "",
+        b"",
+    );
+    wait_acks(&client, &journal, 1).await;
+    assert_eq!(client.purge(&journal).await.unwrap(), 1);
+
+    // A dead letter (time-to-be-received): its NACK, then nothing when it is received.
+    let id = client
+        .queue(Q)
+        .unwrap()
+        .send(
+            Message::new("dead")
+                .recoverable(true)
+                .time_to_be_received(Duration::from_millis(100))
+                .admin_queue(AQ)
+                .acknowledge(full()),
+        )
+        .await
+        .unwrap();
+    check_ack(
+        &receive_ack(&client, AQ).await,
+        id,
+        class::ACK_REACH_QUEUE,
+        "",
+        b"",
+    );
+    check_ack(
+        &receive_ack(&client, AQ).await,
+        id,
+        class::NACK_RECEIVE_TIMEOUT,
+        "",
+        b"dead",
+    );
+    let dlq = client.queue(r"DIRECT=OS:.\SYSTEM$;DEADLETTER").unwrap();
+    let dead = dlq.receive(WAIT).await.unwrap().unwrap();
+    assert_eq!(dead.id, id);
+
+    // Deleting the queue: a NACK for the one waiting in it and the one in its subqueue.
+    let waiting = client
+        .queue(jq)
+        .unwrap()
+        .send(
+            Message::new("waiting")
+                .recoverable(true)
+                .admin_queue(AQ)
+                .acknowledge(ack::NEG_RECEIVE),
+        )
+        .await
+        .unwrap();
+    let parked = client
+        .queue(jq)
+        .unwrap()
+        .send(
+            Message::new("parked")
+                .admin_queue(AQ)
+                .acknowledge(ack::NEG_RECEIVE),
+        )
+        .await
+        .unwrap();
+    client.move_message(jq, parked, "parked").await.unwrap();
+    // One more copy in the journal, which must not be NACKed with the queue.
+    let copied = client
+        .queue(jq)
+        .unwrap()
+        .send(
+            Message::new("copied")
+                .recoverable(true)
+                .admin_queue(AQ)
+                .acknowledge(ack::NEG_RECEIVE),
+        )
+        .await
+        .unwrap();
+    let taken = client.queue(jq).unwrap().receive_by_id(copied, WAIT).await;
+    assert_eq!(taken.unwrap().unwrap().id, copied);
+    wait_acks(&client, &journal, 1).await;
+    client.delete_queue(jq).await.unwrap();
+    let mut nacks = wait_acks(&client, AQ, 2).await;
+    nacks.sort_by_key(|a| a.body.clone());
+    check_ack(&nacks[0], parked, class::NACK_Q_DELETED, "", b"parked");
+    check_ack(&nacks[1], waiting, class::NACK_Q_DELETED, "", b"waiting");
+    // Nothing else (the dead letter's receive, the journal's purge and deletion): the
+    // deletion's NACKs were stored with it, so all are there when it returns.
+    assert_eq!(count(&client, AQ).await, 2, "{nacks:#?}");
+}
+
+/// `MQMSG_CLASS_NACK_ACCESS_DENIED`, as MSMQ produces it: a message forwarded to a queue whose
+/// broker refuses the sending broker's identity (it holds `forward` there, but the queue's ACL
+/// does not give it `send`) is dead-lettered at the sending broker, which posts the NACK with
+/// the original body to the admin queue. A local send without the right is refused to the
+/// sender at once (`PERMISSION_DENIED`, as MSMQ refuses opening a local queue) and posts
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_denied_nacks() {
+    use mq_tests::{temp_data_dir, users_file, MqdProcess};
+    let users_dir = temp_data_dir("mq-acks-users-");
+    let users_b = users_file(
+        &users_dir.path().join("users-b.toml"),
+        &[
+            ("admin", "admin-pw", &[], &["create-queue", "dead-letter"]),
+            ("broker-a", "a-pw", &[], &["forward"]),
+        ],
+    );
+    let b_addr = loopback(free_port());
+    let creds = users_dir.path().join("forward.toml");
+    std::fs::write(
+        &creds,
+        format!("[\"{b_addr}\"]\nuser = \"broker-a\"\npassword = \"a-pw\"\n"),
+    )
+    .unwrap();
+    let (dir_a, dir_b) = (temp_data_dir("mq-acks-a-"), temp_data_dir("mq-acks-b-"));
+    let b = MqdProcess::launch_on(
+        dir_b.path(),
+        b_addr,
+        &["--name", "b", "--users", users_b.to_str().unwrap()],
+    );
+    let a = MqdProcess::launch(
+        dir_a.path(),
+        &[
+            "--name",
+            "a",
+            "--forward-credentials",
+            creds.to_str().unwrap(),
+            "--forward-retry-max",
+            "200ms",
+        ],
+    );
+    let b_admin = Client::builder(b.url())
+        .user("admin", "admin-pw")
+        .connect()
+        .await
+        .unwrap();
+    create(&b_admin, "q", false, None).await;
+    let client = Client::connect(a.url()).await.unwrap();
+    create(&client, "aq", false, None).await;
+    let dest = format!(r"DIRECT=TCP:{b_addr}\private$\q");
+    let id = client
+        .queue(&dest)
+        .unwrap()
+        .send(
+            Message::new("not for you")
+                .label("denied")
+                .recoverable(true)
+                .admin_queue(local("aq"))
+                .acknowledge(ack::parse_type("full-reach-queue").unwrap()),
+        )
+        .await
+        .unwrap();
+    let got = client
+        .queue(&local("aq"))
+        .unwrap()
+        .receive(WAIT)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no NACK: {}\n{}", a.stderr(), b.stderr()));
+    check_ack(
+        &got,
+        id,
+        class::NACK_ACCESS_DENIED,
+        "denied",
+        b"not for you",
+    );
+    assert_eq!(got.response_queue, dest, "the NACK names the destination");
+    assert_eq!(count(&b_admin, &local("q")).await, 0, "nothing reached B");
+    drop(b_admin);
+
+    // Local: alice may write to the admin queue but not to q.
+    let users = users_file(
+        &users_dir.path().join("users.toml"),
+        &[
+            ("admin", "admin-pw", &[], &["create-queue"]),
+            ("alice", "alice-pw", &[], &[]),
+        ],
+    );
+    let broker = InProcessBroker::start_with(|c| c.security.users_file = Some(users)).await;
+    let admin = Client::builder(broker.url())
+        .user("admin", "admin-pw")
+        .connect()
+        .await
+        .unwrap();
+    for q in [Q, AQ] {
+        admin
+            .create_queue(q, QueueOptions::default())
+            .await
+            .unwrap();
+    }
+    admin.grant(AQ, "alice", &["send"]).await.unwrap();
+    let alice = Client::builder(broker.url())
+        .user("alice", "alice-pw")
+        .connect()
+        .await
+        .unwrap();
+    let refused = alice
+        .queue(Q)
+        .unwrap()
+        .send(Message::new("local").admin_queue(AQ).acknowledge(full()))
+        .await;
+    assert!(
+        matches!(refused, Err(mq_client::Error::PermissionDenied(_))),
+        "{refused:?}"
+    );
+    assert_eq!(count(&admin, AQ).await, 0, "a refused send posts nothing");
+    assert_eq!(count(&admin, Q).await, 0);
+}
