@@ -51,6 +51,8 @@ pub struct Broker {
     pub(crate) tx_staged: crate::flow::Budget,
     /// Counters for the metrics that nothing else keeps.
     counters: Arc<crate::metrics::Counters>,
+    /// Acknowledgements to admin queues (`acks.rs`).
+    pub(crate) acks: crate::acks::AckState,
     /// Held by a change of a queue's definition (ACL, properties, an outgoing queue's pause,
     /// a deletion) from reading the current definition until the change is journaled and
     /// applied: a change takes effect in memory only once its record is on disk.
@@ -497,6 +499,7 @@ impl Broker {
             outcomes: std::sync::Mutex::new(outcomes),
             background: std::sync::Mutex::new(None),
             counters: Arc::default(),
+            acks: Default::default(),
             redefinitions: tokio::sync::Mutex::new(()),
         };
         Ok((broker, report))
@@ -727,6 +730,9 @@ impl Broker {
         }
         let _one = self.redefinitions.lock().await;
         self.check_writable("delete a queue")?;
+        // NACK_Q_DELETEDs of its waiting messages, prepared before the registry lock (they
+        // read bodies and look up admin queues) and stored in the deletion's record.
+        let mut nacks = self.deletion_nacks(&key);
         // Out of the registry (with its subqueues and its journal) and the deletion submitted under its lock, so
         // no record of a later lookup comes before the deletion's; emptied only once the
         // deletion is on disk, and back in the registry if nothing was written.
@@ -748,17 +754,18 @@ impl Broker {
                 .collect();
             let subqueues: Vec<Arc<Queue>> =
                 sub_keys.iter().filter_map(|k| queues.remove(k)).collect();
-            let commit = self.journal.submit(
-                std::iter::once(&q)
-                    .chain(&subqueues)
-                    .map(|s| Op::DeleteQueue {
-                        queue_id: s.def().id,
-                    })
-                    .collect(),
-            );
+            let mut ops: Vec<Op> = std::iter::once(&q)
+                .chain(&subqueues)
+                .map(|s| Op::DeleteQueue {
+                    queue_id: s.def().id,
+                })
+                .collect();
+            ops.append(&mut nacks.ops);
+            let commit = self.journal.submit(ops);
             (q, subqueues, commit)
         };
         if let Err(e) = commit.await {
+            nacks.abort(self);
             if e.may_be_stored() {
                 // Maybe deleted (the journal is poisoned now): it stays out of the registry.
                 return Err(BrokerError::Unavailable(format!(
@@ -776,6 +783,7 @@ impl Broker {
                 "cannot store the deletion, the queue is kept: {e}"
             )));
         }
+        nacks.commit(self);
         for s in std::iter::once(&q).chain(&subqueues) {
             let (express, stored) = s.mark_deleted();
             self.release(Delivery::Express, express);
@@ -919,14 +927,22 @@ impl Broker {
             self.check_writable("purge recoverable messages")?;
         }
         let purged = q.purge();
-        if let Some(removal) = self.forget_removal(&q, &purged) {
-            removal.await.map_err(|e| {
-                BrokerError::Unavailable(format!(
+        let class = match q.def().role {
+            QueueRole::Outgoing { .. } => mq_proto::ack::class::NACK_PURGED,
+            _ => mq_proto::ack::class::NACK_Q_PURGED,
+        };
+        let mut nacks = self.acks_for_entries(&q, &purged, class);
+        let removal = self.forget_removal_with(&q, &purged, std::mem::take(&mut nacks.ops));
+        if let Some(removal) = removal {
+            if let Err(e) = removal.await {
+                nacks.abort(self);
+                return Err(BrokerError::Unavailable(format!(
                     "the purge of {} messages could not be stored ({e}); they are gone from the queue until the broker restarts",
                     purged.len()
-                ))
-            })?;
+                )));
+            }
         }
+        nacks.commit(self);
         Ok(purged.len() as u64)
     }
 
@@ -1114,6 +1130,7 @@ impl Broker {
             }
             *bg = Some(tokio::runtime::Handle::current());
         }
+        self.acks.set_broker(self);
         let all: Vec<_> = self
             .outgoing
             .read()
@@ -1313,6 +1330,8 @@ impl Broker {
                 }
             }
         }
+        // Arrivals in local queues that asked for an ack: (message index, queue).
+        let mut arrived: Vec<(usize, Arc<Queue>)> = Vec::new();
         for (t, per_queue) in dests.iter().zip(admitted) {
             let q = &t.queue;
             let mut express = Vec::new();
@@ -1330,6 +1349,9 @@ impl Broker {
                         &routed
                     }
                 };
+                if !refused[j] && t.route.is_none() && m.acknowledge != 0 {
+                    arrived.push((j, q.clone()));
+                }
                 if refused[j] {
                     q.unadmit(seq, m.charged_bytes());
                 } else if m.delivery == Delivery::Express {
@@ -1356,6 +1378,19 @@ impl Broker {
             }
             self.insert_or_forget(q, express);
         }
+        // Express messages have arrived; recoverable ones arrive with their record.
+        let (express_arrived, durable_arrived): (Vec<_>, Vec<_>) = arrived
+            .into_iter()
+            .partition(|(j, _)| accepted[*j].delivery == Delivery::Express);
+        let arrival = |(j, q): &(usize, Arc<Queue>)| crate::acks::AckEvent {
+            msg: &accepted[*j],
+            class: mq_proto::ack::class::ACK_REACH_QUEUE,
+            destination: crate::acks::destination_of(q),
+            body: None,
+        };
+        self.post_acks(express_arrived.iter().map(arrival));
+        let mut acks = self.prepare_acks(durable_arrived.iter().map(arrival));
+        ops.append(&mut acks.ops);
         let stream = stream.map(|(id, first_seq)| {
             let mut refused: Vec<usize> = failures.iter().map(|(i, _)| *i).collect();
             refused.sort_unstable();
@@ -1389,8 +1424,10 @@ impl Broker {
                         for (q, entries) in group_by_queue(placed) {
                             broker.insert_or_forget(&q, entries);
                         }
+                        acks.commit(&broker);
                     }
                     Err(e) => {
+                        acks.abort(&broker);
                         let err = journal_failed(e);
                         for (q, j, entry) in durable {
                             let charge = entry.msg.charged_bytes();
@@ -1478,6 +1515,16 @@ impl Broker {
         queue: &Queue,
         entries: &[Entry],
     ) -> Option<crate::journal::Commit> {
+        self.forget_removal_with(queue, entries, Vec::new())
+    }
+
+    /// [`Broker::forget_removal`] whose record also holds `extra` (acks' `Put`s).
+    pub(crate) fn forget_removal_with(
+        &self,
+        queue: &Queue,
+        entries: &[Entry],
+        mut extra: Vec<Op>,
+    ) -> Option<crate::journal::Commit> {
         let mut express = 0;
         let mut stored = 0;
         let mut seqs = Vec::new();
@@ -1492,6 +1539,16 @@ impl Broker {
         }
         self.release(Delivery::Express, express);
         self.release(Delivery::Recoverable, stored);
+        if !extra.is_empty() {
+            // `Put`s must follow their queues' definitions: the normal lane.
+            if !seqs.is_empty() {
+                extra.push(Op::Remove {
+                    queue_id: queue.def().id,
+                    seqs,
+                });
+            }
+            return Some(self.journal.submit(extra));
+        }
         // The removal lane: the entries' `Put`s are durable (they were in the queue), so it
         // rides the next group commit instead of queueing behind pending sends; that bounds
         // the redelivery window after a crash.
@@ -1522,22 +1579,31 @@ impl Broker {
         entries: Vec<Entry>,
     ) -> Result<Vec<Entry>, BrokerError> {
         let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
-        // Journal copies (target journaling) go into the removal's record.
+        // Journal copies (target journaling) and ACK_RECEIVEs go into the removal's record.
         let mut copies = self.journal_copies(queue, &entries);
+        let mut acks = self.acks_for_entries(queue, &entries, mq_proto::ack::class::ACK_RECEIVE);
         let mut ops = copies.take_ops();
+        ops.append(&mut acks.ops);
         ops.push(Op::Remove {
             queue_id: queue.def().id,
             seqs,
         });
-        let commit = if copies.is_empty() {
+        // Copies' and acks' `Put`s must follow their queues' definitions: the normal lane.
+        let commit = if ops.len() == 1 {
             self.journal.submit_removal(ops)
         } else {
             self.journal.submit(ops)
         };
         let result = commit.await;
         match &result {
-            Ok(()) => copies.stored(self),
-            Err(_) => copies.failed(self),
+            Ok(()) => {
+                copies.stored(self);
+                acks.commit(self);
+            }
+            Err(_) => {
+                copies.failed(self);
+                acks.abort(self);
+            }
         }
         match result {
             Ok(()) => {

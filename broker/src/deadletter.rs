@@ -118,6 +118,10 @@ impl Broker {
         let mut back: Vec<Entry> = Vec::new();
         let mut counted = 0u64;
         let mut classes = Vec::new();
+        // NACKs: express originals' are posted at once, recoverable ones' in the record.
+        let reached = !matches!(src.def().role, QueueRole::Outgoing { .. });
+        let mut nacks = crate::acks::Prepared::default();
+        let mut express_nacks = crate::acks::Prepared::default();
         for item in items {
             let m = &item.entry.msg;
             let destination = match &m.route {
@@ -180,6 +184,25 @@ impl Broker {
             };
             counted += 1;
             classes.push((item.class, m.delivery));
+            let class = crate::acks::nack_class(item.class, reached);
+            if crate::acks::wanted(m, class) {
+                let mut p = self.prepare_acks([crate::acks::AckEvent {
+                    msg: m,
+                    class,
+                    destination: moved
+                        .dead_letter
+                        .as_ref()
+                        .map(|d| d.destination.clone())
+                        .unwrap_or_default(),
+                    body: moved.body.clone(),
+                }]);
+                if m.delivery == Delivery::Express {
+                    express_nacks.absorb(p);
+                } else {
+                    ops.append(&mut p.ops);
+                    nacks.absorb(p);
+                }
+            }
             match m.delivery {
                 Delivery::Express => {
                     self.insert_or_forget(&dl, vec![Entry::new(seq, moved)]);
@@ -199,6 +222,7 @@ impl Broker {
                 seqs: removed,
             });
             if let Err(e) = self.journal().submit(ops).await {
+                std::mem::take(&mut nacks).abort(self);
                 let e = journal_failed(e);
                 tracing::error!(error = %e, "cannot store dead letters; the messages stay where they were");
                 // Express ones already moved; the recoverable ones go back.
@@ -218,6 +242,8 @@ impl Broker {
         for (dl, entries) in group_by_queue(durable) {
             self.insert_or_forget(&dl, entries);
         }
+        nacks.commit(self);
+        express_nacks.commit(self);
         src.complete(&done);
         src.count(done.len() as u64, 0);
         for (class, _) in &classes {

@@ -535,6 +535,7 @@ impl Broker {
         let mut rejected = Vec::new();
         let mut ops = Vec::new();
         let mut durable: Vec<(Arc<Queue>, Entry)> = Vec::new();
+        let mut arrived: Vec<(Arc<StoredMessage>, Arc<Queue>)> = Vec::new();
         let mut high = *accepted;
         let any_tx = batch.messages.iter().any(|m| m.transactional);
         let order_guard = any_tx.then(|| self.commit_order_lock());
@@ -640,14 +641,38 @@ impl Broker {
                 }
                 Ok(None) => unreachable!("one result per message"),
             };
+            let arrival = msg.acknowledge != 0;
             match msg.delivery {
-                Delivery::Express => self.insert_or_forget(&queue, vec![Entry::new(seq, msg)]),
+                Delivery::Express => {
+                    self.insert_or_forget(&queue, vec![Entry::new(seq, msg.clone())])
+                }
                 Delivery::Recoverable => {
                     ops.push(msg.put_op(queue.def().id, seq));
-                    durable.push((queue, Entry::new(seq, Arc::new(msg.without_body()))));
+                    durable.push((queue.clone(), Entry::new(seq, Arc::new(msg.without_body()))));
                 }
             }
+            if arrival {
+                arrived.push((msg, queue));
+            }
         }
+        // Arrival acks: express ones now, recoverable ones in the batch's record.
+        let (express_arrived, durable_arrived): (Vec<_>, Vec<_>) = arrived
+            .into_iter()
+            .partition(|(m, _)| m.delivery == Delivery::Express);
+        fn arrival((m, q): &(Arc<StoredMessage>, Arc<Queue>)) -> crate::acks::AckEvent<'_> {
+            crate::acks::AckEvent {
+                msg: m,
+                class: mq_proto::ack::class::ACK_REACH_QUEUE,
+                destination: m
+                    .route
+                    .as_deref()
+                    .map_or_else(|| crate::acks::destination_of(q), str::to_string),
+                body: None,
+            }
+        }
+        self.post_acks(express_arrived.iter().map(arrival));
+        let mut acks = self.prepare_acks(durable_arrived.iter().map(arrival));
+        ops.append(&mut acks.ops);
         let refused_now = {
             let mut state = stream.refused_seqs();
             for r in &rejected {
@@ -715,6 +740,7 @@ impl Broker {
         Box::pin(async move {
             if let Some(commit) = commit {
                 if let Err(e) = commit.await {
+                    acks.abort(&broker);
                     for (q, e) in &durable {
                         q.unadmit(e.seq, e.msg.charged_bytes());
                         broker.release(Delivery::Recoverable, e.msg.charged_bytes());
@@ -725,6 +751,7 @@ impl Broker {
             for (q, entries) in group_by_queue(durable) {
                 broker.insert_or_forget(&q, entries);
             }
+            acks.commit(&broker);
             if wrote_mark {
                 // Records complete in stream order, and none after a failed one: this one is
                 // the newest on disk.

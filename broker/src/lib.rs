@@ -6,6 +6,7 @@
 //!
 //! # Layout
 //! - `config`: [`BrokerConfig`] and the documented limits.
+//! - `acks`: acknowledgements to an administration queue (MSMQ classes), posted with their event.
 //! - [`config_file`]: `mqd`'s config file and `MQD_*` variables, derived from its flags.
 //! - `flow`: live connections and what each holds (transactions, unacknowledged deliveries).
 //! - `error`: [`BrokerError`] and its one mapping to gRPC status.
@@ -43,6 +44,7 @@
 //! # Ok(()) }
 //! ```
 
+mod acks;
 mod auth;
 mod auth_layer;
 mod broker;

@@ -61,6 +61,12 @@ pub struct StoredMessage {
     pub sender: Option<Arc<str>>,
     /// Times it was moved between a queue and its subqueues (MSMQ's PROPID_M_MOVE_COUNT).
     pub move_count: u32,
+    /// Where its acknowledgements go (a format name as the sender wrote it), with `acknowledge`.
+    pub admin_queue: Option<Arc<str>>,
+    /// Which acknowledgements it asked for (`crate::acks` flags; 0 = none).
+    pub acknowledge: u8,
+    /// MSMQ's message class: 0 normal, else the acknowledgement class (`crate::acks`).
+    pub class: u16,
     /// Source journaling (MSMQ's MQMSG_JOURNAL): a copy goes to this broker's
     /// `SYSTEM$;JOURNAL` once the message reaches its next hop (see `journal_queue.rs`).
     pub journal: bool,
@@ -131,6 +137,7 @@ impl StoredMessage {
                 )))
             }
         };
+        let (admin_queue, acknowledge) = crate::acks::check_request(&m.admin_queue, m.acknowledge)?;
         let arrived = now_ms();
         let deadline = |ms: u64| {
             if ms == 0 {
@@ -166,6 +173,9 @@ impl StoredMessage {
             dead_letter: None,
             sender: (!m.sender.is_empty()).then(|| Arc::from(m.sender.as_str())),
             move_count: 0,
+            admin_queue,
+            acknowledge,
+            class: 0,
             journal: m.journal,
         })
     }
@@ -196,6 +206,8 @@ impl StoredMessage {
             time_to_reach_queue_ms: 0,
             time_to_be_received_ms: 0,
             sender: m.sender,
+            admin_queue: m.admin_queue,
+            acknowledge: m.acknowledge,
             // Source journaling is the sending broker's: not asked of this one.
             journal: false,
         };
@@ -212,6 +224,7 @@ impl StoredMessage {
         sm.reach_queue_by_ms = m.reach_queue_by_ms;
         sm.receive_by_ms = m.receive_by_ms;
         sm.transactional = transactional;
+        sm.class = crate::acks::check_class(m.message_class)?;
         Ok(sm)
     }
 
@@ -233,6 +246,7 @@ impl StoredMessage {
             + self.label.len() as u64
             + self.correlation_id.len() as u64
             + self.response_queue.len() as u64
+            + self.admin_queue.as_deref().map_or(0, |a| a.len() as u64)
             + MESSAGE_OVERHEAD_BYTES
     }
 
@@ -275,20 +289,29 @@ impl StoredMessage {
         let flags = HeaderFlags {
             journal: self.journal,
         };
-        // Version 3: the sender follows version 2's fields, only when there is one (or an
-        // extension follows: then an empty sender means none).
-        if self.sender.is_some() || !ext.is_empty() || !flags.is_empty() {
+        let acks = AckExt {
+            admin_queue: self.admin_queue.as_deref().unwrap_or_default(),
+            acknowledge: self.acknowledge,
+            class: self.class,
+        };
+        // Each version appends to the one before and is written only when it (or a later one)
+        // says something; the earlier ones are then written even when they hold defaults.
+        // Version 3: the sender follows version 2's fields (an empty sender means none).
+        if self.sender.is_some() || !ext.is_empty() || !flags.is_empty() || !acks.is_empty() {
             let s = self.sender.as_deref().unwrap_or_default();
             v.extend(postcard::to_allocvec(s).expect("encoding into a Vec cannot fail"));
         }
-        // Version 4: the extension follows the sender, only when it says something (or the
-        // flags follow).
-        if !ext.is_empty() || !flags.is_empty() {
+        // Version 4: the extension follows the sender.
+        if !ext.is_empty() || !flags.is_empty() || !acks.is_empty() {
             v.extend(postcard::to_allocvec(&ext).expect("encoding into a Vec cannot fail"));
         }
-        // Version 5: the flags follow the extension, only when one is set.
-        if !flags.is_empty() {
+        // Version 5: the flags follow the extension.
+        if !flags.is_empty() || !acks.is_empty() {
             v.extend(postcard::to_allocvec(&flags).expect("encoding into a Vec cannot fail"));
+        }
+        // Version 6: acknowledgements follow the flags.
+        if !acks.is_empty() {
+            v.extend(postcard::to_allocvec(&acks).expect("encoding into a Vec cannot fail"));
         }
         Bytes::from(v)
     }
@@ -308,6 +331,7 @@ impl StoredMessage {
         // Version 2 appends fields to version 1; a version-1 header ends early.
         let mut ext = HeaderExt::default();
         let mut flags = HeaderFlags::default();
+        let mut acks: Option<(Option<Arc<str>>, u8, u16)> = None;
         let (h, v2, sender) = match postcard::take_from_bytes::<HeaderRecordV2<'_>>(bytes) {
             Ok((v2, rest)) => {
                 // Version 3 appends the sender, version 4 the extension.
@@ -319,7 +343,14 @@ impl StoredMessage {
                         let (e, rest) = postcard::take_from_bytes::<HeaderExt>(rest)?;
                         ext = e;
                         if !rest.is_empty() {
-                            flags = postcard::from_bytes::<HeaderFlags>(rest)?;
+                            let (f, rest) = postcard::take_from_bytes::<HeaderFlags>(rest)?;
+                            flags = f;
+                            if !rest.is_empty() {
+                                let a = postcard::from_bytes::<AckExt<'_>>(rest)?;
+                                let q =
+                                    (!a.admin_queue.is_empty()).then(|| Arc::from(a.admin_queue));
+                                acks = Some((q, a.acknowledge, a.class));
+                            }
                         }
                     }
                     (!s.is_empty()).then(|| Arc::from(s))
@@ -358,6 +389,9 @@ impl StoredMessage {
             sender,
             move_count: ext.move_count,
             journal: flags.journal,
+            admin_queue: acks.as_ref().and_then(|a| a.0.clone()),
+            acknowledge: acks.as_ref().map_or(0, |a| a.1),
+            class: acks.as_ref().map_or(0, |a| a.2),
         })
     }
 
@@ -392,6 +426,9 @@ impl StoredMessage {
             }),
             sender: self.sender.as_deref().unwrap_or_default().to_string(),
             move_count: self.move_count,
+            admin_queue: self.admin_queue.as_deref().unwrap_or_default().to_string(),
+            acknowledge: self.acknowledge as u32,
+            message_class: self.class as u32,
         }
     }
 }
@@ -451,8 +488,8 @@ impl HeaderExt {
     }
 }
 
-/// Version 5 of the header: flags after the extension (written only when one is set). Field
-/// order is the format: append only.
+/// Version 5 of the header: flags after the extension (written only when one is set, or
+/// version 6 follows). Field order is the format: append only.
 #[derive(serde::Serialize, serde::Deserialize, Default)]
 struct HeaderFlags {
     /// Source journaling was asked for.
@@ -462,6 +499,21 @@ struct HeaderFlags {
 impl HeaderFlags {
     fn is_empty(&self) -> bool {
         !self.journal
+    }
+}
+
+/// Version 6 of the header: acknowledgements after the version-5 flags (written only when not
+/// all default). Field order is the format: append only.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct AckExt<'a> {
+    admin_queue: &'a str,
+    acknowledge: u8,
+    class: u16,
+}
+
+impl AckExt<'_> {
+    fn is_empty(&self) -> bool {
+        self.admin_queue.is_empty() && self.acknowledge == 0 && self.class == 0
     }
 }
 
@@ -510,6 +562,8 @@ mod tests {
                 time_to_reach_queue_ms: 5_000,
                 time_to_be_received_ms: 2_000,
                 sender: "alice".into(),
+                admin_queue: String::new(),
+                acknowledge: 0,
                 journal: false,
             },
             uuid::Uuid::now_v7(),
@@ -571,6 +625,25 @@ mod tests {
                 .move_count,
             0
         );
+        // Version 6: acknowledgements, with and without a sender and a move count.
+        for (sender, move_count) in [(None, 0), (Some(Arc::from("bob")), 3)] {
+            let acked = StoredMessage {
+                sender: sender.clone(),
+                move_count,
+                admin_queue: Some(Arc::from(r".\private$\admin")),
+                acknowledge: 14,
+                class: 0x8002,
+                ..anon.clone()
+            };
+            let back =
+                StoredMessage::decode_header(&acked.encode_header(), acked.body_len).unwrap();
+            assert_eq!(back.admin_queue, acked.admin_queue);
+            assert_eq!((back.acknowledge, back.class), (14, 0x8002));
+            assert_eq!((back.sender, back.move_count), (sender, move_count));
+            assert_eq!(back.dead_letter, acked.dead_letter);
+        }
+        let plain = StoredMessage::decode_header(&anon.encode_header(), 5).unwrap();
+        assert!(plain.admin_queue.is_none() && plain.acknowledge == 0 && plain.class == 0);
     }
 
     /// Version 5: the source-journaling flag, with and without a sender and a move count.
@@ -590,6 +663,89 @@ mod tests {
         }
         let back = StoredMessage::decode_header(&m.encode_header(), m.body_len).unwrap();
         assert!(!back.journal);
+    }
+
+    /// Headers of versions 4, 5 and 6 as each version's writer lays them out (version 2's
+    /// fields, then the sender, the extension, the flags and the acknowledgements): a header
+    /// written before acknowledgements existed (version 5: the journal flag) still reads, and
+    /// version 6 reads with the flags before it.
+    #[test]
+    fn header_v4_v5_v6_decode() {
+        let m = StoredMessage {
+            move_count: 2,
+            ..sample()
+        };
+        let v2 = HeaderRecordV2 {
+            id: *m.id.as_bytes(),
+            label: &m.label,
+            priority: m.priority,
+            correlation_id: &m.correlation_id,
+            app_specific: m.app_specific,
+            body_type: m.body_type,
+            sent_time_ms: m.sent_time_ms,
+            arrived_time_ms: m.arrived_time_ms,
+            response_queue: &m.response_queue,
+            reach_queue_by_ms: m.reach_queue_by_ms,
+            receive_by_ms: m.receive_by_ms,
+            transactional: m.transactional,
+            route: None,
+            dead_letter: None,
+        };
+        let mut v4 = postcard::to_allocvec(&v2).unwrap();
+        v4.extend(postcard::to_allocvec("alice").unwrap());
+        v4.extend(postcard::to_allocvec(&HeaderExt { move_count: 2 }).unwrap());
+        let mut v5 = v4.clone();
+        v5.extend(postcard::to_allocvec(&HeaderFlags { journal: true }).unwrap());
+        let mut v6 = v5.clone();
+        v6.extend(
+            postcard::to_allocvec(&AckExt {
+                admin_queue: r".\private$\admin",
+                acknowledge: 5,
+                class: 0,
+            })
+            .unwrap(),
+        );
+
+        let back = StoredMessage::decode_header(&v4, 5).unwrap();
+        assert_eq!((back.id, back.move_count), (m.id, 2));
+        assert_eq!(back.sender.as_deref(), Some("alice"));
+        assert!(!back.journal && back.admin_queue.is_none());
+        assert_eq!((back.acknowledge, back.class), (0, 0));
+
+        let back = StoredMessage::decode_header(&v5, 5).unwrap();
+        assert_eq!((back.id, back.move_count), (m.id, 2));
+        assert_eq!(back.sender.as_deref(), Some("alice"));
+        assert!(back.journal && back.admin_queue.is_none());
+        assert_eq!((back.acknowledge, back.class), (0, 0));
+
+        let back = StoredMessage::decode_header(&v6, 5).unwrap();
+        assert_eq!((back.id, back.move_count), (m.id, 2));
+        assert!(back.journal);
+        assert_eq!(back.admin_queue.as_deref(), Some(r".\private$\admin"));
+        assert_eq!((back.acknowledge, back.class), (5, 0));
+
+        // The encoder writes exactly these layouts.
+        let written = StoredMessage {
+            journal: true,
+            admin_queue: Some(Arc::from(r".\private$\admin")),
+            acknowledge: 5,
+            ..m.clone()
+        };
+        assert_eq!(&written.encode_header()[..], &v6[..]);
+        let written = StoredMessage {
+            journal: true,
+            ..m.clone()
+        };
+        assert_eq!(&written.encode_header()[..], &v5[..]);
+        assert_eq!(&m.encode_header()[..], &v4[..]);
+        // An ack (class only, no flags) writes the default flags before its version-6 part.
+        let ack = StoredMessage {
+            class: 0x4000,
+            ..m.clone()
+        };
+        let back = StoredMessage::decode_header(&ack.encode_header(), 5).unwrap();
+        assert_eq!(back.class, 0x4000);
+        assert!(!back.journal && back.admin_queue.is_none());
     }
 
     #[test]

@@ -281,6 +281,19 @@ impl prometheus_client::collector::Collector for Collector {
                 .zip(&c.dead_lettered)
                 .map(|(l, v)| (&l[..], v.load(Ordering::Relaxed))),
         )?;
+        let (posted, dropped) = b.acks.counts();
+        counter(
+            &mut e,
+            "mq_acks_posted",
+            "Acknowledgements posted to admin queues (or their outgoing queues) since mqd started",
+            posted,
+        )?;
+        counter(
+            &mut e,
+            "mq_acks_dropped",
+            "Acknowledgements dropped since mqd started: no such local admin queue, a transactional one, over quota",
+            dropped,
+        )?;
         let not_kept: Vec<_> = b
             .journal_not_kept()
             .into_iter()

@@ -772,6 +772,20 @@ impl Queue {
         charged
     }
 
+    /// Copies of the waiting entries (and expired ones not yet swept) that `keep` picks, left
+    /// in the queue: those of a queue about to be deleted that asked for an acknowledgement.
+    pub(crate) fn waiting_matching(&self, keep: impl Fn(&Entry) -> bool) -> Vec<Entry> {
+        let st = self.lock();
+        st.levels
+            .iter()
+            .flat_map(|l| l.iter())
+            .filter(|e| !e.removed)
+            .chain(st.expired.iter())
+            .filter(|e| keep(e))
+            .cloned()
+            .collect()
+    }
+
     pub fn is_deleted(&self) -> bool {
         self.lock().deleted
     }
@@ -1169,6 +1183,9 @@ mod tests {
             dead_letter: None,
             sender: None,
             move_count: 0,
+            admin_queue: None,
+            acknowledge: 0,
+            class: 0,
             journal: false,
         })
     }

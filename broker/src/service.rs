@@ -570,7 +570,7 @@ pub(crate) async fn hand_out(
             .map_err(|e| BrokerError::Internal(format!("the removal task failed: {e}")))??;
     } else {
         queue.complete(&found);
-        broker.forget_received(queue, &found);
+        broker.forget_received_acked(queue, &found);
     }
     Ok(Some(wire))
 }
@@ -923,7 +923,7 @@ fn apply(
         }
         let done: Vec<Entry> = in_flight.drain(..n).map(|(_, e, _)| e).collect();
         queue.complete(&done);
-        broker.forget_received(queue, &done);
+        broker.forget_received_acked(queue, &done);
         conn.release_unacked(n as u64);
     }
     Ok(r.credit as u64)

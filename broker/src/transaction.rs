@@ -272,7 +272,7 @@ impl Transaction {
         }
         let broker = self.broker.clone();
         // Positions and the journal record, in commit order.
-        let (commit, placed, committed_at, copies) = {
+        let (commit, placed, committed_at, copies, acks) = {
             let _order = broker.commit_order_lock();
             let mut placed: Vec<(Arc<Queue>, Entry)> = Vec::with_capacity(self.sends.len());
             let mut ops = Vec::new();
@@ -330,12 +330,38 @@ impl Transaction {
                     seqs: vec![e.seq],
                 });
             }
+            // Acks: arrivals of the sends to local queues, and the receives.
+            let class = mq_proto::ack::class::ACK_REACH_QUEUE;
+            let arrivals = self.sends.iter().filter(|s| s.msg.route.is_none());
+            let mut acks = broker.prepare_acks(arrivals.map(|s| crate::acks::AckEvent {
+                msg: &s.msg,
+                class,
+                destination: crate::acks::destination_of(&s.queue),
+                body: None,
+            }));
+            ops.append(&mut acks.ops);
+            for (q, e) in &self.received {
+                let mut r = broker.acks_for_entries(
+                    q,
+                    std::slice::from_ref(e),
+                    mq_proto::ack::class::ACK_RECEIVE,
+                );
+                ops.append(&mut r.ops);
+                acks.absorb(r);
+            }
             let (outcome_ops, committed_at) = broker.outcomes().commit_ops(self.id);
             ops.extend(outcome_ops);
-            (broker.journal().submit(ops), placed, committed_at, copies)
+            (
+                broker.journal().submit(ops),
+                placed,
+                committed_at,
+                copies,
+                acks,
+            )
         };
         if let Err(e) = commit.await {
             copies.failed(&broker);
+            acks.abort(&broker);
             for (q, e) in &placed {
                 q.unadmit(e.seq, 0);
             }
@@ -352,6 +378,7 @@ impl Transaction {
             return Err(journal_failed(e)); // Drop aborts and releases the reservations.
         }
         copies.stored(&broker);
+        acks.commit(&broker);
         self.done = true;
         self.registered = false;
         broker.counters().tx_committed();

@@ -57,6 +57,7 @@ pub use cursor::Cursor;
 pub use deadline::{ClientOptions, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT};
 pub use error::{Error, Result};
 pub use message::{DeadLetterClass, DeadLetterInfo, Delivery, Message, MessageId, ReceivedMessage};
+pub use mq_proto::ack;
 pub use mq_proto::format_name;
 /// What [`Client::broker_info`] returns (the wire message).
 pub use mq_proto::v1::BrokerInfo;

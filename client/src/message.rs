@@ -40,6 +40,8 @@ pub struct Message {
     response_queue: String,
     time_to_reach_queue_ms: u64,
     time_to_be_received_ms: u64,
+    admin_queue: String,
+    acknowledge: u8,
     journal: bool,
 }
 
@@ -122,6 +124,21 @@ impl Message {
         self.time_to_be_received_ms = limit_ms(d);
         self
     }
+    /// The administration queue (path or format name, possibly on another broker) where the
+    /// broker posts this message's acknowledgements (MSMQ's `AdministrationQueue`). Without
+    /// [`Message::acknowledge`] nothing is posted.
+    pub fn admin_queue(mut self, q: impl Into<String>) -> Self {
+        self.admin_queue = q.into();
+        self
+    }
+    /// Which acknowledgements to post to the admin queue (MSMQ's `AcknowledgeType`): bits of
+    /// [`crate::ack`] or-ed, e.g. `ack::POS_ARRIVAL | ack::NEG_ARRIVAL` (full reach-queue), or
+    /// `ack::parse_type("full-receive")`. Each ack is a message whose `class` says what
+    /// happened ([`crate::ack::class`]) and whose correlation id is this message's id.
+    pub fn acknowledge(mut self, bits: u8) -> Self {
+        self.acknowledge = bits;
+        self
+    }
     /// Source journaling (MSMQ's `UseJournalQueue`, `MQMSG_JOURNAL`): once the message reaches
     /// its next hop (stored in a queue of the broker it was sent to, or acknowledged by the
     /// broker it is forwarded to), that broker keeps a copy in its `SYSTEM$;JOURNAL`.
@@ -151,6 +168,8 @@ impl Message {
             time_to_be_received_ms: self.time_to_be_received_ms,
             // Set by the broker.
             sender: String::new(),
+            admin_queue: self.admin_queue,
+            acknowledge: self.acknowledge as u32,
             journal: self.journal,
         }
     }
@@ -188,6 +207,13 @@ pub struct ReceivedMessage {
     pub sender: String,
     /// Times it was moved between a queue and its subqueues (MSMQ's move count).
     pub move_count: u32,
+    /// MSMQ's message class: 0 for a normal message; an acknowledgement's
+    /// [`crate::ack::class`] code (name: [`crate::ack::class_name`]).
+    pub class: u16,
+    /// The admin queue its acknowledgements go to (empty: none).
+    pub admin_queue: String,
+    /// The acknowledgements it asked for ([`crate::ack`] bits).
+    pub acknowledge: u8,
 }
 
 /// Why a message is in a dead-letter queue, and where it was going.
@@ -339,6 +365,9 @@ impl ReceivedMessage {
             dead_letter: m.dead_letter.map(DeadLetterInfo::from_wire),
             sender: m.sender,
             move_count: m.move_count,
+            class: m.message_class as u16,
+            admin_queue: m.admin_queue,
+            acknowledge: m.acknowledge as u8,
         })
     }
 }

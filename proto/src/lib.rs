@@ -8,6 +8,8 @@
 //!   `ForwardService` services (client and server stubs).
 //! - [`format_name`]: parsing and printing of `.\private$\orders`, `DIRECT=TCP:host\private$\q`,
 //!   and multiple-element `FORMATNAME:a,b` names.
+//! - [`ack`]: acknowledgement request bits and class codes (MSMQ's `MQMSG_ACKNOWLEDGMENT_*`,
+//!   `MQMSG_CLASS_*`).
 //! - [`txid`]: the ids of single-message transactional sends on a pipelined send stream.
 //!
 //! ```
@@ -16,6 +18,7 @@
 //! assert_eq!(name.addresses().len(), 1);
 //! ```
 
+pub mod ack;
 pub mod format_name;
 pub mod limits;
 pub mod txid;

@@ -470,6 +470,17 @@ struct SendArgs {
     /// Default: no limit.
     #[arg(long, value_name = "DURATION", value_parser = time_limit)]
     ttbr: Option<Duration>,
+    /// The administration queue (path or format name, possibly on another broker) where the
+    /// broker posts acknowledgements of this message (with --ack).
+    #[arg(long, value_name = "QUEUE", requires = "ack")]
+    admin_queue: Option<String>,
+    /// Which acknowledgements to post to --admin-queue (MSMQ's acknowledgement types):
+    /// full-reach-queue, full-receive, nack-reach-queue, nack-receive, or the single kinds
+    /// pos-arrival, pos-receive, neg-arrival, neg-receive, joined with `+`. Each ack is a
+    /// message whose class says what happened (`mq receive AQ --json` shows it) and whose
+    /// correlation id is the original message's id.
+    #[arg(long, value_name = "TYPE", value_parser = mq_client::ack::parse_type, requires = "admin_queue")]
+    ack: Option<u8>,
     /// Source journaling: once each message reaches its next hop (stored here, or accepted by
     /// the broker it is forwarded to), this broker keeps a copy in SYSTEM$;JOURNAL.
     #[arg(long)]
@@ -1153,6 +1164,8 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
             .correlation_id(a.correlation_id.clone())
             .app_specific(a.app_specific)
             .response_queue(a.response_queue.clone())
+            .admin_queue(a.admin_queue.clone().unwrap_or_default())
+            .acknowledge(a.ack.unwrap_or(0))
             .delivery(if a.recoverable {
                 Delivery::Recoverable
             } else {
@@ -1534,6 +1547,15 @@ fn print_message(out: &mut impl Write, m: &ReceivedMessage, json: bool) -> std::
     if let Some(d) = &m.dead_letter {
         out.write_all(dead_letter_lines(d).as_bytes())?;
     }
+    if m.class != 0 {
+        writeln!(
+            out,
+            "acknowledgement: {} ({:#06x}) of message {}",
+            mq_client::ack::class_name(m.class as u32).unwrap_or("unknown"),
+            m.class,
+            m.correlation_id
+        )?;
+    }
     out.write_all(&m.body)?;
     out.write_all(b"\n")
 }
@@ -1624,6 +1646,15 @@ fn message_json(m: &ReceivedMessage) -> serde_json::Value {
     });
     o.insert("dead_letter".into(), dead_letter.into());
     o.insert("sender".into(), m.sender.clone().into());
+    o.insert(
+        "class".into(),
+        serde_json::json!({
+            "code": m.class,
+            "name": mq_client::ack::class_name(m.class as u32).unwrap_or("unknown"),
+        }),
+    );
+    o.insert("admin_queue".into(), m.admin_queue.clone().into());
+    o.insert("acknowledge".into(), m.acknowledge.into());
     serde_json::Value::Object(o)
 }
 
@@ -1658,6 +1689,9 @@ mod tests {
             receive_by: None,
             dead_letter: None,
             move_count: 0,
+            class: 0,
+            admin_queue: String::new(),
+            acknowledge: 0,
         }
     }
 

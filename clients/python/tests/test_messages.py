@@ -207,3 +207,24 @@ def test_expired_message_is_dead_lettered_with_its_class(client: Client, qname: 
     assert dl is not None and "time-to-be-received" in dl.reason
     assert dl.dead_letter_class == mq_client._wire.pb.DEAD_LETTER_CLASS_RECEIVE_TIMEOUT
     assert dl.destination.endswith(qname.lstrip("."))
+
+
+def test_acknowledgements_show_their_class(client: Client, qname: str) -> None:
+    aq = qname + "-admin"
+    client.create_queue(aq)
+    q = client.queue(qname)
+    # 1 | 2: positive arrival and positive receive.
+    sent = q.send(b"tracked", label="t", admin_queue=aq, acknowledge=3)
+    admin = client.queue(aq)
+    arrival = admin.receive_one(timeout=30.0)
+    assert arrival is not None
+    assert arrival.message_class == 0x0002  # MQMSG_CLASS_ACK_REACH_QUEUE
+    assert arrival.correlation_id == str(sent) and arrival.label == "t"
+    original = q.receive_one(timeout=30.0)
+    assert original is not None and original.message_class == 0
+    assert (original.admin_queue, original.acknowledge) == (aq, 3)
+    received = admin.receive_one(timeout=30.0)
+    assert received is not None
+    assert received.message_class == 0x4000  # MQMSG_CLASS_ACK_RECEIVE
+    assert received.correlation_id == str(sent)
+    client.delete_queue(aq)

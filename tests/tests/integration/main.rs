@@ -3,6 +3,8 @@
 //! of nine; see ripgrep's `tests/`).
 //!
 //! Index:
+//! - `acks`: acknowledgements to an admin queue: positive and negative, reach-queue and
+//!   receive, a NACK class per reason, across two brokers, after `kill -9`, through `mq`.
 //! - `mqd_process`: the daemon's start-up line, SIGTERM with open streams, the data-dir lock.
 //! - `queue_admin`: create, delete, list, info, purge; path and format names; name case;
 //!   deleting a queue under waiting receivers and under a consumer's unacknowledged messages.
@@ -82,6 +84,7 @@
 //! - `in_doubt_pipelined`: a pipelined transactional sender cut by `kill -9`: in-doubt receipts
 //!   carry transaction ids that `TransactionOutcome` resolves truthfully; retries commit once.
 
+mod acks;
 mod bad_input;
 mod cli;
 mod competing_receivers;

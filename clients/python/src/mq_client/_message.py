@@ -52,6 +52,8 @@ def out_message(
     response_queue: str = "",
     time_to_reach_queue: Optional[float] = None,
     time_to_be_received: Optional[float] = None,
+    admin_queue: str = "",
+    acknowledge: int = 0,
 ) -> Any:
     """The wire form of a message to send (``mq.v1.OutMessage``)."""
     if priority is not None and not 0 <= priority <= 7:
@@ -79,6 +81,10 @@ def out_message(
         m.time_to_reach_queue_ms = _ms(time_to_reach_queue, "time_to_reach_queue")
     if time_to_be_received is not None:
         m.time_to_be_received_ms = _ms(time_to_be_received, "time_to_be_received")
+    if admin_queue:
+        m.admin_queue = admin_queue
+    if acknowledge:
+        m.acknowledge = acknowledge
     return m
 
 
@@ -216,6 +222,25 @@ class Message:
     @property
     def receive_by_ms(self) -> int:
         return self._m.receive_by_ms  # type: ignore[no-any-return]
+
+    @property
+    def admin_queue(self) -> str:
+        """Where its acknowledgements go (empty: none)."""
+        return self._m.admin_queue  # type: ignore[no-any-return]
+
+    @property
+    def acknowledge(self) -> int:
+        """Which acknowledgements it asked for (bits: 1 positive arrival, 2 positive receive,
+        4 negative arrival, 8 negative receive; 0 none)."""
+        return self._m.acknowledge  # type: ignore[no-any-return]
+
+    @property
+    def message_class(self) -> int:
+        """MSMQ's message class: 0 for a normal message; for an acknowledgement the broker
+        posted, its ``MQMSG_CLASS_*`` code (0x0002 reached the queue, 0x4000
+        received, 0x8000 and up did not reach it, 0xC000 and up was not received); its
+        ``correlation_id`` is then the original message's id."""
+        return self._m.message_class  # type: ignore[no-any-return]
 
     @property
     def dead_letter(self) -> Optional[DeadLetter]:

@@ -43,12 +43,17 @@ class Queue:
         response_queue: str = "",
         time_to_reach_queue: Optional[float] = None,
         time_to_be_received: Optional[float] = None,
+        admin_queue: str = "",
+        acknowledge: int = 0,
         transactional: bool = False,
     ) -> uuid.UUID:
         """Sends one message and waits until the broker has stored it (on disk if
         ``recoverable``); returns its id. ``priority`` 0..=7 (default 3); times in seconds.
         ``transactional=True`` sends it as its own single-message transaction, as a
-        transactional queue requires. For many messages use :meth:`sender`, which pipelines."""
+        transactional queue requires. For many messages use :meth:`sender`, which pipelines.
+        ``admin_queue`` and ``acknowledge`` (bits: 1 positive arrival, 2 positive receive, 4
+        negative arrival, 8 negative receive) ask the broker to post acknowledgements there;
+        each has ``message_class`` set and the original's id as ``correlation_id``."""
         s = self.sender(transactional=transactional, max_batch=1)
         try:
             s.send(
@@ -62,6 +67,8 @@ class Queue:
                 response_queue=response_queue,
                 time_to_reach_queue=time_to_reach_queue,
                 time_to_be_received=time_to_be_received,
+                admin_queue=admin_queue,
+                acknowledge=acknowledge,
             )
             return s.close()[0]
         except SendFailed as e:

@@ -182,6 +182,8 @@ class Sender:
         response_queue: str = "",
         time_to_reach_queue: Optional[float] = None,
         time_to_be_received: Optional[float] = None,
+        admin_queue: str = "",
+        acknowledge: int = 0,
     ) -> int:
         """Queues one message (arguments as :meth:`Queue.send`) and returns its number on this
         sender (1, 2, 3, ...; its index in what :meth:`flush` returns, counted from the last
@@ -198,6 +200,8 @@ class Sender:
             response_queue=response_queue,
             time_to_reach_queue=time_to_reach_queue,
             time_to_be_received=time_to_be_received,
+            admin_queue=admin_queue,
+            acknowledge=acknowledge,
         )
         with self._cond:
             while self._dead is None and self._submitted - self._answered >= self._window:

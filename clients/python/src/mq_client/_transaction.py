@@ -79,6 +79,8 @@ class Transaction:
         response_queue: str = "",
         time_to_reach_queue: Optional[float] = None,
         time_to_be_received: Optional[float] = None,
+        admin_queue: str = "",
+        acknowledge: int = 0,
     ) -> None:
         """Stages a message for ``destination`` (a transactional queue). Does not wait. (In a
         transaction every message is recoverable and has priority 0.)"""
@@ -93,6 +95,8 @@ class Transaction:
             response_queue=response_queue,
             time_to_reach_queue=time_to_reach_queue,
             time_to_be_received=time_to_be_received,
+            admin_queue=admin_queue,
+            acknowledge=acknowledge,
         )
         self._stream.send(
             _wire.TransactRequest(send=_wire.TxSend(destination=destination, messages=[m]))
