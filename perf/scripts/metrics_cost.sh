@@ -11,6 +11,7 @@
 #                      alternates, off-on then on-off, so a drifting load hits both alike)
 #   COUNT=20000        messages per mqperf run (--runs 1)
 #   BIN=target/release where mqd and mqperf are
+#   MQPERF=$BIN/mqperf the load generator (any recent release mqperf will do)
 #   OUT=/tmp/mq-metrics-cost.jsonl   one JSON line per run
 # Needs bash, curl, python3. Every process is stopped by its PID; every wait is bounded.
 # Prints, per cell (delivery x send/e2e): the medians off and on, their ratio, and the
@@ -23,9 +24,10 @@ BIN=${BIN:-$ROOT/target/release}
 PAIRS=${PAIRS:-9}
 COUNT=${COUNT:-20000}
 OUT=${OUT:-/tmp/mq-metrics-cost.jsonl}
+MQPERF=${MQPERF:-$BIN/mqperf}
 QUEUE='.\private$\perf'
 
-for exe in "$BIN/mqd" "$BIN/mqperf"; do
+for exe in "$BIN/mqd" "$MQPERF"; do
     [[ -x $exe ]] || { echo "metrics_cost: $exe not found; build --release first" >&2; exit 1; }
 done
 
@@ -77,7 +79,7 @@ run() {
     fi
     local load
     load=$(cut -d' ' -f1 /proc/loadavg)
-    timeout 600 "$BIN/mqperf" NOTX SENDANDRECEIVE "$QUEUE" --broker "$url" --delivery "$delivery" \
+    timeout 600 "$MQPERF" NOTX SENDANDRECEIVE "$QUEUE" --broker "$url" --delivery "$delivery" \
         --payload string:1000 --count "$COUNT" --runs 1 --json 2>/dev/null >"$DIR/perf"
     local scrapes=0
     if [[ -n $SCRAPER ]]; then
