@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use askama::Template;
-use axum::extract::rejection::{FormRejection, PathRejection, QueryRejection};
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::rejection::{FormRejection, QueryRejection};
+use axum::extract::{Form, FromRequestParts, Query};
+use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -12,7 +13,7 @@ use mq_proto::limits::quote;
 use serde::Deserialize;
 
 use crate::auth::{Identity, Right};
-use crate::http_api::{self as api, Api, ApiError, PageQuery, Who};
+use crate::http_api::{self as api, Api, ApiError, Args, Caller, PageQuery, Params};
 use crate::queue::{Entry, Queue, QueueRole};
 
 const CSS: &str = include_str!("../assets/console.css");
@@ -227,8 +228,41 @@ struct Notice {
     msg: Option<String>,
 }
 
-fn notice(q: Result<Query<Notice>, QueryRejection>) -> Option<String> {
-    q.ok().and_then(|Query(n)| n.msg)
+/// Who looks at a page: the caller ([`Caller`]), logged in (see [`login`]), and the notice
+/// of the action that led here (`?msg=`).
+struct View {
+    api: Arc<Api>,
+    who: Identity,
+    notice: Option<String>,
+}
+
+impl FromRequestParts<Arc<Api>> for View {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, api: &Arc<Api>) -> Result<View, Response> {
+        let Caller { api, who } = Caller::from_request_parts(parts, api)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        login(&api, &who).map_err(|e| PageError(e).into_response())?;
+        let notice = Query::<Notice>::from_request_parts(parts, &api)
+            .await
+            .ok()
+            .and_then(|Query(n)| n.msg);
+        Ok(View { api, who, notice })
+    }
+}
+
+/// An extractor of the API ([`Args`], [`Params`]) whose refusal is shown as a page.
+struct AsPage<X>(X);
+
+impl<X: FromRequestParts<S, Rejection = ApiError>, S: Send + Sync> FromRequestParts<S>
+    for AsPage<X>
+{
+    type Rejection = PageError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &S) -> Result<AsPage<X>, PageError> {
+        Ok(AsPage(X::from_request_parts(parts, s).await?))
+    }
 }
 
 fn redirect(to: &str, msg: &str) -> PageResult {
@@ -294,12 +328,7 @@ struct OverviewPage {
     rows: Vec<RateRow>,
 }
 
-async fn overview(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    n: Result<Query<Notice>, QueryRejection>,
-) -> PageResult {
-    login(&api, &who)?;
+async fn overview(View { api, who, notice }: View) -> PageResult {
     let b = api.broker()?;
     api.sample(b);
     let o = api::overview(&api)?;
@@ -324,7 +353,7 @@ async fn overview(
         })
         .collect();
     html(OverviewPage {
-        nav: Nav::new("overview", Some(&who)).with_notice(notice(n)),
+        nav: Nav::new("overview", Some(&who)).with_notice(notice),
         name: o["name"].as_str().unwrap_or("").into(),
         version: o["version"].as_str().unwrap_or("").into(),
         uptime: age_text(o["uptime_ms"].as_u64().unwrap_or(0)),
@@ -375,12 +404,7 @@ struct QueuesPage {
     can_create: bool,
 }
 
-async fn queues(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    n: Result<Query<Notice>, QueryRejection>,
-) -> PageResult {
-    login(&api, &who)?;
+async fn queues(View { api, who, notice }: View) -> PageResult {
     let b = api.broker()?;
     api.sample(b);
     let rows = api::visible_queues(&api, &who)?
@@ -414,7 +438,7 @@ async fn queues(
         })
         .collect();
     html(QueuesPage {
-        nav: Nav::new("queues", Some(&who)).with_notice(notice(n)),
+        nav: Nav::new("queues", Some(&who)).with_notice(notice),
         rows,
         can_create: can(&api, &who, Right::CreateQueue, None),
     })
@@ -432,8 +456,7 @@ struct CreateForm {
 }
 
 async fn create(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
+    Caller { api, who }: Caller,
     f: Result<Form<CreateForm>, FormRejection>,
 ) -> PageResult {
     let Form(f) = f.map_err(|e| ApiError::bad(quote(&e.body_text())))?;
@@ -479,18 +502,11 @@ fn form(f: Result<Form<ReturnForm>, FormRejection>) -> Result<ReturnForm, ApiErr
         .map_err(|e| ApiError::bad(quote(&e.body_text())))
 }
 
-fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
-    p.map(|Path(t)| t)
-        .map_err(|e| ApiError::bad(quote(&e.body_text())))
-}
-
 async fn purge(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    name: Result<Path<String>, PathRejection>,
+    Caller { api, who }: Caller,
+    AsPage(Args(name)): AsPage<Args<String>>,
     f: Result<Form<ReturnForm>, FormRejection>,
 ) -> PageResult {
-    let name = path(name)?;
     let f = form(f)?;
     let n = api::purge(&api, &who, &name).await?;
     redirect(
@@ -500,11 +516,9 @@ async fn purge(
 }
 
 async fn delete(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    name: Result<Path<String>, PathRejection>,
+    Caller { api, who }: Caller,
+    AsPage(Args(name)): AsPage<Args<String>>,
 ) -> PageResult {
-    let name = path(name)?;
     api::delete(&api, &who, &name).await?;
     redirect("/queues", &format!("deleted {name}"))
 }
@@ -563,6 +577,15 @@ fn is_dead_letter(q: &Queue) -> bool {
     matches!(q.def().role, QueueRole::DeadLetter | QueueRole::DeadXact)
 }
 
+/// The navigation item a queue's pages belong to.
+fn section(q: &Queue) -> &'static str {
+    if is_dead_letter(q) {
+        "deadletter"
+    } else {
+        "queues"
+    }
+}
+
 #[derive(Template)]
 #[template(path = "queue.html")]
 struct QueuePage {
@@ -591,14 +614,10 @@ struct QueuePageQuery {
 }
 
 async fn queue_page(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    name: Result<Path<String>, PathRejection>,
-    q: Result<Query<QueuePageQuery>, QueryRejection>,
+    View { api, who, .. }: View,
+    AsPage(Args(name)): AsPage<Args<String>>,
+    AsPage(Params(qq)): AsPage<Params<QueuePageQuery>>,
 ) -> PageResult {
-    login(&api, &who)?;
-    let name = path(name)?;
-    let Query(qq) = q.map_err(|e| ApiError::bad(quote(&e.body_text())))?;
     let pq = PageQuery {
         after: qq.after.clone(),
         limit: qq.limit,
@@ -612,15 +631,7 @@ async fn queue_page(
         this_page = format!("{href}?after={}&limit={limit}", enc(a));
     }
     html(QueuePage {
-        nav: Nav::new(
-            if is_dead_letter(&q) {
-                "deadletter"
-            } else {
-                "queues"
-            },
-            Some(&who),
-        )
-        .with_notice(qq.msg),
+        nav: Nav::new(section(&q), Some(&who)).with_notice(qq.msg),
         kind: api::kind(&q).unwrap_or("queue"),
         messages: i.messages,
         bytes: bytes_text(i.bytes),
@@ -657,14 +668,10 @@ struct MessagePage {
 }
 
 async fn message_page(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    p: Result<Path<(String, String)>, PathRejection>,
-    q: Result<Query<api::AtQuery>, QueryRejection>,
+    View { api, who, .. }: View,
+    AsPage(Args((name, id))): AsPage<Args<(String, String)>>,
+    AsPage(Params(at)): AsPage<Params<api::AtQuery>>,
 ) -> PageResult {
-    login(&api, &who)?;
-    let (name, id) = path(p)?;
-    let Query(at) = q.map_err(|e| ApiError::bad(quote(&e.body_text())))?;
     let (q, e, p) = api::message(&api, &who, &name, &id, at.at.as_deref())?;
     let m = &e.msg;
     let mut props: Vec<(&'static str, String)> = vec![
@@ -704,14 +711,7 @@ async fn message_page(
     }
     let qhref = queue_href(&q.def().name);
     html(MessagePage {
-        nav: Nav::new(
-            if is_dead_letter(&q) {
-                "deadletter"
-            } else {
-                "queues"
-            },
-            Some(&who),
-        ),
+        nav: Nav::new(section(&q), Some(&who)),
         queue: q.def().name.clone(),
         action_base: format!("{qhref}/messages/{}", m.id),
         queue_href: qhref,
@@ -734,13 +734,11 @@ struct ActionQuery {
 }
 
 async fn message_action(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    p: Result<Path<(String, String, String)>, PathRejection>,
+    Caller { api, who }: Caller,
+    AsPage(Args((name, id, action))): AsPage<Args<(String, String, String)>>,
     q: Result<Query<ActionQuery>, QueryRejection>,
     f: Result<Form<ReturnForm>, FormRejection>,
 ) -> PageResult {
-    let (name, id, action) = path(p)?;
     let at = q.ok().and_then(|Query(a)| a.at);
     let f = form(f)?;
     let ret = back(f.ret.as_deref(), &queue_href(&name));
@@ -805,12 +803,7 @@ struct DeadLetterPage {
     sections: Vec<DeadLetterSection>,
 }
 
-async fn deadletter(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    n: Result<Query<Notice>, QueryRejection>,
-) -> PageResult {
-    login(&api, &who)?;
+async fn deadletter(View { api, who, notice }: View) -> PageResult {
     let b = api.broker()?.clone();
     let mut sections = Vec::new();
     for transactional in [false, true] {
@@ -826,7 +819,7 @@ async fn deadletter(
         });
     }
     html(DeadLetterPage {
-        nav: Nav::new("deadletter", Some(&who)).with_notice(notice(n)),
+        nav: Nav::new("deadletter", Some(&who)).with_notice(notice),
         sections,
     })
 }
@@ -857,12 +850,7 @@ struct OutgoingPage {
     rows: Vec<OutgoingRow>,
 }
 
-async fn outgoing(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    n: Result<Query<Notice>, QueryRejection>,
-) -> PageResult {
-    login(&api, &who)?;
+async fn outgoing(View { api, who, notice }: View) -> PageResult {
     let rows = api::outgoing(&api, &who)?
         .into_iter()
         .map(|o| {
@@ -891,17 +879,15 @@ async fn outgoing(
         })
         .collect();
     html(OutgoingPage {
-        nav: Nav::new("outgoing", Some(&who)).with_notice(notice(n)),
+        nav: Nav::new("outgoing", Some(&who)).with_notice(notice),
         rows,
     })
 }
 
 async fn outgoing_action(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    p: Result<Path<(String, String)>, PathRejection>,
+    Caller { api, who }: Caller,
+    AsPage(Args((dest, action))): AsPage<Args<(String, String)>>,
 ) -> PageResult {
-    let (dest, action) = path(p)?;
     let paused = match action.as_str() {
         "pause" => true,
         "resume" => false,

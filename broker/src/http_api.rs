@@ -3,14 +3,14 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{ConnectInfo, FromRequestParts, Path, Query, State};
+use axum::extract::{ConnectInfo, FromRequestParts, Path, Query};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Json;
 use mq_proto::limits::quote;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -250,18 +250,55 @@ pub(crate) fn check_name(what: &str, s: &str) -> ApiResult<()> {
     Ok(())
 }
 
-fn path<T>(p: Result<Path<T>, PathRejection>) -> ApiResult<T> {
-    p.map(|Path(t)| t)
-        .map_err(|e| ApiError::bad(quote(&e.body_text())))
+/// A handler's caller: the API's state and who is asking ([`Who`], checked first).
+pub(crate) struct Caller {
+    pub api: Arc<Api>,
+    pub who: Identity,
 }
 
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
-    q.map(|Query(t)| t)
-        .map_err(|e| ApiError::bad(quote(&e.body_text())))
+impl FromRequestParts<Arc<Api>> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, api: &Arc<Api>) -> ApiResult<Caller> {
+        let Who(who) = Who::from_request_parts(parts, api).await?;
+        Ok(Caller {
+            api: api.clone(),
+            who,
+        })
+    }
+}
+
+/// The path's parameters (`{name}`, `{id}`, …); malformed ones are refused as
+/// `invalid_argument` with axum's line, quoted.
+pub(crate) struct Args<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Args<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &S) -> ApiResult<Args<T>> {
+        Path::<T>::from_request_parts(parts, s)
+            .await
+            .map(|Path(t)| Args(t))
+            .map_err(|e| ApiError::bad(quote(&e.body_text())))
+    }
+}
+
+/// The query string's parameters (`?after=…`), refused as [`Args`] are.
+pub(crate) struct Params<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &S) -> ApiResult<Params<T>> {
+        Query::<T>::from_request_parts(parts, s)
+            .await
+            .map(|Query(t)| Params(t))
+            .map_err(|e| ApiError::bad(quote(&e.body_text())))
+    }
 }
 
 /// Reads a JSON body of at most [`MAX_BODY_BYTES`].
-async fn json_body<T: serde::de::DeserializeOwned>(body: axum::body::Body) -> ApiResult<T> {
+async fn json_body<T: DeserializeOwned>(body: axum::body::Body) -> ApiResult<T> {
     let bytes = read_body(body).await?;
     serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::bad(format!(
@@ -817,7 +854,20 @@ pub(crate) fn router(api: Arc<Api>) -> axum::Router {
         .route("/api/v1/outgoing/{destination}/pause", post(post_pause))
         .route("/api/v1/outgoing/{destination}/resume", post(post_resume))
         .route("/api/v1/{*rest}", axum::routing::any(no_such_endpoint))
+        .method_not_allowed_fallback(wrong_method)
         .with_state(api)
+}
+
+/// 405 for a method an endpoint does not take, as JSON like every refusal (axum adds `Allow`).
+async fn wrong_method(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        code: "unimplemented",
+        message: format!(
+            "the API endpoint {} takes no {method} (the Allow header names the methods it takes; see the README's \"HTTP API\" table)",
+            quote(uri.path())
+        ),
+    }
 }
 
 async fn no_such_endpoint(method: Method, uri: axum::http::Uri) -> ApiError {
@@ -831,49 +881,46 @@ async fn no_such_endpoint(method: Method, uri: axum::http::Uri) -> ApiError {
     }
 }
 
-async fn get_broker(State(api): State<Arc<Api>>, Who(_who): Who) -> ApiResult<Json<Value>> {
-    Ok(Json(overview(&api)?))
+/// A handler's JSON answer.
+type Answer = ApiResult<Json<Value>>;
+
+/// `{"<key>": v}`, the shape of most answers.
+fn answer(key: &str, v: impl Into<Value>) -> Answer {
+    let mut o = serde_json::Map::new();
+    o.insert(key.into(), v.into());
+    Ok(Json(o.into()))
 }
 
-async fn get_queues(State(api): State<Arc<Api>>, Who(who): Who) -> ApiResult<Json<Value>> {
-    let b = api.broker()?;
-    api.sample(b);
+async fn get_broker(c: Caller) -> Answer {
+    Ok(Json(overview(&c.api)?))
+}
+
+async fn get_queues(Caller { api, who }: Caller) -> Answer {
+    api.sample(api.broker()?);
     let queues: Vec<Value> = visible_queues(&api, &who)?
         .iter()
         .map(|q| queue_json(q, api.rates_of(q)))
         .collect();
-    Ok(Json(json!({ "queues": queues })))
+    answer("queues", queues)
 }
 
-async fn get_rates(State(api): State<Arc<Api>>, Who(who): Who) -> ApiResult<Json<Value>> {
-    let b = api.broker()?;
-    api.sample(b);
+async fn get_rates(Caller { api, who }: Caller) -> Answer {
+    api.sample(api.broker()?);
     let keys: Vec<(String, String)> = visible_queues(&api, &who)?
         .iter()
         .map(|q| (q.def().key.clone(), q.def().name.clone()))
         .collect();
-    Ok(Json(json!({ "queues": api.history(&keys) })))
+    answer("queues", api.history(&keys))
 }
 
-async fn post_queue(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    body: axum::body::Body,
-) -> ApiResult<(StatusCode, Json<Value>)> {
-    let c: CreateQueue = json_body(body).await?;
-    let q = create(&api, &who, c).await?;
+async fn post_queue(c: Caller, body: axum::body::Body) -> ApiResult<(StatusCode, Json<Value>)> {
+    let q = create(&c.api, &c.who, json_body(body).await?).await?;
     Ok((StatusCode::CREATED, Json(queue_json(&q, None))))
 }
 
-async fn get_queue(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    name: Result<Path<String>, PathRejection>,
-) -> ApiResult<Json<Value>> {
-    let name = path(name)?;
+async fn get_queue(Caller { api, who }: Caller, Args(name): Args<String>) -> Answer {
     check_name("queue name", &name)?;
-    let b = api.broker()?;
-    let q = b.queue(&name)?;
+    let q = api.broker()?.queue(&name)?;
     let auth = api.auth()?;
     if !auth.sees(&who, &q) {
         auth.authorize(&who, Right::Peek, Some(&q))?;
@@ -881,35 +928,21 @@ async fn get_queue(
     Ok(Json(queue_json(&q, api.rates_of(&q))))
 }
 
-async fn delete_queue(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    name: Result<Path<String>, PathRejection>,
-) -> ApiResult<Json<Value>> {
-    let name = path(name)?;
-    delete(&api, &who, &name).await?;
-    Ok(Json(json!({ "deleted": name })))
+async fn delete_queue(c: Caller, Args(name): Args<String>) -> Answer {
+    delete(&c.api, &c.who, &name).await?;
+    answer("deleted", name)
 }
 
-async fn post_purge(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    name: Result<Path<String>, PathRejection>,
-) -> ApiResult<Json<Value>> {
-    let name = path(name)?;
-    let purged = purge(&api, &who, &name).await?;
-    Ok(Json(json!({ "purged": purged })))
+async fn post_purge(c: Caller, Args(name): Args<String>) -> Answer {
+    answer("purged", purge(&c.api, &c.who, &name).await?)
 }
 
 async fn get_messages(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    name: Result<Path<String>, PathRejection>,
-    q: Result<Query<PageQuery>, QueryRejection>,
-) -> ApiResult<Json<Value>> {
-    let name = path(name)?;
-    let pq = query(q)?;
-    let (q, entries, next) = page(&api, &who, &name, &pq)?;
+    c: Caller,
+    Args(name): Args<String>,
+    Params(pq): Params<PageQuery>,
+) -> Answer {
+    let (q, entries, next) = page(&c.api, &c.who, &name, &pq)?;
     let messages: Vec<Value> = entries.iter().map(|e| summary_json(&q, e)).collect();
     Ok(Json(json!({
         "queue": q.def().name,
@@ -926,14 +959,11 @@ pub(crate) struct AtQuery {
 }
 
 async fn get_message(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    p: Result<Path<(String, String)>, PathRejection>,
-    q: Result<Query<AtQuery>, QueryRejection>,
-) -> ApiResult<Json<Value>> {
-    let (name, id) = path(p)?;
-    let at = query(q)?.at;
-    let (q, e, p) = message(&api, &who, &name, &id, at.as_deref())?;
+    c: Caller,
+    Args((name, id)): Args<(String, String)>,
+    Params(at): Params<AtQuery>,
+) -> Answer {
+    let (q, e, p) = message(&c.api, &c.who, &name, &id, at.at.as_deref())?;
     Ok(Json(message_json(&q, &e, &p)))
 }
 
@@ -947,33 +977,27 @@ fn moved_json(m: &mq_proto::v1::Message) -> Value {
 }
 
 async fn post_receive(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    p: Result<Path<(String, String)>, PathRejection>,
-    q: Result<Query<AtQuery>, QueryRejection>,
-) -> ApiResult<Json<Value>> {
-    let (name, id) = path(p)?;
-    let at = query(q)?.at;
-    let m = receive(&api, &who, &name, &id, at.as_deref()).await?;
+    c: Caller,
+    Args((name, id)): Args<(String, String)>,
+    Params(at): Params<AtQuery>,
+) -> Answer {
+    let m = receive(&c.api, &c.who, &name, &id, at.at.as_deref()).await?;
     let p = crate::preview::preview(&m.body);
     let mut v = moved_json(&m);
     v.as_object_mut().expect("object").insert(
         "preview".into(),
         json!({"formatter": p.formatter, "text": p.text, "truncated": p.truncated}),
     );
-    Ok(Json(json!({ "received": v })))
+    answer("received", v)
 }
 
 async fn delete_message(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    p: Result<Path<(String, String)>, PathRejection>,
-    q: Result<Query<AtQuery>, QueryRejection>,
-) -> ApiResult<Json<Value>> {
-    let (name, id) = path(p)?;
-    let at = query(q)?.at;
-    let m = receive(&api, &who, &name, &id, at.as_deref()).await?;
-    Ok(Json(json!({ "deleted": moved_json(&m) })))
+    c: Caller,
+    Args((name, id)): Args<(String, String)>,
+    Params(at): Params<AtQuery>,
+) -> Answer {
+    let m = receive(&c.api, &c.who, &name, &id, at.at.as_deref()).await?;
+    answer("deleted", moved_json(&m))
 }
 
 /// `{"destination": "..."}` for a move.
@@ -984,12 +1008,10 @@ pub(crate) struct MoveBody {
 }
 
 async fn post_move(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    p: Result<Path<(String, String)>, PathRejection>,
+    c: Caller,
+    Args((name, id)): Args<(String, String)>,
     body: axum::body::Body,
-) -> ApiResult<Json<Value>> {
-    let (name, id) = path(p)?;
+) -> Answer {
     let b: MoveBody = json_body(body).await?;
     if b.destination.trim().is_empty() {
         return Err(ApiError::bad(
@@ -997,28 +1019,18 @@ async fn post_move(
                 .into(),
         ));
     }
-    let m = move_to(&api, &who, &name, &id, &b.destination).await?;
-    Ok(Json(json!({ "moved": moved_json(&m) })))
+    let m = move_to(&c.api, &c.who, &name, &id, &b.destination).await?;
+    answer("moved", moved_json(&m))
 }
 
-async fn post_replay(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    p: Result<Path<(String, String)>, PathRejection>,
-) -> ApiResult<Json<Value>> {
-    let (name, id) = path(p)?;
-    let m = move_to(&api, &who, &name, &id, "").await?;
-    Ok(Json(json!({ "replayed": moved_json(&m) })))
+async fn post_replay(c: Caller, Args((name, id)): Args<(String, String)>) -> Answer {
+    let m = move_to(&c.api, &c.who, &name, &id, "").await?;
+    answer("replayed", moved_json(&m))
 }
 
 /// Both dead-letter queues: their counts and a first page of messages each with class,
 /// reason and original destination (more with `GET /api/v1/queues/{name}/messages`).
-async fn get_deadletter(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    q: Result<Query<PageQuery>, QueryRejection>,
-) -> ApiResult<Json<Value>> {
-    let pq = query(q)?;
+async fn get_deadletter(Caller { api, who }: Caller, Params(pq): Params<PageQuery>) -> Answer {
     let b = api.broker()?;
     let mut out = Vec::new();
     for transactional in [false, true] {
@@ -1033,31 +1045,21 @@ async fn get_deadletter(
         o.insert("next".into(), next.map(cursor_text).into());
         out.push(v);
     }
-    Ok(Json(json!({ "queues": out })))
+    answer("queues", out)
 }
 
-async fn get_outgoing(State(api): State<Arc<Api>>, Who(who): Who) -> ApiResult<Json<Value>> {
-    Ok(Json(json!({ "outgoing": outgoing(&api, &who)? })))
+async fn get_outgoing(c: Caller) -> Answer {
+    answer("outgoing", outgoing(&c.api, &c.who)?)
 }
 
-async fn post_pause(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    d: Result<Path<String>, PathRejection>,
-) -> ApiResult<Json<Value>> {
-    let d = path(d)?;
-    set_paused(&api, &who, &d, true).await?;
-    Ok(Json(json!({ "paused": d })))
+async fn post_pause(c: Caller, Args(d): Args<String>) -> Answer {
+    set_paused(&c.api, &c.who, &d, true).await?;
+    answer("paused", d)
 }
 
-async fn post_resume(
-    State(api): State<Arc<Api>>,
-    Who(who): Who,
-    d: Result<Path<String>, PathRejection>,
-) -> ApiResult<Json<Value>> {
-    let d = path(d)?;
-    set_paused(&api, &who, &d, false).await?;
-    Ok(Json(json!({ "resumed": d })))
+async fn post_resume(c: Caller, Args(d): Args<String>) -> Answer {
+    set_paused(&c.api, &c.who, &d, false).await?;
+    answer("resumed", d)
 }
 
 impl Broker {

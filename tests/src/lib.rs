@@ -15,9 +15,12 @@
 //!
 //! The `mqd` and `mq` binaries are not built by `cargo test -p mq-tests` (Cargo builds the
 //! binaries of a package only for that package's own integration tests), so the first use of
-//! either runs `cargo build -p mq-broker --bin mqd -p mq-client --bin mq` once per test process,
-//! with the same profile and target directory as the running test. That also keeps them from
-//! being stale.
+//! either runs [`BUILD_ARGS`] (`cargo build --workspace --test journal --bin mqd --bin mq`) once
+//! per test process, with the same profile and target directory as the running test. That
+//! keeps them from being stale, and it resolves features as `cargo test --workspace` does (a
+//! test target in the selection turns on every member's dev-dependencies), so after that command
+//! it rebuilds nothing: a plain `cargo build -p mq-broker` would resolve tokio, regex, syn, ...
+//! with fewer features and compile the broker and most of its dependencies a second time.
 //!
 //! # Example
 //! ```no_run
@@ -192,6 +195,19 @@ fn profile_dir() -> PathBuf {
     dir.to_path_buf()
 }
 
+/// The `cargo build` arguments that build `mqd` and `mq` with the features `cargo test
+/// --workspace` resolves (see the crate docs); `.ci/run` uses the same list. The `journal` test
+/// (broker/tests/journal) is small: it is there only so that the selection holds a test target.
+pub const BUILD_ARGS: [&str; 7] = [
+    "--workspace",
+    "--test",
+    "journal",
+    "--bin",
+    "mqd",
+    "--bin",
+    "mq",
+];
+
 /// Builds `mqd` and `mq` once per test process, and returns the profile directory.
 fn built_binaries() -> &'static Path {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -218,16 +234,7 @@ fn built_binaries() -> &'static Path {
             .arg(workspace.join("Cargo.toml"))
             .arg("--target-dir")
             .arg(&target_dir)
-            .args([
-                "-p",
-                "mq-broker",
-                "--bin",
-                "mqd",
-                "-p",
-                "mq-client",
-                "--bin",
-                "mq",
-            ]);
+            .args(BUILD_ARGS);
         match profile.as_str() {
             "debug" => {}
             "release" => {

@@ -124,7 +124,10 @@ async fn click_confirmed(c: &Client, css: &str) {
         .expect("click");
     let deadline = Instant::now() + WAIT;
     while c.accept_alert().await.is_err() {
-        assert!(Instant::now() < deadline, "no confirmation for {css}");
+        assert!(
+            Instant::now() < deadline,
+            "{css}: clicking it asked for no confirmation (the form was not submitted; still on {before})"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let deadline = Instant::now() + WAIT;
@@ -133,10 +136,16 @@ async fn click_confirmed(c: &Client, css: &str) {
         if now != before && now.as_str().contains("msg=") {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "{css}: no page after the action ({now})"
-        );
+        if Instant::now() >= deadline {
+            let page = match c.find(Locator::Css("main")).await {
+                Ok(m) => m.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            };
+            panic!(
+                "{css}: the action did not come back to a console page with its notice; the browser is on {now}, showing: {:?}",
+                page.chars().take(300).collect::<String>()
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -283,6 +292,9 @@ async fn scenarios(c: &Client) {
         .to_string();
     assert_eq!(reason, api_reason);
     shot(c, "deadletter").await;
+    c.set_window_size(390, 844).await.expect("phone width");
+    shot(c, "deadletter-phone").await;
+    c.set_window_size(1280, 800).await.expect("desktop width");
 
     // Pausing an outgoing queue from the UI shows ONHOLD, and `mq outgoing list` agrees.
     let port = free_port();

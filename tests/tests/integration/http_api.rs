@@ -542,8 +542,255 @@ fn rights_over_https_with_a_users_file() {
         !page.contains("Create a queue") && !page.contains("/delete"),
         "{page}"
     );
+    // Every action without its right: 403 with the right named, for the reader and for
+    // anonymous (who may not even look).
+    let msg = format!("{}/messages/0190a5c4-0000-7000-8000-000000000000", qpath(Q));
+    for (method, path, body, right) in [
+        ("POST", format!("{msg}/receive"), None, "receive"),
+        ("DELETE", msg.clone(), None, "receive"),
+        (
+            "POST",
+            format!("{msg}/move"),
+            Some(r#"{"destination": "x"}"#),
+            "receive",
+        ),
+        ("POST", format!("{msg}/replay"), None, "receive"),
+        (
+            "POST",
+            "/api/v1/outgoing/127.0.0.1:9/pause".into(),
+            None,
+            "outgoing",
+        ),
+        (
+            "POST",
+            "/api/v1/outgoing/127.0.0.1:9/resume".into(),
+            None,
+            "outgoing",
+        ),
+    ] {
+        refused(
+            reader.json(method, &path, body),
+            403,
+            "permission_denied",
+            &format!("right \"{right}\""),
+        );
+    }
+    for path in [
+        qpath(Q),
+        format!("{}/messages", qpath(Q)),
+        msg.clone(),
+        "/api/v1/deadletter".into(),
+    ] {
+        refused(
+            https.get(&path),
+            403,
+            "permission_denied",
+            "identity \"anonymous\" lacks the right",
+        );
+    }
     let (_, page) = root.page(&format!("/queues/{}", enc(Q)));
     assert!(page.contains("/purge"), "{page}");
     let (s, p) = root.post(&format!("{}/purge", qpath(Q)), None);
     assert_eq!(s, 200, "{p}");
+}
+
+/// Every route's refusals, route by route (no users file): an unknown queue, a malformed id,
+/// cursor or query, a page over 500, a body over 64 KiB, a method the route does not take, and
+/// a POST or DELETE from another origin (API and console alike). Each answer is JSON with the
+/// one line and the queue is untouched by all of them.
+#[test]
+fn every_route_refuses_bad_input() {
+    let dir = temp_data_dir("mq-api-refusals-");
+    let (mqd, http) = mqd_with_http(dir.path(), &[]);
+    let url = mqd.url().to_string();
+    let api = Http::new(&format!("http://{http}"));
+    assert!(mq(&url, &["queue", "create", Q], None).status.success());
+    send(&url, Q, b"stays", &["--label", "stays"]);
+    let (_, p) = api.get(&format!("{}/messages", qpath(Q)));
+    let id = p["messages"][0]["id"].as_str().expect("an id").to_string();
+    let q = qpath(Q);
+    let msg = format!("{q}/messages/{id}");
+    let dlq = qpath(r".\SYSTEM$;DEADLETTER");
+
+    // A queue that does not exist, on every route that names one.
+    let nosuch = qpath(r".\private$\nosuch");
+    let other = format!("{nosuch}/messages/{id}");
+    for (method, path, body) in [
+        ("GET", nosuch.clone(), None),
+        ("DELETE", nosuch.clone(), None),
+        ("POST", format!("{nosuch}/purge"), None),
+        ("GET", format!("{nosuch}/messages"), None),
+        ("GET", other.clone(), None),
+        ("DELETE", other.clone(), None),
+        ("POST", format!("{other}/receive"), None),
+        (
+            "POST",
+            format!("{other}/move"),
+            Some(r#"{"destination": "x"}"#),
+        ),
+        ("POST", format!("{other}/replay"), None),
+    ] {
+        refused(
+            api.json(method, &path, body),
+            404,
+            "not_found",
+            "does not exist",
+        );
+    }
+
+    // A malformed message id, on every route that takes one.
+    let bad = format!("{q}/messages/not-a-uuid");
+    for (method, path, body) in [
+        ("GET", bad.clone(), None),
+        ("DELETE", bad.clone(), None),
+        ("POST", format!("{bad}/receive"), None),
+        (
+            "POST",
+            format!("{bad}/move"),
+            Some(r#"{"destination": "x"}"#),
+        ),
+        ("POST", format!("{bad}/replay"), None),
+    ] {
+        refused(
+            api.json(method, &path, body),
+            400,
+            "invalid_argument",
+            "not a message id",
+        );
+    }
+
+    // Cursors, limits and unknown parameters on both paged routes and on `?at=`.
+    for pages in [format!("{q}/messages"), "/api/v1/deadletter".to_string()] {
+        let get = |query: &str| api.get(&format!("{pages}?{query}"));
+        refused(
+            get("after=7-x"),
+            400,
+            "invalid_argument",
+            "not a page cursor",
+        );
+        refused(
+            get("after=9-1"),
+            400,
+            "invalid_argument",
+            "not a page cursor",
+        );
+        refused(get("limit=501"), 400, "invalid_argument", "1 to 500");
+        refused(get("limit=0"), 400, "invalid_argument", "1 to 500");
+        refused(get("limit=-1"), 400, "invalid_argument", "limit");
+        refused(get("colour=red"), 400, "invalid_argument", "colour");
+    }
+    refused(
+        api.get(&format!("{msg}?at=nonsense")),
+        400,
+        "invalid_argument",
+        "not a page cursor",
+    );
+    refused(
+        api.get(&format!("{msg}?colour=red")),
+        400,
+        "invalid_argument",
+        "colour",
+    );
+
+    // Bodies: over the limit, not JSON, not the fields expected.
+    let huge = format!(r#"{{"destination": "{}"}}"#, "y".repeat(70 * 1024));
+    refused(
+        api.post(&format!("{msg}/move"), Some(&huge)),
+        413,
+        "invalid_argument",
+        "65536 bytes",
+    );
+    refused(
+        api.post(&format!("{msg}/move"), Some("[1, 2")),
+        400,
+        "invalid_argument",
+        "not the JSON expected",
+    );
+    refused(
+        api.post(&format!("{msg}/move"), Some(r#"{"to": "x"}"#)),
+        400,
+        "invalid_argument",
+        "not the JSON expected",
+    );
+    let long = "d".repeat(2000);
+    refused(
+        api.post(&format!("/api/v1/outgoing/{long}/resume"), None),
+        400,
+        "invalid_argument",
+        "the limit is 1024",
+    );
+
+    // A method the route does not take: 405, JSON, and the methods it does take.
+    for (method, path) in [
+        ("POST", "/api/v1/broker".to_string()),
+        ("DELETE", "/api/v1/queues".to_string()),
+        ("POST", "/api/v1/rates".to_string()),
+        ("PUT", q.clone()),
+        ("GET", format!("{q}/purge")),
+        ("POST", format!("{q}/messages")),
+        ("PUT", msg.clone()),
+        ("GET", format!("{msg}/receive")),
+        ("GET", format!("{msg}/move")),
+        ("DELETE", format!("{msg}/replay")),
+        ("POST", "/api/v1/deadletter".to_string()),
+        ("DELETE", "/api/v1/outgoing".to_string()),
+        ("GET", "/api/v1/outgoing/127.0.0.1:9/pause".to_string()),
+        ("GET", "/api/v1/outgoing/127.0.0.1:9/resume".to_string()),
+    ] {
+        let (s, h, t) = api.raw(method, &path, None, &[]).unwrap();
+        let v: Value = serde_json::from_str(&t)
+            .unwrap_or_else(|e| panic!("{method} {path}: {s} is not JSON ({e}): {t:?}"));
+        refused((s, v), 405, "unimplemented", &format!("takes no {method}"));
+        assert!(h.get("allow").is_some(), "{method} {path}: {h:?}");
+    }
+
+    // Another site's page may change nothing, through the API or the console.
+    let console_msg = format!("/queues/{}/messages/{id}", enc(Q));
+    for (method, path, body) in [
+        (
+            "POST",
+            "/api/v1/queues".to_string(),
+            Some(r#"{"name": "x"}"#),
+        ),
+        ("DELETE", q.clone(), None),
+        ("POST", format!("{q}/purge"), None),
+        ("DELETE", msg.clone(), None),
+        ("POST", format!("{msg}/receive"), None),
+        (
+            "POST",
+            format!("{msg}/move"),
+            Some(r#"{"destination": "x"}"#),
+        ),
+        ("POST", format!("{msg}/replay"), None),
+        ("POST", format!("{dlq}/purge"), None),
+        (
+            "POST",
+            "/api/v1/outgoing/127.0.0.1:9/pause".to_string(),
+            None,
+        ),
+        (
+            "POST",
+            "/api/v1/outgoing/127.0.0.1:9/resume".to_string(),
+            None,
+        ),
+        ("POST", "/queues".to_string(), Some("name=x")),
+        ("POST", format!("/queues/{}/purge", enc(Q)), None),
+        ("POST", format!("/queues/{}/delete", enc(Q)), None),
+        ("POST", format!("{console_msg}/receive"), None),
+        ("POST", format!("{console_msg}/move"), Some("destination=x")),
+        ("POST", "/outgoing/127.0.0.1%3A9/pause".to_string(), None),
+    ] {
+        for header in [
+            ("origin", "http://evil.example"),
+            ("sec-fetch-site", "cross-site"),
+        ] {
+            let (s, _, t) = api.raw(method, &path, body, &[header]).unwrap();
+            let v: Value = serde_json::from_str(&t)
+                .unwrap_or_else(|e| panic!("{method} {path}: {s} is not JSON ({e}): {t:?}"));
+            refused((s, v), 403, "permission_denied", "refusing a");
+        }
+    }
+    let (_, i) = api.get(&q);
+    assert_eq!(i["messages"], 1, "nothing refused changed the queue: {i}");
+    assert_eq!(api.get(&msg).1["label"], "stays");
 }
