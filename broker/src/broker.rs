@@ -53,6 +53,8 @@ pub struct Broker {
     counters: Arc<crate::metrics::Counters>,
     /// Acknowledgements to admin queues (`acks.rs`).
     pub(crate) acks: crate::acks::AckState,
+    /// The totals saved across restarts (see `counters_store.rs`).
+    counters_store: std::sync::Mutex<crate::counters_store::Store>,
     /// Held by a change of a queue's definition (ACL, properties, an outgoing queue's pause,
     /// a deletion) from reading the current definition until the change is journaled and
     /// applied: a change takes effect in memory only once its record is on disk.
@@ -64,6 +66,7 @@ pub(crate) const DEADLETTER_KEY: &str = "system$;deadletter";
 pub(crate) const DEADXACT_KEY: &str = "system$;deadxact";
 const STREAMS_KEY: &str = "system$;streams";
 const TXOUTCOMES_KEY: &str = "system$;txoutcomes";
+const COUNTERS_KEY: &str = "system$;counters";
 
 /// Where a send goes: a queue of this broker, or the outgoing queue of another broker with the
 /// remote queue's format name.
@@ -151,6 +154,7 @@ enum RoleRecord {
     TxOutcomes,
     Subqueue,
     Journal,
+    Counters,
 }
 
 impl QueueDefRecord {
@@ -172,6 +176,7 @@ impl QueueDefRecord {
             QueueRole::TxOutcomes => RoleRecord::TxOutcomes,
             QueueRole::Subqueue => RoleRecord::Subqueue,
             QueueRole::Journal => RoleRecord::Journal,
+            QueueRole::Counters => RoleRecord::Counters,
         };
         let r = QueueDefRecordV2 {
             name: def.name.clone(),
@@ -201,7 +206,7 @@ impl QueueDefRecord {
         Bytes::from(v)
     }
 
-    fn decode(id: u64, bytes: &[u8]) -> Result<QueueDef, postcard::Error> {
+    pub(crate) fn decode(id: u64, bytes: &[u8]) -> Result<QueueDef, postcard::Error> {
         let mut acl = crate::auth::Acl::default();
         let mut poison = crate::subqueue::PoisonPolicy::default();
         let mut journal = crate::journal_queue::JournalPolicy::default();
@@ -250,6 +255,7 @@ impl QueueDefRecord {
             RoleRecord::TxOutcomes => QueueRole::TxOutcomes,
             RoleRecord::Subqueue => QueueRole::Subqueue,
             RoleRecord::Journal => QueueRole::Journal,
+            RoleRecord::Counters => QueueRole::Counters,
         };
         Ok(QueueDef {
             id,
@@ -319,6 +325,7 @@ impl Broker {
         let mut stored = 0u64;
         let mut streams = crate::inbound::Streams::default();
         let mut outcomes: Option<crate::outcome::Outcomes> = None;
+        let mut saved_counters = None;
         let mut special: HashMap<&'static str, Arc<Queue>> = HashMap::new();
         for (id, def) in &rec.queues {
             let def = QueueDefRecord::decode(*id, def).map_err(|e| {
@@ -330,6 +337,10 @@ impl Broker {
             let next_seq = rec.max_seq.get(id).copied().unwrap_or(0) + 1;
             if def.role == QueueRole::Streams {
                 streams = crate::inbound::Streams::recover(*id, &recovered, next_seq)?;
+                continue;
+            }
+            if def.role == QueueRole::Counters {
+                saved_counters = Some(crate::counters_store::Store::recover(*id, &recovered));
                 continue;
             }
             if def.role == QueueRole::TxOutcomes {
@@ -426,7 +437,7 @@ impl Broker {
                 def: QueueDefRecord::encode(&def),
             }]);
             let q = Arc::new(Queue::new(def));
-            if key != STREAMS_KEY && key != TXOUTCOMES_KEY {
+            if key != STREAMS_KEY && key != TXOUTCOMES_KEY && key != COUNTERS_KEY {
                 queues.insert(key.to_string(), q.clone());
             }
             q
@@ -465,7 +476,19 @@ impl Broker {
                 )
             }
         };
-        let outgoing = queues
+        let (counters_store, saved_counters) = saved_counters.unwrap_or_else(|| {
+            let q = system(
+                COUNTERS_KEY,
+                r".\SYSTEM$;COUNTERS",
+                false,
+                QueueRole::Counters,
+            );
+            (
+                crate::counters_store::Store::new(q.def().id),
+                Default::default(),
+            )
+        });
+        let outgoing: HashMap<String, Arc<crate::forward::Outgoing>> = queues
             .values()
             .filter(|q| matches!(q.def().role, QueueRole::Outgoing { .. }))
             .map(|q| {
@@ -473,6 +496,8 @@ impl Broker {
                 (o.destination().to_string(), o)
             })
             .collect();
+        let counters = Arc::<crate::metrics::Counters>::default();
+        saved_counters.apply(&queues, &outgoing, &counters);
         let local_names = std::iter::once(config.name.clone())
             .chain(config.aliases.iter().cloned())
             .collect();
@@ -498,8 +523,9 @@ impl Broker {
             streams: std::sync::Mutex::new(streams),
             outcomes: std::sync::Mutex::new(outcomes),
             background: std::sync::Mutex::new(None),
-            counters: Arc::default(),
+            counters,
             acks: Default::default(),
+            counters_store: std::sync::Mutex::new(counters_store),
             redefinitions: tokio::sync::Mutex::new(()),
         };
         Ok((broker, report))
@@ -547,8 +573,9 @@ impl Broker {
         Ok(taken)
     }
 
-    /// Stops the journal after writing what is pending.
+    /// Stops the journal after writing what is pending (and the last snapshot of the totals).
     pub fn close(&self) {
+        crate::counters_store::save_on_close(self);
         self.journal.shutdown();
     }
 
@@ -560,6 +587,12 @@ impl Broker {
 
     pub(crate) fn counters(&self) -> &Arc<crate::metrics::Counters> {
         &self.counters
+    }
+
+    pub(crate) fn counters_store(&self) -> std::sync::MutexGuard<'_, crate::counters_store::Store> {
+        self.counters_store
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn journal(&self) -> &Journal {
@@ -1143,6 +1176,9 @@ impl Broker {
         }
         self.spawn_periodic(crate::deadletter::SWEEP_INTERVAL, |b| async move {
             b.sweep_expired().await
+        });
+        self.spawn_periodic(crate::counters_store::SAVE_TICK, |b| async move {
+            crate::counters_store::tick(&b).await
         });
         // Idle outgoing queues and incoming streams are checked every quarter of their idle
         // time (100 ms to 1 min).

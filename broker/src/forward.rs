@@ -144,6 +144,21 @@ impl Outgoing {
         !self.started.swap(true, Ordering::AcqRel)
     }
 
+    /// Messages acknowledged by the destination, and dead-lettered (kept across restarts by
+    /// `counters_store.rs`).
+    pub(crate) fn totals(&self) -> (u64, u64) {
+        (
+            self.forwarded.load(Ordering::Relaxed),
+            self.dead_lettered.load(Ordering::Relaxed),
+        )
+    }
+
+    /// At recovery: the totals saved before the restart.
+    pub(crate) fn restore_totals(&self, forwarded: u64, dead_lettered: u64) {
+        self.forwarded.store(forwarded, Ordering::Relaxed);
+        self.dead_lettered.store(dead_lettered, Ordering::Relaxed);
+    }
+
     pub(crate) fn count_dead_lettered(&self, n: u64) {
         self.dead_lettered.fetch_add(n, Ordering::Relaxed);
     }

@@ -51,6 +51,7 @@ mod broker;
 mod config;
 pub mod config_file;
 mod console;
+mod counters_store;
 mod cursor;
 mod deadletter;
 mod error;

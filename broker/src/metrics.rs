@@ -61,6 +61,8 @@ pub(crate) struct Counters {
     refused: [AtomicU64; 17],
     calls: AtomicU64,
     calls_open: AtomicI64,
+    /// Unix ms as of which the saved totals are on disk (`counters_store.rs`); 0: not yet.
+    pub(crate) saved_ms: AtomicU64,
 }
 
 impl Counters {
@@ -83,6 +85,29 @@ impl Counters {
             self.refused[c.min(16)].fetch_add(1, Ordering::Relaxed);
         }
     }
+    /// The broker-wide totals kept across restarts (`counters_store.rs`).
+    pub(crate) fn durable(&self) -> crate::counters_store::BrokerTotals {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        crate::counters_store::BrokerTotals {
+            dead_lettered: self.dead_lettered.each_ref().map(load),
+            tx_committed: load(&self.tx_committed),
+            tx_aborted: self.tx_aborted.each_ref().map(load),
+        }
+    }
+
+    /// At recovery: the saved broker-wide totals (none of those transactions is open).
+    pub(crate) fn restore(&self, t: &crate::counters_store::BrokerTotals) {
+        for (a, v) in self.dead_lettered.iter().zip(t.dead_lettered) {
+            a.store(v, Ordering::Relaxed);
+        }
+        for (a, v) in self.tx_aborted.iter().zip(t.tx_aborted) {
+            a.store(v, Ordering::Relaxed);
+        }
+        self.tx_committed.store(t.tx_committed, Ordering::Relaxed);
+        let ended = t.tx_committed + t.tx_aborted.iter().sum::<u64>();
+        self.tx_begun.store(ended, Ordering::Relaxed);
+    }
+
     /// Transactions open now.
     pub(crate) fn tx_open(&self) -> u64 {
         let ended = self.tx_committed.load(Ordering::Relaxed)
@@ -232,35 +257,35 @@ impl prometheus_client::collector::Collector for Collector {
         per_queue(
             &mut e,
             "mq_queue_sent",
-            "Messages put into the queue since mqd started (sent, forwarded in, dead-lettered into it)",
+            "Messages put into the queue (sent, forwarded in, dead-lettered into it) (kept across restarts: see mq_counters_saved_timestamp_seconds)",
             MetricType::Counter,
             &|_, t| t.sent,
         )?;
         per_queue(
             &mut e,
             "mq_queue_received",
-            "Messages received (removed for good) from the queue since mqd started",
+            "Messages received (removed for good) from the queue (kept across restarts: see mq_counters_saved_timestamp_seconds)",
             MetricType::Counter,
             &|_, t| t.received(),
         )?;
         per_queue(
             &mut e,
             "mq_queue_purged",
-            "Messages removed by purges since mqd started",
+            "Messages removed by purges (kept across restarts: see mq_counters_saved_timestamp_seconds)",
             MetricType::Counter,
             &|_, t| t.purged,
         )?;
         per_queue(
             &mut e,
             "mq_queue_dead_lettered",
-            "Messages moved from the queue to a dead-letter queue since mqd started",
+            "Messages moved from the queue to a dead-letter queue (kept across restarts: see mq_counters_saved_timestamp_seconds)",
             MetricType::Counter,
             &|_, t| t.dead_lettered,
         )?;
         per_queue(
             &mut e,
             "mq_queue_receive_aborts",
-            "Transactional receives from the queue undone by an abort since mqd started",
+            "Transactional receives from the queue undone by an abort (kept across restarts: see mq_counters_saved_timestamp_seconds)",
             MetricType::Counter,
             &|_, t| t.receive_aborts,
         )?;
@@ -274,7 +299,7 @@ impl prometheus_client::collector::Collector for Collector {
         family(
             &mut e,
             "mq_dead_lettered",
-            "Messages moved to a dead-letter queue since mqd started, by class",
+            "Messages moved to a dead-letter queue, by class (kept across restarts: see mq_counters_saved_timestamp_seconds)",
             MetricType::Counter,
             classes
                 .iter()
@@ -380,14 +405,14 @@ impl prometheus_client::collector::Collector for Collector {
         per_dest(
             &mut e,
             "mq_outgoing_forwarded",
-            "Messages acknowledged by the destination broker since mqd started",
+            "Messages acknowledged by the destination broker (kept across restarts: see mq_counters_saved_timestamp_seconds)",
             MetricType::Counter,
             &|i| infos[i].0.forwarded,
         )?;
         per_dest(
             &mut e,
             "mq_outgoing_dead_lettered",
-            "Messages of the outgoing queue moved to a dead-letter queue since mqd started",
+            "Messages of the outgoing queue moved to a dead-letter queue (kept across restarts: see mq_counters_saved_timestamp_seconds)",
             MetricType::Counter,
             &|i| infos[i].0.dead_lettered,
         )?;
@@ -501,6 +526,13 @@ impl prometheus_client::collector::Collector for Collector {
             j.queued_records,
         )?;
 
+        gauge(
+            &mut e,
+            "mq_counters_saved_timestamp_seconds",
+            "The totals kept across restarts are on disk as they were at this time (Unix seconds; 0: not yet): a kill -9 loses what was counted after it",
+            c.saved_ms.load(Ordering::Relaxed) as f64 / 1000.0,
+        )?;
+
         // Transactions.
         gauge(
             &mut e,
@@ -511,7 +543,7 @@ impl prometheus_client::collector::Collector for Collector {
         counter(
             &mut e,
             "mq_transactions_committed",
-            "Transactions committed since mqd started",
+            "Transactions committed (kept across restarts: see mq_counters_saved_timestamp_seconds)",
             c.tx_committed.load(Ordering::Relaxed),
         )?;
         let reasons: Vec<[(&'static str, &str); 1]> =
@@ -519,7 +551,7 @@ impl prometheus_client::collector::Collector for Collector {
         family(
             &mut e,
             "mq_transactions_aborted",
-            "Transactions aborted since mqd started, by reason",
+            "Transactions aborted, by reason (kept across restarts: see mq_counters_saved_timestamp_seconds)",
             MetricType::Counter,
             reasons
                 .iter()

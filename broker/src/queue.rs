@@ -26,7 +26,8 @@ use crate::message::{now_ms, StoredMessage};
 pub struct Entry {
     pub seq: u64,
     pub msg: Arc<StoredMessage>,
-    /// Times a transaction that received this message was aborted (kept in memory only).
+    /// Times a transaction that received this message was aborted (kept across restarts by
+    /// `counters_store.rs`, as of its last snapshot).
     pub aborts: u32,
     /// A tombstone: taken by [`Queue::take_at`], still in its level (fits in padding: the
     /// entry stays 24 bytes).
@@ -87,6 +88,8 @@ pub enum QueueRole {
     Streams,
     /// Internal: the ids of committed transactions (see `outcome.rs`).
     TxOutcomes,
+    /// Internal: the totals saved across restarts (see `counters_store.rs`).
+    Counters,
     /// `Q;name`: a subqueue of a queue (see `subqueue.rs`); its key is the main queue's key,
     /// `;` and the subqueue's name.
     Subqueue,
@@ -170,6 +173,10 @@ struct State {
     tombstones: usize,
     /// Ready entries by id and by correlation id, built on first use.
     index: crate::index::MessageIndex,
+    /// Abort counts of the messages that have one, by seq (for `counters_store.rs`): set when
+    /// an aborted receive gives a message back, dropped when it leaves the queue. Empty in a
+    /// queue without aborts, so the hot paths only test `is_empty`.
+    aborted: std::collections::BTreeMap<u64, u32>,
 }
 
 /// A queue. Shared by the broker's registry and every stream that uses it.
@@ -559,6 +566,11 @@ impl Queue {
         st.stats.in_flight = st.stats.in_flight.saturating_sub(n);
         st.charged = st.charged.saturating_sub(charged);
         st.totals.removed += n;
+        if !st.aborted.is_empty() {
+            for e in entries {
+                st.aborted.remove(&e.seq);
+            }
+        }
         drop(st);
         self.release_parent_quota(charged);
     }
@@ -585,6 +597,13 @@ impl Queue {
         }
         st.stats.in_flight -= entries.len() as u64;
         st.ready += entries.len();
+        for e in entries.iter().filter(|e| e.aborts > 0) {
+            if st.aborted.len() < crate::counters_store::MAX_ABORT_COUNTS_PER_QUEUE
+                || st.aborted.contains_key(&e.seq)
+            {
+                st.aborted.insert(e.seq, e.aborts);
+            }
+        }
         // Entries come in delivery order; most belong before the current head, so walk backwards
         // and push to the front when possible.
         for e in entries.into_iter().rev() {
@@ -704,6 +723,11 @@ impl Queue {
         st.stats.bytes -= body;
         st.charged = st.charged.saturating_sub(charged);
         st.totals.purged += out.len() as u64;
+        if !st.aborted.is_empty() {
+            for e in &out {
+                st.aborted.remove(&e.seq);
+            }
+        }
         drop(st);
         self.release_parent_quota(charged);
         out
@@ -1010,6 +1034,9 @@ impl Queue {
                 .journaling
                 .not_kept
                 .load(std::sync::atomic::Ordering::Relaxed),
+            dead_lettered: t.dead_lettered,
+            receive_aborts: t.receive_aborts,
+            purged: t.purged,
         }
     }
 }
@@ -1112,6 +1139,39 @@ impl Queue {
         st.stats.bytes = st.stats.bytes.saturating_sub(e.msg.body_len as u64);
         st.stats.messages = st.stats.messages.saturating_sub(1);
         st.stats.in_flight = st.stats.in_flight.saturating_sub(1);
+        if !st.aborted.is_empty() {
+            st.aborted.remove(&e.seq);
+        }
+    }
+
+    /// The totals and the messages' abort counts, read together (for `counters_store.rs`).
+    pub(crate) fn totals_and_aborts(&self) -> (QueueTotals, Vec<(u64, u32)>) {
+        let st = self.lock();
+        (
+            st.totals,
+            st.aborted.iter().map(|(s, a)| (*s, *a)).collect(),
+        )
+    }
+
+    /// At recovery, before the queue is used: the totals and abort counts saved before the
+    /// restart replace the ones loading counted. Abort counts of messages that are gone are
+    /// ignored.
+    pub(crate) fn restore_totals(&self, totals: QueueTotals, aborts: &[(u64, u32)]) {
+        let mut st = self.lock();
+        st.totals = totals;
+        if aborts.is_empty() {
+            return;
+        }
+        let want: std::collections::HashMap<u64, u32> = aborts.iter().copied().collect();
+        let st = &mut *st;
+        for level in st.levels.iter_mut() {
+            for e in level.iter_mut() {
+                if let Some(a) = want.get(&e.seq) {
+                    e.aborts = *a;
+                    st.aborted.insert(e.seq, *a);
+                }
+            }
+        }
     }
 }
 

@@ -75,13 +75,13 @@ pub struct QueueInfo {
     pub quota_bytes: Option<u64>,
     pub label: String,
     pub created_ms: u64,
-    /// Messages that entered the queue since the broker started.
+    /// Messages that entered the queue (kept across restarts).
     pub sent: u64,
-    /// Messages received (acknowledged) from the queue since the broker started.
+    /// Messages received (acknowledged) from the queue (kept across restarts).
     pub received: u64,
     /// Poison-message threshold (0 = none).
     pub max_aborts: u32,
-    /// Messages moved to `Q;poison` since the broker started.
+    /// Messages moved to `Q;poison` (kept across restarts).
     pub poisoned: u64,
     /// Target journaling: received messages are copied to `Q;JOURNAL`.
     pub journal: bool,
@@ -90,6 +90,14 @@ pub struct QueueInfo {
     /// Journal copies not kept (journal quota, broker quota or disk full) since the broker
     /// started.
     pub journal_not_kept: u64,
+    /// Messages moved from the queue to a dead-letter queue. This total, `sent`,
+    /// `received`, `purged`, `receive_aborts` and `poisoned` are kept across restarts of the
+    /// broker (as of its last snapshot, at most about a second old after a crash).
+    pub dead_lettered: u64,
+    /// Transactional receives of its messages undone by an abort.
+    pub receive_aborts: u64,
+    /// Messages removed by purges.
+    pub purged: u64,
 }
 
 impl From<v1::QueueInfo> for QueueInfo {
@@ -111,6 +119,9 @@ impl From<v1::QueueInfo> for QueueInfo {
             journal: q.journal,
             journal_quota_bytes: q.journal_quota_bytes,
             journal_not_kept: q.journal_not_kept,
+            dead_lettered: q.dead_lettered,
+            receive_aborts: q.receive_aborts,
+            purged: q.purged,
         }
     }
 }

@@ -108,9 +108,9 @@ pub struct OutgoingQueue {
     pub last_error: Option<String>,
     /// When the next connection attempt is due (state [`OutgoingState::Waiting`]).
     pub next_retry: Option<SystemTime>,
-    /// Acknowledged by the destination since the broker started.
+    /// Acknowledged by the destination (kept across restarts of the broker).
     pub forwarded: u64,
-    /// Moved to a dead-letter queue since the broker started.
+    /// Moved to a dead-letter queue (kept across restarts of the broker).
     pub dead_lettered: u64,
 }
 

@@ -107,6 +107,9 @@ mod tests {
             journal: false,
             journal_quota_bytes: 0,
             journal_not_kept: 0,
+            dead_lettered: 0,
+            receive_aborts: 0,
+            purged: 0,
         }
     }
 

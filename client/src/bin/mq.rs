@@ -941,6 +941,11 @@ async fn queue_command(
                 let quota = q.quota_bytes.map_or("none".to_string(), |b| b.to_string());
                 writeln!(out, "quota (bytes):  {quota}")?;
                 writeln!(out, "label:          {}", q.label)?;
+                writeln!(out, "sent:           {}", q.sent)?;
+                writeln!(out, "received:       {}", q.received)?;
+                writeln!(out, "purged:         {}", q.purged)?;
+                writeln!(out, "dead-lettered:  {}", q.dead_lettered)?;
+                writeln!(out, "receive aborts: {}", q.receive_aborts)?;
                 if q.max_aborts > 0 {
                     writeln!(out, "max aborts:     {}", q.max_aborts)?;
                     writeln!(out, "poisoned:       {}", q.poisoned)?;

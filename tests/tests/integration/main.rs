@@ -19,6 +19,9 @@
 //!   every flag and round-trips, precedence, a bad file names the file and the key (exit 2).
 //! - `observability`: `/metrics` after a known workload, `/readyz`, gRPC health and reflection
 //!   without credentials, `mq info`.
+//! - `persistent_counters`: queue, outgoing and broker-wide totals and per-message abort counts
+//!   are the same in `mq queue info --json`, `mq outgoing list --json` and `/metrics` after
+//!   `kill -9` and a restart.
 //! - `http_api`: the HTTP admin API under `/api/v1/`: every endpoint and refusal, rights over
 //!   HTTPS with a users file.
 //! - `cli`: the `mq` command line against an `mqd` process: commands, JSON, exit codes.
@@ -106,6 +109,7 @@ mod message_properties;
 mod mqd_process;
 mod multiple_element_names;
 mod observability;
+mod persistent_counters;
 mod poisoned_journal;
 mod queue_admin;
 mod queue_properties;
