@@ -168,6 +168,7 @@ async fn a_commit_to_a_stopped_broker_is_in_doubt_at_the_deadline_then_resolved_
     .await
     .unwrap();
     create_tx_queue(&client).await;
+    let mut in_doubt_trials = 0;
     for trial in 0..3u64 {
         let n = 10 + trial;
         let before = messages(&client).await;
@@ -176,7 +177,21 @@ async fn a_commit_to_a_stopped_broker_is_in_doubt_at_the_deadline_then_resolved_
         stage(&mut tx, trial, n).unwrap();
         mqd.signal("STOP").unwrap();
         let started = Instant::now();
-        let e = tx.commit().await.unwrap_err();
+        let e = match tx.commit().await {
+            Ok(ids) => {
+                // Seen once in a full parallel run on 2 cores: the answer came, so the broker
+                // committed before the stop took hold. That answer must be true.
+                mqd.signal("CONT").unwrap();
+                assert_eq!(ids.len() as u64, n, "trial {trial}");
+                assert_eq!(messages(&client).await, before + n, "trial {trial}");
+                let s = client.transaction_outcome(id).await.unwrap();
+                assert_eq!(s.outcome, TxOutcome::Committed, "trial {trial}");
+                println!("trial {trial}: the broker committed before SIGSTOP took hold");
+                continue;
+            }
+            Err(e) => e,
+        };
+        in_doubt_trials += 1;
         let took = started.elapsed();
         assert!(
             matches!(&e, Error::InDoubt { id: got, .. } if *got == id),
@@ -215,6 +230,7 @@ async fn a_commit_to_a_stopped_broker_is_in_doubt_at_the_deadline_then_resolved_
         assert_eq!(now, before + if committed { n } else { 0 }, "{s:?}");
         retry_exactly_once(&client, id, trial, n, committed, before).await;
     }
+    assert!(in_doubt_trials > 0, "no commit met the stopped broker");
     mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
 }
 
