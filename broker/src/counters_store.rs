@@ -273,10 +273,17 @@ fn read_all(b: &Broker) -> HashMap<u64, Bytes> {
 /// One tick of the saving task (see the module docs).
 pub(crate) async fn tick(b: &Arc<Broker>) {
     let as_of = now_ms();
+    let started = Instant::now();
     let records = {
         let now = read_all(b);
         let mut store = b.counters_store();
         let changes = store.changes(&now);
+        tracing::trace!(
+            micros = started.elapsed().as_micros() as u64,
+            entries = now.len(),
+            changed = changes.len(),
+            "counters tick"
+        );
         if changes.is_empty() {
             drop(store);
             b.counters().saved_ms.fetch_max(as_of, Ordering::Relaxed);
