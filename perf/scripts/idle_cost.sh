@@ -4,7 +4,8 @@
 # copy of one data directory holding QUEUES queues (made once by mqperf NOTX SENDANDPURGE
 # --queues QUEUES --count QUEUES --keep --delivery recoverable: one message in each), then left
 # idle. Per run: mqd's CPU over IDLE seconds (utime + stime from /proc/PID/stat), and the time
-# each tick of the counters' saving task took (its trace line, RUST_LOG=...counters_store=trace).
+# each tick of the counters' saving task took (its trace line, RUST_LOG=...counters_store=trace;
+# an mqd older than the commit that added that line reports no tick times).
 #
 # Usage (after `cargo build --release -p mq-broker -p mq-perf`, with a copy of the older mqd):
 #   BEFORE=/tmp/mqd-before perf/scripts/idle_cost.sh
