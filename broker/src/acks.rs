@@ -425,19 +425,7 @@ impl Broker {
         let mut copies = self.journal_copies(queue, entries);
         let mut ops = copies.take_ops();
         ops.append(&mut acks.ops);
-        let mut seqs = Vec::new();
-        for e in entries {
-            self.release(e.msg.delivery, e.msg.charged_bytes());
-            if e.msg.delivery == Delivery::Recoverable {
-                seqs.push(e.seq);
-            }
-        }
-        if !seqs.is_empty() {
-            ops.push(Op::Remove {
-                queue_id: queue.def().id,
-                seqs,
-            });
-        }
+        ops.extend(self.release_entries(queue, entries));
         self.finish_acks(ops, acks, copies);
     }
 

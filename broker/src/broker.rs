@@ -1570,6 +1570,21 @@ impl Broker {
         entries: &[Entry],
         mut extra: Vec<Op>,
     ) -> Option<crate::journal::Commit> {
+        let removal = self.release_entries(queue, entries);
+        if !extra.is_empty() {
+            // `Put`s must follow their queues' definitions: the normal lane.
+            extra.extend(removal);
+            return Some(self.journal.submit(extra));
+        }
+        // The removal lane: the entries' `Put`s are durable (they were in the queue), so it
+        // rides the next group commit instead of queueing behind pending sends; that bounds
+        // the redelivery window after a crash.
+        removal.map(|op| self.journal.submit_removal(vec![op]))
+    }
+
+    /// Gives back the quota of entries leaving `queue` for good, and returns the journal's
+    /// `Remove` of the recoverable ones (none when all are express).
+    pub(crate) fn release_entries(&self, queue: &Queue, entries: &[Entry]) -> Option<Op> {
         let mut express = 0;
         let mut stored = 0;
         let mut seqs = Vec::new();
@@ -1584,24 +1599,9 @@ impl Broker {
         }
         self.release(Delivery::Express, express);
         self.release(Delivery::Recoverable, stored);
-        if !extra.is_empty() {
-            // `Put`s must follow their queues' definitions: the normal lane.
-            if !seqs.is_empty() {
-                extra.push(Op::Remove {
-                    queue_id: queue.def().id,
-                    seqs,
-                });
-            }
-            return Some(self.journal.submit(extra));
-        }
-        // The removal lane: the entries' `Put`s are durable (they were in the queue), so it
-        // rides the next group commit instead of queueing behind pending sends; that bounds
-        // the redelivery window after a crash.
-        (!seqs.is_empty()).then(|| {
-            self.journal.submit_removal(vec![Op::Remove {
-                queue_id: queue.def().id,
-                seqs,
-            }])
+        (!seqs.is_empty()).then(|| Op::Remove {
+            queue_id: queue.def().id,
+            seqs,
         })
     }
 

@@ -451,19 +451,7 @@ impl Broker {
             return;
         }
         let mut ops = copies.take_ops();
-        let mut seqs = Vec::new();
-        for e in entries {
-            self.release(e.msg.delivery, e.msg.charged_bytes());
-            if e.msg.delivery == Delivery::Recoverable {
-                seqs.push(e.seq);
-            }
-        }
-        if !seqs.is_empty() {
-            ops.push(Op::Remove {
-                queue_id: queue.def().id,
-                seqs,
-            });
-        }
+        ops.extend(self.release_entries(queue, entries));
         let commit = self.journal().submit(ops);
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {

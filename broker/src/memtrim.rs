@@ -2,8 +2,16 @@
 //! raised mmap threshold), so without help mqd's RSS stays at its peak after a backlog is
 //! drained; a housekeeping tick ([`Trimmer`]) asks malloc to return free pages once a lot was
 //! freed since the last time.
+//!
+//! A trim is not free for the traffic: `malloc_trim` walks every arena under malloc's locks,
+//! and every allocation in the process waits meanwhile. Measured (docs/benchmarks.md, "Latency
+//! sweep"): with a trim every 2 s during an express run at half the maximum rate, e2e p99 was
+//! 25-34 ms; with trims turned off, 0.9-1.2 ms. So while the process is busy (more than
+//! [`QUIET_CPU`] of a core since the last tick) a due trim waits for a quiet tick, at most
+//! [`MAX_TRIM_DEFER`]: after a burst is drained the broker goes quiet and trims at once, and
+//! under load that never ends the memory still goes back within that bound.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often the broker looks at its memory.
 pub const TRIM_INTERVAL: Duration = Duration::from_secs(2);
@@ -12,30 +20,101 @@ pub const TRIM_INTERVAL: Duration = Duration::from_secs(2);
 /// after the last trim, that make a trim worth its cost (it walks every arena).
 pub const TRIM_THRESHOLD_BYTES: usize = 16 << 20;
 
-/// Trims when much more memory is resident than malloc has in use.
+/// The process counts as busy when it used more than this share of one core since the last
+/// tick (its own threads: the broker, and in mqperf's embedded broker the client too).
+pub const QUIET_CPU: f64 = 0.25;
+
+/// The longest a due trim waits for a quiet tick.
+pub const MAX_TRIM_DEFER: Duration = Duration::from_secs(30);
+
+/// Trims when much more memory is resident than malloc has in use, preferably while quiet.
 #[derive(Debug, Default)]
 pub struct Trimmer {
     /// Resident bytes not in use that a trim could not give back (after the last trim, or
     /// lower since).
     settled_gap: usize,
+    /// Since when a trim has been due but deferred because the process was busy.
+    due_since: Option<Instant>,
+    /// The process's CPU time at the last tick, and when that was.
+    last_cpu: Option<(Instant, Duration)>,
 }
 
 impl Trimmer {
     /// If the resident memory exceeds malloc's bytes in use by at least `threshold` more than
-    /// after the last trim, returns free pages to the system; returns the bytes given back when
-    /// it trimmed. Blocking (it may walk the heap): call it off the async workers. Without
-    /// glibc (or `/proc`) it does nothing.
+    /// after the last trim, returns free pages to the system (at once while quiet, else within
+    /// [`MAX_TRIM_DEFER`]); returns the bytes given back when it trimmed. Blocking (it may walk
+    /// the heap): call it off the async workers. Without glibc (or `/proc`) it does nothing.
     pub fn tick(&mut self, threshold: usize) -> Option<usize> {
+        let now = Instant::now();
+        let busy = self.busy(now);
+        self.tick_at(threshold, busy, now)
+    }
+
+    /// [`Trimmer::tick`] with the busy verdict given.
+    fn tick_at(&mut self, threshold: usize, busy: bool, now: Instant) -> Option<usize> {
         let in_use = in_use_bytes()?;
         let gap = rss_bytes()?.saturating_sub(in_use);
-        if gap < self.settled_gap.saturating_add(threshold) {
-            self.settled_gap = self.settled_gap.min(gap);
+        if !self.due(gap, threshold, busy, now) {
             return None;
         }
         trim();
         let after = rss_bytes()?.saturating_sub(in_use);
         self.settled_gap = after;
         Some(gap.saturating_sub(after))
+    }
+
+    /// Whether the process used more than [`QUIET_CPU`] of a core since the last tick (the
+    /// first tick, or without `getrusage`: not busy).
+    fn busy(&mut self, now: Instant) -> bool {
+        let Some(cpu) = cpu_time() else {
+            return false;
+        };
+        let busy = self.last_cpu.is_some_and(|(then, used)| {
+            let wall = now.saturating_duration_since(then).as_secs_f64();
+            wall > 0.0 && cpu.saturating_sub(used).as_secs_f64() > QUIET_CPU * wall
+        });
+        self.last_cpu = Some((now, cpu));
+        busy
+    }
+
+    /// The decision: is a trim due now, given the gap, the threshold and whether busy?
+    fn due(&mut self, gap: usize, threshold: usize, busy: bool, now: Instant) -> bool {
+        if gap < self.settled_gap.saturating_add(threshold) {
+            self.settled_gap = self.settled_gap.min(gap);
+            self.due_since = None;
+            return false;
+        }
+        let since = *self.due_since.get_or_insert(now);
+        if busy && now.saturating_duration_since(since) < MAX_TRIM_DEFER {
+            return false;
+        }
+        self.due_since = None;
+        true
+    }
+}
+
+/// This process's CPU time (user and system) so far.
+fn cpu_time() -> Option<Duration> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: getrusage writes one rusage into the pointer it is given, which is valid.
+        #[allow(unsafe_code)]
+        let ru = unsafe {
+            if libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) != 0 {
+                return None;
+            }
+            ru.assume_init()
+        };
+        let tv = |t: libc::timeval| {
+            Duration::from_secs(t.tv_sec.max(0) as u64)
+                + Duration::from_micros(t.tv_usec.max(0) as u64)
+        };
+        Some(tv(ru.ru_utime) + tv(ru.ru_stime))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
     }
 }
 
@@ -83,6 +162,41 @@ pub fn trim() {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_due_trim_waits_for_a_quiet_tick_but_not_longer_than_the_bound() {
+        const T: usize = 16 << 20;
+        let t0 = Instant::now();
+        let mut t = Trimmer::default();
+        // Below the threshold: never.
+        assert!(!t.due(T - 1, T, false, t0));
+        // Due while busy: deferred, tick after tick, until the bound.
+        assert!(!t.due(T, T, true, t0));
+        assert!(!t.due(T, T, true, t0 + MAX_TRIM_DEFER / 2));
+        assert!(t.due(T, T, true, t0 + MAX_TRIM_DEFER));
+        // Due and quiet: at once.
+        let mut t = Trimmer::default();
+        assert!(!t.due(T, T, true, t0));
+        assert!(t.due(T, T, false, t0 + TRIM_INTERVAL));
+        // A gap that closed while waiting restarts the wait.
+        let mut t = Trimmer::default();
+        assert!(!t.due(T, T, true, t0));
+        assert!(!t.due(0, T, true, t0 + MAX_TRIM_DEFER / 2));
+        assert!(!t.due(T, T, true, t0 + MAX_TRIM_DEFER));
+        assert!(!t.due(T, T, true, t0 + MAX_TRIM_DEFER * 3 / 2));
+        assert!(t.due(T, T, true, t0 + MAX_TRIM_DEFER * 2));
+    }
+
+    #[test]
+    fn cpu_time_moves_with_work() {
+        let Some(before) = cpu_time() else { return };
+        let mut x = 0u64;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(50) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+        }
+        assert!(cpu_time().unwrap() > before, "{x}");
+    }
+
     // It reads this process's RSS and malloc totals, which the other tests of this binary
     // change as they run in parallel (it failed once in a full run that way). The integration
     // test `memory_returns` checks the same behaviour on a real mqd; run this one alone with
@@ -95,15 +209,21 @@ mod tests {
         }
         let mut t = Trimmer::default();
         // Whatever this test process holds already is settled first.
-        t.tick(TRIM_THRESHOLD_BYTES);
+        t.tick_at(TRIM_THRESHOLD_BYTES, false, Instant::now());
         // 96 MiB in 1000-byte blocks, every 64th kept: the freed memory is fragmented, so
         // malloc cannot give it back by shrinking the heap's top.
         let mut blocks: Vec<Vec<u8>> = (0..100_000).map(|i| vec![i as u8; 1000]).collect();
-        assert_eq!(t.tick(TRIM_THRESHOLD_BYTES), None, "nothing freed yet");
+        assert_eq!(
+            t.tick_at(TRIM_THRESHOLD_BYTES, false, Instant::now()),
+            None,
+            "nothing freed yet"
+        );
         let kept: Vec<Vec<u8>> = blocks.iter_mut().step_by(64).map(std::mem::take).collect();
         drop(blocks);
         let before = rss_bytes().unwrap();
-        let freed = t.tick(TRIM_THRESHOLD_BYTES).expect("trimmed");
+        let freed = t
+            .tick_at(TRIM_THRESHOLD_BYTES, false, Instant::now())
+            .expect("trimmed");
         assert!(freed >= 48 << 20, "{freed}");
         let after = rss_bytes().unwrap();
         // Other tests run in this process too: ask for a third of what was given back.
@@ -111,7 +231,11 @@ mod tests {
             after + (24 << 20) <= before,
             "RSS {before} before the trim, {after} after"
         );
-        assert_eq!(t.tick(TRIM_THRESHOLD_BYTES), None, "nothing freed since");
+        assert_eq!(
+            t.tick_at(TRIM_THRESHOLD_BYTES, false, Instant::now()),
+            None,
+            "nothing freed since"
+        );
         drop(kept);
     }
 }

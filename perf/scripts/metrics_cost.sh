@@ -13,7 +13,7 @@
 #   BIN=target/release where mqd and mqperf are
 #   MQPERF=$BIN/mqperf the load generator (any recent release mqperf will do)
 #   OUT=/tmp/mq-metrics-cost.jsonl   one JSON line per run
-# Needs bash, curl, python3. Every process is stopped by its PID; every wait is bounded.
+# Needs bash and python3. Every process is stopped by its PID; every wait is bounded.
 # Prints, per cell (delivery x send/e2e): the medians off and on, their ratio, and the
 # pairwise ratios on/off (median and quartiles); `uptime` before and after.
 
@@ -70,11 +70,28 @@ run() {
     done
     [[ -n $url ]] || { echo "metrics_cost: mqd did not start: $(cat "$DIR/err")" >&2; exit 1; }
     if [[ $mode == on ]]; then
-        # At most 10 minutes of scraping; stopped by PID after the run.
-        (for _ in $(seq 6000); do
-            curl -s -o /dev/null -w '%{http_code}\n' "http://127.0.0.1:$hport/metrics" >>"$DIR/scrapes" || true
-            sleep 0.1
-        done) &
+        # At most 10 minutes of scraping; stopped by PID after the run. One process with one
+        # kept-alive connection, as Prometheus scrapes: forking curl ten times a second would
+        # cost the 2-core machine more CPU than the scrapes cost mqd.
+        python3 - "$hport" "$DIR/scrapes" <<'PY' &
+import http.client, sys, time
+port, out = int(sys.argv[1]), sys.argv[2]
+conn = None
+with open(out, "a") as f:
+    for _ in range(6000):
+        t = time.monotonic()
+        try:
+            if conn is None:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("GET", "/metrics")
+            r = conn.getresponse()
+            r.read()
+            f.write(f"{r.status} {time.monotonic() - t:.6f}\n")
+        except OSError:
+            conn = None
+        f.flush()
+        time.sleep(max(0.0, 0.1 - (time.monotonic() - t)))
+PY
         SCRAPER=$!
     fi
     local load
@@ -86,16 +103,18 @@ run() {
         kill "$SCRAPER" 2>/dev/null || true
         wait "$SCRAPER" 2>/dev/null || true
         SCRAPER=""
-        scrapes=$(grep -c '^200$' "$DIR/scrapes" || true)
+        scrapes=$(grep -c '^200 ' "$DIR/scrapes" || true)
     fi
-    python3 - "$DIR/perf" "$mode" "$delivery" "$pair" "$load" "$scrapes" >>"$OUT" <<'EOF'
-import json, sys
-path, mode, delivery, pair, load, scrapes = sys.argv[1:]
+    python3 - "$DIR/perf" "$mode" "$delivery" "$pair" "$load" "$scrapes" "$DIR/scrapes" >>"$OUT" <<'EOF'
+import json, os, statistics, sys
+path, mode, delivery, pair, load, scrapes, times = sys.argv[1:]
+took = [float(l.split()[1]) for l in open(times) if l.startswith("200 ")] if os.path.exists(times) else []
+scrape_ms = round(statistics.median(took) * 1000, 2) if took else None
 for line in open(path):
     r = json.loads(line)
     if r.get("op") in ("send", "e2e"):
         print(json.dumps({"mode": mode, "delivery": delivery, "pair": int(pair), "load": float(load),
-                          "scrapes": int(scrapes), "op": r["op"], "msgs_per_s": r["msgs_per_s"]}))
+                          "scrapes": int(scrapes), "scrape_ms": scrape_ms, "op": r["op"], "msgs_per_s": r["msgs_per_s"]}))
 EOF
     cleanup
 }
@@ -130,8 +149,9 @@ for delivery in ("recoverable", "express"):
         ratios = [on[p] / off[p] for p in pairs]
         q1, med, q3 = q(ratios)
         scrapes = [r["scrapes"] for r in cell if r["mode"] == "on"]
+        took = [r["scrape_ms"] for r in cell if r["mode"] == "on" and r.get("scrape_ms") is not None]
         loads = [r["load"] for r in cell]
         print(f"{delivery + ' ' + op:<18} {statistics.median(off.values()):>11.0f} {statistics.median(on.values()):>11.0f} "
               f"{statistics.median(on.values()) / statistics.median(off.values()):>7.1%}   "
-              f"{q1:.1%} / {med:.1%} / {q3:.1%}   (scrapes {min(scrapes)}-{max(scrapes)}, load {min(loads):.1f}-{max(loads):.1f}, n={len(pairs)})")
+              f"{q1:.1%} / {med:.1%} / {q3:.1%}   (scrapes {min(scrapes)}-{max(scrapes)}, median scrape {statistics.median(took) if took else float('nan'):.2f} ms, load {min(loads):.1f}-{max(loads):.1f}, n={len(pairs)})")
 EOF

@@ -62,6 +62,7 @@ mod op;
 mod record;
 mod recovery;
 mod segment;
+mod unlink;
 mod writer;
 
 pub use error::JournalError;

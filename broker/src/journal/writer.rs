@@ -137,6 +137,8 @@ pub(crate) struct Writer {
     retry_at: Instant,
     /// After a compaction step failed for want of space: not again before this.
     compact_retry_at: Option<Instant>,
+    /// Unlinks dropped segments off this thread (see `unlink.rs`).
+    unlinker: super::unlink::Unlinker,
 }
 
 /// Creates, preallocates and durably initialises segment `seg` of `cap` bytes.
@@ -186,7 +188,9 @@ impl Writer {
         active: Active,
     ) -> Self {
         let reserve_len = opts.reserve_bytes.unwrap_or(opts.segment_size);
+        let unlinker = super::unlink::Unlinker::start(shared.dir.clone(), shared.io.clone());
         Writer {
+            unlinker,
             shared,
             rx,
             urgent,
@@ -201,6 +205,10 @@ impl Writer {
     }
 
     fn set_disk_full(&self, on: bool) {
+        if on {
+            // Segments handed to the unlink thread give their space back first.
+            self.unlinker.flush();
+        }
         let was = self.shared.disk_full.swap(on, Ordering::AcqRel);
         if on && !was {
             tracing::warn!(dir = %self.shared.dir.display(),
@@ -892,12 +900,11 @@ impl Writer {
             }
             // Readers holding this file's Arc keep reading it after the unlink.
             drop(file);
-            if let Err(e) = self.shared.io.remove(&self.shared.dir, seg) {
-                // Harmless for correctness: the file only holds dead or copied records, and
-                // as the oldest segment it is dropped again after the next open.
-                tracing::warn!(path = %path.display(), error = %e, "journal: could not remove segment");
-            } else if let Err(e) = self.shared.io.sync_dir(&self.shared.dir) {
-                tracing::warn!(error = %e, "journal: could not fsync the directory");
+            if self.shared.disk_full.load(Ordering::Acquire) {
+                // The space is wanted now.
+                self.unlinker.remove_now(seg);
+            } else {
+                self.unlinker.remove(seg);
             }
             self.shared
                 .counters

@@ -85,6 +85,27 @@ async fn receive_ack(client: &Client, aq: &str) -> ReceivedMessage {
         .unwrap_or_else(|| panic!("no ack in {aq}"))
 }
 
+/// Sends `body` to `queue` asking for the acknowledgements `ack` at `AQ`.
+async fn send_acked(client: &Client, queue: &str, body: &'static str, ack: u8) -> MessageId {
+    client
+        .queue(queue)
+        .unwrap()
+        .send(Message::new(body).admin_queue(AQ).acknowledge(ack))
+        .await
+        .unwrap()
+}
+
+/// Receives one message from `queue`; there must be one.
+async fn receive_one(client: &Client, queue: &str) {
+    assert!(client
+        .queue(queue)
+        .unwrap()
+        .receive(WAIT)
+        .await
+        .unwrap()
+        .is_some());
+}
+
 fn full() -> u8 {
     ack::parse_type("full-reach-queue+full-receive").unwrap()
 }
@@ -172,34 +193,16 @@ async fn positive_reach_queue_and_receive_acks() {
     );
 
     // NACKs only: nothing on arrival or receive.
-    client
-        .queue(Q)
-        .unwrap()
-        .send(
-            Message::new("quiet")
-                .admin_queue(AQ)
-                .acknowledge(ack::parse_type("nack-receive").unwrap()),
-        )
-        .await
-        .unwrap();
-    assert!(client
-        .queue(Q)
-        .unwrap()
-        .receive(WAIT)
-        .await
-        .unwrap()
-        .is_some());
+    send_acked(
+        &client,
+        Q,
+        "quiet",
+        ack::parse_type("nack-receive").unwrap(),
+    )
+    .await;
+    receive_one(&client, Q).await;
     // A later positive ack shows the quiet one would have been seen by now.
-    let id = client
-        .queue(Q)
-        .unwrap()
-        .send(
-            Message::new("loud")
-                .admin_queue(AQ)
-                .acknowledge(ack::POS_ARRIVAL),
-        )
-        .await
-        .unwrap();
+    let id = send_acked(&client, Q, "loud", ack::POS_ARRIVAL).await;
     let acks = wait_acks(&client, AQ, 1).await;
     check_ack(&acks[0], id, class::ACK_REACH_QUEUE, "", b"");
 }
@@ -313,13 +316,7 @@ async fn receive_nacks_for_timeout_purge_and_delete() {
         )
         .await
         .unwrap();
-    assert!(client
-        .queue(Q)
-        .unwrap()
-        .receive(WAIT)
-        .await
-        .unwrap()
-        .is_some());
+    receive_one(&client, Q).await;
     assert_eq!(count(&client, AQ).await, 0);
 }
 
@@ -575,13 +572,7 @@ async fn recoverable_acks_survive_kill9() {
         .await
         .unwrap()
         .unwrap();
-    assert!(client
-        .queue(&q)
-        .unwrap()
-        .receive(WAIT)
-        .await
-        .unwrap()
-        .is_some());
+    receive_one(&client, &q).await;
     n.kill9();
     n.start();
     let client = n.client().await;
@@ -702,23 +693,14 @@ async fn acks_with_queue_journals_and_dead_letters() {
         assert_eq!(copy.unwrap().id, id);
     }
     // A copy purged from the journal: no NACK_Q_PURGED.
-    let id = client
-        .queue(jq)
-        .unwrap()
-        .send(
-            Message::new("purged copy")
-                .admin_queue(AQ)
-                .acknowledge(ack::parse_type("full-receive").unwrap()),
-        )
-        .await
-        .unwrap();
-    assert!(client
-        .queue(jq)
-        .unwrap()
-        .receive(WAIT)
-        .await
-        .unwrap()
-        .is_some());
+    let id = send_acked(
+        &client,
+        jq,
+        "purged copy",
+        ack::parse_type("full-receive").unwrap(),
+    )
+    .await;
+    receive_one(&client, jq).await;
     check_ack(
         &receive_ack(&client, AQ).await,
         id,
@@ -772,16 +754,7 @@ async fn acks_with_queue_journals_and_dead_letters() {
         )
         .await
         .unwrap();
-    let parked = client
-        .queue(jq)
-        .unwrap()
-        .send(
-            Message::new("parked")
-                .admin_queue(AQ)
-                .acknowledge(ack::NEG_RECEIVE),
-        )
-        .await
-        .unwrap();
+    let parked = send_acked(&client, jq, "parked", ack::NEG_RECEIVE).await;
     client.move_message(jq, parked, "parked").await.unwrap();
     // One more copy in the journal, which must not be NACKed with the queue.
     let copied = client

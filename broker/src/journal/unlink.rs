@@ -1,0 +1,117 @@
+//! Dropped segments are unlinked off the writer thread.
+//!
+//! Unlinking a 64 MiB preallocated segment makes the file system free its extents, which took
+//! 15 ms on this project's VM (strace, during a recoverable run at half the maximum rate):
+//! done by the writer, that stalls every group commit behind it, and the stalls were the
+//! recoverable e2e p99 (docs/benchmarks.md, "Latency sweep"). So the writer hands the unlink
+//! (and the directory fsync after it) to one helper thread and goes on.
+//!
+//! Safety: a segment is handed over only after the writer has made it dead (its live records
+//! copied and synced, the id watermark synced) and removed it from the index, exactly where it
+//! used to unlink it itself; a crash before the helper gets to it leaves a file that recovery
+//! reads and drops again, as after a crash just before the old in-line unlink. Segments must go
+//! oldest first (the module docs of `writer.rs`: a younger segment's tombstones may be what
+//! kills an older one's records), so there is one helper thread and it takes them in order,
+//! and the writer's in-line path ([`Unlinker::remove_now`], used in disk-full mode, where the
+//! space is wanted at once) first waits for the ones handed over before.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use super::io::Io;
+use super::segment::segment_path;
+
+enum Job {
+    Remove(u64),
+    /// Answered once every job before it is done.
+    Flush(Sender<()>),
+}
+
+/// The helper thread that unlinks dropped segments, in order.
+pub(crate) struct Unlinker {
+    dir: PathBuf,
+    io: Arc<dyn Io>,
+    tx: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Unlinker {
+    /// Starts the helper thread; without one (the spawn failed) every unlink is in-line.
+    pub fn start(dir: PathBuf, io: Arc<dyn Io>) -> Self {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (d, i) = (dir.clone(), io.clone());
+        let thread = std::thread::Builder::new()
+            .name("mq-journal-unlink".into())
+            .spawn(move || run(&d, &*i, &rx))
+            .map_err(|e| tracing::warn!(error = %e, "journal: no unlink thread; unlinking in line"))
+            .ok();
+        Unlinker {
+            dir,
+            io,
+            tx: thread.as_ref().map(|_| tx),
+            thread,
+        }
+    }
+
+    /// Unlinks `segment` on the helper thread, after the ones handed over before.
+    pub fn remove(&self, segment: u64) {
+        match &self.tx {
+            Some(tx) if tx.send(Job::Remove(segment)).is_ok() => {}
+            _ => remove(&self.dir, &*self.io, segment),
+        }
+    }
+
+    /// Unlinks `segment` before returning, after the ones handed over before.
+    pub fn remove_now(&self, segment: u64) {
+        self.flush();
+        remove(&self.dir, &*self.io, segment);
+    }
+
+    /// Waits until every segment handed over is unlinked.
+    pub fn flush(&self) {
+        if let Some(tx) = &self.tx {
+            let (done, wait) = crossbeam_channel::bounded(1);
+            if tx.send(Job::Flush(done)).is_ok() {
+                let _ = wait.recv();
+            }
+        }
+    }
+}
+
+impl Drop for Unlinker {
+    /// Unlinks what was handed over before the journal is gone (so a closed journal's
+    /// directory holds only its live segments, as before).
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(h) = self.thread.take() {
+            if h.join().is_err() {
+                tracing::error!("journal unlink thread panicked");
+            }
+        }
+    }
+}
+
+fn run(dir: &std::path::Path, io: &dyn Io, rx: &Receiver<Job>) {
+    for job in rx {
+        match job {
+            Job::Remove(segment) => remove(dir, io, segment),
+            Job::Flush(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+fn remove(dir: &std::path::Path, io: &dyn Io, segment: u64) {
+    if let Err(e) = io.remove(dir, segment) {
+        // Harmless for correctness: the file only holds dead or copied records, and as the
+        // oldest segment it is dropped again after the next open.
+        tracing::warn!(path = %segment_path(dir, segment).display(), error = %e,
+            "journal: could not remove segment");
+    } else if let Err(e) = io.sync_dir(dir) {
+        tracing::warn!(error = %e, "journal: could not fsync the directory");
+    }
+}
