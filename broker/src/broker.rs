@@ -55,6 +55,8 @@ pub struct Broker {
     pub(crate) acks: crate::acks::AckState,
     /// The totals saved across restarts (see `counters_store.rs`).
     counters_store: std::sync::Mutex<crate::counters_store::Store>,
+    /// The queues whose saved totals are out of date (see `counters_store.rs`).
+    changed_queues: Arc<crate::counters_store::ChangedQueues>,
     /// Held by a change of a queue's definition (ACL, properties, an outgoing queue's pause,
     /// a deletion) from reading the current definition until the change is journaled and
     /// applied: a change takes effect in memory only once its record is on disk.
@@ -326,6 +328,7 @@ impl Broker {
         let mut streams = crate::inbound::Streams::default();
         let mut outcomes: Option<crate::outcome::Outcomes> = None;
         let mut saved_counters = None;
+        let changed_queues = Arc::new(crate::counters_store::ChangedQueues::default());
         let mut special: HashMap<&'static str, Arc<Queue>> = HashMap::new();
         for (id, def) in &rec.queues {
             let def = QueueDefRecord::decode(*id, def).map_err(|e| {
@@ -360,7 +363,7 @@ impl Broker {
                 outcomes = Some(o);
                 continue;
             }
-            let q = Arc::new(Queue::new(def));
+            let q = Queue::new_counted(def, &changed_queues);
             let mut entries = Vec::new();
             // One shared copy of each route (an outgoing queue's messages mostly share a few).
             let mut routes: HashMap<Arc<str>, ()> = HashMap::new();
@@ -436,10 +439,11 @@ impl Broker {
                 queue_id: id,
                 def: QueueDefRecord::encode(&def),
             }]);
-            let q = Arc::new(Queue::new(def));
-            if key != STREAMS_KEY && key != TXOUTCOMES_KEY && key != COUNTERS_KEY {
-                queues.insert(key.to_string(), q.clone());
+            if key == STREAMS_KEY || key == TXOUTCOMES_KEY || key == COUNTERS_KEY {
+                return Arc::new(Queue::new(def));
             }
+            let q = Queue::new_counted(def, &changed_queues);
+            queues.insert(key.to_string(), q.clone());
             q
         };
         let dead_letter = system(
@@ -526,6 +530,7 @@ impl Broker {
             counters,
             acks: Default::default(),
             counters_store: std::sync::Mutex::new(counters_store),
+            changed_queues,
             redefinitions: tokio::sync::Mutex::new(()),
         };
         Ok((broker, report))
@@ -593,6 +598,10 @@ impl Broker {
         self.counters_store
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn changed_queues(&self) -> &crate::counters_store::ChangedQueues {
+        &self.changed_queues
     }
 
     pub fn journal(&self) -> &Journal {
@@ -728,7 +737,7 @@ impl Broker {
                 queue_id: id,
                 def: QueueDefRecord::encode(&def),
             }]);
-            let q = Arc::new(Queue::new(def));
+            let q = Queue::new_counted(def, &self.changed_queues);
             queues.insert(key.clone(), q.clone());
             (q, commit)
         };
@@ -897,7 +906,7 @@ impl Broker {
             queue_id: id,
             def: QueueDefRecord::encode(&def),
         }]);
-        let q = Arc::new(Queue::new(def));
+        let q = Queue::new_counted(def, &self.changed_queues);
         queues.insert(key.to_string(), q.clone());
         Ok((q, true))
     }
@@ -1122,7 +1131,7 @@ impl Broker {
             queue_id: id,
             def: QueueDefRecord::encode(&def),
         }]);
-        let q = Arc::new(Queue::new(def));
+        let q = Queue::new_counted(def, &self.changed_queues);
         self.queues
             .write()
             .unwrap_or_else(|p| p.into_inner())

@@ -596,6 +596,7 @@ struct QueuePage {
     messages: u64,
     bytes: String,
     in_flight: u64,
+    totals: TotalsView,
     rows: Vec<MessageRow>,
     next: Option<String>,
     first_page: bool,
@@ -604,6 +605,17 @@ struct QueuePage {
     can_receive: bool,
     can_purge: bool,
     this_page: String,
+}
+
+/// A queue's totals on its page (kept across restarts, as `mq queue info` shows them).
+#[derive(Debug)]
+struct TotalsView {
+    sent: u64,
+    received: u64,
+    purged: u64,
+    dead_lettered: u64,
+    receive_aborts: u64,
+    poisoned: u64,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -636,6 +648,14 @@ async fn queue_page(
         messages: i.messages,
         bytes: bytes_text(i.bytes),
         in_flight: i.in_flight,
+        totals: TotalsView {
+            sent: i.sent,
+            received: i.received,
+            purged: i.purged,
+            dead_lettered: i.dead_lettered,
+            receive_aborts: i.receive_aborts,
+            poisoned: i.poisoned,
+        },
         rows: entries.iter().map(|e| message_row(&q, e)).collect(),
         next: next.map(|c| format!("{href}?after={}&limit={limit}", api::cursor_text(c))),
         first_page: qq.after.as_deref().unwrap_or("").is_empty(),

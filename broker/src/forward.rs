@@ -161,6 +161,7 @@ impl Outgoing {
 
     pub(crate) fn count_dead_lettered(&self, n: u64) {
         self.dead_lettered.fetch_add(n, Ordering::Relaxed);
+        self.queue.note_unsaved();
     }
 
     /// Sets the paused flag; returns whether it changed.

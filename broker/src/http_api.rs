@@ -366,6 +366,10 @@ pub(crate) fn queue_json(q: &Queue, rates: Option<(f64, f64)>) -> Value {
         "created_ms": i.created_ms,
         "sent": i.sent,
         "received": i.received,
+        "purged": i.purged,
+        "dead_lettered": i.dead_lettered,
+        "receive_aborts": i.receive_aborts,
+        "poisoned": i.poisoned,
         "send_per_sec": round2(send),
         "receive_per_sec": round2(receive),
     })

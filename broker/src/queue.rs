@@ -177,6 +177,9 @@ struct State {
     /// an aborted receive gives a message back, dropped when it leaves the queue. Empty in a
     /// queue without aborts, so the hot paths only test `is_empty`.
     aborted: std::collections::BTreeMap<u64, u32>,
+    /// The totals, abort counts or deletion changed since `counters_store.rs` last read them:
+    /// while set, the queue is in the broker's set of changed queues and is not added again.
+    unsaved: bool,
 }
 
 /// A queue. Shared by the broker's registry and every stream that uses it.
@@ -192,11 +195,36 @@ pub struct Queue {
     pub(crate) poisoned: std::sync::atomic::AtomicU64,
     /// Live journaling and poison settings, and the journal queue (see `journal_queue.rs`).
     pub(crate) journaling: crate::journal_queue::Journaling,
+    /// Where the queue reports that its saved totals are out of date, and the queue itself
+    /// (for the report); `None` for queues whose totals are not kept.
+    changes: Option<(
+        std::sync::Weak<Queue>,
+        Arc<crate::counters_store::ChangedQueues>,
+    )>,
 }
 
 impl Queue {
     /// A new, empty queue.
     pub fn new(def: QueueDef) -> Self {
+        Self::with_changes(def, None)
+    }
+
+    /// A new, empty queue whose totals are kept across restarts: every change of them adds it
+    /// to `changes` (once until `counters_store.rs` reads them again).
+    pub(crate) fn new_counted(
+        def: QueueDef,
+        changes: &Arc<crate::counters_store::ChangedQueues>,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self::with_changes(def, Some((me.clone(), changes.clone()))))
+    }
+
+    fn with_changes(
+        def: QueueDef,
+        changes: Option<(
+            std::sync::Weak<Queue>,
+            Arc<crate::counters_store::ChangedQueues>,
+        )>,
+    ) -> Self {
         Queue {
             acl: std::sync::RwLock::new(Arc::new(def.acl.clone())),
             state: Mutex::new(State {
@@ -210,8 +238,36 @@ impl Queue {
             parent: std::sync::OnceLock::new(),
             poisoned: std::sync::atomic::AtomicU64::new(0),
             journaling: crate::journal_queue::Journaling::new(&def),
+            changes,
             def,
         }
+    }
+
+    /// Notes, under the queue's lock, that what `counters_store.rs` saves of it changed. The
+    /// hot paths pay a test of a flag they hold the lock for; only the first change after the
+    /// saving task read the queue adds it to the broker's set (a short lock).
+    fn unsaved(&self, st: &mut State) {
+        if st.unsaved {
+            return;
+        }
+        st.unsaved = true;
+        if let Some((me, changes)) = &self.changes {
+            changes.add(self.def.id, me.clone());
+        }
+    }
+
+    /// [`Queue::unsaved`] for counts kept outside the lock (poisoned, an outgoing queue's
+    /// totals): called after the count changed, so the saving task reads the new value.
+    pub(crate) fn note_unsaved(&self) {
+        let mut st = self.lock();
+        self.unsaved(&mut st);
+    }
+
+    /// One more message moved to the poison subqueue.
+    pub(crate) fn count_poisoned(&self) {
+        self.poisoned
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.note_unsaved();
     }
 
     pub fn def(&self) -> &QueueDef {
@@ -409,6 +465,7 @@ impl Queue {
             st.stats.messages += 1;
             st.stats.bytes += e.msg.body_len as u64;
             st.totals.sent += 1;
+            self.unsaved(&mut st);
             st.ready += 1;
             if let Some(d) = self.deadline_ms(&e) {
                 st.timed += 1;
@@ -566,6 +623,9 @@ impl Queue {
         st.stats.in_flight = st.stats.in_flight.saturating_sub(n);
         st.charged = st.charged.saturating_sub(charged);
         st.totals.removed += n;
+        if n > 0 {
+            self.unsaved(&mut st);
+        }
         if !st.aborted.is_empty() {
             for e in entries {
                 st.aborted.remove(&e.seq);
@@ -578,9 +638,13 @@ impl Queue {
     /// Counts messages moved out to a dead-letter queue (also completed) and receives undone
     /// by aborted transactions.
     pub(crate) fn count(&self, dead_lettered: u64, receive_aborts: u64) {
+        if dead_lettered == 0 && receive_aborts == 0 {
+            return;
+        }
         let mut st = self.lock();
         st.totals.dead_lettered += dead_lettered;
         st.totals.receive_aborts += receive_aborts;
+        self.unsaved(&mut st);
     }
 
     /// Gives delivered, unacknowledged messages back: each returns to its place in the order.
@@ -602,6 +666,7 @@ impl Queue {
                 || st.aborted.contains_key(&e.seq)
             {
                 st.aborted.insert(e.seq, e.aborts);
+                self.unsaved(&mut st);
             }
         }
         // Entries come in delivery order; most belong before the current head, so walk backwards
@@ -723,6 +788,9 @@ impl Queue {
         st.stats.bytes -= body;
         st.charged = st.charged.saturating_sub(charged);
         st.totals.purged += out.len() as u64;
+        if !out.is_empty() {
+            self.unsaved(&mut st);
+        }
         if !st.aborted.is_empty() {
             for e in &out {
                 st.aborted.remove(&e.seq);
@@ -746,6 +814,7 @@ impl Queue {
             return false;
         }
         st.deleted = true;
+        self.unsaved(&mut st);
         drop(st);
         self.notify.notify_waiters();
         true
@@ -754,7 +823,9 @@ impl Queue {
     /// Undoes [`Queue::mark_deleted_if_empty`] for a deletion the journal refused before storing
     /// anything: the queue was empty, so nothing was dropped.
     pub(crate) fn unmark_deleted(&self) {
-        self.lock().deleted = false;
+        let mut st = self.lock();
+        st.deleted = false;
+        self.unsaved(&mut st);
     }
 
     /// Marks the queue deleted: pushes and takes fail, waiters wake. Returns the quota bytes the
@@ -779,6 +850,7 @@ impl Queue {
             }
         }
         st.deleted = true;
+        self.unsaved(&mut st);
         for level in st.levels.iter_mut() {
             level.clear();
         }
@@ -1139,18 +1211,23 @@ impl Queue {
         st.stats.bytes = st.stats.bytes.saturating_sub(e.msg.body_len as u64);
         st.stats.messages = st.stats.messages.saturating_sub(1);
         st.stats.in_flight = st.stats.in_flight.saturating_sub(1);
-        if !st.aborted.is_empty() {
-            st.aborted.remove(&e.seq);
+        if !st.aborted.is_empty() && st.aborted.remove(&e.seq).is_some() {
+            self.unsaved(&mut st);
         }
     }
 
-    /// The totals and the messages' abort counts, read together (for `counters_store.rs`).
-    pub(crate) fn totals_and_aborts(&self) -> (QueueTotals, Vec<(u64, u32)>) {
-        let st = self.lock();
-        (
-            st.totals,
-            st.aborted.iter().map(|(s, a)| (*s, *a)).collect(),
-        )
+    /// For `counters_store.rs`: the totals and the messages' abort counts, read together, or
+    /// `None` if the queue is deleted; the queue is saved as of now (a later change adds it to
+    /// the broker's set again).
+    pub(crate) fn totals_to_save(&self) -> Option<(QueueTotals, Vec<(u64, u32)>)> {
+        let mut st = self.lock();
+        st.unsaved = false;
+        (!st.deleted).then(|| {
+            (
+                st.totals,
+                st.aborted.iter().map(|(s, a)| (*s, *a)).collect(),
+            )
+        })
     }
 
     /// At recovery, before the queue is used: the totals and abort counts saved before the

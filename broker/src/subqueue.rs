@@ -14,7 +14,6 @@
 //!   aborted N times to `Q;poison` instead of putting it back.
 
 use std::str::FromStr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -377,7 +376,7 @@ impl Broker {
                 match broker.place(&q, &entry, &poison, moved, true).await {
                     Ok(_) => {
                         q.complete_moved(&entry, true);
-                        q.poisoned.fetch_add(1, Ordering::Relaxed);
+                        q.count_poisoned();
                         tracing::warn!(id = %entry.msg.id, queue = %q.def().name, aborts = entry.aborts, "poison message moved to the poison subqueue");
                     }
                     Err(e) => {

@@ -23,6 +23,40 @@ fn qpath(q: &str) -> String {
     format!("/api/v1/queues/{}", enc(q))
 }
 
+/// A queue's totals in its JSON: sent, received, purged, dead-lettered, receive aborts.
+#[track_caller]
+fn totals(q: &Value) -> [u64; 5] {
+    [
+        "sent",
+        "received",
+        "purged",
+        "dead_lettered",
+        "receive_aborts",
+    ]
+    .map(|k| q[k].as_u64().unwrap_or_else(|| panic!("no {k} in {q}")))
+}
+
+/// The totals line of a queue's console page: the same five numbers.
+#[track_caller]
+fn page_totals(page: &str) -> [u64; 5] {
+    [
+        "sent",
+        "received",
+        "purged",
+        "dead_lettered",
+        "receive_aborts",
+    ]
+    .map(|k| {
+        let start = format!("data-total=\"{k}\">");
+        let at = page
+            .find(&start)
+            .unwrap_or_else(|| panic!("no {k} total on the page: {page}"))
+            + start.len();
+        let end = page[at..].find('<').expect("a closing tag") + at;
+        page[at..end].parse().expect("a number")
+    })
+}
+
 /// An error answer: its status, `code` and the one line.
 #[track_caller]
 fn refused(r: (u16, Value), status: u16, code: &str, line_has: &str) {
@@ -213,6 +247,24 @@ fn every_endpoint_and_refusal_without_a_users_file() {
     let (s, p) = api.post(&format!("{}/purge", qpath(Q)), None);
     assert_eq!((s, p["purged"].as_u64()), (200, Some(1)), "{p}");
     assert_eq!(api.get(&qpath(Q)).1["messages"], 0);
+    // The totals after that: 3 sent, 1 received, 1 purged (the move to a subqueue is neither);
+    // the subqueue got 1 and gave it up by the delete. The list, the queue and its console
+    // page agree.
+    let (_, i) = api.get(&qpath(Q));
+    assert_eq!(totals(&i), [3, 1, 1, 0, 0], "{i}");
+    let (_, l) = api.get("/api/v1/queues");
+    let listed = l["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == Q)
+        .expect("listed")
+        .clone();
+    assert_eq!(totals(&listed), [3, 1, 1, 0, 0], "{listed}");
+    assert_eq!(totals(&api.get(&qpath(&sub)).1), [1, 1, 0, 0, 0]);
+    let (s, page) = api.page(&format!("/queues/{}", enc(Q)));
+    assert_eq!(s, 200, "{page}");
+    assert_eq!(page_totals(&page), [3, 1, 1, 0, 0]);
 
     // Refusals: every input bounded and refused with one line.
     let page = |q: &str| api.get(&format!("{}/messages?{q}", qpath(Q)));
@@ -392,6 +444,35 @@ fn dead_letters_replay_and_outgoing_pause() {
     );
     assert_eq!(s, 200, "{d}");
     assert_eq!(api.get(&qpath(&dlq)).1["messages"], 0);
+    // Totals: both were dead-lettered from the queue, one came back by the replay; the
+    // dead-letter queue got 2 and gave both up (replay, delete).
+    let (_, i) = api.get(&qpath(Q));
+    assert_eq!(totals(&i), [3, 0, 0, 2, 0], "{i}");
+    assert_eq!(totals(&api.get(&qpath(&dlq)).1), [2, 2, 0, 0, 0]);
+    assert_eq!(
+        page_totals(&api.page(&format!("/queues/{}", enc(Q))).1),
+        [3, 0, 0, 2, 0]
+    );
+
+    // Receive aborts: a transactional queue whose message's receive is aborted twice.
+    let tq = r".\private$\api-tx";
+    assert!(mq(&url, &["queue", "create", tq, "--transactional"], None)
+        .status
+        .success());
+    send(&url, tq, b"t", &["--tx"]);
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let client = mq_client::Client::connect(&url).await.unwrap();
+        for _ in 0..2 {
+            let mut tx = client.begin().await.unwrap();
+            tx.receive(tq, WAIT).await.unwrap().expect("the message");
+            tx.abort().await.unwrap();
+        }
+    });
+    assert_eq!(totals(&api.get(&qpath(tq)).1), [1, 0, 0, 0, 2]);
+    assert_eq!(
+        page_totals(&api.page(&format!("/queues/{}", enc(tq))).1),
+        [1, 0, 0, 0, 2]
+    );
 
     // An outgoing queue to a broker that is not there: WAITING with its last error.
     let port = free_port();
@@ -429,6 +510,47 @@ fn dead_letters_replay_and_outgoing_pause() {
         api.get("/api/v1/outgoing").1["outgoing"][0]["state"],
         "ONHOLD"
     );
+    // The outgoing queue's totals: one that cannot reach its queue in time is dead-lettered.
+    send(&url, &remote, b"too late", &["--ttrq", "1ms"]);
+    assert!(
+        wait_until(WAIT, || {
+            o = api.get("/api/v1/outgoing").1;
+            o["outgoing"][0]["dead_lettered"] == 1
+        }),
+        "{o}"
+    );
+    assert_eq!(o["outgoing"][0]["forwarded"], 0, "{o}");
+
+    // Forwarded: to a broker that is there.
+    let far_dir = temp_data_dir("mq-api-far-");
+    let far = mq_tests::MqdProcess::launch(far_dir.path(), &[]);
+    assert!(mq(far.url(), &["queue", "create", r".\private$\far"], None)
+        .status
+        .success());
+    let there = format!(r"DIRECT=TCP:{}\private$\far", far.addr());
+    send(&url, &there, b"one", &["--recoverable"]);
+    send(&url, &there, b"two", &["--recoverable"]);
+    let far_dest = far.addr().to_string();
+    assert!(
+        wait_until(WAIT, || {
+            o = api.get("/api/v1/outgoing").1;
+            o["outgoing"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|q| q["destination"] == far_dest.as_str() && q["forwarded"] == 2)
+        }),
+        "{o}"
+    );
+    let q = o["outgoing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["destination"] == far_dest.as_str())
+        .unwrap();
+    assert_eq!(q["dead_lettered"], 0, "{o}");
+    let page = api.page("/outgoing").1;
+    assert!(page.contains(&far_dest), "{page}");
 }
 
 /// With a users file and mqd's certificate: the HTTP port is HTTPS, the API uses the users'
