@@ -989,6 +989,17 @@ impl Broker {
     }
 
     /// Every queue of this broker, system and outgoing ones included.
+    /// The queues for which `pick` says yes (it runs under the registry's read lock).
+    pub(crate) fn queues_where(&self, pick: impl Fn(&Queue) -> bool) -> Vec<Arc<Queue>> {
+        self.queues
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|q| pick(q))
+            .cloned()
+            .collect()
+    }
+
     pub(crate) fn all_queues(&self) -> Vec<Arc<Queue>> {
         self.queues
             .read()

@@ -55,7 +55,9 @@ impl Broker {
     /// [`SWEEP_INTERVAL`], see `Broker::start_background`).
     pub(crate) async fn sweep_expired(&self) {
         let b = self;
-        for q in b.all_queues() {
+        // Only the queues whose earliest deadline has come (read without their locks).
+        let now = now_ms();
+        for q in b.queues_where(|q| q.may_need_sweep(now)) {
             let now = now_ms();
             if !q.needs_sweep(now) {
                 continue;

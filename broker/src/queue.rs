@@ -14,6 +14,7 @@
 //!   entries that are not tombstones (see `index.rs`).
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
@@ -195,6 +196,11 @@ pub struct Queue {
     pub(crate) poisoned: std::sync::atomic::AtomicU64,
     /// Live journaling and poison settings, and the journal queue (see `journal_queue.rs`).
     pub(crate) journaling: crate::journal_queue::Journaling,
+    /// No sweep finds anything before this Unix ms (`Broker::sweep_expired` reads it without
+    /// the lock, so an idle broker with many queues does not lock each of them every sweep).
+    /// A lower bound: lowered under the lock wherever a deadline or an expired entry is added,
+    /// made exact (under the lock) by every look at the queue's state that finds nothing due.
+    sweep_at: std::sync::atomic::AtomicU64,
     /// Where the queue reports that its saved totals are out of date, and the queue itself
     /// (for the report); `None` for queues whose totals are not kept.
     changes: Option<(
@@ -235,6 +241,7 @@ impl Queue {
                 ..State::default()
             }),
             notify: Notify::new(),
+            sweep_at: std::sync::atomic::AtomicU64::new(u64::MAX),
             parent: std::sync::OnceLock::new(),
             poisoned: std::sync::atomic::AtomicU64::new(0),
             journaling: crate::journal_queue::Journaling::new(&def),
@@ -470,6 +477,7 @@ impl Queue {
             if let Some(d) = self.deadline_ms(&e) {
                 st.timed += 1;
                 st.next_deadline = st.next_deadline.min(d);
+                self.sweep_at.fetch_min(d, Ordering::Release);
             }
             let lane = self.lane(&e);
             st.index.add(lane as u8, &e);
@@ -542,6 +550,7 @@ impl Queue {
                     if gone {
                         expired += 1;
                         st.expired.push(e);
+                        self.sweep_at.store(0, Ordering::Release);
                         continue;
                     }
                 }
@@ -601,12 +610,32 @@ impl Queue {
             }
             st.next_deadline = next;
         }
+        self.set_sweep_at(st);
         out
+    }
+
+    /// Makes [`Queue::sweep_at`] exact (the caller holds the lock: `st` is its state).
+    fn set_sweep_at(&self, st: &State) {
+        let at = if !st.expired.is_empty() {
+            0
+        } else if st.timed > 0 {
+            st.next_deadline
+        } else {
+            u64::MAX
+        };
+        self.sweep_at.store(at, Ordering::Release);
+    }
+
+    /// Whether a sweep at `now` might find something, without the lock (false: it finds
+    /// nothing; true: ask [`Queue::needs_sweep`]).
+    pub fn may_need_sweep(&self, now: u64) -> bool {
+        now >= self.sweep_at.load(Ordering::Acquire)
     }
 
     /// Whether a sweep at `now` could find anything.
     pub fn needs_sweep(&self, now: u64) -> bool {
         let st = self.lock();
+        self.set_sweep_at(&st);
         !st.expired.is_empty() || (st.timed > 0 && now >= st.next_deadline)
     }
 
@@ -675,6 +704,7 @@ impl Queue {
             if let Some(d) = self.deadline_ms(&e) {
                 st.timed += 1;
                 st.next_deadline = st.next_deadline.min(d);
+                self.sweep_at.fetch_min(d, Ordering::Release);
             }
             let lane = self.lane(&e);
             st.index.add(lane as u8, &e);
@@ -1498,6 +1528,38 @@ mod tests {
         assert!(q.needs_sweep(t + 10));
         assert_eq!(bodies(&q.sweep(t + 10)), ["later"]);
         assert!(!q.needs_sweep(u64::MAX - 1));
+    }
+
+    #[test]
+    fn the_lock_free_sweep_hint_is_never_later_than_a_due_sweep() {
+        let q = queue(None);
+        assert!(!q.may_need_sweep(u64::MAX - 1), "no timed message");
+        let t = now_ms() + 60_000;
+        q.push(&[msg(3, "none"), timed(3, "later", t + 10)])
+            .unwrap();
+        assert!(!q.may_need_sweep(t + 9));
+        assert!(q.may_need_sweep(t + 10));
+        // Taken: nothing is due any more (made exact by a look under the lock)...
+        let taken = q.take(3).unwrap();
+        assert!(!q.needs_sweep(u64::MAX - 1));
+        assert!(!q.may_need_sweep(u64::MAX - 1));
+        // ... and given back: due again at its deadline.
+        assert!(q.restore(taken).is_empty());
+        assert!(!q.may_need_sweep(t + 9));
+        assert!(q.may_need_sweep(t + 10));
+        q.push(&[timed(3, "first", t)]).unwrap();
+        assert!(q.may_need_sweep(t));
+        assert_eq!(bodies(&q.sweep(t)), ["first"]);
+        assert!(!q.may_need_sweep(t + 9), "exact again after a sweep");
+        assert_eq!(bodies(&q.sweep(t + 10)), ["later"]);
+        assert!(!q.may_need_sweep(u64::MAX - 1), "nothing timed is left");
+        // A take that finds an expired message sets it aside: due at once.
+        let q = queue(None);
+        q.push(&[timed(3, "late", now_ms() - 1), msg(3, "on time")])
+            .unwrap();
+        q.sweep(0); // exact: nothing set aside yet, the deadline is in the past
+        assert_eq!(bodies(&q.take(3).unwrap()), ["on time"]);
+        assert!(q.may_need_sweep(0), "the expired one waits for the sweep");
     }
 
     fn outgoing_queue() -> Queue {
