@@ -10,6 +10,8 @@
 //!   and multiple-element `FORMATNAME:a,b` names.
 //! - [`ack`]: acknowledgement request bits and class codes (MSMQ's `MQMSG_ACKNOWLEDGMENT_*`,
 //!   `MQMSG_CLASS_*`).
+//! - [`codec`]: the gRPC codec of the generated stubs (prost's, with an encoder that
+//!   reserves a message's length before writing it).
 //! - [`txid`]: the ids of single-message transactional sends on a pipelined send stream.
 //!
 //! ```
@@ -19,6 +21,7 @@
 //! ```
 
 pub mod ack;
+pub mod codec;
 pub mod format_name;
 pub mod limits;
 pub mod txid;
