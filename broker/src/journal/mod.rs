@@ -56,6 +56,7 @@ mod faulty_io;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzz;
+mod gather;
 mod index;
 mod io;
 mod op;
