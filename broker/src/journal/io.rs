@@ -56,6 +56,14 @@ pub trait SegmentFile: Send + Sync {
     }
     /// Fills `buf` from `offset`; reading past the end is an error (`UnexpectedEof`).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// `len` bytes from `offset`, in a new buffer: [`SegmentFile::read_at`] into a zeroed
+    /// one by default; [`FileIo`]'s files read into fresh memory without zeroing it first (a
+    /// `memset` of every body a recoverable receive reads, ~2% of CPU at 1 MB).
+    fn read_vec_at(&self, len: usize, offset: u64) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        self.read_at(&mut buf, offset)?;
+        Ok(buf)
+    }
     /// Writes all of `buf` at `offset`. NOT durable until [`SegmentFile::sync`] returns Ok;
     /// after a crash any suffix of unsynced writes may be missing or torn.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
@@ -166,6 +174,44 @@ impl SegmentFile for RealFile {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.0.read_exact_at(buf, offset)
+    }
+
+    fn read_vec_at(&self, len: usize, offset: u64) -> io::Result<Vec<u8>> {
+        let mut buf: Vec<u8> = Vec::with_capacity(len);
+        let mut done = 0usize;
+        while done < len {
+            #[allow(unsafe_code)]
+            // SAFETY: pread writes at most `len - done` bytes into the spare capacity starting
+            // at `done`, which lies inside the allocation of `len` bytes.
+            let r = unsafe {
+                libc::pread(
+                    self.0.as_raw_fd(),
+                    buf.as_mut_ptr().add(done) as *mut libc::c_void,
+                    len - done,
+                    (offset + done as u64) as libc::off_t,
+                )
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if r == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "failed to fill whole buffer",
+                ));
+            }
+            done += r as usize;
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: the loop above initialised all `len` bytes.
+        unsafe {
+            buf.set_len(len)
+        };
+        Ok(buf)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -283,5 +329,10 @@ mod tests {
         f.read_at(&mut got, 4096).unwrap();
         assert!(got == want, "the file holds the slices in order");
         assert_eq!(f.len().unwrap(), 4096 + want.len() as u64);
+        // read_vec_at reads the same bytes, and not past the end.
+        assert!(f.read_vec_at(want.len(), 4096).unwrap() == want);
+        assert_eq!(f.read_vec_at(0, 4096).unwrap(), Vec::<u8>::new());
+        let e = f.read_vec_at(want.len() + 1, 4096).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
     }
 }
