@@ -9,6 +9,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
         .bytes(".")
+        // prost's codec with an encoder that reserves each message's length first (codec.rs).
+        .codec_path("crate::codec::MqCodec")
         // For gRPC server reflection (`grpcurl list` / `describe`).
         .file_descriptor_set_path(out.join("mq_descriptor.bin"))
         .compile_protos(&["proto/mq/v1/mq.proto"], &["proto"])?;

@@ -341,6 +341,7 @@ async fn connect(
         .tcp_nodelay(true)
         .initial_stream_window_size(Some(8 * 1024 * 1024))
         .initial_connection_window_size(Some(16 * 1024 * 1024))
+        .max_frame_size(Some(mq_proto::HTTP2_MAX_FRAME_SIZE))
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(10));
     let channel = endpoint

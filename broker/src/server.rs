@@ -164,6 +164,7 @@ pub async fn run_with_ready(
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .initial_stream_window_size(Some(8 * 1024 * 1024))
         .initial_connection_window_size(Some(16 * 1024 * 1024))
+        .max_frame_size(Some(mq_proto::HTTP2_MAX_FRAME_SIZE))
         .max_concurrent_streams(Some(flow.max_streams_per_connection))
         .http2_max_header_list_size(Some(crate::config::MAX_HEADER_LIST_BYTES))
         .layer(crate::metrics::CountCalls(broker.counters().clone()))

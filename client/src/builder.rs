@@ -129,7 +129,8 @@ impl ClientBuilder {
             .keep_alive_timeout(self.options.keepalive_timeout)
             .keep_alive_while_idle(true)
             .initial_stream_window_size(Some(8 * 1024 * 1024))
-            .initial_connection_window_size(Some(16 * 1024 * 1024));
+            .initial_connection_window_size(Some(16 * 1024 * 1024))
+            .max_frame_size(Some(mq_proto::HTTP2_MAX_FRAME_SIZE));
         if self.bad_token {
             return Err(connect_err(
                 "the bearer token is not valid header text (visible ASCII only)".into(),

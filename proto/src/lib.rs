@@ -10,6 +10,8 @@
 //!   and multiple-element `FORMATNAME:a,b` names.
 //! - [`ack`]: acknowledgement request bits and class codes (MSMQ's `MQMSG_ACKNOWLEDGMENT_*`,
 //!   `MQMSG_CLASS_*`).
+//! - [`codec`]: the gRPC codec of the generated stubs (prost's, with an encoder that
+//!   reserves a message's length before writing it).
 //! - [`txid`]: the ids of single-message transactional sends on a pipelined send stream.
 //!
 //! ```
@@ -19,6 +21,7 @@
 //! ```
 
 pub mod ack;
+pub mod codec;
 pub mod format_name;
 pub mod limits;
 pub mod txid;
@@ -44,6 +47,12 @@ pub const MIN_PROTOCOL_VERSION: u32 = 2;
 /// Largest gRPC message the broker and client accept or send. Above the default 4 MiB body
 /// limit plus headers; a batch of sends is cut before it reaches this size.
 pub const MAX_GRPC_MESSAGE: usize = 64 * 1024 * 1024;
+
+/// Largest HTTP/2 frame the broker and the client accept (SETTINGS_MAX_FRAME_SIZE; the peer
+/// sends frames up to this). HTTP/2's default of 16 KiB cut a 1 MB body into 64 DATA frames,
+/// each handled on its own by h2, hyper and tonic's decoder; 1 MiB frames carry it in one or
+/// two. Flow control is unchanged (the stream and connection windows bound what is in flight).
+pub const HTTP2_MAX_FRAME_SIZE: u32 = 1 << 20;
 
 /// Metadata key the broker puts on every error that ends a `Transact` stream: the transaction
 /// did not commit. An error without it after a commit was sent (a broken connection) leaves

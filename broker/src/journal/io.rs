@@ -5,7 +5,7 @@
 //! Contracts are written on each method; the journal relies on nothing else.
 
 use std::fs::{self, File, OpenOptions};
-use std::io;
+use std::io::{self, IoSlice};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
@@ -56,9 +56,33 @@ pub trait SegmentFile: Send + Sync {
     }
     /// Fills `buf` from `offset`; reading past the end is an error (`UnexpectedEof`).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// `len` bytes from `offset`, in a new buffer: [`SegmentFile::read_at`] into a zeroed
+    /// one by default; [`FileIo`]'s files read into fresh memory without zeroing it first (a
+    /// `memset` of every body a recoverable receive reads, ~2% of CPU at 1 MB).
+    fn read_vec_at(&self, len: usize, offset: u64) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        self.read_at(&mut buf, offset)?;
+        Ok(buf)
+    }
     /// Writes all of `buf` at `offset`. NOT durable until [`SegmentFile::sync`] returns Ok;
     /// after a crash any suffix of unsynced writes may be missing or torn.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `bufs`, one after another, at `offset`: the same contract as
+    /// [`SegmentFile::write_at`] of their concatenation. The default concatenates them and
+    /// calls `write_at` (what a fault-injecting file sees); [`FileIo`]'s files use `pwritev`,
+    /// so large bodies go to the kernel from where they are, without a copy.
+    fn write_vectored_at(&self, bufs: &[IoSlice<'_>], offset: u64) -> io::Result<()> {
+        match bufs {
+            [one] => self.write_at(one, offset),
+            _ => {
+                let mut all = Vec::with_capacity(bufs.iter().map(|b| b.len()).sum());
+                for b in bufs {
+                    all.extend_from_slice(b);
+                }
+                self.write_at(&all, offset)
+            }
+        }
+    }
     /// `fdatasync`: every write that returned before this call is durable once it returns Ok.
     /// After an Err nothing is known about unsynced data, and a retry proves nothing.
     fn sync(&self) -> io::Result<()>;
@@ -152,8 +176,109 @@ impl SegmentFile for RealFile {
         self.0.read_exact_at(buf, offset)
     }
 
+    fn read_vec_at(&self, len: usize, offset: u64) -> io::Result<Vec<u8>> {
+        let mut buf: Vec<u8> = Vec::with_capacity(len);
+        let mut done = 0usize;
+        while done < len {
+            #[allow(unsafe_code)]
+            // SAFETY: pread writes at most `len - done` bytes into the spare capacity starting
+            // at `done`, which lies inside the allocation of `len` bytes.
+            let r = unsafe {
+                libc::pread(
+                    self.0.as_raw_fd(),
+                    buf.as_mut_ptr().add(done) as *mut libc::c_void,
+                    len - done,
+                    (offset + done as u64) as libc::off_t,
+                )
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if r == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "failed to fill whole buffer",
+                ));
+            }
+            done += r as usize;
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: the loop above initialised all `len` bytes.
+        unsafe {
+            buf.set_len(len)
+        };
+        Ok(buf)
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.0.write_all_at(buf, offset)
+    }
+
+    fn write_vectored_at(&self, bufs: &[IoSlice<'_>], offset: u64) -> io::Result<()> {
+        // At most IOV_MAX (1024 on Linux) slices per call; a short write resumes where it
+        // stopped, like `write_all_at`.
+        const MAX_IOV: usize = 1024;
+        let mut bufs = bufs;
+        let mut skip = 0usize; // bytes of bufs[0] already written
+        let mut offset = offset;
+        while !bufs.is_empty() {
+            if bufs[0].len() == skip {
+                bufs = &bufs[1..];
+                skip = 0;
+                continue;
+            }
+            let n = bufs.len().min(MAX_IOV);
+            let mut iov: Vec<libc::iovec> = Vec::with_capacity(n);
+            for (i, b) in bufs[..n].iter().enumerate() {
+                let from = if i == 0 { skip } else { 0 };
+                iov.push(libc::iovec {
+                    iov_base: b[from..].as_ptr() as *mut libc::c_void,
+                    iov_len: b.len() - from,
+                });
+            }
+            #[allow(unsafe_code)]
+            // SAFETY: every iovec points into a slice borrowed for the duration of the call,
+            // with its exact length; pwritev only reads them.
+            let r = unsafe {
+                libc::pwritev(
+                    self.0.as_raw_fd(),
+                    iov.as_ptr(),
+                    iov.len() as libc::c_int,
+                    offset as libc::off_t,
+                )
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if r == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "pwritev wrote nothing",
+                ));
+            }
+            let mut written = r as usize;
+            offset += written as u64;
+            while written > 0 {
+                let left = bufs[0].len() - skip;
+                if written < left {
+                    skip += written;
+                    written = 0;
+                } else {
+                    written -= left;
+                    bufs = &bufs[1..];
+                    skip = 0;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn sync(&self) -> io::Result<()> {
@@ -181,5 +306,33 @@ impl SegmentFile for RealFile {
 
     fn truncate(&self, len: u64) -> io::Result<()> {
         self.0.set_len(len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// More slices than one pwritev takes (IOV_MAX), of many lengths (empty ones too), at an
+    /// offset: the file holds their concatenation.
+    #[test]
+    fn vectored_write_writes_every_slice_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = FileIo.create(dir.path(), 1).unwrap();
+        let parts: Vec<Vec<u8>> = (0..2500u32)
+            .map(|i| (0..(i * 7) % 300).map(|k| (i + k) as u8).collect())
+            .collect();
+        let slices: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
+        let want: Vec<u8> = parts.concat();
+        f.write_vectored_at(&slices, 4096).unwrap();
+        let mut got = vec![0u8; want.len()];
+        f.read_at(&mut got, 4096).unwrap();
+        assert!(got == want, "the file holds the slices in order");
+        assert_eq!(f.len().unwrap(), 4096 + want.len() as u64);
+        // read_vec_at reads the same bytes, and not past the end.
+        assert!(f.read_vec_at(want.len(), 4096).unwrap() == want);
+        assert_eq!(f.read_vec_at(0, 4096).unwrap(), Vec::<u8>::new());
+        let e = f.read_vec_at(want.len() + 1, 4096).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
     }
 }

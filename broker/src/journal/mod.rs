@@ -56,6 +56,7 @@ mod faulty_io;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzz;
+mod gather;
 mod index;
 mod io;
 mod op;
@@ -690,8 +691,8 @@ impl Journal {
             let seg = &idx.segs[&m.loc.seg];
             (seg.file.clone(), m.loc.seg, m.body_off(), m.body_len)
         };
-        let mut buf = vec![0u8; len as usize];
-        file.read_at(&mut buf, off)
+        let buf = file
+            .read_vec_at(len as usize, off)
             .map_err(|e| JournalError::io("read", segment_path(&self.inner.shared.dir, seg), e))?;
         Ok(Bytes::from(buf))
     }

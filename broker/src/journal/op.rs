@@ -8,6 +8,8 @@ use std::ops::Range;
 
 use bytes::Bytes;
 
+use super::gather::Sink;
+
 const TAG_DEFINE: u8 = 1;
 const TAG_DELETE: u8 = 2;
 const TAG_PUT: u8 = 3;
@@ -140,16 +142,16 @@ impl Op {
     }
 
     /// Appends the op's encoding. Lengths must fit in u32 (checked by `submit`).
-    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+    pub(crate) fn encode(&self, out: &mut impl Sink) {
         match self {
             Op::DefineQueue { queue_id, def } => {
-                out.push(TAG_DEFINE);
+                out.put(&[TAG_DEFINE]);
                 put_u64(out, *queue_id);
                 put_u32(out, def.len() as u32);
-                out.extend_from_slice(def);
+                out.put(def);
             }
             Op::DeleteQueue { queue_id } => {
-                out.push(TAG_DELETE);
+                out.put(&[TAG_DELETE]);
                 put_u64(out, *queue_id);
             }
             Op::Put {
@@ -158,16 +160,16 @@ impl Op {
                 header,
                 body,
             } => {
-                out.push(TAG_PUT);
+                out.put(&[TAG_PUT]);
                 put_u64(out, *queue_id);
                 put_u64(out, *seq);
                 put_u32(out, header.len() as u32);
                 put_u32(out, body.len() as u32);
-                out.extend_from_slice(header);
-                out.extend_from_slice(body);
+                out.put(header);
+                out.put_body(body);
             }
             Op::Remove { queue_id, seqs } => {
-                out.push(TAG_REMOVE);
+                out.put(&[TAG_REMOVE]);
                 put_u64(out, *queue_id);
                 put_u32(out, seqs.len() as u32);
                 for s in seqs {
@@ -178,7 +180,7 @@ impl Op {
                 queue_id,
                 through_seq,
             } => {
-                out.push(TAG_PURGE);
+                out.put(&[TAG_PURGE]);
                 put_u64(out, *queue_id);
                 put_u64(out, *through_seq);
             }
@@ -188,7 +190,7 @@ impl Op {
                 to_queue_id,
                 to_seq,
             } => {
-                out.push(TAG_REKEY);
+                out.put(&[TAG_REKEY]);
                 put_u64(out, *queue_id);
                 put_u64(out, *seq);
                 put_u64(out, *to_queue_id);
@@ -210,8 +212,8 @@ impl Op {
 }
 
 impl Mark {
-    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
-        out.push(TAG_MARK);
+    pub(crate) fn encode(&self, out: &mut impl Sink) {
+        out.put(&[TAG_MARK]);
         put_u64(out, self.max_queue_id);
         put_u32(out, self.max_seqs.len() as u32);
         for (q, s) in &self.max_seqs {
@@ -221,12 +223,12 @@ impl Mark {
     }
 }
 
-fn put_u64(out: &mut Vec<u8>, v: u64) {
-    out.extend_from_slice(&v.to_le_bytes());
+fn put_u64(out: &mut impl Sink, v: u64) {
+    out.put(&v.to_le_bytes());
 }
 
-fn put_u32(out: &mut Vec<u8>, v: u32) {
-    out.extend_from_slice(&v.to_le_bytes());
+fn put_u32(out: &mut impl Sink, v: u32) {
+    out.put(&v.to_le_bytes());
 }
 
 /// Reads fields off a payload, failing cleanly at its end.

@@ -8,6 +8,8 @@
 
 use std::ops::Range;
 
+use super::gather::Sink;
+
 /// Bytes before the payload: length and CRC.
 pub(crate) const FRAME_HEADER: usize = 8;
 
@@ -21,8 +23,8 @@ pub(crate) const MAX_PAYLOAD: usize = 1 << 30;
 pub(crate) const WRITE_START: u32 = 1 << 31;
 
 /// Sets the write-start flag of the frame at `at` (format version 2 only).
-pub(crate) fn set_write_start(buf: &mut [u8], at: usize) {
-    buf[at + 3] |= (WRITE_START >> 24) as u8;
+pub(crate) fn set_write_start(buf: &mut impl Sink, at: usize) {
+    buf.patch(at + 3, 1)[0] |= (WRITE_START >> 24) as u8;
 }
 
 /// What [`decode_frame`] found at an offset.
@@ -45,16 +47,17 @@ pub(crate) enum Frame {
 
 /// Appends a framed record whose payload is written by `fill`. Returns the payload's range
 /// in `out`. The caller checks the payload is non-empty and at most [`MAX_PAYLOAD`].
-pub(crate) fn encode_frame(out: &mut Vec<u8>, fill: impl FnOnce(&mut Vec<u8>)) -> Range<usize> {
+pub(crate) fn encode_frame<S: Sink>(out: &mut S, fill: impl FnOnce(&mut S)) -> Range<usize> {
     let start = out.len();
-    out.extend_from_slice(&[0u8; FRAME_HEADER]);
+    out.put(&[0u8; FRAME_HEADER]);
     fill(out);
     let payload = start + FRAME_HEADER..out.len();
     let len = payload.len() as u32;
     debug_assert!(len > 0, "an empty payload would read as end of data");
-    let crc = crc32c::crc32c(&out[payload.clone()]);
-    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
-    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    let crc = out.crc(payload.clone());
+    let head = out.patch(start, FRAME_HEADER);
+    head[0..4].copy_from_slice(&len.to_le_bytes());
+    head[4..8].copy_from_slice(&crc.to_le_bytes());
     payload
 }
 

@@ -1,9 +1,9 @@
 //! The writer thread: group commit, segment rolling, and compaction.
 //!
 //! One thread owns the active segment. It blocks for the first submission, drains whatever
-//! else is already queued (up to `max_batch_bytes`), encodes everything into one buffer,
-//! issues one write and ONE `fdatasync`, applies the ops to the index, then completes every
-//! waiter. There is no timer: a lone submission waits for exactly one sync, and under load
+//! else is already queued (up to `max_batch_bytes`), encodes everything into one [`Gather`]
+//! (headers copied, large bodies by reference), issues one (vectored) write and ONE
+//! `fdatasync`, applies the ops to the index, then completes every waiter. There is no timer: a lone submission waits for exactly one sync, and under load
 //! one sync covers every record that queued up during the previous one.
 //!
 //! Every write starts with a record flagged `WRITE_START` (format version 2, `record.rs`): recovery
@@ -42,6 +42,7 @@
 //! Dropping a segment other than the oldest would not be safe: its tombstones could still
 //! refer to live-looking records in an older segment, which would come back to life.
 
+use std::io::IoSlice;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -53,6 +54,7 @@ use crossbeam_channel::{Receiver, TryRecvError};
 use tokio::sync::oneshot;
 
 use super::error::JournalError;
+use super::gather::{Gather, Sink};
 use super::index::{Key, Loc, SegMeta};
 use super::io::{Io, SegmentFile};
 use super::op::{decode_payload, Entry, Op};
@@ -128,7 +130,8 @@ pub(crate) struct Writer {
     pub urgent: Receiver<Msg>,
     pub opts: JournalOptions,
     pub active: Active,
-    pub buf: Vec<u8>,
+    /// The bytes of the next write: small parts copied, large bodies by reference.
+    pub buf: Gather,
     /// Size of the reserve file (0: none kept).
     reserve_len: u64,
     /// The reserve file exists at full size.
@@ -196,7 +199,7 @@ impl Writer {
             urgent,
             opts,
             active,
-            buf: Vec::new(),
+            buf: Gather::default(),
             reserve_len,
             has_reserve: false,
             retry_at: Instant::now(),
@@ -540,8 +543,10 @@ impl Writer {
         }
         // Keep the allocation for the next batch, unless one huge record inflated it.
         if buf.capacity() > 2 * self.opts.max_batch_bytes.max(1 << 20) {
-            buf = Vec::new();
+            buf = Gather::default();
         }
+        // Drop the references to this batch's bodies now, not at the next batch.
+        buf.clear();
         self.buf = buf;
     }
 
@@ -591,7 +596,7 @@ impl Writer {
         }
     }
 
-    /// Writes framed records (contiguous ranges of `buf`) and makes them durable. Returns
+    /// Writes framed records (contiguous logical ranges of `buf`) and makes them durable. Returns
     /// each record's (segment, file offset). Usually one write and one sync; a batch that
     /// crosses a segment boundary syncs the full segment before the next one is created, so
     /// that only the last segment can ever have a torn tail. The first record of each write
@@ -602,7 +607,7 @@ impl Writer {
     #[allow(clippy::type_complexity)]
     fn write_records(
         &mut self,
-        buf: &mut [u8],
+        buf: &mut Gather,
         recs: &[Range<usize>],
         growth: &[bool],
     ) -> Result<Vec<(u64, u64)>, (JournalError, Vec<(u64, u64)>)> {
@@ -631,7 +636,7 @@ impl Writer {
             let len = r.len() as u64;
             if self.active.pos + len > self.active.cap {
                 if let Some((s, off)) = chunk.take() {
-                    attempt!(self.write_chunk(&buf[s..chunk_end], off));
+                    attempt!(self.write_chunk(&buf.slices(s..chunk_end), off));
                     dirty = true;
                 }
                 if dirty {
@@ -654,7 +659,7 @@ impl Writer {
             self.active.pos += len;
         }
         if let Some((s, off)) = chunk {
-            attempt!(self.write_chunk(&buf[s..chunk_end], off));
+            attempt!(self.write_chunk(&buf.slices(s..chunk_end), off));
             dirty = true;
         }
         if dirty {
@@ -667,15 +672,16 @@ impl Writer {
         Ok(locs)
     }
 
-    /// Writes `bytes` at `off` of the active segment, and zeros after them up to the end of
-    /// what an earlier failed write may have left.
-    fn write_chunk(&mut self, bytes: &[u8], off: u64) -> Result<(), JournalError> {
+    /// Writes `bytes` (one vectored write) at `off` of the active segment, and zeros after
+    /// them up to the end of what an earlier failed write may have left.
+    fn write_chunk(&mut self, bytes: &[IoSlice<'_>], off: u64) -> Result<(), JournalError> {
         let path = || segment_path(&self.shared.dir, self.active.seg);
+        let len: u64 = bytes.iter().map(|b| b.len() as u64).sum();
         self.active
             .file
-            .write_at(bytes, off)
-            .map_err(|e| JournalError::write("write", path(), bytes.len() as u64, e))?;
-        let end = off + bytes.len() as u64;
+            .write_vectored_at(bytes, off)
+            .map_err(|e| JournalError::write("write", path(), len, e))?;
+        let end = off + len;
         if self.active.stale_end > end {
             self.zero_active(end, self.active.stale_end)?;
         }
@@ -957,9 +963,11 @@ impl Writer {
                 reason: "live op differs from the index while compacting".into(),
             });
         }
-        encode_frame(&mut buf, |out| out.extend_from_slice(&payload));
+        // The payload is written from its read buffer (a body-sized piece: `Gather`).
+        encode_frame(&mut buf, |out| out.put_body(&payload));
         let whole = 0..buf.len();
         let r = self.write_records(&mut buf, std::slice::from_ref(&whole), &[true]);
+        buf.clear();
         self.buf = buf;
         let (new_seg, rec_off) = r.map_err(|(e, _)| e)?[0];
         let payload_off = rec_off + super::record::FRAME_HEADER as u64;

@@ -18,6 +18,8 @@
 //!   readable while compaction moves them, watermarks survive dropped segments.
 //! - `concurrency`: many threads submitting share syncs (group commit).
 //! - `format_fixture`: a journal written by format version 1 still reads.
+//! - `large_bodies`: bodies written from where they are (vectored writes) read back byte for
+//!   byte through group commits, rolls, compaction and a reopen.
 //! - `rekey`: a Rekey moves a message without writing it again, through reopen, compaction and
 //!   a crash between copy and unlink; an older journal takes Rekeys from its next segment.
 
@@ -30,6 +32,7 @@ mod crash;
 mod damage;
 mod disk_full;
 mod format_fixture;
+mod large_bodies;
 mod poison;
 mod rekey;
 mod reopen;
