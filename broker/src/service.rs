@@ -368,6 +368,15 @@ impl AdminService for Service {
     ) -> Result<Response<v1::ListQueuesResponse>, Status> {
         let who = Identity::of(&req);
         let r = req.into_inner();
+        // A token is a queue key this call returned, so no longer than a queue name.
+        let limit = mq_proto::limits::MAX_FORMAT_NAME_ELEMENT_BYTES;
+        if r.page_token.len() > limit {
+            return Err(BrokerError::InvalidArgument(format!(
+                "page_token is {} bytes; a token is a queue name of at most {limit} bytes (from next_page_token)",
+                r.page_token.len()
+            ))
+            .into());
+        }
         let max = match r.page_size {
             0 => usize::MAX,
             n => n as usize,

@@ -381,5 +381,15 @@ async fn list_queues_pages() {
     assert_eq!(all.queues.len(), 12);
     assert!(all.next_page_token.is_empty());
     assert_eq!(client.list_queues().await.unwrap().len(), 12);
+    // A token longer than any queue name is refused, naming the field.
+    let e = rpc
+        .list_queues(v1::ListQueuesRequest {
+            page_size: 5,
+            page_token: "x".repeat(mq_proto::limits::MAX_FORMAT_NAME_ELEMENT_BYTES + 1),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("page_token"), "{e:?}");
     broker.stop().await.unwrap();
 }
