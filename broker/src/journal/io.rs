@@ -167,6 +167,24 @@ impl Io for FileIo {
 
 struct RealFile(File);
 
+/// What a `pread`/`pwritev` return value means: `Ok(Some(n))` bytes moved, `Ok(None)`
+/// interrupted (call again), an error, or `zero` when nothing moved (end of file, or a write
+/// that made no progress).
+fn transferred(r: isize, zero: io::ErrorKind, what: &str) -> io::Result<Option<usize>> {
+    match r {
+        r if r < 0 => {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                Ok(None)
+            } else {
+                Err(e)
+            }
+        }
+        0 => Err(io::Error::new(zero, what.to_string())),
+        r => Ok(Some(r as usize)),
+    }
+}
+
 impl SegmentFile for RealFile {
     fn len(&self) -> io::Result<u64> {
         Ok(self.0.metadata()?.len())
@@ -191,20 +209,14 @@ impl SegmentFile for RealFile {
                     (offset + done as u64) as libc::off_t,
                 )
             };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
+            match transferred(
+                r,
+                io::ErrorKind::UnexpectedEof,
+                "failed to fill whole buffer",
+            )? {
+                Some(n) => done += n,
+                None => continue,
             }
-            if r == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "failed to fill whole buffer",
-                ));
-            }
-            done += r as usize;
         }
         #[allow(unsafe_code)]
         // SAFETY: the loop above initialised all `len` bytes.
@@ -251,20 +263,11 @@ impl SegmentFile for RealFile {
                     offset as libc::off_t,
                 )
             };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if r == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::WriteZero,
-                    "pwritev wrote nothing",
-                ));
-            }
-            let mut written = r as usize;
+            let Some(mut written) =
+                transferred(r, io::ErrorKind::WriteZero, "pwritev wrote nothing")?
+            else {
+                continue;
+            };
             offset += written as u64;
             while written > 0 {
                 let left = bufs[0].len() - skip;
