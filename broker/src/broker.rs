@@ -57,6 +57,10 @@ pub struct Broker {
     counters_store: std::sync::Mutex<crate::counters_store::Store>,
     /// The queues whose saved totals are out of date (see `counters_store.rs`).
     changed_queues: Arc<crate::counters_store::ChangedQueues>,
+    /// The earliest moment any registered queue may have something to sweep (`deadletter.rs`).
+    pub(crate) sweep_hint: Arc<crate::queue::SweepHint>,
+    /// When `sweep_expired` last walked every queue whatever the hint said (a safety net).
+    pub(crate) last_full_sweep: std::sync::Mutex<std::time::Instant>,
     /// Held by a change of a queue's definition (ACL, properties, an outgoing queue's pause,
     /// a deletion) from reading the current definition until the change is journaled and
     /// applied: a change takes effect in memory only once its record is on disk.
@@ -329,6 +333,7 @@ impl Broker {
         let mut outcomes: Option<crate::outcome::Outcomes> = None;
         let mut saved_counters = None;
         let changed_queues = Arc::new(crate::counters_store::ChangedQueues::default());
+        let sweep_hint = Arc::new(crate::queue::SweepHint::default());
         let mut special: HashMap<&'static str, Arc<Queue>> = HashMap::new();
         for (id, def) in &rec.queues {
             let def = QueueDefRecord::decode(*id, def).map_err(|e| {
@@ -363,7 +368,7 @@ impl Broker {
                 outcomes = Some(o);
                 continue;
             }
-            let q = Queue::new_counted(def, &changed_queues);
+            let q = Queue::new_counted(def, &changed_queues, &sweep_hint);
             let mut entries = Vec::new();
             // One shared copy of each route (an outgoing queue's messages mostly share a few).
             let mut routes: HashMap<Arc<str>, ()> = HashMap::new();
@@ -442,7 +447,7 @@ impl Broker {
             if key == STREAMS_KEY || key == TXOUTCOMES_KEY || key == COUNTERS_KEY {
                 return Arc::new(Queue::new(def));
             }
-            let q = Queue::new_counted(def, &changed_queues);
+            let q = Queue::new_counted(def, &changed_queues, &sweep_hint);
             queues.insert(key.to_string(), q.clone());
             q
         };
@@ -531,6 +536,8 @@ impl Broker {
             acks: Default::default(),
             counters_store: std::sync::Mutex::new(counters_store),
             changed_queues,
+            sweep_hint,
+            last_full_sweep: std::sync::Mutex::new(std::time::Instant::now()),
             redefinitions: tokio::sync::Mutex::new(()),
         };
         Ok((broker, report))
@@ -737,7 +744,7 @@ impl Broker {
                 queue_id: id,
                 def: QueueDefRecord::encode(&def),
             }]);
-            let q = Queue::new_counted(def, &self.changed_queues);
+            let q = Queue::new_counted(def, &self.changed_queues, &self.sweep_hint);
             queues.insert(key.clone(), q.clone());
             (q, commit)
         };
@@ -906,7 +913,7 @@ impl Broker {
             queue_id: id,
             def: QueueDefRecord::encode(&def),
         }]);
-        let q = Queue::new_counted(def, &self.changed_queues);
+        let q = Queue::new_counted(def, &self.changed_queues, &self.sweep_hint);
         queues.insert(key.to_string(), q.clone());
         Ok((q, true))
     }
@@ -1142,7 +1149,7 @@ impl Broker {
             queue_id: id,
             def: QueueDefRecord::encode(&def),
         }]);
-        let q = Queue::new_counted(def, &self.changed_queues);
+        let q = Queue::new_counted(def, &self.changed_queues, &self.sweep_hint);
         self.queues
             .write()
             .unwrap_or_else(|p| p.into_inner())

@@ -26,6 +26,9 @@ static DEAD_LETTER_LOG: crate::ratelog::RateLimitedLog = crate::ratelog::RateLim
 /// How often queues with deadlines are swept for expired messages.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 
+/// How often a sweep walks every queue even though the broker-wide hint says nothing is due.
+const FULL_SWEEP_EVERY: Duration = Duration::from_secs(10);
+
 /// One message to dead-letter: the entry (taken from its queue, counted in flight), why, and a
 /// line for people.
 #[derive(Debug)]
@@ -55,14 +58,40 @@ impl Broker {
     /// [`SWEEP_INTERVAL`], see `Broker::start_background`).
     pub(crate) async fn sweep_expired(&self) {
         let b = self;
-        // Only the queues whose earliest deadline has come (read without their locks).
         let now = now_ms();
-        for q in b.queues_where(|q| q.may_need_sweep(now)) {
+        // Nothing is due anywhere: no walk (an idle broker with 100,000 queues would spend
+        // ~4 ms a sweep on one). A walk at least every FULL_SWEEP_EVERY whatever the hint says.
+        let full = {
+            let mut last = b.last_full_sweep.lock().unwrap_or_else(|p| p.into_inner());
+            if last.elapsed() >= FULL_SWEEP_EVERY {
+                *last = std::time::Instant::now();
+                true
+            } else {
+                false
+            }
+        };
+        if !full && !b.sweep_hint.due(now) {
+            return;
+        }
+        b.sweep_hint.start_walk();
+        // Only the queues whose earliest deadline has come (read without their locks); the
+        // others' deadlines go back into the hint.
+        let due = b.queues_where(|q| {
+            if q.may_need_sweep(now) {
+                true
+            } else {
+                b.sweep_hint.lower(q.sweep_at());
+                false
+            }
+        });
+        for q in due {
             let now = now_ms();
             if !q.needs_sweep(now) {
+                b.sweep_hint.lower(q.sweep_at());
                 continue;
             }
             let expired = q.sweep(now);
+            b.sweep_hint.lower(q.sweep_at());
             if expired.is_empty() {
                 continue;
             }

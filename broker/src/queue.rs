@@ -207,6 +207,41 @@ pub struct Queue {
         std::sync::Weak<Queue>,
         Arc<crate::counters_store::ChangedQueues>,
     )>,
+    /// The broker-wide lower bound of every registered queue's `sweep_at` (lowered with it);
+    /// `None` for queues the sweep never walks.
+    broker_sweep: Option<Arc<SweepHint>>,
+}
+
+/// The earliest Unix ms at which any queue of a broker may have something to sweep (a lower
+/// bound), so that an idle broker with many queues does not walk all of them every sweep.
+/// Every queue lowers it when it lowers its own `sweep_at`; `Broker::sweep_expired` raises it
+/// only by [`SweepHint::start_walk`] before a walk that folds every queue's bound back in.
+/// All its operations and those of `Queue::sweep_at` are `SeqCst`: a queue's lowering during
+/// a walk either is seen by the walk or lands after the walk's reset.
+#[derive(Debug)]
+pub(crate) struct SweepHint(std::sync::atomic::AtomicU64);
+
+impl Default for SweepHint {
+    fn default() -> Self {
+        SweepHint(std::sync::atomic::AtomicU64::new(u64::MAX))
+    }
+}
+
+impl SweepHint {
+    pub(crate) fn lower(&self, at: u64) {
+        self.0.fetch_min(at, Ordering::SeqCst);
+    }
+
+    /// Whether a walk at `now` might find anything.
+    pub(crate) fn due(&self, now: u64) -> bool {
+        now >= self.0.load(Ordering::SeqCst)
+    }
+
+    /// Before a walk over every queue: forget the bound (the walk and the queues lower it
+    /// again).
+    pub(crate) fn start_walk(&self) {
+        self.0.store(u64::MAX, Ordering::SeqCst);
+    }
 }
 
 impl Queue {
@@ -217,11 +252,17 @@ impl Queue {
 
     /// A new, empty queue whose totals are kept across restarts: every change of them adds it
     /// to `changes` (once until `counters_store.rs` reads them again).
+    /// Its deadlines lower `sweep` (the broker's registered queues: the ones the sweep walks).
     pub(crate) fn new_counted(
         def: QueueDef,
         changes: &Arc<crate::counters_store::ChangedQueues>,
+        sweep: &Arc<SweepHint>,
     ) -> Arc<Self> {
-        Arc::new_cyclic(|me| Self::with_changes(def, Some((me.clone(), changes.clone()))))
+        Arc::new_cyclic(|me| {
+            let mut q = Self::with_changes(def, Some((me.clone(), changes.clone())));
+            q.broker_sweep = Some(sweep.clone());
+            q
+        })
     }
 
     fn with_changes(
@@ -246,6 +287,7 @@ impl Queue {
             poisoned: std::sync::atomic::AtomicU64::new(0),
             journaling: crate::journal_queue::Journaling::new(&def),
             changes,
+            broker_sweep: None,
             def,
         }
     }
@@ -477,7 +519,7 @@ impl Queue {
             if let Some(d) = self.deadline_ms(&e) {
                 st.timed += 1;
                 st.next_deadline = st.next_deadline.min(d);
-                self.sweep_at.fetch_min(d, Ordering::Release);
+                self.lower_sweep_at(d);
             }
             let lane = self.lane(&e);
             st.index.add(lane as u8, &e);
@@ -550,7 +592,7 @@ impl Queue {
                     if gone {
                         expired += 1;
                         st.expired.push(e);
-                        self.sweep_at.store(0, Ordering::Release);
+                        self.lower_sweep_at(0);
                         continue;
                     }
                 }
@@ -623,13 +665,26 @@ impl Queue {
         } else {
             u64::MAX
         };
-        self.sweep_at.store(at, Ordering::Release);
+        self.sweep_at.store(at, Ordering::SeqCst);
+    }
+
+    /// Lowers this queue's `sweep_at` and the broker's (the caller holds the lock).
+    fn lower_sweep_at(&self, at: u64) {
+        self.sweep_at.fetch_min(at, Ordering::SeqCst);
+        if let Some(b) = &self.broker_sweep {
+            b.lower(at);
+        }
+    }
+
+    /// This queue's `sweep_at` (no sweep finds anything before it).
+    pub(crate) fn sweep_at(&self) -> u64 {
+        self.sweep_at.load(Ordering::SeqCst)
     }
 
     /// Whether a sweep at `now` might find something, without the lock (false: it finds
     /// nothing; true: ask [`Queue::needs_sweep`]).
     pub fn may_need_sweep(&self, now: u64) -> bool {
-        now >= self.sweep_at.load(Ordering::Acquire)
+        now >= self.sweep_at()
     }
 
     /// Whether a sweep at `now` could find anything.
@@ -704,7 +759,7 @@ impl Queue {
             if let Some(d) = self.deadline_ms(&e) {
                 st.timed += 1;
                 st.next_deadline = st.next_deadline.min(d);
-                self.sweep_at.fetch_min(d, Ordering::Release);
+                self.lower_sweep_at(d);
             }
             let lane = self.lane(&e);
             st.index.add(lane as u8, &e);
@@ -1560,6 +1615,48 @@ mod tests {
         q.sweep(0); // exact: nothing set aside yet, the deadline is in the past
         assert_eq!(bodies(&q.take(3).unwrap()), ["on time"]);
         assert!(q.may_need_sweep(0), "the expired one waits for the sweep");
+    }
+
+    #[test]
+    fn the_broker_wide_sweep_hint_follows_every_queue() {
+        let changes = Arc::new(crate::counters_store::ChangedQueues::default());
+        let hint = Arc::new(SweepHint::default());
+        let def = |id: u64| {
+            QueueDef::new(
+                id,
+                format!(".\\q{id}"),
+                format!("q{id}"),
+                false,
+                None,
+                String::new(),
+            )
+        };
+        let a = Queue::new_counted(def(1), &changes, &hint);
+        let b = Queue::new_counted(def(2), &changes, &hint);
+        assert!(!hint.due(u64::MAX - 1), "no timed message anywhere");
+        let t = now_ms() + 60_000;
+        a.push(&[timed(3, "a", t + 10)]).unwrap();
+        assert!(!hint.due(t + 9));
+        assert!(hint.due(t + 10), "a push lowers the broker's hint");
+        // A walk forgets the bound and folds back what each queue says...
+        hint.start_walk();
+        assert!(!hint.due(t + 10));
+        hint.lower(a.sweep_at());
+        assert!(hint.due(t + 10));
+        // ... and a deadline added during a walk, after the reset, lowers it by itself.
+        hint.start_walk();
+        b.push(&[timed(3, "b", t)]).unwrap();
+        assert!(hint.due(t), "a queue's lowering after the reset stays");
+        // Given back after a take: lowered again.
+        hint.start_walk();
+        let taken = a.take(1).unwrap();
+        assert!(!hint.due(u64::MAX - 1));
+        assert!(a.restore(taken).is_empty());
+        assert!(hint.due(t + 10), "a restore lowers the broker's hint");
+        // A queue made without the hint (internal ones, never walked) leaves it alone.
+        hint.start_walk();
+        queue(None).push(&[timed(3, "c", t)]).unwrap();
+        assert!(!hint.due(u64::MAX - 1));
     }
 
     fn outgoing_queue() -> Queue {
