@@ -106,6 +106,7 @@ pub use config::{
 pub use deadletter::class_name;
 pub use error::BrokerError;
 pub use journal_queue::DEFAULT_JOURNAL_QUOTA_BYTES;
+pub use memtrim::rss_bytes_of;
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};
 pub use outcome::{DEFAULT_TX_OUTCOME_MAX, DEFAULT_TX_OUTCOME_RETENTION};
 pub use queue::{Queue, QueueStats, QueueTotals};

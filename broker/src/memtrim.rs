@@ -120,9 +120,23 @@ fn cpu_time() -> Option<Duration> {
 
 /// This process's resident memory (VmRSS), in bytes.
 fn rss_bytes() -> Option<usize> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: usize = line["VmRSS:".len()..]
+    rss_bytes_of(None).map(|b| b as usize)
+}
+
+/// VmRSS of process `pid` (`None`: this process) in bytes, from `/proc/PID/status`; `None`
+/// where `/proc` cannot tell (not Linux, no such process). (mqperf's `rss` line uses it too.)
+pub fn rss_bytes_of(pid: Option<u32>) -> Option<u64> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/status"),
+        None => "/proc/self/status".to_string(),
+    };
+    parse_vm_rss(&std::fs::read_to_string(path).ok()?)
+}
+
+/// The `VmRSS:   1234 kB` line of a `/proc/PID/status`, in bytes.
+fn parse_vm_rss(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line["VmRSS:".len()..]
         .trim()
         .trim_end_matches("kB")
         .trim()
@@ -161,6 +175,18 @@ pub fn trim() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_vm_rss() {
+        let status = "Name:\tmqd\nVmHWM:\t  9000 kB\nVmRSS:\t   1234 kB\nThreads:\t4\n";
+        assert_eq!(parse_vm_rss(status), Some(1234 * 1024));
+        assert_eq!(parse_vm_rss("Name: x\n"), None);
+        if cfg!(target_os = "linux") {
+            assert!(rss_bytes_of(None).unwrap() > 0);
+            assert!(rss_bytes_of(Some(std::process::id())).unwrap() > 0);
+            assert_eq!(rss_bytes_of(Some(u32::MAX)), None);
+        }
+    }
 
     #[test]
     fn a_due_trim_waits_for_a_quiet_tick_but_not_longer_than_the_bound() {
