@@ -421,6 +421,8 @@ mod tests {
                                 timeout_ms: small,
                                 id: id(),
                                 correlation_id: corr,
+                                // Every other one commits with the receive (one round trip).
+                                commit: n % 2 == 0,
                             })),
                             op(if flag { Op::Commit(()) } else { Op::Abort(()) }),
                         ]

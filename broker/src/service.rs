@@ -969,6 +969,33 @@ async fn drain_acks(
     Ok(())
 }
 
+/// The answer to a commit: `committed` (with `message`, the one a receive-and-commit got) or
+/// the error that ended the transaction, marked in doubt if the journal may hold the record.
+fn commit_reply(
+    r: Result<crate::transaction::Committed, BrokerError>,
+    message: Option<v1::Message>,
+) -> Result<v1::TransactResponse, Status> {
+    match r {
+        Ok(c) => Ok(v1::TransactResponse {
+            result: Some(v1::transact_response::Result::Committed(v1::TxCommitted {
+                ids: wire_ids(c.ids.iter().map(Some)),
+                received: c.received as u32,
+                id: c.id.as_bytes().to_vec().into(),
+                message,
+            })),
+        }),
+        Err(e) => {
+            let in_doubt = matches!(e, BrokerError::InDoubt(_));
+            let mut s = Status::from(e);
+            if in_doubt {
+                s.metadata_mut()
+                    .insert(TX_IN_DOUBT_METADATA, "1".parse().expect("ascii"));
+            }
+            Err(s)
+        }
+    }
+}
+
 /// One transaction stream: transactions one after another, each ended by a commit or an abort
 /// answered on the stream. Every other way out of the loop aborts the open transaction (the
 /// [`Transaction`] rolls back when dropped): client gone, timeout, shutdown, error; an error
@@ -1115,32 +1142,40 @@ async fn transact(
                     }
                 };
                 match tx.receive_selected(&r.queue, &select, wait).await {
+                    // Received and committed in one round trip (TxReceive.commit).
+                    Ok(Some(m)) if r.commit => {
+                        let tx = open.take().expect("opened above");
+                        let reply = commit_reply(tx.commit().await, Some(m));
+                        // Committed: the stream carries the next transaction; failed: it ends.
+                        let failed = reply.is_err();
+                        if out.send(reply).await.is_err() || failed {
+                            return;
+                        }
+                        tx_deadline = None;
+                        idle_since = tokio::time::Instant::now();
+                        continue;
+                    }
                     Ok(Some(m)) => Ok(Res::Received(m)),
                     Ok(None) if tokio::time::Instant::now() >= deadline => Err(timed_out()),
+                    // Nothing to commit with: the whole transaction is aborted (all or nothing).
+                    Ok(None) if r.commit => {
+                        open.take().expect("opened above").abort();
+                        let aborted = v1::TransactResponse {
+                            result: Some(Res::Aborted(())),
+                        };
+                        if out.send(Ok(aborted)).await.is_err() {
+                            return;
+                        }
+                        tx_deadline = None;
+                        idle_since = tokio::time::Instant::now();
+                        continue;
+                    }
                     Ok(None) => Ok(Res::ReceiveTimeout(())),
                     Err(e) => Err(e.into()),
                 }
             }
             Req::Commit(_) => {
-                let r = open.take().expect("opened above").commit().await;
-                let reply = match r {
-                    Ok(c) => Ok(v1::TransactResponse {
-                        result: Some(Res::Committed(v1::TxCommitted {
-                            ids: wire_ids(c.ids.iter().map(Some)),
-                            received: c.received as u32,
-                            id: c.id.as_bytes().to_vec().into(),
-                        })),
-                    }),
-                    Err(e) => {
-                        let in_doubt = matches!(e, BrokerError::InDoubt(_));
-                        let mut s = Status::from(e);
-                        if in_doubt {
-                            s.metadata_mut()
-                                .insert(TX_IN_DOUBT_METADATA, "1".parse().expect("ascii"));
-                        }
-                        Err(s)
-                    }
-                };
+                let reply = commit_reply(open.take().expect("opened above").commit().await, None);
                 // Committed: the stream carries the next transaction; failed: it ends.
                 let failed = reply.is_err();
                 if out.send(reply).await.is_err() || failed {

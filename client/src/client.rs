@@ -448,6 +448,15 @@ impl Client {
         Transaction::begin(self, id).await
     }
 
+    /// How many batches of requests this client's transactions (and its clones') have written
+    /// to their `Transact` streams: one for each answer a transaction waits for (a receive, a
+    /// commit, an abort; its begin and sends go with it) and one per 64 KiB of sends staged
+    /// ahead of it. A one-at-a-time transaction of sends and a commit, or of a
+    /// [`Transaction::receive_and_commit`], costs one; to check what transactions cost.
+    pub fn transaction_batches(&self) -> u64 {
+        self.tx_pool.batches()
+    }
+
     /// Whether the transaction `id` committed, as far as the broker knows (it remembers commits
     /// for a retention window, `mqd --tx-outcome-retention`, default 24 h).
     pub async fn transaction_outcome(&self, id: TxId) -> Result<TxStatus> {

@@ -40,7 +40,19 @@ pub struct Transaction {
     /// Where the stream goes back once this transaction ended with an answer.
     pool: TxPool,
     call_timeout: Duration,
+    /// Requests not sent yet: they leave together, with the next one that needs an answer
+    /// (receive, commit, abort), or once they hold [`FLUSH_BYTES`] (see [`Transaction::flush`]).
+    pending: Vec<v1::TransactRequest>,
+    /// Encoded size of `pending`.
+    pending_bytes: usize,
+    /// Something of this transaction has left on `stream` (it cannot move to another stream).
+    sent: bool,
+    /// For a stream that turns out stale before anything was sent: the client to open another.
+    client: Client,
 }
+
+/// Staged sends held back for one write at most this many bytes; more go out at once.
+const FLUSH_BYTES: usize = 64 * 1024;
 
 /// A transaction's id: 16 bytes, a UUID v7 chosen by the client unless given. The broker
 /// journals it with the commit record, so [`Client::transaction_outcome`] can tell whether a
@@ -136,26 +148,58 @@ impl Transaction {
     pub(crate) async fn begin(client: &Client, id: TxId) -> Result<Transaction> {
         // The id goes first; the broker answers nothing to it (an id it refuses ends the
         // stream, and the next answer says why). On a stream kept from an earlier transaction
-        // it is pipelined: nothing waits for the broker.
+        // it waits to leave with the next requests (nothing waits for the broker): a
+        // transaction of sends and a commit, or of a receive, is one write.
         let begin = v1::TransactRequest {
             op: Some(Op::Begin(v1::TxBegin {
                 id: id.0.as_bytes().to_vec().into(),
             })),
         };
-        let stream = match client.tx_pool.take() {
-            Some(s) => {
-                // Closed meanwhile: the commit finds out (it did not commit) and says why.
-                let _ = s.out.send(begin);
-                s
-            }
-            None => TxStream::open(client, begin).await?,
+        let (stream, pending, sent) = match client.tx_pool.take() {
+            Some(s) => (s, vec![begin], false),
+            None => (TxStream::open(client, vec![begin]).await?, Vec::new(), true),
         };
         Ok(Transaction {
             id,
             stream,
             pool: client.tx_pool.clone(),
             call_timeout: client.options.call_timeout,
+            pending,
+            pending_bytes: 0,
+            sent,
+            client: client.clone(),
         })
+    }
+
+    /// Sends the pending requests in one batch. Before anything of the transaction has left,
+    /// a kept stream that went stale meanwhile (the broker may end it any moment, or did) is
+    /// swapped for a new one, so the transaction does not fail for it. A failure to send means
+    /// the broker already ended the stream: the next answer says why.
+    /// Returns whether the requests left (false: the request stream is closed).
+    async fn flush(&mut self) -> Result<bool> {
+        if !self.sent && self.stream.stale() {
+            let batch = std::mem::take(&mut self.pending);
+            self.pending_bytes = 0;
+            self.stream = TxStream::open(&self.client, batch).await?;
+            self.sent = true;
+            return Ok(true);
+        }
+        Ok(self.flush_now())
+    }
+
+    /// [`Transaction::flush`] without looking at the stream first. False: the request stream
+    /// is closed (the broker ended it, or the connection broke).
+    fn flush_now(&mut self) -> bool {
+        if self.pending.is_empty() {
+            return !self.stream.out.is_closed();
+        }
+        self.sent = true;
+        self.pending_bytes = 0;
+        self.pool.count_batch();
+        self.stream
+            .out
+            .send(std::mem::take(&mut self.pending))
+            .is_ok()
     }
 
     /// The transaction's id.
@@ -166,12 +210,8 @@ impl Transaction {
     /// Sends a request. If the broker has already ended the stream (it aborted the transaction:
     /// timeout, shutdown, an error), returns the broker's reason.
     async fn request(&mut self, op: Op) -> Result<()> {
-        if self
-            .stream
-            .out
-            .send(v1::TransactRequest { op: Some(op) })
-            .is_ok()
-        {
+        self.pending.push(v1::TransactRequest { op: Some(op) });
+        if self.flush().await? {
             return Ok(());
         }
         Err(match self.next().await {
@@ -190,8 +230,15 @@ impl Transaction {
             destination: destination.to_string(),
             messages: vec![message.into_wire()],
         });
-        // A failure here means the broker already ended the transaction; `commit` reports why.
-        let _ = self.stream.out.send(v1::TransactRequest { op: Some(op) });
+        let request = v1::TransactRequest { op: Some(op) };
+        self.pending_bytes += prost::Message::encoded_len(&request);
+        self.pending.push(request);
+        // Many staged bytes leave now rather than wait for the commit (on a stream that is
+        // not stale; a stale one waits for the commit, which opens another). A failure here
+        // means the broker already ended the transaction; `commit` reports why.
+        if self.pending_bytes >= FLUSH_BYTES && (self.sent || !self.stream.stale()) {
+            let _ = self.flush_now();
+        }
         Ok(())
     }
 
@@ -244,6 +291,7 @@ impl Transaction {
             timeout_ms: timeout.as_millis() as u64,
             id: id.map(|i| i.as_bytes().to_vec().into()).unwrap_or_default(),
             correlation_id: correlation_id.to_string(),
+            commit: false,
         }))
         .await?;
         let limit = self.call_timeout.saturating_add(timeout);
@@ -277,25 +325,75 @@ impl Transaction {
     /// with [`Client::commit_once`] (at most once). A transaction whose id already committed
     /// fails with [`Error::AlreadyCommitted`] and does nothing.
     pub async fn commit(mut self) -> Result<Vec<MessageId>> {
+        self.send_commit(Op::Commit(())).await?;
+        let (ids, _) = self.await_commit().await?;
+        Ok(ids)
+    }
+
+    /// Receives one message from a transactional queue and commits the transaction with it,
+    /// in one round trip: the broker takes the message, writes the commit record (this
+    /// receive, and every send and receive before it) and answers once it is on disk, with
+    /// the message. Returns the message and the ids of the messages sent (as
+    /// [`Transaction::commit`]). If no message arrives within `timeout`, the whole transaction
+    /// is aborted (nothing of it happens) and the answer is `None`.
+    ///
+    /// The same as [`Transaction::receive`] followed by [`Transaction::commit`], for a
+    /// transaction that commits whatever message it gets (MSMQ's single-message transactional
+    /// receive), one round trip shorter; a failed commit, or an answer lost after the request
+    /// left ([`Error::InDoubt`]), is as with `commit`: if it did not commit, the message is
+    /// back at the head of its queue.
+    pub async fn receive_and_commit(
+        mut self,
+        queue: impl AsRef<str>,
+        timeout: Duration,
+    ) -> Result<Option<(ReceivedMessage, Vec<MessageId>)>> {
+        let queue = queue.as_ref();
+        FormatName::parse(queue)?;
+        self.send_commit(Op::Receive(v1::TxReceive {
+            queue: queue.to_string(),
+            timeout_ms: timeout.as_millis() as u64,
+            commit: true,
+            ..Default::default()
+        }))
+        .await?;
+        let (ids, message) = self.await_commit_within(timeout, true).await?;
+        match message {
+            Some(m) => Ok(Some((ReceivedMessage::from_wire(m)?, ids))),
+            None => Ok(None),
+        }
+    }
+
+    /// Sends `op` (a commit, or a receive that commits) with whatever is pending. If it cannot
+    /// leave (the broker ended the transaction and says why, or the connection broke before
+    /// it left), the transaction did not commit: that error.
+    async fn send_commit(&mut self, op: Op) -> Result<()> {
+        self.pending.push(v1::TransactRequest { op: Some(op) });
+        if self.flush().await? {
+            return Ok(());
+        }
+        Err(match self.next_raw().await {
+            Err((e, _)) => self.classify(e, true),
+            Ok(r) => unexpected(r),
+        })
+    }
+
+    /// The commit's answer: the ids of the messages sent and the message a receive-and-commit
+    /// got (`None` for a plain commit, or if the receive got nothing and the transaction was
+    /// aborted). Puts the stream back for the next transaction once answered.
+    async fn await_commit(self) -> Result<(Vec<MessageId>, Option<v1::Message>)> {
+        self.await_commit_within(Duration::ZERO, false).await
+    }
+
+    /// [`Transaction::await_commit`] allowing `wait` more for a receive (`folded`: the request
+    /// was a receive that commits).
+    async fn await_commit_within(
+        mut self,
+        wait: Duration,
+        folded: bool,
+    ) -> Result<(Vec<MessageId>, Option<v1::Message>)> {
         let id = self.id;
         let in_doubt = |reason: String| Error::InDoubt { id, reason };
-        if self
-            .stream
-            .out
-            .send(v1::TransactRequest {
-                op: Some(Op::Commit(())),
-            })
-            .is_err()
-        {
-            // The request stream is gone before the commit left: the broker ended the
-            // transaction and says why, or the connection broke before the commit: either way
-            // it did not commit.
-            return Err(match self.next_raw().await {
-                Err((e, _)) => self.classify(e, true),
-                Ok(r) => unexpected(r),
-            });
-        }
-        let limit = self.call_timeout;
+        let limit = self.call_timeout.saturating_add(wait);
         let next = match tokio::time::timeout(limit, self.next_raw()).await {
             Ok(r) => r,
             Err(_) => {
@@ -308,10 +406,28 @@ impl Transaction {
         match next {
             Ok(Res::Committed(c)) => {
                 self.pool.put(self.stream);
-                Ok(c.ids
+                let ids = c
+                    .ids
                     .iter()
                     .map(|b| uuid::Uuid::from_slice(b).unwrap_or_default())
-                    .collect())
+                    .collect();
+                Ok((ids, c.message))
+            }
+            // A receive-and-commit that got nothing: the broker aborted the transaction.
+            Ok(Res::Aborted(_)) if folded => {
+                self.pool.put(self.stream);
+                Ok((Vec::new(), None))
+            }
+            // A broker that predates TxReceive.commit answered the receive as a plain one and
+            // keeps the transaction open: commit it (or abort it if nothing came) now.
+            Ok(Res::Received(m)) if folded => {
+                self.send_commit(Op::Commit(())).await?;
+                let (ids, _) = Box::pin(self.await_commit()).await?;
+                Ok((ids, Some(m)))
+            }
+            Ok(Res::ReceiveTimeout(_)) if folded => {
+                self.abort().await?;
+                Ok((Vec::new(), None))
             }
             Ok(other) => Err(unexpected(other)),
             Err((e, definite)) => Err(self.classify(e, definite)),

@@ -1,10 +1,11 @@
 //! `Transact` streams and the idle ones a [`Client`](crate::Client) keeps for its next
 //! transaction, so that consecutive transactions neither open a stream nor wait for one.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use mq_proto::v1;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -21,24 +22,32 @@ pub(crate) const MAX_IDLE_STREAMS: usize = 4;
 pub(crate) const MAX_IDLE: Duration = Duration::from_secs(30);
 
 /// One `Transact` stream: requests out, answers in.
+///
+/// Requests go out in batches: every batch is one item of the channel, so the HTTP/2 task
+/// wakes once for it and encodes all of its requests into one write (a transaction's begin,
+/// sends and commit reach the broker together, and it reads them at once).
 #[derive(Debug)]
 pub(crate) struct TxStream {
-    pub(crate) out: mpsc::UnboundedSender<v1::TransactRequest>,
+    pub(crate) out: mpsc::UnboundedSender<Vec<v1::TransactRequest>>,
     pub(crate) inbound: Streaming<v1::TransactResponse>,
     /// The broker runs transactions one after another on it (its response header said so).
     reusable: bool,
     /// How long it may be kept idle: [`MAX_IDLE`], or half the broker's idle bound if less.
     keep_for: Duration,
+    /// Since when it has carried no transaction (kept in the pool); `None` while new.
+    idle_since: Option<Instant>,
 }
 
 impl TxStream {
-    /// Opens a stream whose first request is `first`, waiting for the broker's response
+    /// Opens a stream whose first requests are `first`, waiting for the broker's response
     /// headers (within the client's call deadline).
-    pub(crate) async fn open(client: &Client, first: v1::TransactRequest) -> Result<TxStream> {
-        let (out, rx) = mpsc::unbounded_channel();
+    pub(crate) async fn open(client: &Client, first: Vec<v1::TransactRequest>) -> Result<TxStream> {
+        let (out, rx) = mpsc::unbounded_channel::<Vec<v1::TransactRequest>>();
         let _ = out.send(first);
+        client.tx_pool.count_batch();
         let mut grpc = client.rpc.clone();
-        let rpc = grpc.transact(UnboundedReceiverStream::new(rx));
+        let requests = UnboundedReceiverStream::new(rx).flat_map(futures::stream::iter);
+        let rpc = grpc.transact(requests);
         let response = crate::deadline::within(
             client.options.call_timeout,
             "beginning the transaction",
@@ -60,6 +69,7 @@ impl TxStream {
             inbound: response.into_inner(),
             reusable,
             keep_for,
+            idle_since: None,
         })
     }
 
@@ -67,6 +77,15 @@ impl TxStream {
     /// unasked: it cannot carry a transaction. Does not wait.
     fn ended(&mut self) -> bool {
         self.out.is_closed() || self.inbound.message().now_or_never().is_some()
+    }
+
+    /// Taken from the pool and kept idle (nothing of the transaction sent yet) for so long
+    /// that the broker may end it any moment, or already ended: a transaction whose first
+    /// requests are still unsent opens a new stream for them instead.
+    pub(crate) fn stale(&mut self) -> bool {
+        self.idle_since
+            .is_some_and(|since| since.elapsed() >= self.keep_for)
+            || self.ended()
     }
 }
 
@@ -80,11 +99,22 @@ fn keep_for(broker_idle_ms: Option<u64>) -> Duration {
     }
 }
 
-/// The idle streams of a client (shared by its clones), newest last.
+/// The idle streams of a client (shared by its clones), newest last, and how many request
+/// batches its transactions wrote.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct TxPool(Arc<Mutex<Vec<(TxStream, Instant)>>>);
+pub(crate) struct TxPool(Arc<Mutex<Vec<(TxStream, Instant)>>>, Arc<AtomicU64>);
 
 impl TxPool {
+    /// One batch of requests handed to a `Transact` stream.
+    pub(crate) fn count_batch(&self) {
+        self.1.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Batches handed to `Transact` streams so far.
+    pub(crate) fn batches(&self) -> u64 {
+        self.1.load(Ordering::Relaxed)
+    }
+
     /// The most recently idle stream that is still open and not too old, if any; the others
     /// are closed.
     pub(crate) fn take(&self) -> Option<TxStream> {
@@ -106,7 +136,10 @@ impl TxPool {
         }
         let mut idle = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() < MAX_IDLE_STREAMS {
-            idle.push((stream, Instant::now()));
+            let mut stream = stream;
+            let now = Instant::now();
+            stream.idle_since = Some(now);
+            idle.push((stream, now));
         }
     }
 }

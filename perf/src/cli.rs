@@ -66,6 +66,8 @@ Load shape:
   --backlog N    SENDANDRECEIVE: fill N messages (op fill), then time their drain (op drain).
   --one-at-a-time  TX: each send is begin, send, commit and each receive is begin, receive,
                  commit, awaited before the next (a synchronous application's transactions).
+  --receive-and-commit  with --one-at-a-time: each receive is begin, receive_and_commit (the
+                 receive and the commit in one round trip) instead of begin, receive, commit.
   RSS: after each phase the table prints a line `rss ...` with the broker's VmRSS at the end
   of it (embedded broker: mqperf's own process, client included; --broker: only with
   --broker-pid PID); JSON rows carry it as rss_mib.
@@ -87,7 +89,8 @@ Peers (--target, repeatable; run one after another, then a side-by-side table):
                  NATS: file storage, each publish ack awaited before the next, each receive
                  acked synchronously (double ack)
   Peer queues are named mqperf_<last part of QUEUE>_<express|recoverable|tx>. --forward,
-  --clients, --rate, --queues, --consumers, --backlog, --broker-pid are mq-only. A peer that
+  --clients, --rate, --queues, --consumers, --backlog, --broker-pid, --receive-and-commit are
+  mq-only (a peer's TX receive is what its mapping above says). A peer that
   cannot be reached fails the run (exit 1) before anything is measured.
 
 Files: --csv FILE writes every row (the --json fields) as CSV; --plot FILE.svg|FILE.png draws
@@ -205,6 +208,11 @@ pub struct Cli {
     /// instead of pipelined single-message transactions (with --clients N: N such loops at once)
     #[arg(long)]
     pub one_at_a_time: bool,
+    /// With --one-at-a-time: every receive transaction is begin, then receive_and_commit (the
+    /// receive and the commit in one round trip; the broker commits whatever message it
+    /// takes) instead of begin, receive, commit
+    #[arg(long)]
+    pub receive_and_commit: bool,
     /// SENDANDPURGE: leave the last run's messages in the queue(s) instead of purging them
     /// (to look at, or restart the broker with, a known load: e.g. --queues 100000 --count
     /// 100000 leaves one message in each queue)
@@ -323,6 +331,7 @@ impl Cli {
             ack_each: self.ack_each,
             journal: self.journal,
             one_at_a_time: self.one_at_a_time,
+            receive_and_commit: self.receive_and_commit,
             keep: self.keep,
             targets: self.target,
             csv: self.csv,
@@ -394,6 +403,12 @@ impl Cli {
             return Err(usage(
                 ErrorKind::ArgumentConflict,
                 "--one-at-a-time applies to TX only (it times explicit transactions)".to_string(),
+            ));
+        }
+        if self.receive_and_commit && !self.one_at_a_time {
+            return Err(usage(
+                ErrorKind::ArgumentConflict,
+                "--receive-and-commit needs --one-at-a-time (it changes how each receive transaction ends)".to_string(),
             ));
         }
         if self.broker_pid.is_some() && self.broker.is_none() {

@@ -140,6 +140,9 @@ pub struct Config {
     pub journal: bool,
     /// TX: explicit transactions of one message each, awaited one at a time (`--one-at-a-time`).
     pub one_at_a_time: bool,
+    /// With `one_at_a_time`: receive transactions end with receive_and_commit (one round
+    /// trip) instead of receive, commit (`--receive-and-commit`).
+    pub receive_and_commit: bool,
     /// SENDANDPURGE: the last run's messages stay in the queues (`--keep`).
     pub keep: bool,
     /// `--target`: the systems to run against, one after another (empty: mq only, the
@@ -220,6 +223,7 @@ impl Config {
             ack_each: false,
             journal: false,
             one_at_a_time: false,
+            receive_and_commit: false,
             keep: false,
             targets: Vec::new(),
             csv: None,

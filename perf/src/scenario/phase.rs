@@ -459,6 +459,8 @@ pub(crate) struct ReceiveJob {
     pub ack_each: bool,
     /// TX: every receive an explicit transaction (begin, receive, commit), awaited.
     pub one_at_a_time: bool,
+    /// With `one_at_a_time`: begin, receive_and_commit (one round trip) instead.
+    pub receive_and_commit: bool,
     pub combo: Arc<Combo>,
     pub count: u64,
     /// Longest wait for the next message.
@@ -695,13 +697,17 @@ impl ReceiveJob {
 /// one explicit transaction per message.
 enum Source {
     Consumer(Box<Consumer>),
-    OneAtATime(Box<Queue>),
+    /// With whether each ends with receive_and_commit (`--receive-and-commit`).
+    OneAtATime(Box<Queue>, bool),
 }
 
 impl Source {
     async fn open(job: &ReceiveJob, queue: &Queue, limit: Option<u64>) -> mq_client::Result<Self> {
         if job.one_at_a_time {
-            return Ok(Source::OneAtATime(Box::new(queue.clone())));
+            return Ok(Source::OneAtATime(
+                Box::new(queue.clone()),
+                job.receive_and_commit,
+            ));
         }
         let options = ConsumerOptions {
             prefetch: prefetch_for(job.combo.body_bytes),
@@ -710,11 +716,19 @@ impl Source {
         Ok(Source::Consumer(Box::new(queue.consumer(options).await?)))
     }
 
-    /// The next message; one at a time: begin, receive, commit (an empty receive aborts).
+    /// The next message; one at a time: begin, receive, commit (an empty receive aborts), or
+    /// begin, receive_and_commit (which aborts an empty receive itself).
     async fn next(&mut self, timeout: Duration) -> mq_client::Result<Option<ReceivedMessage>> {
         match self {
             Source::Consumer(c) => c.next(timeout).await,
-            Source::OneAtATime(q) => {
+            Source::OneAtATime(q, true) => {
+                let tx = q.client().begin().await?;
+                Ok(tx
+                    .receive_and_commit(q.name(), timeout)
+                    .await?
+                    .map(|(m, _)| m))
+            }
+            Source::OneAtATime(q, false) => {
                 let mut tx = q.client().begin().await?;
                 match tx.receive(q.name(), timeout).await? {
                     Some(m) => {
@@ -734,14 +748,14 @@ impl Source {
     async fn ack(&mut self) -> mq_client::Result<()> {
         match self {
             Source::Consumer(c) => c.ack().await,
-            Source::OneAtATime(_) => Ok(()),
+            Source::OneAtATime(..) => Ok(()),
         }
     }
 
     async fn close(self) -> mq_client::Result<()> {
         match self {
             Source::Consumer(c) => c.close().await,
-            Source::OneAtATime(_) => Ok(()),
+            Source::OneAtATime(..) => Ok(()),
         }
     }
 }

@@ -42,6 +42,7 @@ pub(crate) async fn measure(
             consumers: 1,
             ack_each: ctx.config.ack_each,
             one_at_a_time: ctx.config.one_at_a_time,
+            receive_and_commit: ctx.config.receive_and_commit,
             combo: combo.clone(),
             count: ctx.config.count,
             timeout: ctx.config.timeout,

@@ -127,5 +127,6 @@ mod store_and_forward;
 mod subqueues;
 mod transactions;
 mod transactions_crash;
+mod tx_one_round_trip;
 mod tx_stream_reuse;
 mod wire_contract;

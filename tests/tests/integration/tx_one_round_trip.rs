@@ -1,0 +1,300 @@
+//! Synchronous transactions at one round trip each (issue 14 point 3): a transaction of sends
+//! and a commit, and a transaction of a receive that commits with it (`TxReceive.commit`,
+//! `Transaction::receive_and_commit`), each leave the client as one batch of requests and cost
+//! the broker one fdatasync; the folded receive keeps every guarantee of receive + commit (on
+//! disk when answered, in order, exactly once; an empty receive or a failed commit changes
+//! nothing and puts the message back).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use mq_client::{Client, Error, Message, QueueOptions};
+use mq_proto::v1::{self, transact_request::Op, transact_response::Result as Res};
+use mq_tests::{temp_data_dir, MqdProcess};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+const Q: &str = r".\private$\txone";
+const WAIT: Duration = Duration::from_secs(20);
+/// One-at-a-time transactions per check.
+const N: u64 = 100;
+
+async fn create_tx_queue(client: &Client, name: &str) {
+    let opts = QueueOptions {
+        transactional: true,
+        ..QueueOptions::default()
+    };
+    client.create_queue(name, opts).await.unwrap();
+}
+
+/// mqd with its metrics endpoint, a client, and the transactional queue `Q`.
+async fn mqd_with_queue(dir: &std::path::Path) -> (MqdProcess, mq_tests::http::Http, Client) {
+    let (mqd, http) = mq_tests::http::mqd_with_http(dir, &[]);
+    let http = mq_tests::http::Http::new(&format!("http://{http}"));
+    let client = mqd.connect().await;
+    create_tx_queue(&client, Q).await;
+    (mqd, http, client)
+}
+
+/// The journal's `mq_journal_fdatasync_total`.
+async fn fdatasyncs(http: &mq_tests::http::Http) -> u64 {
+    let http = http.clone();
+    tokio::task::spawn_blocking(move || {
+        let (status, body) = http.page("/metrics");
+        assert_eq!(status, 200, "{body}");
+        body.lines()
+            .find_map(|l| l.strip_prefix("mq_journal_fdatasync_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no mq_journal_fdatasync_total in {body}")) as u64
+    })
+    .await
+    .unwrap()
+}
+
+async fn bodies(client: &Client, queue: &str) -> Vec<(String, u32)> {
+    client
+        .queue(queue)
+        .unwrap()
+        .peek_many(1000, Duration::ZERO)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| (String::from_utf8_lossy(&m.body).into_owned(), m.abort_count))
+        .collect()
+}
+
+/// N transactions of begin, send, commit, each awaited, then N of begin, receive_and_commit:
+/// each is one batch of requests from the client (its begin, sends and commit, or its begin and
+/// folded receive, leave together) and at most one fdatasync of the broker's journal; the
+/// messages arrive in order, once each, and their removal is on disk (kill -9 and restart: the
+/// queue is empty).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_batch_and_one_fdatasync_per_transaction() {
+    let dir = temp_data_dir("mq-txone-");
+    let (mut mqd, http, client) = mqd_with_queue(dir.path()).await;
+    // The first transaction opens the stream (its own batch); the others reuse it.
+    let mut tx = client.begin().await.unwrap();
+    tx.send(Q, Message::new("warm-up")).unwrap();
+    tx.commit().await.unwrap();
+
+    let batches = client.transaction_batches();
+    let syncs = fdatasyncs(&http).await;
+    for i in 0..N {
+        let mut tx = client.begin().await.unwrap();
+        tx.send(Q, Message::new(format!("m{i}"))).unwrap();
+        assert_eq!(tx.commit().await.unwrap().len(), 1);
+    }
+    let sent_batches = client.transaction_batches() - batches;
+    let sent_syncs = fdatasyncs(&http).await - syncs;
+    assert_eq!(
+        sent_batches, N,
+        "one batch of requests per transaction of begin, send, commit"
+    );
+    // Slack for syncs the broker makes on its own meanwhile (a new segment, the counters'
+    // record); two per transaction would be far above it.
+    assert!(
+        sent_syncs <= N + N / 4,
+        "{sent_syncs} fdatasyncs for {N} send transactions"
+    );
+
+    let tx = client.begin().await.unwrap();
+    let (m, ids) = tx
+        .receive_and_commit(Q, WAIT)
+        .await
+        .unwrap()
+        .expect("a message");
+    assert_eq!(m.body, "warm-up".as_bytes());
+    assert!(ids.is_empty());
+    let batches = client.transaction_batches();
+    let syncs = fdatasyncs(&http).await;
+    for i in 0..N {
+        let tx = client.begin().await.unwrap();
+        let (m, _) = tx
+            .receive_and_commit(Q, WAIT)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("message m{i}"));
+        assert_eq!(m.body, format!("m{i}").as_bytes(), "in order, once each");
+        assert_eq!(m.abort_count, 0);
+    }
+    let received_batches = client.transaction_batches() - batches;
+    let received_syncs = fdatasyncs(&http).await - syncs;
+    assert_eq!(
+        received_batches, N,
+        "one batch of requests per begin, receive_and_commit (no separate commit)"
+    );
+    assert!(
+        received_syncs <= N + N / 4,
+        "{received_syncs} fdatasyncs for {N} receive transactions"
+    );
+    assert!(bodies(&client, Q).await.is_empty());
+
+    // Every answered commit is on disk: after kill -9 nothing comes back.
+    mqd.kill9_checked();
+    let mqd = MqdProcess::launch_on(dir.path(), mqd.addr(), &[]);
+    let client = mqd.connect().await;
+    assert!(bodies(&client, Q).await.is_empty());
+    drop(mqd);
+}
+
+/// One raw `Transact` stream.
+struct Raw {
+    out: mpsc::UnboundedSender<v1::TransactRequest>,
+    inbound: tonic::Streaming<v1::TransactResponse>,
+}
+
+impl Raw {
+    async fn open(url: &str) -> Raw {
+        let mut rpc =
+            v1::message_queue_service_client::MessageQueueServiceClient::connect(url.to_string())
+                .await
+                .unwrap();
+        let (out, rx) = mpsc::unbounded_channel();
+        let response = rpc
+            .transact(UnboundedReceiverStream::new(rx))
+            .await
+            .unwrap();
+        Raw {
+            out,
+            inbound: response.into_inner(),
+        }
+    }
+
+    fn op(&self, op: Op) {
+        self.out.send(v1::TransactRequest { op: Some(op) }).unwrap();
+    }
+
+    fn send(&self, queue: &str, body: &str) {
+        self.op(Op::Send(v1::TxSend {
+            destination: queue.to_string(),
+            messages: vec![v1::OutMessage {
+                body: Bytes::copy_from_slice(body.as_bytes()),
+                ..Default::default()
+            }],
+        }));
+    }
+
+    fn receive_and_commit(&self, timeout_ms: u64) {
+        self.op(Op::Receive(v1::TxReceive {
+            queue: Q.to_string(),
+            timeout_ms,
+            commit: true,
+            ..Default::default()
+        }));
+    }
+
+    async fn answer(&mut self) -> Result<Res, tonic::Status> {
+        match tokio::time::timeout(WAIT, self.inbound.message()).await {
+            Ok(Ok(Some(v1::TransactResponse { result: Some(r) }))) => Ok(r),
+            Ok(Ok(other)) => panic!("the stream ended or sent nothing: {other:?}"),
+            Ok(Err(status)) => Err(status),
+            Err(_) => panic!("no answer within {WAIT:?}"),
+        }
+    }
+
+    /// No further answer is waiting (what came was all of it).
+    async fn nothing_more(&mut self) {
+        let more = tokio::time::timeout(Duration::from_millis(200), self.inbound.message()).await;
+        assert!(more.is_err(), "a second answer: {more:?}");
+    }
+}
+
+/// On the wire: a receive with `commit` gets exactly one answer, `committed` with the message
+/// and the transaction's sends; a receive with `commit` that finds nothing gets `aborted` and
+/// the whole transaction (its send too) is undone; either way the stream carries the next
+/// transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_with_commit_is_answered_once_committed_or_aborted() {
+    let dir = temp_data_dir("mq-txone-wire-");
+    let (mqd, _http, client) = mqd_with_queue(dir.path()).await;
+    let other = r".\private$\txone-other";
+    create_tx_queue(&client, other).await;
+    let mut raw = Raw::open(mqd.url()).await;
+    raw.send(Q, "first");
+    raw.op(Op::Commit(()));
+    assert!(matches!(raw.answer().await.unwrap(), Res::Committed(_)));
+
+    // A send and a receive that commits with it.
+    raw.send(other, "sent with the receive");
+    raw.receive_and_commit(WAIT.as_millis() as u64);
+    match raw.answer().await.unwrap() {
+        Res::Committed(c) => {
+            assert_eq!(c.received, 1);
+            assert_eq!(c.ids.len(), 1);
+            let m = c.message.expect("the received message in the answer");
+            assert_eq!(m.body, "first".as_bytes());
+        }
+        other => panic!("one answer, committed: {other:?}"),
+    }
+    raw.nothing_more().await;
+    assert!(bodies(&client, Q).await.is_empty());
+    assert_eq!(
+        bodies(&client, other).await,
+        [("sent with the receive".to_string(), 0)]
+    );
+
+    // Nothing to receive: the transaction, with its send, is aborted.
+    raw.send(other, "never stored");
+    raw.receive_and_commit(50);
+    assert!(matches!(raw.answer().await.unwrap(), Res::Aborted(_)));
+    raw.nothing_more().await;
+    assert_eq!(bodies(&client, other).await.len(), 1);
+
+    // The stream goes on.
+    raw.send(Q, "next");
+    raw.op(Op::Commit(()));
+    assert!(matches!(raw.answer().await.unwrap(), Res::Committed(_)));
+    assert_eq!(bodies(&client, Q).await, [("next".to_string(), 0)]);
+    drop(mqd);
+}
+
+/// A receive that commits, in a transaction whose commit fails (it staged a send to a queue
+/// that is not transactional): the commit's error, nothing of the transaction happens, and the
+/// message is back at the head of its queue with its abort count incremented. An empty receive
+/// through the client is `None`, and the transaction's send is not stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_or_empty_receive_and_commit_changes_nothing() {
+    let dir = temp_data_dir("mq-txone-fail-");
+    let (mqd, _http, client) = mqd_with_queue(dir.path()).await;
+    let plain = r".\private$\txone-plain";
+    client
+        .create_queue(plain, QueueOptions::default())
+        .await
+        .unwrap();
+    let mut tx = client.begin().await.unwrap();
+    tx.send(Q, Message::new("a")).unwrap();
+    tx.send(Q, Message::new("b")).unwrap();
+    tx.commit().await.unwrap();
+
+    let mut tx = client.begin().await.unwrap();
+    tx.send(plain, Message::new("refused")).unwrap();
+    let r = tx.receive_and_commit(Q, WAIT).await;
+    assert!(r.is_err(), "the commit fails: {r:?}");
+    assert!(
+        !matches!(r, Err(Error::InDoubt { .. })),
+        "the broker said it did not commit: {r:?}"
+    );
+    assert_eq!(
+        bodies(&client, Q).await,
+        [("a".to_string(), 1), ("b".to_string(), 0)],
+        "the message is back at the head, its abort counted"
+    );
+    assert!(bodies(&client, plain).await.is_empty());
+
+    // The client goes on; both messages once, in order.
+    for want in ["a", "b"] {
+        let tx = client.begin().await.unwrap();
+        let (m, _) = tx.receive_and_commit(Q, WAIT).await.unwrap().unwrap();
+        assert_eq!(m.body, want.as_bytes());
+    }
+    // Empty queue: None, and the transaction's send did not happen.
+    let mut tx = client.begin().await.unwrap();
+    tx.send(Q, Message::new("not stored")).unwrap();
+    let none = tx
+        .receive_and_commit(Q, Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert!(none.is_none());
+    assert!(bodies(&client, Q).await.is_empty());
+    drop(mqd);
+}
