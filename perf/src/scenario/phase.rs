@@ -161,7 +161,7 @@ impl SendJob {
     /// ([`MAX_OPEN_SENDERS`]).
     fn grouped(&self, k: u64, n: u64) -> bool {
         let share = self.count / n + u64::from(k < self.count % n);
-        share.min(self.queues.len() as u64) > MAX_OPEN_SENDERS as u64
+        distinct_queues(share, n, self.queues.len() as u64) > MAX_OPEN_SENDERS as u64
     }
 
     pub async fn run(self) -> Result<Sent> {
@@ -437,6 +437,22 @@ impl SendJob {
             latency,
         })
     }
+}
+
+/// How many queues a client of `n` with `share` messages sends to, over `q` queues round-robin:
+/// its queues `(k + j*n) mod q` repeat every `q / gcd(n, q)` messages (200 clients over 1,000
+/// queues: 5 each). Counting `min(share, q)` instead made each of 200 clients look as if it
+/// sent to 1,000 queues and go through them in groups, opening its senders with the clock
+/// running.
+fn distinct_queues(share: u64, n: u64, q: u64) -> u64 {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    share.min(q / gcd(n.max(1), q).max(1))
 }
 
 async fn collect_receipts(mut rx: mpsc::UnboundedReceiver<(Instant, Receipt)>) -> Latency {
@@ -790,6 +806,16 @@ fn verify(m: &ReceivedMessage, combo: &Combo) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_sends_to_the_queues_its_round_robin_reaches() {
+        assert_eq!(distinct_queues(1000, 200, 1000), 5);
+        assert_eq!(distinct_queues(3, 200, 1000), 3);
+        assert_eq!(distinct_queues(100_000, 1, 1000), 1000);
+        assert_eq!(distinct_queues(1000, 3, 1000), 1000);
+        assert_eq!(distinct_queues(10, 4, 6), 3);
+        assert_eq!(distinct_queues(0, 1, 1), 0);
+    }
 
     #[test]
     fn sampling_and_prefetch() {
