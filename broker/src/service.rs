@@ -795,9 +795,6 @@ async fn consume(
         let notified = queue.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let room = conn.room();
-        tokio::pin!(room);
-        room.as_mut().enable();
         let oldest = in_flight.front().map(|(_, _, at)| *at + flow.ack_timeout);
         if oldest.is_some_and(|d| d <= tokio::time::Instant::now()) {
             break Some(ack_timed_out(in_flight.len()));
@@ -806,11 +803,18 @@ async fn consume(
             .max_unacked_per_stream
             .saturating_sub(in_flight.len() as u64);
         let want = credit.min(stream_room).min(MAX_DELIVERY_BATCH as u64);
-        let granted = if want > 0 {
+        let mut granted = if want > 0 {
             conn.reserve_unacked(want, flow.max_unacked_per_connection)
         } else {
             0
         };
+        // Registered only when the connection is short of room (then asked again: slots given
+        // back meanwhile would wake no one).
+        let mut room = None;
+        if granted < want {
+            room = Some(conn.wait_for_room());
+            granted += conn.reserve_unacked(want - granted, flow.max_unacked_per_connection);
+        }
         let mut blocked_by_connection = granted < want;
         if granted > 0 {
             let taken = match queue
@@ -879,7 +883,13 @@ async fn consume(
         tokio::select! {
             // Wakes on deletion too, so a consumer without credit still notices it.
             _ = notified => continue,
-            _ = room, if blocked_by_connection => continue,
+            // Blocked by the connection implies registered for room.
+            _ = async {
+                match room.as_mut() {
+                    Some(r) => r.await,
+                    None => std::future::pending().await,
+                }
+            }, if blocked_by_connection => continue,
             _ = tokio::time::sleep_until(ack_deadline), if oldest.is_some() => continue,
             r = inbound.message() => match r {
                 Ok(Some(r)) => {

@@ -8,6 +8,7 @@
 
 mod client;
 mod phase;
+mod pool;
 mod protocol;
 mod send_and_purge;
 mod send_and_receive;
@@ -164,8 +165,6 @@ pub(crate) struct Forwarding {
 #[derive(Debug, Clone)]
 pub(crate) struct Ctx {
     pub config: Config,
-    /// The sending broker's URL (extra senders connect there).
-    pub send_url: String,
     /// The queues as sends name them: on the sending broker, or with `--forward` B's queues
     /// by their remote format names, through A (`--queues`: several).
     pub send_queues: Vec<Queue>,
@@ -175,6 +174,10 @@ pub(crate) struct Ctx {
     pub queues: Vec<Queue>,
     pub forwarding: Option<Forwarding>,
     pub progress: Progress,
+    /// Connections of concurrent senders (to the sending broker), kept across phases.
+    pub send_pool: Arc<pool::Pool>,
+    /// Extra connections of many consumers (to the receiving broker), kept across phases.
+    pub receive_pool: Arc<pool::Pool>,
 }
 
 impl Ctx {
@@ -195,7 +198,7 @@ impl Ctx {
             transactional: self.config.mode == Mode::Tx,
             one_at_a_time: self.config.one_at_a_time,
             clients,
-            url: self.send_url.clone(),
+            pool: self.send_pool.clone(),
             label,
             progress: self.progress.clone(),
         }
@@ -271,7 +274,8 @@ pub async fn run(
     }
     let ctx = Ctx {
         config: config.clone(),
-        send_url: brokers.send.url().to_string(),
+        send_pool: Arc::new(pool::Pool::new(brokers.send.url())),
+        receive_pool: Arc::new(pool::Pool::new(brokers.receive.url())),
         send_queues,
         queue: queues[0].clone(),
         queues,

@@ -83,8 +83,8 @@ pub(crate) struct SendJob {
     pub one_at_a_time: bool,
     /// Concurrent senders (1: through `queues`' connection).
     pub clients: u32,
-    /// The broker's URL, where each of several clients connects.
-    pub url: String,
+    /// Where each of several clients gets its connection (kept across jobs).
+    pub pool: Arc<super::pool::Pool>,
     /// A label for every message (the CLIENT's run tag).
     pub label: Option<String>,
     /// `--rate`: open loop at this many messages/s, latencies from the intended send time.
@@ -161,7 +161,7 @@ impl SendJob {
     /// ([`MAX_OPEN_SENDERS`]).
     fn grouped(&self, k: u64, n: u64) -> bool {
         let share = self.count / n + u64::from(k < self.count % n);
-        share.min(self.queues.len() as u64) > MAX_OPEN_SENDERS as u64
+        distinct_queues(share, n, self.queues.len() as u64) > MAX_OPEN_SENDERS as u64
     }
 
     pub async fn run(self) -> Result<Sent> {
@@ -186,6 +186,12 @@ impl SendJob {
             // Every client connects and opens its senders first; then all start at once (the
             // pacer starts between the two gates).
             let n = u64::from(job.clients);
+            let mut clients = job
+                .pool
+                .clients(job.clients as usize)
+                .await
+                .with_context(|| job.what())?
+                .into_iter();
             let opened_gate = Arc::new(tokio::sync::Barrier::new(job.clients as usize + 1));
             let start_gate = Arc::new(tokio::sync::Barrier::new(job.clients as usize + 1));
             let (pacer_tx, pacer_rx) = tokio::sync::watch::channel(None::<PacerHandle>);
@@ -194,11 +200,9 @@ impl SendJob {
                 let (job, opened_gate, start_gate) =
                     (job.clone(), opened_gate.clone(), start_gate.clone());
                 let mut pacer_rx = pacer_rx.clone();
+                let client = clients.next().expect("a connection per client");
                 tasks.push(tokio::spawn(async move {
                     let opened = async {
-                        let client = crate::connect::client(&job.url)
-                            .await
-                            .with_context(|| job.what())?;
                         let name = |i: usize| job.queues[i].name().to_string();
                         let senders = job.open(k, n, |i| Ok(client.queue(&name(i))?)).await?;
                         anyhow::Ok((client, senders))
@@ -435,6 +439,22 @@ impl SendJob {
     }
 }
 
+/// How many queues a client of `n` with `share` messages sends to, over `q` queues round-robin:
+/// its queues `(k + j*n) mod q` repeat every `q / gcd(n, q)` messages (200 clients over 1,000
+/// queues: 5 each). Counting `min(share, q)` instead made each of 200 clients look as if it
+/// sent to 1,000 queues and go through them in groups, opening its senders with the clock
+/// running.
+fn distinct_queues(share: u64, n: u64, q: u64) -> u64 {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    share.min(q / gcd(n.max(1), q).max(1))
+}
+
 async fn collect_receipts(mut rx: mpsc::UnboundedReceiver<(Instant, Receipt)>) -> Latency {
     let mut l = Latency::new();
     while let Some((t, receipt)) = rx.recv().await {
@@ -473,6 +493,8 @@ pub(crate) struct ReceiveJob {
     /// The label every message must carry (SERVER: the client's run tag).
     pub expect_label: Option<String>,
     pub progress: Progress,
+    /// Where consumers past the first [`CONSUMERS_PER_CONNECTION`] get their connections.
+    pub pool: Arc<super::pool::Pool>,
 }
 
 /// What a [`ReceiveJob`] measured.
@@ -585,13 +607,13 @@ impl ReceiveJob {
         // Up to CONSUMERS_PER_CONNECTION consumers share a connection (the first group the
         // job's own), so many consumers stay below the broker's streams per connection.
         let mut connections = vec![job.queues[0].client().clone()];
-        let url = connections[0].url().to_string();
-        for _ in 1..(job.consumers as usize).div_ceil(CONSUMERS_PER_CONNECTION) {
-            let c = crate::connect::client(&url)
+        let extra = (job.consumers as usize).div_ceil(CONSUMERS_PER_CONNECTION) - 1;
+        connections.extend(
+            job.pool
+                .clients(extra)
                 .await
-                .with_context(|| format!("connecting another consumer connection to {url}"))?;
-            connections.push(c);
-        }
+                .with_context(|| format!("another consumer connection to {}", job.pool.url()))?,
+        );
         let mut tasks = Vec::new();
         for k in 0..job.consumers as usize {
             let i = k % q as usize;
@@ -605,16 +627,20 @@ impl ReceiveJob {
                     .with_context(|| format!("consumer {} of {}", k + 1, job.consumers))
             }));
         }
+        let mut results = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            results.push(t.await.context("a consumer task panicked")??);
+        }
+        // Timed until the last consumer is done; adding up their latencies is not.
+        let elapsed = start.elapsed();
         let mut service = Latency::new();
         let mut transit = Latency::new();
         let mut per_consumer = Vec::new();
-        for t in tasks {
-            let (n, s, tr) = t.await.context("a consumer task panicked")??;
+        for (n, s, tr) in results {
             service.merge(&s);
             transit.merge(&tr);
             per_consumer.push(n);
         }
-        let elapsed = start.elapsed();
         let verified: u64 = per_consumer.iter().sum();
         job.progress
             .inc(per_consumer.iter().map(|n| n % PROGRESS_STEP).sum());
@@ -794,6 +820,16 @@ fn verify(m: &ReceivedMessage, combo: &Combo) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_sends_to_the_queues_its_round_robin_reaches() {
+        assert_eq!(distinct_queues(1000, 200, 1000), 5);
+        assert_eq!(distinct_queues(3, 200, 1000), 3);
+        assert_eq!(distinct_queues(100_000, 1, 1000), 1000);
+        assert_eq!(distinct_queues(1000, 3, 1000), 1000);
+        assert_eq!(distinct_queues(10, 4, 6), 3);
+        assert_eq!(distinct_queues(0, 1, 1), 0);
+    }
 
     #[test]
     fn sampling_and_prefetch() {

@@ -48,6 +48,7 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
         wait_forever_for_first: false,
         expect_label: None,
         progress: ctx.progress.clone(),
+        pool: ctx.receive_pool.clone(),
     };
     for run in 1..=ctx.config.runs {
         let name = combo.name();
@@ -110,6 +111,7 @@ async fn fill_and_drain(ctx: &Ctx, combo: &Arc<Combo>, backlog: u64) -> Result<V
             wait_forever_for_first: false,
             expect_label: None,
             progress: ctx.progress.clone(),
+            pool: ctx.receive_pool.clone(),
         }
         .run()
         .await?;

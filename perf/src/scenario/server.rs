@@ -50,6 +50,7 @@ pub(crate) async fn measure(
             wait_forever_for_first: !session.started,
             expect_label: Some(message_label(combo, run)),
             progress: ctx.progress.clone(),
+            pool: ctx.receive_pool.clone(),
         }
         .run()
         .await?;

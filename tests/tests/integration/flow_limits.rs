@@ -628,6 +628,76 @@ async fn receivers_granting_huge_credit_and_never_reading_do_not_starve_others()
     broker.stop().await.unwrap();
 }
 
+/// A stream held back by its connection's unacknowledged limit is woken when another stream of
+/// the same connection acknowledges (streams register for room only once they are short of
+/// it, and ask again after registering: issue 14 point 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_blocked_by_its_connection_gets_room_when_another_acknowledges() {
+    const QB: &str = r".\private$\flow-b";
+    let broker = InProcessBroker::start_with(|c| {
+        c.flow.max_unacked_per_connection = 10;
+    })
+    .await;
+    let client = broker.client().await;
+    mq_tests::create_default_queue(&client, Q).await;
+    mq_tests::create_default_queue(&client, QB).await;
+    fill(&client, Q, 10, |i| Bytes::from(format!("a{i}"))).await;
+    fill(&client, QB, 5, |i| Bytes::from(format!("b{i}"))).await;
+    let rpc = raw(broker.url()).await;
+    let open = |queue: &'static str, credit: u32| {
+        let mut rpc = rpc.clone();
+        async move {
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            tx.send(v1::ReceiveRequest {
+                queue: queue.into(),
+                credit,
+                ack_through: 0,
+            })
+            .await
+            .unwrap();
+            let resp = rpc.receive(raw_stream(rx)).await.unwrap().into_inner();
+            (tx, resp)
+        }
+    };
+    // Stream A takes the connection's 10 slots.
+    let (a_tx, mut a) = open(Q, 10).await;
+    let mut got_a = 0;
+    while got_a < 10 {
+        let batch = tokio::time::timeout(WAIT, a.message())
+            .await
+            .expect("stream A gets its messages")
+            .unwrap()
+            .expect("stream A open");
+        got_a += batch.messages.len();
+    }
+    // Stream B, on the same connection, gets nothing while A holds them.
+    let (_b_tx, mut b) = open(QB, 5).await;
+    let early = tokio::time::timeout(Duration::from_millis(300), b.message()).await;
+    assert!(
+        early.is_err(),
+        "stream B got messages past the connection's limit: {early:?}"
+    );
+    // A acknowledges: B is woken and gets all of QB.
+    a_tx.send(v1::ReceiveRequest {
+        queue: String::new(),
+        credit: 0,
+        ack_through: 10,
+    })
+    .await
+    .unwrap();
+    let mut got_b = 0;
+    while got_b < 5 {
+        let batch = tokio::time::timeout(WAIT, b.message())
+            .await
+            .expect("stream B is woken once A acknowledges")
+            .unwrap()
+            .expect("stream B open");
+        got_b += batch.messages.len();
+    }
+    drop((a_tx, a, b));
+    broker.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unacknowledged_message_comes_back_after_the_ack_timeout() {
     let dir = temp_data_dir("mq-flow-ackto-");
