@@ -111,3 +111,30 @@ def test_lost_commit_answer_is_in_doubt(txqname: str) -> None:
             assert stored == ([b"maybe"] if outcome == "committed" else [])
     finally:
         broker.stop()
+
+
+def test_receive_and_commit_in_one_round_trip(client: Client, txqname: str) -> None:
+    other = txqname + "-out"
+    client.create_queue(other, transactional=True)
+    try:
+        q = client.queue(txqname)
+        first = q.send(b"one", transactional=True)
+        q.send(b"two", transactional=True)
+        with client.transaction() as tx:
+            tx.send(other, b"staged with it")
+            m = tx.receive_and_commit(txqname, timeout=30.0)
+        assert m is not None and m.id == first and m.body == b"one"
+        assert len(tx.ids) == 1, "the staged send committed with the receive"
+        assert [x.body for x in client.queue(other).peek_many(5)] == [b"staged with it"]
+        assert [x.body for x in q.peek_many(5)] == [b"two"], "the received one is gone"
+        assert client.transaction_outcome(tx.id).outcome == "committed"
+        # Nothing to receive: the whole transaction is aborted, its send too.
+        assert client.queue(txqname).receive_one(timeout=30.0) is not None
+        with client.transaction() as tx2:
+            tx2.send(other, b"never stored")
+            assert tx2.receive_and_commit(txqname, timeout=0.2) is None
+        assert [x.body for x in client.queue(other).peek_many(5)] == [b"staged with it"]
+        with pytest.raises(mq_client.TransactionAborted):
+            tx2.send(other, b"over")
+    finally:
+        client.delete_queue(other)

@@ -148,6 +148,55 @@ class Transaction:
             return None
         raise InternalError(f"unexpected transaction response from the broker: {kind}")
 
+    def receive_and_commit(self, queue: str, timeout: float = 0.0) -> Optional[Message]:
+        """Receives one message and commits the transaction (with everything staged before it)
+        in one round trip: returns the message once the commit record is on disk (``tx.ids``:
+        the ids of the messages sent), or ``None`` if none came within ``timeout`` seconds, and
+        then the whole transaction is aborted. The transaction is over either way. What it gives
+        up against ``receive`` then ``commit``: the message is not in hand before the commit, so
+        if the answer is lost after the commit (:class:`TransactionInDoubt`) the message is
+        gone. A broker that predates it answers with the message; the commit then follows."""
+        self._check_open()
+        self._stream.send(
+            _wire.TransactRequest(
+                receive=_wire.TxReceive(queue=queue, timeout_ms=int(timeout * 1000), commit=True)
+            )
+        )
+        try:
+            r = self._stream.recv(self._commit_timeout + timeout)
+        except StreamEnded as end:
+            self._done = True
+            self._stream.half_close()
+            raise self._classify(end, committing=True) from None
+        if r is None:
+            self._done = True
+            self._stream.cancel()
+            raise TransactionInDoubt(
+                f"no answer to the receive-and-commit of transaction {self.id} within "
+                f"{self._commit_timeout + timeout:g} s; it may or may not have committed: ask "
+                f"with client.transaction_outcome(id)",
+                transaction_id=self.id,
+            )
+        kind = r.WhichOneof("result")
+        if kind == "committed":
+            self._done = True
+            self._stream.half_close()
+            self.ids = [to_uuid(b) for b in _wire.committed_ids(r.committed)]
+            return Message.from_wire(r.committed.message)
+        if kind == "aborted":
+            self._done = True
+            self._stream.half_close()
+            return None
+        # An older broker: a plain receive; the transaction is still open.
+        if kind == "received":
+            m = Message.from_wire(r.received)
+            self.commit()
+            return m
+        if kind == "receive_timeout":
+            self.abort()
+            return None
+        raise InternalError(f"unexpected transaction response from the broker: {kind}")
+
     def commit(self) -> List[uuid.UUID]:
         """Commits; returns the ids of the messages sent, in send order, once the commit record
         is on disk. Raises :class:`TransactionInDoubt` if the answer is lost after the commit
