@@ -1006,6 +1006,31 @@ fn commit_reply(
     }
 }
 
+/// Commits `tx` and answers (with `message`, the one a receive-and-commit got). True if the
+/// stream goes on to the next transaction; false if the commit failed (its error was the
+/// answer and ends the stream) or the client is gone.
+async fn commit_and_answer(
+    tx: Transaction,
+    message: Option<v1::Message>,
+    out: &mpsc::Sender<Result<v1::TransactResponse, Status>>,
+) -> bool {
+    let reply = commit_reply(tx.commit().await, message);
+    let failed = reply.is_err();
+    out.send(reply).await.is_ok() && !failed
+}
+
+/// Aborts `tx` and answers `aborted`; false if the client is gone.
+async fn abort_and_answer(
+    tx: Transaction,
+    out: &mpsc::Sender<Result<v1::TransactResponse, Status>>,
+) -> bool {
+    tx.abort();
+    let aborted = v1::TransactResponse {
+        result: Some(v1::transact_response::Result::Aborted(())),
+    };
+    out.send(Ok(aborted)).await.is_ok()
+}
+
 /// One transaction stream: transactions one after another, each ended by a commit or an abort
 /// answered on the stream. Every other way out of the loop aborts the open transaction (the
 /// [`Transaction`] rolls back when dropped): client gone, timeout, shutdown, error; an error
@@ -1155,10 +1180,7 @@ async fn transact(
                     // Received and committed in one round trip (TxReceive.commit).
                     Ok(Some(m)) if r.commit => {
                         let tx = open.take().expect("opened above");
-                        let reply = commit_reply(tx.commit().await, Some(m));
-                        // Committed: the stream carries the next transaction; failed: it ends.
-                        let failed = reply.is_err();
-                        if out.send(reply).await.is_err() || failed {
+                        if !commit_and_answer(tx, Some(m), &out).await {
                             return;
                         }
                         tx_deadline = None;
@@ -1169,11 +1191,7 @@ async fn transact(
                     Ok(None) if tokio::time::Instant::now() >= deadline => Err(timed_out()),
                     // Nothing to commit with: the whole transaction is aborted (all or nothing).
                     Ok(None) if r.commit => {
-                        open.take().expect("opened above").abort();
-                        let aborted = v1::TransactResponse {
-                            result: Some(Res::Aborted(())),
-                        };
-                        if out.send(Ok(aborted)).await.is_err() {
+                        if !abort_and_answer(open.take().expect("opened above"), &out).await {
                             return;
                         }
                         tx_deadline = None;
@@ -1185,10 +1203,7 @@ async fn transact(
                 }
             }
             Req::Commit(_) => {
-                let reply = commit_reply(open.take().expect("opened above").commit().await, None);
-                // Committed: the stream carries the next transaction; failed: it ends.
-                let failed = reply.is_err();
-                if out.send(reply).await.is_err() || failed {
+                if !commit_and_answer(open.take().expect("opened above"), None, &out).await {
                     return;
                 }
                 tx_deadline = None;
@@ -1196,11 +1211,7 @@ async fn transact(
                 continue;
             }
             Req::Abort(_) => {
-                open.take().expect("opened above").abort();
-                let aborted = v1::TransactResponse {
-                    result: Some(Res::Aborted(())),
-                };
-                if out.send(Ok(aborted)).await.is_err() {
+                if !abort_and_answer(open.take().expect("opened above"), &out).await {
                     return;
                 }
                 tx_deadline = None;

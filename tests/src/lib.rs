@@ -795,6 +795,114 @@ pub async fn drain_queue(client: &Client, queue: &str, wait: Duration) -> Vec<by
     out
 }
 
+/// The bodies (as text) and abort counts of up to 1,000 messages waiting in `queue`, peeked in
+/// order (nothing removed).
+pub async fn peek_bodies_and_aborts(client: &Client, queue: &str) -> Vec<(String, u32)> {
+    client
+        .queue(queue)
+        .unwrap()
+        .peek_many(1000, Duration::ZERO)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| (String::from_utf8_lossy(&m.body).into_owned(), m.abort_count))
+        .collect()
+}
+
+/// One raw `Transact` stream, written to request by request as a client built from the
+/// `.proto` alone would (the transaction tests' view of the wire).
+#[derive(Debug)]
+pub struct RawTransact {
+    out: tokio::sync::mpsc::UnboundedSender<mq_proto::v1::TransactRequest>,
+    pub inbound: tonic::Streaming<mq_proto::v1::TransactResponse>,
+    /// The broker's response headers announced reusable streams (transactions one after
+    /// another).
+    pub reusable: bool,
+}
+
+impl RawTransact {
+    /// How long [`RawTransact::answer`] waits.
+    pub const WAIT: Duration = Duration::from_secs(20);
+
+    pub async fn open(url: &str) -> RawTransact {
+        use mq_proto::v1::message_queue_service_client::MessageQueueServiceClient;
+        let mut rpc = MessageQueueServiceClient::connect(url.to_string())
+            .await
+            .unwrap();
+        let (out, rx) = tokio::sync::mpsc::unbounded_channel();
+        let response = rpc
+            .transact(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+            .await
+            .unwrap();
+        RawTransact {
+            out,
+            reusable: response
+                .metadata()
+                .get(mq_proto::TX_STREAM_REUSE_METADATA)
+                .is_some(),
+            inbound: response.into_inner(),
+        }
+    }
+
+    pub fn op(&self, op: mq_proto::v1::transact_request::Op) {
+        self.out
+            .send(mq_proto::v1::TransactRequest { op: Some(op) })
+            .unwrap();
+    }
+
+    pub fn begin(&self, id: uuid::Uuid) {
+        self.op(mq_proto::v1::transact_request::Op::Begin(
+            mq_proto::v1::TxBegin {
+                id: bytes::Bytes::copy_from_slice(id.as_bytes()),
+            },
+        ));
+    }
+
+    /// Stages one message with `body` for `queue`.
+    pub fn send(&self, queue: &str, body: &str) {
+        self.op(mq_proto::v1::transact_request::Op::Send(
+            mq_proto::v1::TxSend {
+                destination: queue.to_string(),
+                messages: vec![mq_proto::v1::OutMessage {
+                    body: bytes::Bytes::copy_from_slice(body.as_bytes()),
+                    ..Default::default()
+                }],
+            },
+        ));
+    }
+
+    /// Receives one message from `queue` (`commit`: and commits, `TxReceive.commit`).
+    pub fn receive(&self, queue: &str, timeout: Duration, commit: bool) {
+        self.op(mq_proto::v1::transact_request::Op::Receive(
+            mq_proto::v1::TxReceive {
+                queue: queue.to_string(),
+                timeout_ms: timeout.as_millis() as u64,
+                commit,
+                ..Default::default()
+            },
+        ));
+    }
+
+    /// The next answer (panics if the stream ends or none comes within [`Self::WAIT`]).
+    pub async fn answer(
+        &mut self,
+    ) -> Result<mq_proto::v1::transact_response::Result, tonic::Status> {
+        let wait = Self::WAIT;
+        match tokio::time::timeout(wait, self.inbound.message()).await {
+            Ok(Ok(Some(mq_proto::v1::TransactResponse { result: Some(r) }))) => Ok(r),
+            Ok(Ok(other)) => panic!("the stream ended or sent nothing: {other:?}"),
+            Ok(Err(status)) => Err(status),
+            Err(_) => panic!("no answer within {wait:?}"),
+        }
+    }
+
+    /// No further answer is waiting (what came was all of it).
+    pub async fn nothing_more(&mut self) {
+        let more = tokio::time::timeout(Duration::from_millis(200), self.inbound.message()).await;
+        assert!(more.is_err(), "a second answer: {more:?}");
+    }
+}
+
 /// Creates `queue` with the default options (not transactional, no quota); panics if that fails.
 pub async fn create_default_queue(client: &Client, queue: &str) {
     client

@@ -60,15 +60,7 @@ async fn fill(client: &Client, queue: &str, bodies: &[&str]) {
 
 /// The bodies and abort counts at the head of `queue`, not removed.
 async fn peek_all(client: &Client, queue: &str) -> Vec<(String, u32)> {
-    client
-        .queue(queue)
-        .unwrap()
-        .peek_many(1000, Duration::ZERO)
-        .await
-        .unwrap()
-        .iter()
-        .map(|m| (text(m), m.abort_count))
-        .collect()
+    mq_tests::peek_bodies_and_aborts(client, queue).await
 }
 
 fn pairs(v: &[(&str, u32)]) -> Vec<(String, u32)> {

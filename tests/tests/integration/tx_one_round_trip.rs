@@ -7,12 +7,9 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use mq_client::{Client, Error, Message, QueueOptions};
-use mq_proto::v1::{self, transact_request::Op, transact_response::Result as Res};
+use mq_proto::v1::{transact_request::Op, transact_response::Result as Res};
 use mq_tests::{temp_data_dir, MqdProcess};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
 const Q: &str = r".\private$\txone";
 const WAIT: Duration = Duration::from_secs(20);
@@ -52,15 +49,7 @@ async fn fdatasyncs(http: &mq_tests::http::Http) -> u64 {
 }
 
 async fn bodies(client: &Client, queue: &str) -> Vec<(String, u32)> {
-    client
-        .queue(queue)
-        .unwrap()
-        .peek_many(1000, Duration::ZERO)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|m| (String::from_utf8_lossy(&m.body).into_owned(), m.abort_count))
-        .collect()
+    mq_tests::peek_bodies_and_aborts(client, queue).await
 }
 
 /// N transactions of begin, send, commit, each awaited, then N of begin, receive_and_commit:
@@ -137,67 +126,7 @@ async fn one_batch_and_one_fdatasync_per_transaction() {
     drop(mqd);
 }
 
-/// One raw `Transact` stream.
-struct Raw {
-    out: mpsc::UnboundedSender<v1::TransactRequest>,
-    inbound: tonic::Streaming<v1::TransactResponse>,
-}
-
-impl Raw {
-    async fn open(url: &str) -> Raw {
-        let mut rpc =
-            v1::message_queue_service_client::MessageQueueServiceClient::connect(url.to_string())
-                .await
-                .unwrap();
-        let (out, rx) = mpsc::unbounded_channel();
-        let response = rpc
-            .transact(UnboundedReceiverStream::new(rx))
-            .await
-            .unwrap();
-        Raw {
-            out,
-            inbound: response.into_inner(),
-        }
-    }
-
-    fn op(&self, op: Op) {
-        self.out.send(v1::TransactRequest { op: Some(op) }).unwrap();
-    }
-
-    fn send(&self, queue: &str, body: &str) {
-        self.op(Op::Send(v1::TxSend {
-            destination: queue.to_string(),
-            messages: vec![v1::OutMessage {
-                body: Bytes::copy_from_slice(body.as_bytes()),
-                ..Default::default()
-            }],
-        }));
-    }
-
-    fn receive_and_commit(&self, timeout_ms: u64) {
-        self.op(Op::Receive(v1::TxReceive {
-            queue: Q.to_string(),
-            timeout_ms,
-            commit: true,
-            ..Default::default()
-        }));
-    }
-
-    async fn answer(&mut self) -> Result<Res, tonic::Status> {
-        match tokio::time::timeout(WAIT, self.inbound.message()).await {
-            Ok(Ok(Some(v1::TransactResponse { result: Some(r) }))) => Ok(r),
-            Ok(Ok(other)) => panic!("the stream ended or sent nothing: {other:?}"),
-            Ok(Err(status)) => Err(status),
-            Err(_) => panic!("no answer within {WAIT:?}"),
-        }
-    }
-
-    /// No further answer is waiting (what came was all of it).
-    async fn nothing_more(&mut self) {
-        let more = tokio::time::timeout(Duration::from_millis(200), self.inbound.message()).await;
-        assert!(more.is_err(), "a second answer: {more:?}");
-    }
-}
+use mq_tests::RawTransact as Raw;
 
 /// On the wire: a receive with `commit` gets exactly one answer, `committed` with the message
 /// and the transaction's sends; a receive with `commit` that finds nothing gets `aborted` and
@@ -216,7 +145,7 @@ async fn a_receive_with_commit_is_answered_once_committed_or_aborted() {
 
     // A send and a receive that commits with it.
     raw.send(other, "sent with the receive");
-    raw.receive_and_commit(WAIT.as_millis() as u64);
+    raw.receive(Q, WAIT, true);
     match raw.answer().await.unwrap() {
         Res::Committed(c) => {
             assert_eq!(c.received, 1);
@@ -235,7 +164,7 @@ async fn a_receive_with_commit_is_answered_once_committed_or_aborted() {
 
     // Nothing to receive: the transaction, with its send, is aborted.
     raw.send(other, "never stored");
-    raw.receive_and_commit(50);
+    raw.receive(Q, Duration::from_millis(50), true);
     assert!(matches!(raw.answer().await.unwrap(), Res::Aborted(_)));
     raw.nothing_more().await;
     assert_eq!(bodies(&client, other).await.len(), 1);

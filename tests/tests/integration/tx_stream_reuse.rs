@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use mq_client::{Client, Error, Message, QueueOptions, TxId, TxOutcome};
 use mq_proto::v1::{self, transact_request::Op, transact_response::Result as Res};
 use mq_tests::{eventually, free_port, loopback, temp_data_dir, InProcessBroker, MqdProcess};
@@ -22,98 +21,33 @@ async fn create_tx_queue(client: &Client) {
     client.create_queue(Q, opts).await.unwrap();
 }
 
-/// One raw `Transact` stream.
-struct Raw {
-    out: mpsc::UnboundedSender<v1::TransactRequest>,
-    inbound: tonic::Streaming<v1::TransactResponse>,
+use mq_tests::RawTransact;
+
+/// Opens a raw stream; asserts the broker announces that it carries transactions one after
+/// another.
+async fn open_raw(url: &str) -> RawTransact {
+    let raw = RawTransact::open(url).await;
+    assert!(
+        raw.reusable,
+        "the broker announces reusable Transact streams"
+    );
+    raw
 }
 
-impl Raw {
-    /// Opens a stream; asserts the broker announces that it carries transactions one after
-    /// another.
-    async fn open(url: &str) -> Raw {
-        let mut rpc =
-            v1::message_queue_service_client::MessageQueueServiceClient::connect(url.to_string())
-                .await
-                .unwrap();
-        let (out, rx) = mpsc::unbounded_channel();
-        let response = rpc
-            .transact(UnboundedReceiverStream::new(rx))
-            .await
-            .unwrap();
-        assert!(
-            response
-                .metadata()
-                .get(mq_proto::TX_STREAM_REUSE_METADATA)
-                .is_some(),
-            "the broker announces reusable Transact streams"
-        );
-        Raw {
-            out,
-            inbound: response.into_inner(),
+/// Commits on `raw`; asserts it committed as `id`.
+async fn commit(raw: &mut RawTransact, id: TxId) -> v1::TxCommitted {
+    raw.op(Op::Commit(()));
+    match raw.answer().await {
+        Ok(Res::Committed(c)) => {
+            assert_eq!(c.id.as_ref(), id.0.as_bytes());
+            c
         }
-    }
-
-    fn op(&self, op: Op) {
-        self.out.send(v1::TransactRequest { op: Some(op) }).unwrap();
-    }
-
-    fn begin(&self, id: TxId) {
-        self.op(Op::Begin(v1::TxBegin {
-            id: Bytes::copy_from_slice(id.0.as_bytes()),
-        }));
-    }
-
-    fn send(&self, body: &str) {
-        self.op(Op::Send(v1::TxSend {
-            destination: Q.to_string(),
-            messages: vec![v1::OutMessage {
-                body: Bytes::copy_from_slice(body.as_bytes()),
-                ..Default::default()
-            }],
-        }));
-    }
-
-    fn receive(&self) {
-        self.op(Op::Receive(v1::TxReceive {
-            queue: Q.to_string(),
-            timeout_ms: WAIT.as_millis() as u64,
-            ..Default::default()
-        }));
-    }
-
-    async fn answer(&mut self) -> Result<Res, tonic::Status> {
-        match tokio::time::timeout(WAIT, self.inbound.message()).await {
-            Ok(Ok(Some(v1::TransactResponse { result: Some(r) }))) => Ok(r),
-            Ok(Ok(other)) => panic!("the stream ended or sent nothing: {other:?}"),
-            Ok(Err(status)) => Err(status),
-            Err(_) => panic!("no answer within {WAIT:?}"),
-        }
-    }
-
-    /// Commits; asserts it committed as `id`.
-    async fn commit(&mut self, id: TxId) -> v1::TxCommitted {
-        self.op(Op::Commit(()));
-        match self.answer().await {
-            Ok(Res::Committed(c)) => {
-                assert_eq!(c.id.as_ref(), id.0.as_bytes());
-                c
-            }
-            other => panic!("commit of {id}: {other:?}"),
-        }
+        other => panic!("commit of {id}: {other:?}"),
     }
 }
 
 async fn bodies(client: &Client) -> Vec<(String, u32)> {
-    client
-        .queue(Q)
-        .unwrap()
-        .peek_many(1000, Duration::ZERO)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|m| (String::from_utf8_lossy(&m.body).into_owned(), m.abort_count))
-        .collect()
+    mq_tests::peek_bodies_and_aborts(client, Q).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,18 +55,18 @@ async fn many_transactions_one_after_another_on_one_stream() {
     let broker = InProcessBroker::start().await;
     let client = broker.client().await;
     create_tx_queue(&client).await;
-    let mut raw = Raw::open(broker.url()).await;
+    let mut raw = open_raw(broker.url()).await;
     let mut ids = Vec::new();
     for i in 0..50 {
         let id = TxId::new();
-        raw.begin(id);
-        raw.send(&format!("m{i}"));
-        assert_eq!(raw.commit(id).await.ids.len(), 1);
+        raw.begin(id.0);
+        raw.send(Q, &format!("m{i}"));
+        assert_eq!(commit(&mut raw, id).await.ids.len(), 1);
         ids.push(id);
     }
     // Receives too, and a transaction without TxBegin (the broker names it).
     for i in 0..10 {
-        raw.receive();
+        raw.receive(Q, WAIT, false);
         match raw.answer().await.unwrap() {
             Res::Received(m) => assert_eq!(m.body, format!("m{i}").as_bytes()),
             other => panic!("receive {i}: {other:?}"),
@@ -158,18 +92,18 @@ async fn an_abort_between_commits_keeps_the_stream_and_undoes_only_its_transacti
     let broker = InProcessBroker::start().await;
     let client = broker.client().await;
     create_tx_queue(&client).await;
-    let mut raw = Raw::open(broker.url()).await;
+    let mut raw = open_raw(broker.url()).await;
 
     let first = TxId::new();
-    raw.begin(first);
-    raw.send("a");
-    raw.commit(first).await;
+    raw.begin(first.0);
+    raw.send(Q, "a");
+    commit(&mut raw, first).await;
 
     // Sends "x" and receives "a", then aborts: "x" never appears, "a" comes back.
     let aborted = TxId::new();
-    raw.begin(aborted);
-    raw.send("x");
-    raw.receive();
+    raw.begin(aborted.0);
+    raw.send(Q, "x");
+    raw.receive(Q, WAIT, false);
     match raw.answer().await.unwrap() {
         Res::Received(m) => assert_eq!(m.body, "a".as_bytes()),
         other => panic!("{other:?}"),
@@ -178,9 +112,9 @@ async fn an_abort_between_commits_keeps_the_stream_and_undoes_only_its_transacti
     assert_eq!(raw.answer().await.unwrap(), Res::Aborted(()));
 
     let third = TxId::new();
-    raw.begin(third);
-    raw.send("b");
-    raw.commit(third).await;
+    raw.begin(third.0);
+    raw.send(Q, "b");
+    commit(&mut raw, third).await;
     assert_eq!(
         bodies(&client).await,
         vec![("a".to_string(), 1), ("b".to_string(), 0)]
@@ -190,7 +124,7 @@ async fn an_abort_between_commits_keeps_the_stream_and_undoes_only_its_transacti
 
     // The aborted transaction's id cannot be reused for a commit on the same stream either way
     // round: a committed one is refused, and the refusal ends the stream.
-    raw.begin(first);
+    raw.begin(first.0);
     let e = raw.answer().await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::AlreadyExists, "{e:?}");
     assert_eq!(bodies(&client).await.len(), 2);
@@ -202,20 +136,20 @@ async fn the_timeout_counts_per_transaction_not_while_the_stream_waits_between_t
     let broker = InProcessBroker::start_with(|c| c.tx_timeout = Duration::from_secs(1)).await;
     let client = broker.client().await;
     create_tx_queue(&client).await;
-    let mut raw = Raw::open(broker.url()).await;
+    let mut raw = open_raw(broker.url()).await;
     let first = TxId::new();
-    raw.begin(first);
-    raw.send("one");
-    raw.commit(first).await;
+    raw.begin(first.0);
+    raw.send(Q, "one");
+    commit(&mut raw, first).await;
     // Idle between transactions for longer than the transaction timeout (time must pass).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let second = TxId::new();
-    raw.begin(second);
-    raw.send("two");
-    raw.commit(second).await;
+    raw.begin(second.0);
+    raw.send(Q, "two");
+    commit(&mut raw, second).await;
     // Inside a transaction the timeout still holds: it aborts, and the error ends the stream.
-    raw.begin(TxId::new());
-    raw.send("never");
+    raw.begin(TxId::new().0);
+    raw.send(Q, "never");
     let e = raw.answer().await.unwrap_err();
     assert!(e.message().contains("timeout"), "{e:?}");
     assert!(matches!(raw.inbound.message().await, Ok(None) | Err(_)));
@@ -318,19 +252,19 @@ async fn a_stream_with_no_transaction_open_is_ended_after_the_idle_bound() {
     let client = mqd.connect().await;
     create_tx_queue(&client).await;
 
-    let mut raw = Raw::open(mqd.url()).await;
+    let mut raw = open_raw(mqd.url()).await;
     // Between two transactions.
     let id = TxId::new();
-    raw.begin(id);
-    raw.send("kept");
-    raw.commit(id).await;
+    raw.begin(id.0);
+    raw.send(Q, "kept");
+    commit(&mut raw, id).await;
     let end = tokio::time::timeout(WAIT, raw.inbound.message()).await;
     assert!(
         matches!(end, Ok(Ok(None))),
         "the idle stream ends cleanly within {WAIT:?}: {end:?}"
     );
     // Before the first: a stream that never sends anything.
-    let mut silent = Raw::open(mqd.url()).await;
+    let mut silent = open_raw(mqd.url()).await;
     let end = tokio::time::timeout(WAIT, silent.inbound.message()).await;
     assert!(matches!(end, Ok(Ok(None))), "{end:?}");
     // The header announces the bound.
