@@ -77,10 +77,10 @@ struct Args {
     /// Size of each preallocated journal segment file, in bytes.
     #[arg(long, default_value_t = mq_broker::DEFAULT_JOURNAL_SEGMENT_BYTES, value_name = "BYTES")]
     journal_segment_bytes: u64,
-    /// Bytes of recently written recoverable message bodies kept in memory (each charged its
-    /// length plus 128 bytes), so that a receiver keeping up with its senders is served without
-    /// reading the disk; beyond it the oldest are dropped from memory and read back from the
-    /// journal when delivered. 0 keeps none.
+    /// Bytes of recently written recoverable message bodies under 64 KiB kept in memory (each
+    /// charged its length plus 128 bytes), so that a receiver keeping up with its senders is
+    /// served without reading the disk; beyond it the oldest are dropped from memory and read
+    /// back from the journal when delivered. 0 keeps none.
     #[arg(long, default_value_t = mq_broker::journal::DEFAULT_BODY_CACHE_BYTES, value_name = "BYTES")]
     journal_body_cache_bytes: u64,
     /// Start even if the journal's last segment is damaged before records that were written

@@ -1,4 +1,4 @@
-//! Bodies of recently written messages, kept in memory up to a byte budget
+//! Bodies (under 64 KiB) of recently written messages, kept in memory up to a byte budget
 //! ([`super::JournalOptions::body_cache_bytes`]), so that a receiver that keeps up with its
 //! senders is served without reading the disk.
 //!
@@ -8,7 +8,7 @@
 //! When the budget is exceeded the oldest bodies are dropped first; those are read from the
 //! journal as before. Recovery starts with an empty cache.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use hashbrown::HashMap;
 
@@ -18,10 +18,12 @@ use bytes::Bytes;
 /// body's own allocation, so that many tiny bodies cannot outgrow the budget.
 pub(crate) const ENTRY_OVERHEAD: u64 = 128;
 
-/// Bodies shorter than this are copied into the cache (one `memcpy` on the submitting
-/// thread) rather than kept as slices: a slice would pin the whole buffer it came from
-/// (a gRPC frame with many other messages), which the budget would not see.
-pub(crate) const COPY_BELOW: usize = 64 * 1024;
+/// Only bodies shorter than this are kept, each copied (one `memcpy` on the submitting
+/// thread) rather than kept as a slice: a slice pins the whole buffer it came from (tonic's
+/// receive buffer, several messages and megabytes with 1 MB bodies: mqd's RSS reached 3× the
+/// budget), which the budget would not see. Larger bodies are read back from the journal, one
+/// read per run of adjacent ones: a syscall per 64 KiB or more is not what costs there.
+pub(crate) const MAX_BODY: usize = 64 * 1024;
 
 type Key = (u64, u64);
 
@@ -29,9 +31,11 @@ type Key = (u64, u64);
 pub(crate) struct BodyCache {
     budget: u64,
     bytes: u64,
-    /// By `(queue, seq)`; hashbrown's default hasher (foldhash): SipHash cost ~2.5% of
-    /// mqd's CPU in a recoverable send and receive.
-    map: HashMap<Key, Bytes>,
+    len: usize,
+    /// By queue, then seq. Seqs grow, so puts land at the right end of a queue's map and
+    /// removals mostly at its left end: both stay in the CPU's cache (a hash map of every
+    /// `(queue, seq)` missed it on most inserts and removals: ~4% of mqd's CPU in a send).
+    queues: HashMap<u64, BTreeMap<u64, Bytes>>,
     /// Insertion order, oldest first. May hold keys no longer cached (removed since); they
     /// are skipped when evicting and swept out once they outnumber the live ones.
     order: VecDeque<Key>,
@@ -56,34 +60,34 @@ impl BodyCache {
 
     /// Bodies held now.
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.len
     }
 
-    pub fn get(&self, key: Key) -> Option<&Bytes> {
-        if self.map.is_empty() {
+    pub fn get(&self, (queue, seq): Key) -> Option<&Bytes> {
+        if self.len == 0 {
             return None;
         }
-        self.map.get(&key)
+        self.queues.get(&queue)?.get(&seq)
     }
 
     /// Keeps `body` as the body of `key` (replacing one kept before), then drops the oldest
-    /// bodies while over budget. Empty bodies and bodies larger than the budget are not kept.
+    /// bodies while over budget. Empty bodies, bodies of [`MAX_BODY`] or more and bodies larger
+    /// than the budget are not kept.
     pub fn insert(&mut self, key: Key, body: Bytes) {
         self.remove(key);
         let c = charge(&body);
-        if body.is_empty() || c > self.budget {
+        if body.is_empty() || body.len() >= MAX_BODY || c > self.budget {
             return;
         }
-        self.map.insert(key, body);
+        self.queues.entry(key.0).or_default().insert(key.1, body);
+        self.len += 1;
         self.bytes += c;
         self.order.push_back(key);
         while self.bytes > self.budget {
             let Some(old) = self.order.pop_front() else {
                 break;
             };
-            if let Some(b) = self.map.remove(&old) {
-                self.bytes -= charge(&b);
-            }
+            self.take_one(old);
         }
         self.sweep();
     }
@@ -95,28 +99,71 @@ impl BodyCache {
 
     /// Drops the body of `key` and returns it.
     pub fn take(&mut self, key: Key) -> Option<Bytes> {
-        if self.map.is_empty() {
-            return None;
-        }
-        let b = self.map.remove(&key)?;
-        self.bytes -= charge(&b);
+        let b = self.take_one(key)?;
         self.sweep();
         Some(b)
+    }
+
+    /// Drops the bodies of `queue` up to `through_seq` (a purge).
+    pub fn purge(&mut self, queue: u64, through_seq: u64) {
+        let Some(q) = self.queues.get_mut(&queue) else {
+            return;
+        };
+        let keep = match through_seq.checked_add(1) {
+            Some(next) => q.split_off(&next),
+            None => BTreeMap::new(),
+        };
+        let gone = std::mem::replace(q, keep);
+        if q.is_empty() {
+            self.queues.remove(&queue);
+        }
+        self.forget(gone);
+    }
+
+    /// Drops every body of `queue` (its deletion).
+    pub fn remove_queue(&mut self, queue: u64) {
+        if let Some(gone) = self.queues.remove(&queue) {
+            self.forget(gone);
+        }
+    }
+
+    fn forget(&mut self, gone: BTreeMap<u64, Bytes>) {
+        self.len -= gone.len();
+        self.bytes -= gone.values().map(charge).sum::<u64>();
+        self.sweep();
+    }
+
+    fn take_one(&mut self, (queue, seq): Key) -> Option<Bytes> {
+        if self.len == 0 {
+            return None;
+        }
+        let q = self.queues.get_mut(&queue)?;
+        let b = q.remove(&seq)?;
+        if q.is_empty() {
+            self.queues.remove(&queue);
+        }
+        self.len -= 1;
+        self.bytes -= charge(&b);
+        Some(b)
+    }
+
+    fn contains(&self, key: Key) -> bool {
+        self.get(key).is_some()
     }
 
     /// Keeps `order` within a small multiple of the live entries, and gives memory back once
     /// nothing is cached.
     fn sweep(&mut self) {
-        if self.map.is_empty() {
-            if self.order.capacity() > 4096 || self.map.capacity() > 4096 {
+        if self.len == 0 {
+            if self.order.capacity() > 4096 {
                 self.order = VecDeque::new();
-                self.map = HashMap::new();
             } else {
                 self.order.clear();
             }
-        } else if self.order.len() > 2 * self.map.len() + 1024 {
-            let map = &self.map;
-            self.order.retain(|k| map.contains_key(k));
+        } else if self.order.len() > 4 * self.len + 1024 {
+            let mut order = std::mem::take(&mut self.order);
+            order.retain(|k| self.contains(*k));
+            self.order = order;
         }
     }
 }
@@ -154,7 +201,7 @@ mod tests {
             c.insert((2, s), body(10));
             c.remove((2, s));
         }
-        assert!(c.order.len() <= 2 * c.len() + 1024, "{}", c.order.len());
+        assert!(c.order.len() <= 4 * c.len() + 1024, "{}", c.order.len());
         assert_eq!(c.bytes(), 10 + ENTRY_OVERHEAD);
     }
 
@@ -162,6 +209,9 @@ mod tests {
     fn nothing_kept_without_a_budget_or_over_it() {
         let mut c = BodyCache::new(0);
         c.insert((1, 1), body(1));
+        assert_eq!(c.len(), 0);
+        let mut c = BodyCache::new(1 << 30);
+        c.insert((1, 1), body(MAX_BODY));
         assert_eq!(c.len(), 0);
         let mut c = BodyCache::new(100);
         c.insert((1, 1), body(100));

@@ -129,10 +129,10 @@ impl Index {
                     if let Some((l, _)) = q.def {
                         self.kill(l);
                     }
-                    for (s, m) in &q.msgs {
+                    for m in q.msgs.values() {
                         self.kill(m.loc);
-                        self.cache.remove((*queue_id, *s));
                     }
+                    self.cache.remove_queue(*queue_id);
                 }
             }
             Op::Put {
@@ -202,9 +202,7 @@ impl Index {
                     };
                     let gone = std::mem::replace(&mut q.msgs, keep);
                     dead.extend(gone.values().map(|m| m.loc));
-                    for s in gone.keys() {
-                        self.cache.remove((*queue_id, *s));
-                    }
+                    self.cache.purge(*queue_id, *through_seq);
                 }
                 for l in dead {
                     self.kill(l);

@@ -122,9 +122,10 @@ pub struct JournalOptions {
     /// (`mqd --truncate-damaged-journal`). Default false: opening fails with
     /// [`JournalError::Damaged`].
     pub truncate_damaged: bool,
-    /// Bytes of recently written message bodies kept in memory (each charged its length plus
-    /// 128 bytes), so that reading a message soon after it was written needs no read from
-    /// disk; the oldest are dropped first beyond it, and every body goes with its message.
+    /// Bytes of recently written message bodies under 64 KiB kept in memory (each charged its
+    /// length plus 128 bytes), so that reading a message soon after it was written needs no
+    /// read from disk; the oldest are dropped first beyond it, and every body goes with its
+    /// message.
     /// 0 keeps none. Default [`DEFAULT_BODY_CACHE_BYTES`] (`mqd --journal-body-cache-bytes`).
     pub body_cache_bytes: u64,
 }
@@ -140,7 +141,7 @@ type BodyRead = (usize, Arc<dyn SegmentFile>, u64, u64, u32);
 /// between them (the next record's frame and the message's header).
 const RUN_GAP: u64 = 4096;
 /// ... and while the whole read stays within this many bytes.
-const MAX_RUN_BYTES: u64 = 4 << 20;
+const MAX_RUN_BYTES: u64 = 1 << 20;
 
 /// How often, at most, a journal in disk-full mode tries to allocate its reserve again.
 pub const DISK_FULL_RETRY: Duration = Duration::from_millis(250);
@@ -671,7 +672,7 @@ impl Journal {
             // of the buffer it arrived in, which it would pin otherwise (see `cache.rs`).
             for op in &mut ops {
                 if let Op::Put { body, .. } = op {
-                    if !body.is_empty() && body.len() < cache::COPY_BELOW {
+                    if !body.is_empty() && body.len() < cache::MAX_BODY {
                         *body = Bytes::copy_from_slice(body);
                     }
                 }
