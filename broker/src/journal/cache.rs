@@ -20,9 +20,8 @@ pub(crate) const ENTRY_OVERHEAD: u64 = 128;
 
 /// Only bodies shorter than this are kept, each copied (one `memcpy` on the submitting
 /// thread) rather than kept as a slice: a slice pins the whole buffer it came from (tonic's
-/// receive buffer, several messages and megabytes with 1 MB bodies: mqd's RSS reached 3× the
-/// budget), which the budget would not see. Larger bodies are read back from the journal, one
-/// read per run of adjacent ones: a syscall per 64 KiB or more is not what costs there.
+/// receive buffer, with other messages' bytes), which the budget would not see. Larger bodies
+/// are read back from the journal: a syscall per 64 KiB or more is not what costs there.
 pub(crate) const MAX_BODY: usize = 64 * 1024;
 
 type Key = (u64, u64);
