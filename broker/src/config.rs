@@ -93,6 +93,9 @@ pub struct BrokerConfig {
     pub storage_quota_bytes: u64,
     /// Size of each preallocated journal segment file.
     pub journal_segment_bytes: u64,
+    /// Bytes of recently written recoverable bodies kept in memory, so that a receiver that
+    /// keeps up is served without reading the disk (`JournalOptions::body_cache_bytes`).
+    pub journal_body_cache_bytes: u64,
     /// Open even when the journal's last segment is damaged before records written after the
     /// damage, dropping them (logged). Off: the broker refuses to start.
     pub truncate_damaged_journal: bool,
@@ -200,6 +203,7 @@ impl BrokerConfig {
             express_quota_bytes: DEFAULT_EXPRESS_QUOTA_BYTES,
             storage_quota_bytes: DEFAULT_STORAGE_QUOTA_BYTES,
             journal_segment_bytes: DEFAULT_JOURNAL_SEGMENT_BYTES,
+            journal_body_cache_bytes: crate::journal::DEFAULT_BODY_CACHE_BYTES,
             truncate_damaged_journal: false,
             journal_io: None,
             tx_timeout: std::time::Duration::from_secs(60),
@@ -247,6 +251,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("express_quota_bytes", &self.express_quota_bytes)
             .field("storage_quota_bytes", &self.storage_quota_bytes)
             .field("journal_segment_bytes", &self.journal_segment_bytes)
+            .field("journal_body_cache_bytes", &self.journal_body_cache_bytes)
             .field("truncate_damaged_journal", &self.truncate_damaged_journal)
             .field("faulty_journal_io", &self.journal_io.is_some())
             .field("tx_timeout", &self.tx_timeout)

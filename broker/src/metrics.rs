@@ -525,6 +525,30 @@ impl prometheus_client::collector::Collector for Collector {
             "Submissions waiting for the journal writer",
             j.queued_records,
         )?;
+        counter(
+            &mut e,
+            "mq_journal_body_cache_hits",
+            "Recoverable bodies delivered from memory (recently written) since mqd started",
+            j.body_cache_hits,
+        )?;
+        counter(
+            &mut e,
+            "mq_journal_bodies_read",
+            "Recoverable bodies read back from the journal files since mqd started",
+            j.bodies_read,
+        )?;
+        counter(
+            &mut e,
+            "mq_journal_body_reads",
+            "Read calls for those bodies (one per run of adjacent bodies) since mqd started",
+            j.body_reads,
+        )?;
+        gauge(
+            &mut e,
+            "mq_journal_body_cache_bytes",
+            "Bytes charged for the recently written bodies kept in memory (mqd --journal-body-cache-bytes)",
+            j.body_cache_bytes,
+        )?;
 
         gauge(
             &mut e,

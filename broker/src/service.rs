@@ -561,8 +561,10 @@ pub(crate) async fn hand_out(
         return Ok(None);
     };
     let dest = queue.info().format_name;
-    let wire = match broker.body(queue, e) {
-        Ok(body) => e.msg.to_wire(&dest, body, e.aborts),
+    let wire = match broker.bodies(queue, std::slice::from_ref(e)).await {
+        Ok(mut body) => e
+            .msg
+            .to_wire(&dest, body.pop().unwrap_or_default(), e.aborts),
         Err(err) => {
             let gone = queue.restore(found);
             broker.forget(queue, &gone);
@@ -835,14 +837,17 @@ async fn consume(
                 credit -= taken.len() as u64;
                 let now = tokio::time::Instant::now();
                 let mut messages = Vec::with_capacity(taken.len());
-                let mut failed = None;
+                // Read off this worker thread where not in memory; on failure the taken
+                // messages go back with the rest of `in_flight` when the stream ends.
+                let bodies = broker.bodies(&queue, &taken).await;
+                let failed = bodies.as_ref().err().cloned();
+                let mut bodies = bodies.unwrap_or_default().into_iter();
                 for e in taken {
-                    match broker.body(&queue, &e) {
-                        Ok(body) => messages.push(v1::Delivered {
+                    if let Some(body) = bodies.next() {
+                        messages.push(v1::Delivered {
                             tag: next_tag,
                             message: Some(e.msg.to_wire(&dest, body, e.aborts)),
-                        }),
-                        Err(err) => failed = Some(err),
+                        });
                     }
                     in_flight.push_back((next_tag, e, now));
                     next_tag += 1;

@@ -7,13 +7,15 @@
 #
 # Usage: perf/scripts/latency_ab.sh BASE_BIN_DIR NEW_BIN_DIR
 # Environment: ROUNDS=3 PCTS="50 10" EXPRESS_MAX=356468 RECOVERABLE_MAX=183980
+#   DELIVERIES="express recoverable"
 set -euo pipefail
 BASE=${1:?usage: latency_ab.sh BASE_BIN_DIR NEW_BIN_DIR}
 NEW=${2:?usage: latency_ab.sh BASE_BIN_DIR NEW_BIN_DIR}
 ROUNDS=${ROUNDS:-3}
 PCTS=${PCTS:-50 10}
+DELIVERIES=${DELIVERIES:-express recoverable}
 for round in $(seq "$ROUNDS"); do
-  for d in express recoverable; do
+  for d in $DELIVERIES; do
     for p in $PCTS; do
       max=${EXPRESS_MAX:-356468}
       [[ $d == recoverable ]] && max=${RECOVERABLE_MAX:-183980}

@@ -77,6 +77,12 @@ struct Args {
     /// Size of each preallocated journal segment file, in bytes.
     #[arg(long, default_value_t = mq_broker::DEFAULT_JOURNAL_SEGMENT_BYTES, value_name = "BYTES")]
     journal_segment_bytes: u64,
+    /// Bytes of recently written recoverable message bodies under 64 KiB kept in memory (each
+    /// charged its length plus 128 bytes), so that a receiver keeping up with its senders is
+    /// served without reading the disk; beyond it the oldest are dropped from memory and read
+    /// back from the journal when delivered. 0 keeps none.
+    #[arg(long, default_value_t = mq_broker::journal::DEFAULT_BODY_CACHE_BYTES, value_name = "BYTES")]
+    journal_body_cache_bytes: u64,
     /// Start even if the journal's last segment is damaged before records that were written
     /// after the damage: drop everything from the damage to the end of that segment, and log
     /// what is dropped. Without it mqd refuses to start and names the file and offset.
@@ -352,6 +358,7 @@ async fn main() -> anyhow::Result<()> {
     config.express_quota_bytes = args.express_quota_bytes;
     config.storage_quota_bytes = args.storage_quota_bytes;
     config.journal_segment_bytes = args.journal_segment_bytes;
+    config.journal_body_cache_bytes = args.journal_body_cache_bytes;
     config.truncate_damaged_journal = args.truncate_damaged_journal;
     config.tx_timeout = std::time::Duration::from_secs(args.tx_timeout_secs);
     config.tx_outcome_retention = args.tx_outcome_retention;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::cache::BodyCache;
 use super::io::SegmentFile;
 use super::op::{Mark, Op, PUT_FIXED};
 
@@ -74,6 +75,9 @@ pub(crate) struct Index {
     /// Live `Put`s that a `Rekey` moved, by `(segment, offset)`: the `(queue, seq)` their
     /// bytes still name. Compaction rewrites that key when it copies them forward.
     pub rekeyed: HashMap<(u64, u64), (u64, u64)>,
+    /// Bodies of recently written messages (see `cache.rs`); dropped with their message.
+    /// Recovery runs with no budget, so it keeps none.
+    pub cache: BodyCache,
 }
 
 impl Index {
@@ -128,6 +132,7 @@ impl Index {
                     for m in q.msgs.values() {
                         self.kill(m.loc);
                     }
+                    self.cache.remove_queue(*queue_id);
                 }
             }
             Op::Put {
@@ -157,6 +162,8 @@ impl Index {
                     self.kill(old.loc);
                 }
                 self.add(loc, Key::Msg(*queue_id, *seq));
+                // Replaces a body kept for an earlier Put of the key; a no-op without a budget.
+                self.cache.insert((*queue_id, *seq), body.clone());
             }
             Op::Remove { queue_id, seqs } => {
                 if let Some(&max) = seqs.iter().max() {
@@ -174,6 +181,7 @@ impl Index {
                     for s in seqs {
                         if let Some(m) = q.msgs.remove(s) {
                             dead.push(m.loc);
+                            self.cache.remove((*queue_id, *s));
                         }
                     }
                 }
@@ -194,6 +202,7 @@ impl Index {
                     };
                     let gone = std::mem::replace(&mut q.msgs, keep);
                     dead.extend(gone.values().map(|m| m.loc));
+                    self.cache.purge(*queue_id, *through_seq);
                 }
                 for l in dead {
                     self.kill(l);
@@ -219,6 +228,11 @@ impl Index {
                 };
                 if let Some(h) = self.headers.remove(&(*queue_id, *seq)) {
                     self.headers.insert((*to_queue_id, *to_seq), h);
+                }
+                let body = self.cache.take((*queue_id, *seq));
+                self.cache.remove((*to_queue_id, *to_seq));
+                if let Some(b) = body {
+                    self.cache.insert((*to_queue_id, *to_seq), b);
                 }
                 let loc = m.loc;
                 let old = self

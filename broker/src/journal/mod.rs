@@ -51,6 +51,7 @@
 //! ```
 
 mod admission;
+mod cache;
 mod error;
 mod faulty_io;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -121,7 +122,26 @@ pub struct JournalOptions {
     /// (`mqd --truncate-damaged-journal`). Default false: opening fails with
     /// [`JournalError::Damaged`].
     pub truncate_damaged: bool,
+    /// Bytes of recently written message bodies under 64 KiB kept in memory (each charged its
+    /// length plus 128 bytes), so that reading a message soon after it was written needs no
+    /// read from disk; the oldest are dropped first beyond it, and every body goes with its
+    /// message.
+    /// 0 keeps none. Default [`DEFAULT_BODY_CACHE_BYTES`] (`mqd --journal-body-cache-bytes`).
+    pub body_cache_bytes: u64,
 }
+
+/// Default [`JournalOptions::body_cache_bytes`]: 64 MiB.
+pub const DEFAULT_BODY_CACHE_BYTES: u64 = 64 << 20;
+
+/// A body [`Journal::read_bodies`] reads from a file: its index in the answer, the file, its
+/// segment, offset and length.
+type BodyRead = (usize, Arc<dyn SegmentFile>, u64, u64, u32);
+
+/// [`Journal::read_bodies`] reads two bodies with one call when at most this many bytes lie
+/// between them (the next record's frame and the message's header).
+const RUN_GAP: u64 = 4096;
+/// ... and while the whole read stays within this many bytes.
+const MAX_RUN_BYTES: u64 = 1 << 20;
 
 /// How often, at most, a journal in disk-full mode tries to allocate its reserve again.
 pub const DISK_FULL_RETRY: Duration = Duration::from_millis(250);
@@ -136,6 +156,7 @@ impl Default for JournalOptions {
             max_queued_records: 4096,
             reserve_bytes: None,
             truncate_damaged: false,
+            body_cache_bytes: DEFAULT_BODY_CACHE_BYTES,
         }
     }
 }
@@ -262,6 +283,16 @@ pub struct JournalStats {
     pub queued_records: u64,
     /// Bytes of the submissions waiting for the writer.
     pub queued_bytes: u64,
+    /// Bodies read from memory (recently written, [`JournalOptions::body_cache_bytes`]).
+    pub body_cache_hits: u64,
+    /// Bodies read from the segment files.
+    pub bodies_read: u64,
+    /// Read calls made for them (one per run of adjacent bodies).
+    pub body_reads: u64,
+    /// Bodies kept in memory now.
+    pub body_cache_entries: u64,
+    /// Bytes charged for the bodies kept in memory now (at most the budget).
+    pub body_cache_bytes: u64,
 }
 
 pub(crate) struct Counters {
@@ -276,6 +307,9 @@ pub(crate) struct Counters {
     pub segments_created: AtomicU64,
     pub segments_deleted: AtomicU64,
     pub compacted_bytes: AtomicU64,
+    pub body_cache_hits: AtomicU64,
+    pub bodies_read: AtomicU64,
+    pub body_reads: AtomicU64,
 }
 
 impl Default for Counters {
@@ -291,6 +325,9 @@ impl Default for Counters {
             segments_created: AtomicU64::new(0),
             segments_deleted: AtomicU64::new(0),
             compacted_bytes: AtomicU64::new(0),
+            body_cache_hits: AtomicU64::new(0),
+            bodies_read: AtomicU64::new(0),
+            body_reads: AtomicU64::new(0),
         }
     }
 }
@@ -312,6 +349,8 @@ pub(crate) struct Shared {
     /// (set at open, or by the first new segment after it; never cleared, as every later
     /// active segment is new).
     pub rekey: AtomicBool,
+    /// Bodies are kept in memory after they are written ([`JournalOptions::body_cache_bytes`]).
+    pub cache_bodies: bool,
 }
 
 impl Shared {
@@ -430,6 +469,7 @@ impl Journal {
         let mut scan = recovery::scan(dir, &*io, opts.truncate_damaged)?;
         let recovery = recovery::take_recovery(&mut scan, Duration::ZERO);
         let mut index = scan.index;
+        index.cache = cache::BodyCache::new(opts.body_cache_bytes);
 
         let versions = std::mem::take(&mut scan.versions);
         let mut rekey = true;
@@ -492,6 +532,7 @@ impl Journal {
             admission: admission::Admission::new(opts.max_queued_bytes),
             pending: AtomicU64::new(0),
             rekey: AtomicBool::new(rekey),
+            cache_bodies: opts.body_cache_bytes > 0,
         });
         let (tx, rx) = crossbeam_channel::bounded(opts.max_queued_records);
         let (urgent, urgent_rx) = crossbeam_channel::unbounded();
@@ -597,7 +638,7 @@ impl Journal {
     /// the writer: `(message, record size, completion)`, or the already failed commit.
     fn prepare(
         &self,
-        ops: Vec<Op>,
+        mut ops: Vec<Op>,
         detached: bool,
         chain: Option<Chain>,
     ) -> Result<(Msg, usize, Completion), Commit> {
@@ -625,6 +666,17 @@ impl Journal {
                 size: (payload + FRAME_HEADER) as u64,
                 max: (MAX_PAYLOAD + FRAME_HEADER) as u64,
             })));
+        }
+        if shared.cache_bodies {
+            // The body the writer keeps in memory after writing it: a small one is copied out
+            // of the buffer it arrived in, which it would pin otherwise (see `cache.rs`).
+            for op in &mut ops {
+                if let Op::Put { body, .. } = op {
+                    if !body.is_empty() && body.len() < cache::MAX_BODY {
+                        *body = Bytes::copy_from_slice(body);
+                    }
+                }
+            }
         }
         let (tx, rx) = oneshot::channel();
         let size = payload + FRAME_HEADER;
@@ -678,23 +730,113 @@ impl Journal {
         self.inner.shared.disk_full.load(Ordering::Acquire)
     }
 
-    /// Reads the body of a live message from its segment. Safe to call while compaction
-    /// moves the message or deletes its old segment: the open file stays readable.
+    /// Reads the body of a live message: from memory if it was written recently (see
+    /// [`JournalOptions::body_cache_bytes`]), else from its segment. Safe to call while
+    /// compaction moves the message or deletes its old segment: the open file stays readable.
     pub fn read_body(&self, queue_id: u64, seq: u64) -> Result<Bytes, JournalError> {
-        let (file, seg, off, len) = {
-            let idx = self.inner.shared.index.read().unwrap();
-            let m = idx
-                .queues
-                .get(&queue_id)
-                .and_then(|q| q.msgs.get(&seq))
-                .ok_or(JournalError::NotFound { queue_id, seq })?;
-            let seg = &idx.segs[&m.loc.seg];
-            (seg.file.clone(), m.loc.seg, m.body_off(), m.body_len)
+        let mut v = self.read_bodies(queue_id, &[seq])?;
+        Ok(v.pop().expect("one body per seq"))
+    }
+
+    /// The bodies of those live messages of a queue that are kept in memory (recently
+    /// written), in the order of `seqs`; never reads the disk (so it does not block).
+    pub fn cached_bodies(&self, queue_id: u64, seqs: &[u64]) -> Vec<Option<Bytes>> {
+        let shared = &self.inner.shared;
+        let out: Vec<Option<Bytes>> = {
+            let idx = shared.index.read().unwrap();
+            seqs.iter()
+                .map(|&s| idx.cache.get((queue_id, s)).cloned())
+                .collect()
         };
-        let buf = file
-            .read_vec_at(len as usize, off)
-            .map_err(|e| JournalError::io("read", segment_path(&self.inner.shared.dir, seg), e))?;
-        Ok(Bytes::from(buf))
+        let hits = out.iter().filter(|b| b.is_some()).count() as u64;
+        if hits > 0 {
+            shared
+                .counters
+                .body_cache_hits
+                .fetch_add(hits, Ordering::Relaxed);
+        }
+        out
+    }
+
+    /// The bodies of live messages of a queue, in the order of `seqs`: from memory where kept
+    /// (see [`JournalOptions::body_cache_bytes`]), else read from their segments, with one read
+    /// for each run of messages that lie close together in one segment (a batch of messages
+    /// written one after another). Blocks on the disk: call it off async worker threads.
+    pub fn read_bodies(&self, queue_id: u64, seqs: &[u64]) -> Result<Vec<Bytes>, JournalError> {
+        let shared = &self.inner.shared;
+        let mut out: Vec<Option<Bytes>> = Vec::with_capacity(seqs.len());
+        let mut todo: Vec<BodyRead> = Vec::new();
+        let mut hits = 0u64;
+        {
+            let idx = shared.index.read().unwrap();
+            for (i, &seq) in seqs.iter().enumerate() {
+                let m = idx
+                    .queues
+                    .get(&queue_id)
+                    .and_then(|q| q.msgs.get(&seq))
+                    .ok_or(JournalError::NotFound { queue_id, seq })?;
+                if let Some(b) = idx.cache.get((queue_id, seq)) {
+                    out.push(Some(b.clone()));
+                    hits += 1;
+                    continue;
+                }
+                out.push(if m.body_len == 0 {
+                    Some(Bytes::new())
+                } else {
+                    None
+                });
+                if m.body_len > 0 {
+                    let seg = &idx.segs[&m.loc.seg];
+                    todo.push((i, seg.file.clone(), m.loc.seg, m.body_off(), m.body_len));
+                }
+            }
+        }
+        let c = &shared.counters;
+        let mut reads = 0u64;
+        let mut start = 0;
+        while start < todo.len() {
+            // A run: the same segment, each body starting shortly after the one before.
+            let (_, ref file, seg, first_off, first_len) = todo[start];
+            let mut end_off = first_off + first_len as u64;
+            let mut end = start + 1;
+            while end < todo.len() {
+                let (_, _, s, off, len) = todo[end];
+                let next_end = off + len as u64;
+                if s != seg
+                    || off < end_off
+                    || off - end_off > RUN_GAP
+                    || next_end - first_off > MAX_RUN_BYTES
+                {
+                    break;
+                }
+                end_off = next_end;
+                end += 1;
+            }
+            let buf = file
+                .read_vec_at((end_off - first_off) as usize, first_off)
+                .map_err(|e| JournalError::io("read", segment_path(&shared.dir, seg), e))?;
+            reads += 1;
+            let buf = Bytes::from(buf);
+            for &(i, _, _, off, len) in &todo[start..end] {
+                let from = (off - first_off) as usize;
+                out[i] = Some(if end - start == 1 {
+                    buf.clone()
+                } else {
+                    buf.slice(from..from + len as usize)
+                });
+            }
+            start = end;
+        }
+        if hits > 0 {
+            c.body_cache_hits.fetch_add(hits, Ordering::Relaxed);
+        }
+        c.bodies_read
+            .fetch_add(todo.len() as u64, Ordering::Relaxed);
+        c.body_reads.fetch_add(reads, Ordering::Relaxed);
+        Ok(out
+            .into_iter()
+            .map(|b| b.expect("every body found or read"))
+            .collect())
     }
 
     /// Whether a failed write made the journal refuse writes until restart.
@@ -705,12 +847,14 @@ impl Journal {
     /// Current counters.
     pub fn stats(&self) -> JournalStats {
         let s = &self.inner.shared;
-        let (segments, disk_bytes, live_bytes) = {
+        let (segments, disk_bytes, live_bytes, cache_entries, cache_bytes) = {
             let idx = s.index.read().unwrap();
             (
                 idx.segs.len(),
                 idx.segs.values().map(|m| m.cap).sum(),
                 idx.live_bytes(),
+                idx.cache.len() as u64,
+                idx.cache.bytes(),
             )
         };
         let c = &s.counters;
@@ -731,6 +875,11 @@ impl Journal {
             disk_full: s.disk_full.load(Ordering::Relaxed),
             queued_records: self.inner.tx.len() as u64,
             queued_bytes: s.admission.queued() as u64,
+            body_cache_hits: c.body_cache_hits.load(Ordering::Relaxed),
+            bodies_read: c.bodies_read.load(Ordering::Relaxed),
+            body_reads: c.body_reads.load(Ordering::Relaxed),
+            body_cache_entries: cache_entries,
+            body_cache_bytes: cache_bytes,
         }
     }
 

@@ -144,11 +144,16 @@ pub(crate) struct Writer {
     unlinker: super::unlink::Unlinker,
 }
 
-/// Creates, preallocates and durably initialises segment `seg` of `cap` bytes.
+/// Compaction reads live ops that lie at most this many bytes apart with one read...
+const COMPACT_READ_GAP: u64 = 64 << 10;
+/// ...of at most this many bytes.
+const COMPACT_READ_MAX: u64 = 16 << 20;
+
 fn is_enospc(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(libc::ENOSPC) || e.kind() == std::io::ErrorKind::StorageFull
 }
 
+/// Creates, preallocates and durably initialises segment `seg` of `cap` bytes.
 pub(crate) fn create_segment(
     dir: &Path,
     io: &dyn Io,
@@ -922,13 +927,36 @@ impl Writer {
 
         // Copy live ops forward verbatim: each op is self-contained (a message a Rekey moved
         // gets its current key written into its Put, so the copy no longer needs the Rekey).
+        // The ops are in file order: one read for each run of them that lie close together
+        // (usually the whole step: the few messages still live in a segment of a queue that is
+        // being drained), rather than one per op.
         let mut payload = Vec::with_capacity(items.iter().map(|(_, l)| l.len as usize).sum());
         let mut ranges = Vec::with_capacity(items.len());
-        for ((key, loc), from) in items.iter().zip(&rekeyed) {
+        let mut run: Vec<u8> = Vec::new();
+        let mut run_off = 0u64;
+        for (i, ((key, loc), from)) in items.iter().zip(&rekeyed).enumerate() {
+            let end = loc.off + loc.len as u64;
+            if !(run_off <= loc.off && end <= run_off + run.len() as u64) {
+                // A new run: this op and the following ones while the gap to each is small.
+                let mut run_end = end;
+                for (_, next) in &items[i + 1..] {
+                    let next_end = next.off + next.len as u64;
+                    if next.off < run_end
+                        || next.off - run_end > COMPACT_READ_GAP
+                        || next_end - loc.off > COMPACT_READ_MAX
+                    {
+                        break;
+                    }
+                    run_end = next_end;
+                }
+                run = file
+                    .read_vec_at((run_end - loc.off) as usize, loc.off)
+                    .map_err(|e| JournalError::io("read", &path, e))?;
+                run_off = loc.off;
+            }
             let s = payload.len();
-            payload.resize(s + loc.len as usize, 0);
-            file.read_at(&mut payload[s..], loc.off)
-                .map_err(|e| JournalError::io("read", &path, e))?;
+            let at = (loc.off - run_off) as usize;
+            payload.extend_from_slice(&run[at..at + loc.len as usize]);
             if let (Some(from), Key::Msg(q, seq)) = (from, key) {
                 // If the bytes are not the Put the index says, nothing changes and the check
                 // below reports it.

@@ -14,6 +14,9 @@
 //!   `truncate_damaged`; a torn group commit is still cut.
 //! - `backpressure`: the submission queue is bounded; submitters wait; a removal rides the next
 //!   group commit ahead of the queue.
+//! - `body_cache`: recently written bodies are read from memory within a byte budget, go with
+//!   their message, move with a Rekey; older ones are read back intact, adjacent ones with one
+//!   read; a reopened journal keeps none.
 //! - `compaction`: disk use stays bounded under put/remove churn, live messages stay
 //!   readable while compaction moves them, watermarks survive dropped segments.
 //! - `concurrency`: many threads submitting share syncs (group commit).
@@ -26,6 +29,7 @@
 mod common;
 
 mod backpressure;
+mod body_cache;
 mod compaction;
 mod concurrency;
 mod crash;

@@ -36,6 +36,9 @@
 //! - `journal_disk`: `mqd` on a damaged journal refuses to start (and
 //!   `--truncate-damaged-journal`), and on a full disk (a small tmpfs mounted as root) refuses
 //!   sends, keeps receiving, and recovers by itself.
+//! - `recoverable_reads`: recoverable bodies delivered soon after their send come from memory
+//!   (no journal read, `/metrics`); beyond `--journal-body-cache-bytes` they are read back
+//!   intact, adjacent ones with one read; after `kill -9` from the journal.
 //! - `recoverable_quota`: the per-queue and broker-wide storage quotas with recoverable
 //!   messages: refused, nothing stored touched, free again after receiving, right after a
 //!   restart; `mq send --recoverable` over quota.
@@ -116,6 +119,7 @@ mod queue_properties;
 mod recoverable;
 mod recoverable_faults;
 mod recoverable_quota;
+mod recoverable_reads;
 mod redelivery_window;
 mod security;
 mod send_pipelining;
