@@ -80,7 +80,8 @@ struct Args {
     /// Bytes of recently written recoverable message bodies under 64 KiB kept in memory (each
     /// charged its length plus 128 bytes), so that a receiver keeping up with its senders is
     /// served without reading the disk; beyond it the oldest are dropped from memory and read
-    /// back from the journal when delivered. 0 keeps none.
+    /// back from the journal when delivered. 0 (the default) keeps none: measured, the copies
+    /// cost the send rate more than the saved reads gave back (docs/benchmarks.md).
     #[arg(long, default_value_t = mq_broker::journal::DEFAULT_BODY_CACHE_BYTES, value_name = "BYTES")]
     journal_body_cache_bytes: u64,
     /// Start even if the journal's last segment is damaged before records that were written
