@@ -15,6 +15,22 @@ pub fn mqd_with_http(data_dir: &Path, extra: &[&str]) -> (MqdProcess, String) {
     (p, http)
 }
 
+/// The text of mqd's `GET /metrics` on `http` (`host:port`); panics if it cannot be had
+/// within 10 s.
+pub fn metrics_text(http: &str) -> String {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into();
+    agent
+        .get(&format!("http://{http}/metrics"))
+        .call()
+        .unwrap_or_else(|e| panic!("GET /metrics: {e}"))
+        .body_mut()
+        .read_to_string()
+        .expect("a text body")
+}
+
 /// A path segment percent-encoded (queue names hold `\`, `$`, `;`).
 pub fn enc(s: &str) -> String {
     let mut out = String::new();

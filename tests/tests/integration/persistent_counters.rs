@@ -29,17 +29,7 @@ type Samples = HashMap<(String, Vec<(String, String)>), f64>;
 
 /// GET `/metrics`, parsed.
 fn scrape(http: &str) -> Samples {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(10)))
-        .build()
-        .into();
-    let body = agent
-        .get(&format!("http://{http}/metrics"))
-        .call()
-        .unwrap_or_else(|e| panic!("GET /metrics: {e}"))
-        .body_mut()
-        .read_to_string()
-        .expect("a text body");
+    let body = mq_tests::http::metrics_text(http);
     let parsed =
         prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).expect("parse");
     let mut out = HashMap::new();

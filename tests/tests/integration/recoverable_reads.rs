@@ -16,17 +16,7 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// The value of the unlabelled sample `name` in mqd's `/metrics`.
 fn metric(http: &str, name: &str) -> f64 {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(10)))
-        .build()
-        .into();
-    let body = agent
-        .get(&format!("http://{http}/metrics"))
-        .call()
-        .unwrap_or_else(|e| panic!("GET /metrics: {e}"))
-        .body_mut()
-        .read_to_string()
-        .expect("a text body");
+    let body = mq_tests::http::metrics_text(http);
     let parsed = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
         .expect("parse /metrics");
     for s in parsed.samples {
