@@ -52,6 +52,11 @@ impl BodyCache {
         }
     }
 
+    /// Whether it keeps anything at all (a budget above 0).
+    pub fn enabled(&self) -> bool {
+        self.budget > 0
+    }
+
     /// Bytes charged for the bodies held now (at most the budget).
     pub fn bytes(&self) -> u64 {
         self.bytes

@@ -162,8 +162,11 @@ impl Index {
                     self.kill(old.loc);
                 }
                 self.add(loc, Key::Msg(*queue_id, *seq));
-                // Replaces a body kept for an earlier Put of the key; a no-op without a budget.
-                self.cache.insert((*queue_id, *seq), body.clone());
+                // Replaces a body kept for an earlier Put of the key (nothing is kept without a
+                // budget).
+                if self.cache.enabled() {
+                    self.cache.insert((*queue_id, *seq), body.clone());
+                }
             }
             Op::Remove { queue_id, seqs } => {
                 if let Some(&max) = seqs.iter().max() {

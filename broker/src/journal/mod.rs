@@ -745,6 +745,10 @@ impl Journal {
     /// written), in the order of `seqs`; never reads the disk (so it does not block).
     pub fn cached_bodies(&self, queue_id: u64, seqs: &[u64]) -> Vec<Option<Bytes>> {
         let shared = &self.inner.shared;
+        if !shared.cache_bodies {
+            // No cache (the default): no lock, no lookups.
+            return vec![None; seqs.len()];
+        }
         let out: Vec<Option<Bytes>> = {
             let idx = shared.index.read().unwrap();
             seqs.iter()

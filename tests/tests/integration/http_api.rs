@@ -19,6 +19,17 @@ fn send(url: &str, queue: &str, body: &[u8], extra: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// The entry of queue `name` in a `GET /api/v1/queues` answer (panics if it is not listed).
+fn listed(list: &Value, name: &str) -> Value {
+    list["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == name)
+        .expect("listed")
+        .clone()
+}
+
 fn qpath(q: &str) -> String {
     format!("/api/v1/queues/{}", enc(q))
 }
@@ -147,13 +158,7 @@ fn every_endpoint_and_refusal_without_a_users_file() {
     );
     let (s, l) = api.get("/api/v1/queues");
     assert_eq!(s, 200);
-    let mine = l["queues"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|q| q["name"] == Q)
-        .expect("listed")
-        .clone();
+    let mine = listed(&l, Q);
     assert_eq!(mine["messages"], 3, "{mine}");
     assert_eq!(mine["kind"], "queue");
     assert_eq!(mine["quota_bytes"], 1000000);
@@ -253,13 +258,7 @@ fn every_endpoint_and_refusal_without_a_users_file() {
     let (_, i) = api.get(&qpath(Q));
     assert_eq!(totals(&i), [3, 1, 1, 0, 0], "{i}");
     let (_, l) = api.get("/api/v1/queues");
-    let listed = l["queues"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|q| q["name"] == Q)
-        .expect("listed")
-        .clone();
+    let listed = listed(&l, Q);
     assert_eq!(totals(&listed), [3, 1, 1, 0, 0], "{listed}");
     assert_eq!(totals(&api.get(&qpath(&sub)).1), [1, 1, 0, 0, 0]);
     let (s, page) = api.page(&format!("/queues/{}", enc(Q)));
