@@ -14,6 +14,7 @@ use bytes::Bytes;
 
 use super::cache::BodyCache;
 use super::io::SegmentFile;
+pub(crate) use super::msgs::Msgs;
 use super::op::{Mark, Op, PUT_FIXED};
 
 /// Where an op's bytes are: segment, file offset of the op (inside a record's payload), length.
@@ -39,10 +40,14 @@ pub(crate) struct SegMeta {
     pub end: u64,
     /// Sum of `len` of live ops in this segment.
     pub live: u64,
-    /// Live ops by file offset, so compaction can find them without scanning every queue.
-    pub live_ops: BTreeMap<u64, (Key, u32)>,
+    /// Number of live ops in this segment. (Which ops are live is not kept per segment:
+    /// compaction walks the segment's records and asks the index, see [`Index::live_key`].)
+    pub live_ops: u64,
 }
 
+/// Where a live message's `Put` is. Kept packed in [`Msgs`] (24 bytes with its seq); this is
+/// the unpacked view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct MsgEntry {
     pub loc: Loc,
     pub header_len: u32,
@@ -58,7 +63,7 @@ impl MsgEntry {
 #[derive(Default)]
 pub(crate) struct QueueEntry {
     pub def: Option<(Loc, Bytes)>,
-    pub msgs: BTreeMap<u64, MsgEntry>,
+    pub msgs: Msgs,
 }
 
 #[derive(Default)]
@@ -72,8 +77,9 @@ pub(crate) struct Index {
     /// asked for). Emptied when recovery hands the messages to the broker, so a running
     /// journal keeps no headers in memory.
     pub headers: HashMap<(u64, u64), Bytes>,
-    /// Live `Put`s that a `Rekey` moved, by `(segment, offset)`: the `(queue, seq)` their
-    /// bytes still name. Compaction rewrites that key when it copies them forward.
+    /// Live `Put`s that a `Rekey` moved, by `(segment, offset)`: the `(queue, seq)` they are
+    /// live under now (their bytes still name the key they were written with). Compaction
+    /// finds them by it, and rewrites the key when it copies them forward.
     pub rekeyed: HashMap<(u64, u64), (u64, u64)>,
     /// Bodies of recently written messages (see `cache.rs`); dropped with their message.
     /// Recovery runs with no budget, so it keeps none.
@@ -85,20 +91,47 @@ impl Index {
         if !self.rekeyed.is_empty() {
             self.rekeyed.remove(&(loc.seg, loc.off));
         }
+        // Every live op is referenced from exactly one place (a queue's def or one entry of
+        // its messages), and is killed when that reference goes or is replaced: once.
         if let Some(s) = self.segs.get_mut(&loc.seg) {
-            if s.live_ops.remove(&loc.off).is_some() {
-                s.live -= loc.len as u64;
-            }
+            debug_assert!(
+                s.live >= loc.len as u64 && s.live_ops > 0,
+                "index: op killed twice"
+            );
+            s.live = s.live.saturating_sub(loc.len as u64);
+            s.live_ops = s.live_ops.saturating_sub(1);
         }
     }
 
-    fn add(&mut self, loc: Loc, key: Key) {
+    fn add(&mut self, loc: Loc) {
         let s = self
             .segs
             .get_mut(&loc.seg)
             .expect("index: op in a segment the index does not know");
         s.live += loc.len as u64;
-        s.live_ops.insert(loc.off, (key, loc.len));
+        s.live_ops += 1;
+    }
+
+    /// The key under which the op `op` found at `loc` is live, if it is: what compaction asks
+    /// of each op of the segment it walks.
+    pub fn live_key(&self, op: &Op, loc: Loc) -> Option<Key> {
+        match op {
+            Op::DefineQueue { queue_id, .. } => {
+                let (l, _) = self.queues.get(queue_id)?.def.as_ref()?;
+                (*l == loc).then_some(Key::Def(*queue_id))
+            }
+            Op::Put { queue_id, seq, .. } => {
+                let (q, s) = if self.rekeyed.is_empty() {
+                    None
+                } else {
+                    self.rekeyed.get(&(loc.seg, loc.off)).copied()
+                }
+                .unwrap_or((*queue_id, *seq));
+                let m = self.queues.get(&q)?.msgs.get(&s)?;
+                (m.loc == loc).then_some(Key::Msg(q, s))
+            }
+            _ => None,
+        }
     }
 
     fn see(&mut self, queue_id: u64, seq: Option<u64>) {
@@ -119,7 +152,7 @@ impl Index {
                 if let Some((old, _)) = old {
                     self.kill(old);
                 }
-                self.add(loc, Key::Def(*queue_id));
+                self.add(loc);
                 self.queues.get_mut(queue_id).unwrap().def =
                     Some((loc, Bytes::copy_from_slice(def)));
             }
@@ -129,7 +162,7 @@ impl Index {
                     if let Some((l, _)) = q.def {
                         self.kill(l);
                     }
-                    for m in q.msgs.values() {
+                    for (_, m) in q.msgs.iter() {
                         self.kill(m.loc);
                     }
                     self.cache.remove_queue(*queue_id);
@@ -161,7 +194,7 @@ impl Index {
                     // Same (queue, seq) again: the later record wins.
                     self.kill(old.loc);
                 }
-                self.add(loc, Key::Msg(*queue_id, *seq));
+                self.add(loc);
                 // Replaces a body kept for an earlier Put of the key (nothing is kept without a
                 // budget).
                 if self.cache.enabled() {
@@ -182,7 +215,7 @@ impl Index {
                 let mut dead = Vec::new();
                 if let Some(q) = self.queues.get_mut(queue_id) {
                     for s in seqs {
-                        if let Some(m) = q.msgs.remove(s) {
+                        if let Some(m) = q.msgs.remove(*s) {
                             dead.push(m.loc);
                             self.cache.remove((*queue_id, *s));
                         }
@@ -199,12 +232,7 @@ impl Index {
                 self.see(*queue_id, Some(*through_seq));
                 let mut dead = Vec::new();
                 if let Some(q) = self.queues.get_mut(queue_id) {
-                    let keep = match through_seq.checked_add(1) {
-                        Some(next) => q.msgs.split_off(&next),
-                        None => BTreeMap::new(),
-                    };
-                    let gone = std::mem::replace(&mut q.msgs, keep);
-                    dead.extend(gone.values().map(|m| m.loc));
+                    q.msgs.purge_through(*through_seq, |m| dead.push(m.loc));
                     self.cache.purge(*queue_id, *through_seq);
                 }
                 for l in dead {
@@ -225,7 +253,7 @@ impl Index {
                 let Some(m) = self
                     .queues
                     .get_mut(queue_id)
-                    .and_then(|q| q.msgs.remove(seq))
+                    .and_then(|q| q.msgs.remove(*seq))
                 else {
                     return;
                 };
@@ -248,17 +276,9 @@ impl Index {
                     // As for a Put: the later record wins.
                     self.kill(old.loc);
                 }
-                if let Some(e) = self
-                    .segs
-                    .get_mut(&loc.seg)
-                    .and_then(|s| s.live_ops.get_mut(&loc.off))
-                {
-                    e.0 = Key::Msg(*to_queue_id, *to_seq);
-                }
-                // The bytes still name the key they were written with (a second move keeps it).
+                // The bytes still name the key they were written with.
                 self.rekeyed
-                    .entry((loc.seg, loc.off))
-                    .or_insert((*queue_id, *seq));
+                    .insert((loc.seg, loc.off), (*to_queue_id, *to_seq));
             }
         }
     }
@@ -298,18 +318,182 @@ impl Index {
                 }
             }
             Key::Msg(q, s) => {
-                let m = self.queues.get_mut(&q).and_then(|q| q.msgs.get_mut(&s));
-                match m {
-                    Some(m) if m.loc == old => m.loc = new,
-                    _ => return,
+                let moved = self
+                    .queues
+                    .get_mut(&q)
+                    .is_some_and(|q| q.msgs.relocate(s, old, new));
+                if !moved {
+                    return;
                 }
             }
         }
         self.kill(old);
-        self.add(new, key);
+        self.add(new);
     }
 
     pub fn live_bytes(&self) -> u64 {
         self.segs.values().map(|s| s.live).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::{FaultyIo, Io};
+
+    fn index(segs: u64) -> Index {
+        let io = FaultyIo::new(1);
+        let mut idx = Index::default();
+        for seg in 1..=segs {
+            let file = io.create("/index-test".as_ref(), seg).unwrap();
+            idx.segs.insert(
+                seg,
+                SegMeta {
+                    file,
+                    cap: 1 << 20,
+                    end: 32,
+                    live: 0,
+                    live_ops: 0,
+                },
+            );
+        }
+        idx
+    }
+
+    fn put(queue_id: u64, seq: u64, body: usize) -> Op {
+        Op::Put {
+            queue_id,
+            seq,
+            header: Bytes::from_static(b"hdr"),
+            body: Bytes::from(vec![7u8; body]),
+        }
+    }
+
+    fn define(queue_id: u64) -> Op {
+        Op::DefineQueue {
+            queue_id,
+            def: Bytes::from_static(b"def"),
+        }
+    }
+
+    fn at(seg: u64, off: u64, op: &Op) -> Loc {
+        Loc {
+            seg,
+            off,
+            len: op.encoded_len() as u32,
+        }
+    }
+
+    fn counts(idx: &Index, seg: u64) -> (u64, u64) {
+        (idx.segs[&seg].live, idx.segs[&seg].live_ops)
+    }
+
+    #[test]
+    fn compaction_asks_the_index_which_ops_are_live() {
+        let mut idx = index(2);
+        let (d1, p1, p2, p3) = (define(1), put(1, 1, 10), put(1, 2, 20), put(1, 3, 30));
+        let (ld1, lp1, lp2, lp3) = (
+            at(1, 32, &d1),
+            at(1, 100, &p1),
+            at(1, 300, &p2),
+            at(1, 500, &p3),
+        );
+        for (op, l) in [(&d1, ld1), (&p1, lp1), (&p2, lp2), (&p3, lp3)] {
+            idx.apply(op, l, false);
+        }
+        assert_eq!(idx.live_key(&d1, ld1), Some(Key::Def(1)));
+        assert_eq!(idx.live_key(&p1, lp1), Some(Key::Msg(1, 1)));
+        // Not the op at that place (another offset): not live.
+        assert_eq!(idx.live_key(&p1, Loc { off: 101, ..lp1 }), None);
+        let all = ld1.len + lp1.len + lp2.len + lp3.len;
+        assert_eq!(counts(&idx, 1), (all as u64, 4));
+
+        // Removed: dead.
+        let remove = Op::Remove {
+            queue_id: 1,
+            seqs: vec![2],
+        };
+        idx.apply(&remove, at(2, 32, &remove), false);
+        assert_eq!(idx.live_key(&p2, lp2), None);
+        // Written again elsewhere: the old copy is dead, the new one live.
+        let lp3b = at(2, 100, &p3);
+        idx.apply(&p3, lp3b, false);
+        assert_eq!(idx.live_key(&p3, lp3), None);
+        assert_eq!(idx.live_key(&p3, lp3b), Some(Key::Msg(1, 3)));
+        // Moved by a Rekey: its bytes still name (1, 1), it is live as (5, 7).
+        let rekey = Op::Rekey {
+            queue_id: 1,
+            seq: 1,
+            to_queue_id: 5,
+            to_seq: 7,
+        };
+        idx.apply(&rekey, at(2, 300, &rekey), false);
+        assert_eq!(idx.live_key(&p1, lp1), Some(Key::Msg(5, 7)));
+        // Redefined: the old def is dead.
+        let ld1b = at(2, 400, &d1);
+        idx.apply(&d1, ld1b, false);
+        assert_eq!(idx.live_key(&d1, ld1), None);
+        assert_eq!(idx.live_key(&d1, ld1b), Some(Key::Def(1)));
+        // Tombstones and marks are never live.
+        assert_eq!(idx.live_key(&remove, at(2, 32, &remove)), None);
+        assert_eq!(counts(&idx, 1), (lp1.len as u64, 1));
+
+        // Compaction copies the rekeyed Put under its new key: live there, not here, and
+        // segment 1 holds nothing live any more.
+        let moved = put(5, 7, 10);
+        let lm = at(2, 600, &moved);
+        idx.relocate(Key::Msg(5, 7), lp1, lm);
+        assert_eq!(counts(&idx, 1), (0, 0));
+        assert_eq!(idx.live_key(&p1, lp1), None);
+        assert_eq!(idx.live_key(&moved, lm), Some(Key::Msg(5, 7)));
+        assert!(idx.rekeyed.is_empty());
+        // A second relocation from the old place (stale) changes nothing.
+        idx.relocate(Key::Msg(5, 7), lp1, at(2, 900, &moved));
+        assert_eq!(idx.live_key(&moved, lm), Some(Key::Msg(5, 7)));
+
+        // Deleting queue 1 kills its def and message 3; message (5, 7) stays.
+        let seg2 = counts(&idx, 2);
+        assert_eq!(seg2, ((lp3b.len + ld1b.len + lm.len) as u64, 3));
+        let del = Op::DeleteQueue { queue_id: 1 };
+        idx.apply(&del, at(2, 1000, &del), false);
+        assert_eq!(counts(&idx, 2), (lm.len as u64, 1));
+        assert_eq!(idx.live_key(&p3, lp3b), None);
+    }
+
+    #[test]
+    fn purge_and_removal_give_back_each_segments_live_bytes_once() {
+        let mut idx = index(3);
+        let mut locs = Vec::new();
+        for s in 1..=600u64 {
+            let op = put(4, s, (s % 50) as usize);
+            let l = at(1 + s % 3, 32 + s * 200, &op);
+            idx.apply(&op, l, false);
+            locs.push((op, l));
+        }
+        let live_of = |idx: &Index| -> u64 { (1..=3).map(|s| idx.segs[&s].live).sum() };
+        let total: u64 = locs.iter().map(|(_, l)| l.len as u64).sum();
+        assert_eq!(live_of(&idx), total);
+        // Remove from the middle, twice (the second time is a no-op), then purge across.
+        let seqs: Vec<u64> = (200..400).collect();
+        let remove = Op::Remove { queue_id: 4, seqs };
+        idx.apply(&remove, at(3, 1 << 19, &remove), false);
+        idx.apply(&remove, at(3, 1 << 19, &remove), false);
+        let gone: u64 = locs[199..399].iter().map(|(_, l)| l.len as u64).sum();
+        assert_eq!(live_of(&idx), total - gone);
+        let purge = Op::Purge {
+            queue_id: 4,
+            through_seq: 500,
+        };
+        idx.apply(&purge, at(3, 1 << 19, &purge), false);
+        let left: u64 = locs[500..].iter().map(|(_, l)| l.len as u64).sum();
+        assert_eq!(live_of(&idx), left);
+        let ops: u64 = (1..=3).map(|s| idx.segs[&s].live_ops).sum();
+        assert_eq!(ops, 100);
+        for (op, l) in &locs[..500] {
+            assert_eq!(idx.live_key(op, *l), None);
+        }
+        for (op, l) in &locs[500..] {
+            assert!(idx.live_key(op, *l).is_some());
+        }
     }
 }

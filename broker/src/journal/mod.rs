@@ -60,6 +60,7 @@ pub mod fuzz;
 mod gather;
 mod index;
 mod io;
+mod msgs;
 mod op;
 mod record;
 mod recovery;
@@ -99,7 +100,7 @@ type Completion = oneshot::Receiver<Result<(), JournalError>>;
 #[derive(Debug, Clone)]
 pub struct JournalOptions {
     /// Size each segment file is preallocated to. A record larger than this gets a segment
-    /// of its own size. Default 64 MiB; at least 4 KiB.
+    /// of its own size. Default 64 MiB; at least 4 KiB, at most 4 GiB.
     pub segment_size: u64,
     /// A sealed oldest segment whose live bytes are below this fraction of its written bytes
     /// is compacted (live records copied forward, file deleted). Default 0.5; in `[0, 0.9]`.
@@ -145,6 +146,9 @@ type BodyRead = (usize, Arc<dyn SegmentFile>, u64, u64, u32);
 const RUN_GAP: u64 = 4096;
 /// ... and while the whole read stays within this many bytes.
 const MAX_RUN_BYTES: u64 = 1 << 20;
+
+/// Largest [`JournalOptions::segment_size`]: offsets in the index are 32-bit.
+pub const MAX_SEGMENT_SIZE: u64 = 1 << 32;
 
 /// How often, at most, a journal in disk-full mode tries to allocate its reserve again.
 pub const DISK_FULL_RETRY: Duration = Duration::from_millis(250);
@@ -448,6 +452,13 @@ impl Journal {
                 opts.segment_size
             )));
         }
+        // The index keeps offsets in 32 bits (`msgs.rs`).
+        if opts.segment_size > MAX_SEGMENT_SIZE {
+            return Err(JournalError::InvalidOptions(format!(
+                "segment_size {} is above the maximum of {MAX_SEGMENT_SIZE} bytes (4 GiB)",
+                opts.segment_size
+            )));
+        }
         // Near 1.0 every sealed segment qualifies (frame headers and marks are never live),
         // so compaction would rewrite live data forever.
         if !(0.0..=0.9).contains(&opts.compact_live_ratio) {
@@ -510,7 +521,7 @@ impl Journal {
                         cap: opts.segment_size,
                         end: HEADER_LEN,
                         live: 0,
-                        live_ops: BTreeMap::new(),
+                        live_ops: 0,
                     },
                 );
                 Active {

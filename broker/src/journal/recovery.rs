@@ -170,6 +170,17 @@ pub(crate) fn scan(dir: &Path, io: &dyn Io, truncate_damaged: bool) -> Result<Sc
             .open(dir, n)
             .map_err(|e| JournalError::io("open", &path, e))?;
         let len = file.len().map_err(|e| JournalError::io("stat", &path, e))?;
+        if len > super::MAX_SEGMENT_SIZE {
+            // The index keeps offsets in 32 bits; no journal writes a segment this large.
+            return Err(JournalError::Corrupt {
+                path,
+                offset: 0,
+                reason: format!(
+                    "segment of {len} bytes, above the maximum of {} (4 GiB)",
+                    super::MAX_SEGMENT_SIZE
+                ),
+            });
+        }
         let mut buf = vec![0u8; len as usize];
         file.read_at(&mut buf, 0)
             .map_err(|e| JournalError::io("read", &path, e))?;
@@ -224,7 +235,7 @@ pub(crate) fn scan(dir: &Path, io: &dyn Io, truncate_damaged: bool) -> Result<Sc
                 cap: len,
                 end: HEADER_LEN,
                 live: 0,
-                live_ops: BTreeMap::new(),
+                live_ops: 0,
             },
         );
         out.segments += 1;
@@ -338,15 +349,14 @@ pub(crate) fn take_recovery(scan: &mut Scan, elapsed: Duration) -> Recovery {
         if e.msgs.is_empty() {
             continue;
         }
-        let v: Vec<RecoveredMessage> = e
-            .msgs
-            .iter()
-            .map(|(seq, m)| RecoveredMessage {
-                seq: *seq,
-                header: headers.remove(&(*q, *seq)).unwrap_or_default(),
-                body_len: m.body_len,
-            })
-            .collect();
+        // Sized up front: the iterator cannot say its length, and doubling would leave up to
+        // half of a large queue's vector unused.
+        let mut v: Vec<RecoveredMessage> = Vec::with_capacity(e.msgs.len());
+        v.extend(e.msgs.iter().map(|(seq, m)| RecoveredMessage {
+            seq,
+            header: headers.remove(&(*q, seq)).unwrap_or_default(),
+            body_len: m.body_len,
+        }));
         messages.insert(*q, v);
     }
     drop(headers);

@@ -58,8 +58,10 @@ use super::gather::{Gather, Sink};
 use super::index::{Key, Loc, SegMeta};
 use super::io::{Io, SegmentFile};
 use super::op::{decode_payload, Entry, Op};
-use super::record::{encode_frame, set_write_start};
-use super::segment::{encode_header, segment_path, HEADER_LEN};
+use super::record::{
+    decode_frame, encode_frame, set_write_start, Frame, FRAME_HEADER, WRITE_START,
+};
+use super::segment::{check_header, encode_header, segment_path, HEADER_LEN};
 use super::{Chain, JournalOptions, Shared, DISK_FULL_RETRY};
 
 pub(crate) type Done = oneshot::Sender<Result<(), JournalError>>;
@@ -142,12 +144,23 @@ pub(crate) struct Writer {
     compact_retry_at: Option<Instant>,
     /// Unlinks dropped segments off this thread (see `unlink.rs`).
     unlinker: super::unlink::Unlinker,
+    /// Compaction's walk of the oldest sealed segment.
+    walk: Option<Walk>,
 }
 
-/// Compaction reads live ops that lie at most this many bytes apart with one read...
-const COMPACT_READ_GAP: u64 = 64 << 10;
-/// ...of at most this many bytes.
-const COMPACT_READ_MAX: u64 = 16 << 20;
+/// One compaction step reads at least this much of the segment it walks (and at most
+/// `max_batch_bytes`, if larger, or one record).
+const COMPACT_WALK_MIN: usize = 256 << 10;
+
+/// How far compaction's walk of the oldest sealed segment has got: every op before `pos` that
+/// was live has been copied forward.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Walk {
+    seg: u64,
+    pos: u64,
+    /// Format version 2 or later: records carry the write-start flag.
+    flags: bool,
+}
 
 fn is_enospc(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(libc::ENOSPC) || e.kind() == std::io::ErrorKind::StorageFull
@@ -209,6 +222,7 @@ impl Writer {
             has_reserve: false,
             retry_at: Instant::now(),
             compact_retry_at: None,
+            walk: None,
         }
     }
 
@@ -874,30 +888,16 @@ impl Writer {
 
     fn try_compact_step(&mut self, seg: u64) -> Result<(), JournalError> {
         let budget = self.opts.max_batch_bytes.max(1);
-        let (file, items, rekeyed) = {
+        let (file, live, end) = {
             let idx = self.shared.index.read().unwrap();
             let meta = &idx.segs[&seg];
-            let mut items: Vec<(Key, Loc)> = Vec::new();
-            let mut bytes = 0usize;
-            for (&off, &(key, len)) in &meta.live_ops {
-                if !items.is_empty() && bytes + len as usize > budget {
-                    break;
-                }
-                bytes += len as usize;
-                items.push((key, Loc { seg, off, len }));
-            }
-            // Messages a Rekey moved: the key their bytes name, rewritten in the copy.
-            let rekeyed: Vec<Option<(u64, u64)>> = items
-                .iter()
-                .map(|(_, l)| idx.rekeyed.get(&(l.seg, l.off)).copied())
-                .collect();
-            (meta.file.clone(), items, rekeyed)
+            (meta.file.clone(), meta.live, meta.end)
         };
         let path = segment_path(&self.shared.dir, seg);
 
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
-        if items.is_empty() {
+        if live == 0 {
             // Nothing live left: record the id watermark, then unlink.
             let mark = self.shared.index.read().unwrap().mark();
             encode_frame(&mut buf, |out| mark.encode(out));
@@ -909,6 +909,7 @@ impl Writer {
                 let mut idx = self.shared.index.write().unwrap();
                 idx.segs.remove(&seg);
             }
+            self.walk = None;
             // Readers holding this file's Arc keep reading it after the unlink.
             drop(file);
             if self.shared.disk_full.load(Ordering::Acquire) {
@@ -924,46 +925,166 @@ impl Writer {
             tracing::debug!(segment = seg, "journal: dropped segment");
             return Ok(());
         }
+        self.buf = buf;
 
-        // Copy live ops forward verbatim: each op is self-contained (a message a Rekey moved
-        // gets its current key written into its Put, so the copy no longer needs the Rekey).
-        // The ops are in file order: one read for each run of them that lie close together
-        // (usually the whole step: the few messages still live in a segment of a queue that is
-        // being drained), rather than one per op.
-        let mut payload = Vec::with_capacity(items.iter().map(|(_, l)| l.len as usize).sum());
-        let mut ranges = Vec::with_capacity(items.len());
-        let mut run: Vec<u8> = Vec::new();
-        let mut run_off = 0u64;
-        for (i, ((key, loc), from)) in items.iter().zip(&rekeyed).enumerate() {
-            let end = loc.off + loc.len as u64;
-            if !(run_off <= loc.off && end <= run_off + run.len() as u64) {
-                // A new run: this op and the following ones while the gap to each is small.
-                let mut run_end = end;
-                for (_, next) in &items[i + 1..] {
-                    let next_end = next.off + next.len as u64;
-                    if next.off < run_end
-                        || next.off - run_end > COMPACT_READ_GAP
-                        || next_end - loc.off > COMPACT_READ_MAX
-                    {
-                        break;
-                    }
-                    run_end = next_end;
-                }
-                run = file
-                    .read_vec_at((run_end - loc.off) as usize, loc.off)
+        // Walk the segment's records from where the last step stopped, asking the index
+        // which ops are live; copy those forward verbatim: each op is self-contained (a
+        // message a Rekey moved gets its current key written into its Put, so the copy no
+        // longer needs the Rekey). What the walk has passed holds nothing live: the segment
+        // is sealed, and the index only ever points at new places (writes, copies) or renames
+        // what is live (Rekey), all on this thread.
+        let walk = match self.walk {
+            Some(w) if w.seg == seg => w,
+            _ => {
+                let mut h = [0u8; HEADER_LEN as usize];
+                file.read_at(&mut h, 0)
                     .map_err(|e| JournalError::io("read", &path, e))?;
-                run_off = loc.off;
+                let version = check_header(&h, seg).map_err(|reason| JournalError::Corrupt {
+                    path: path.clone(),
+                    offset: 0,
+                    reason,
+                })?;
+                Walk {
+                    seg,
+                    pos: HEADER_LEN,
+                    flags: version >= 2,
+                }
             }
+        };
+        let corrupt = |offset: u64, reason: String| JournalError::Corrupt {
+            path: path.clone(),
+            offset,
+            reason,
+        };
+        if walk.pos >= end {
+            return Err(corrupt(
+                end,
+                format!(
+                    "compaction walked the whole segment but the index still counts {live} live bytes in it"
+                ),
+            ));
+        }
+        let read = |len: u64| -> Result<Bytes, JournalError> {
+            file.read_vec_at(len as usize, walk.pos)
+                .map(Bytes::from)
+                .map_err(|e| JournalError::io("read", &path, e))
+        };
+        let mut window = read((end - walk.pos).min(budget.max(COMPACT_WALK_MIN) as u64))?;
+        if window.len() < FRAME_HEADER {
+            return Err(corrupt(
+                walk.pos,
+                "a few stray bytes at the segment's end".into(),
+            ));
+        }
+        if let Frame::Incomplete = decode_frame(&window, 0, walk.flags) {
+            // One record longer than the window: read it whole.
+            let word = u32::from_le_bytes(window[..4].try_into().expect("4 bytes"));
+            let len = FRAME_HEADER as u64 + (word & !WRITE_START) as u64;
+            if walk.pos + len > end {
+                return Err(corrupt(
+                    walk.pos,
+                    "record runs past the segment's end".into(),
+                ));
+            }
+            window = read(len)?;
+        }
+
+        // (key, where it is, where it lies in `window`, the key its bytes name)
+        type Item = (Key, Loc, Range<usize>, Option<(u64, u64)>);
+        let mut items: Vec<Item> = Vec::new();
+        let mut bytes = 0usize;
+        let mut at = 0usize;
+        {
+            let idx = self.shared.index.read().unwrap();
+            while at < window.len() {
+                let (payload, next) = match decode_frame(&window, at, walk.flags) {
+                    Frame::Record { payload, next, .. } => (payload, next),
+                    // The rest of the record is beyond the window: the next step reads it.
+                    Frame::Incomplete if at > 0 => break,
+                    Frame::End => {
+                        return Err(corrupt(
+                            walk.pos + at as u64,
+                            "end of records before the segment's end while compacting".into(),
+                        ))
+                    }
+                    Frame::Incomplete => {
+                        return Err(corrupt(
+                            walk.pos,
+                            "record runs past the segment's end while compacting".into(),
+                        ))
+                    }
+                    Frame::Corrupt(why) => {
+                        return Err(corrupt(
+                            walk.pos + at as u64,
+                            format!("while compacting: {why}"),
+                        ))
+                    }
+                };
+                let entries = decode_payload(&window.slice(payload.clone())).map_err(|e| {
+                    corrupt(
+                        walk.pos + at as u64,
+                        format!("record does not decode while compacting: {}", e.0),
+                    )
+                })?;
+                let first = items.len();
+                let mut rec_bytes = 0usize;
+                for (e, r) in &entries {
+                    let Entry::Op(op) = e else { continue };
+                    let inside = payload.start + r.start..payload.start + r.end;
+                    let loc = Loc {
+                        seg,
+                        off: walk.pos + inside.start as u64,
+                        len: r.len() as u32,
+                    };
+                    let Some(key) = idx.live_key(op, loc) else {
+                        continue;
+                    };
+                    let named = match (op, key) {
+                        (Op::Put { queue_id, seq, .. }, Key::Msg(q, s))
+                            if (*queue_id, *seq) != (q, s) =>
+                        {
+                            Some((*queue_id, *seq))
+                        }
+                        _ => None,
+                    };
+                    rec_bytes += r.len();
+                    items.push((key, loc, inside, named));
+                }
+                if first > 0 && bytes + rec_bytes > budget {
+                    // The budget is spent: this record is the next step's.
+                    items.truncate(first);
+                    break;
+                }
+                bytes += rec_bytes;
+                at = next;
+            }
+        }
+        // Where the next step goes on, once this one's copies are in the index.
+        let walked = Walk {
+            pos: walk.pos + at as u64,
+            ..walk
+        };
+        if items.is_empty() {
+            // Nothing live in this stretch.
+            self.walk = Some(walked);
+            return Ok(());
+        }
+
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        let mut payload = Vec::with_capacity(bytes);
+        let mut ranges = Vec::with_capacity(items.len());
+        for (key, _, inside, named) in &items {
             let s = payload.len();
-            let at = (loc.off - run_off) as usize;
-            payload.extend_from_slice(&run[at..at + loc.len as usize]);
-            if let (Some(from), Key::Msg(q, seq)) = (from, key) {
+            payload.extend_from_slice(&window[inside.clone()]);
+            if let (Some(from), Key::Msg(q, seq)) = (named, key) {
                 // If the bytes are not the Put the index says, nothing changes and the check
                 // below reports it.
                 super::op::rekey_put(&mut payload[s..], *from, (*q, *seq));
             }
             ranges.push(s..payload.len());
         }
+        drop(window);
         // Check what we copy is what the index says it is, so a bug or bit rot is
         // caught here instead of being re-framed under a fresh, valid CRC.
         let payload = Bytes::from(payload);
@@ -976,7 +1097,7 @@ impl Writer {
             && decoded
                 .iter()
                 .zip(&items)
-                .all(|((e, _), (key, _))| match (e, key) {
+                .all(|((e, _), (key, ..))| match (e, key) {
                     (Entry::Op(Op::DefineQueue { queue_id, .. }), Key::Def(q)) => queue_id == q,
                     (Entry::Op(Op::Put { queue_id, seq, .. }), Key::Msg(q, s)) => {
                         queue_id == q && seq == s
@@ -1001,7 +1122,7 @@ impl Writer {
         let payload_off = rec_off + super::record::FRAME_HEADER as u64;
         {
             let mut idx = self.shared.index.write().unwrap();
-            for ((key, old), r) in items.iter().zip(&ranges) {
+            for ((key, old, ..), r) in items.iter().zip(&ranges) {
                 let new = Loc {
                     seg: new_seg,
                     off: payload_off + r.start as u64,
@@ -1010,6 +1131,7 @@ impl Writer {
                 idx.relocate(*key, *old, new);
             }
         }
+        self.walk = Some(walked);
         self.shared
             .counters
             .compacted_bytes

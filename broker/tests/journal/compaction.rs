@@ -161,3 +161,97 @@ fn deleted_queue_segments_go_and_ids_are_not_forgotten() {
     assert!(!r.messages.contains_key(&77));
     assert_eq!(r.max_queue_id, 77, "queue id 77 must never be reused");
 }
+
+/// Compaction walks a segment's records in bounded steps and copies what the index says is
+/// live: records larger than a step's read, records of which only some ops are live, and a
+/// budget so small that every step stops after one record.
+#[test]
+fn compaction_walks_large_and_partly_live_records_in_small_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = JournalOptions {
+        max_batch_bytes: 1,
+        ..small_opts(1 << 20)
+    };
+    let len = |s: u64| match s % 3 {
+        1 => 100,
+        2 => 300_000,
+        _ => 50,
+    };
+    let (j, _) = Journal::open(dir.path(), opts.clone()).unwrap();
+    j.submit(vec![
+        Op::DefineQueue {
+            queue_id: 1,
+            def: "one".into(),
+        },
+        Op::DefineQueue {
+            queue_id: 2,
+            def: "two".into(),
+        },
+    ])
+    .wait()
+    .unwrap();
+    // Twelve records of three messages each (~300 KB a record: four segments).
+    for k in 0..12u64 {
+        j.submit((1..=3).map(|i| put(1, 3 * k + i, len(3 * k + i))).collect())
+            .wait()
+            .unwrap();
+    }
+    // Some messages of those records die, the others stay.
+    let dead: Vec<u64> = (0..12u64)
+        .flat_map(|k| {
+            let mut d = Vec::new();
+            if k % 2 == 0 {
+                d.push(3 * k + 1);
+            }
+            if k % 3 == 0 {
+                d.push(3 * k + 2);
+            }
+            d
+        })
+        .collect();
+    j.submit(vec![Op::Remove {
+        queue_id: 1,
+        seqs: dead.clone(),
+    }])
+    .wait()
+    .unwrap();
+    let live: Vec<u64> = (1..=36).filter(|s| !dead.contains(s)).collect();
+    // Churn on queue 2 until the segments of those records have been compacted away.
+    let first = j.stats();
+    for s in 1..=600u64 {
+        let mut ops = vec![put(2, s, 20_000)];
+        if s > 1 {
+            ops.push(Op::Remove {
+                queue_id: 2,
+                seqs: vec![s - 1],
+            });
+        }
+        j.submit(ops).wait().unwrap();
+        for &q1 in live.iter().filter(|&&q1| q1 % 7 == s % 7) {
+            assert_eq!(j.read_body(1, q1).unwrap(), body(1, q1, len(q1)));
+        }
+    }
+    let st = j.stats();
+    eprintln!("{st:?}");
+    let live_bytes: u64 = live.iter().map(|&s| len(s) as u64).sum();
+    assert!(
+        st.compacted_bytes - first.compacted_bytes >= live_bytes,
+        "the surviving messages were copied forward: {st:?}"
+    );
+    assert!(st.segments <= 6, "{st:?}");
+    for &s in &live {
+        assert_eq!(j.read_body(1, s).unwrap(), body(1, s, len(s)));
+    }
+    drop(j);
+
+    let (j, r) = Journal::open(dir.path(), opts).unwrap();
+    assert_eq!(seqs(&r, 1), live);
+    assert_eq!(seqs(&r, 2), vec![600]);
+    check_bodies(&j, &r, 1, len);
+    assert!(
+        !dir.path()
+            .join(mq_broker::journal::segment_file_name(2))
+            .exists(),
+        "the segments of the first records are gone"
+    );
+}
