@@ -440,6 +440,25 @@ mod tests {
     }
 
     #[test]
+    fn sparse_chunks_merge_so_memory_follows_the_live_count() {
+        let mut b = Both::new();
+        for s in 1..=4096u64 {
+            b.insert(s, entry(1, s * 200, 1));
+        }
+        let before = b.m.heap_bytes();
+        // Keep one message in eight (expiry or receive by id thinning a backlog): no chunk
+        // empties, so only merging gives memory back.
+        for s in (1..=4096u64).filter(|s| s % 8 != 0) {
+            b.remove(s);
+        }
+        b.same();
+        let after = b.m.heap_bytes();
+        assert!(after * 2 < before, "{after} vs {before}");
+        let chunks = b.m.chunks.len();
+        assert!(chunks * CHUNK / 4 <= 4096 / 8 + CHUNK, "{chunks} chunks");
+    }
+
+    #[test]
     fn random_order_inserts_and_removals_match_a_btreemap() {
         // A small xorshift: deterministic, no dependency.
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
