@@ -74,7 +74,7 @@ struct Args {
     /// Broker-wide quota for recoverable message bytes stored on disk, in bytes.
     #[arg(long, default_value_t = mq_broker::DEFAULT_STORAGE_QUOTA_BYTES, value_name = "BYTES")]
     storage_quota_bytes: u64,
-    /// Size of each preallocated journal segment file, in bytes.
+    /// Size of each preallocated journal segment file, in bytes (4 KiB to 4 GiB).
     #[arg(long, default_value_t = mq_broker::DEFAULT_JOURNAL_SEGMENT_BYTES, value_name = "BYTES")]
     journal_segment_bytes: u64,
     /// Bytes of recently written recoverable message bodies under 64 KiB kept in memory (each

@@ -209,11 +209,15 @@ fn compaction_copies_a_rekeyed_message_under_its_new_key() {
     write_rekeys(dir.path());
     let (j, _) = Journal::open(dir.path(), small_opts(8192)).unwrap();
     churn_until_dropped(&j, 2);
+    // A dropped segment is counted when the writer hands it to the unlink thread, which
+    // unlinks it soon after (`unlink.rs`): wait for that, bounded.
     for n in [1, 2] {
-        assert!(!dir
-            .path()
-            .join(mq_broker::journal::segment_file_name(n))
-            .exists());
+        let f = dir.path().join(mq_broker::journal::segment_file_name(n));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while f.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!f.exists(), "segment {n} is still there");
     }
     j.shutdown();
     check_rekeyed(dir.path());
