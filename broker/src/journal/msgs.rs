@@ -19,6 +19,7 @@
 //! included) increase strictly, are at least the chunk's key and below the next chunk's key.
 
 use std::collections::BTreeMap;
+use std::ops::Bound::{Excluded, Unbounded};
 
 use super::index::{Loc, MsgEntry};
 use super::op::PUT_FIXED;
@@ -225,19 +226,23 @@ impl Msgs {
     fn merge(&mut self, key: u64) {
         let live = self.chunks[&key].live as usize;
         let fits = |c: &Chunk| live + c.live as usize <= CHUNK * 3 / 4;
-        let (first, second) =
-            if let Some((&k, _)) = self.chunks.range(key + 1..).next().filter(|(_, c)| fits(c)) {
-                (key, k)
-            } else if let Some((&k, _)) = self
-                .chunks
-                .range(..key)
-                .next_back()
-                .filter(|(_, c)| fits(c))
-            {
-                (k, key)
-            } else {
-                return;
-            };
+        let (first, second) = if let Some((&k, _)) = self
+            .chunks
+            .range((Excluded(key), Unbounded))
+            .next()
+            .filter(|(_, c)| fits(c))
+        {
+            (key, k)
+        } else if let Some((&k, _)) = self
+            .chunks
+            .range(..key)
+            .next_back()
+            .filter(|(_, c)| fits(c))
+        {
+            (k, key)
+        } else {
+            return;
+        };
         let second = self.chunks.remove(&second).expect("neighbour");
         let c = self.chunks.get_mut(&first).expect("chunk");
         c.squeeze();
