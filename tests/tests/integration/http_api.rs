@@ -815,8 +815,11 @@ fn every_route_refuses_bad_input() {
 
     // Bodies: over the limit, not JSON, not the fields expected.
     let huge = format!(r#"{{"destination": "{}"}}"#, "y".repeat(70 * 1024));
+    // On a client of its own: the server closes the connection after refusing a body it did
+    // not read, and a pooled connection closed that way fails the next POST ("Peer
+    // disconnected", seen about once in eight runs).
     refused(
-        api.post(&format!("{msg}/move"), Some(&huge)),
+        Http::new(&format!("http://{http}")).post(&format!("{msg}/move"), Some(&huge)),
         413,
         "invalid_argument",
         "65536 bytes",
