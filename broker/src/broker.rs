@@ -1294,7 +1294,7 @@ impl Broker {
         msgs: Vec<v1::OutMessage>,
         transactional: bool,
     ) -> Pin<Box<dyn Future<Output = BatchOutcome> + Send + 'static>> {
-        self.send_batch_on(plan, msgs, transactional, None)
+        self.send_batch_on(plan, msgs, transactional, None, None)
     }
 
     /// [`Broker::send_batch`] of single-message transactions on a send stream with an id
@@ -1306,6 +1306,7 @@ impl Broker {
         msgs: Vec<v1::OutMessage>,
         transactional: bool,
         stream: Option<(u128, u64)>,
+        sender: Option<&Arc<str>>,
     ) -> Pin<Box<dyn Future<Output = BatchOutcome> + Send + 'static>> {
         let n = msgs.len();
         let mut ids = vec![None; n];
@@ -1320,9 +1321,17 @@ impl Broker {
             if transactional {
                 force_transactional(&mut m);
             }
+            if sender.is_some() {
+                // Replaced below: not copied from what the client put there.
+                m.sender.clear();
+            }
             match StoredMessage::accept(m, uuid::Uuid::now_v7(), &self.config) {
                 Ok(mut sm) => {
                     sm.transactional = transactional;
+                    if let Some(s) = sender {
+                        // The stream's identity, shared: no copy of the name per message.
+                        sm.sender = Some(s.clone());
+                    }
                     let charge = sm.charged_bytes() * plan.len() as u64;
                     if let Err(e) = self.reserve(sm.delivery, charge) {
                         failures.push((i, e));

@@ -24,8 +24,17 @@ use crate::transaction::Transaction;
 
 /// Most messages pushed to a receiver in one stream item.
 const MAX_DELIVERY_BATCH: usize = 256;
-/// A stream item is cut once its bodies reach this size.
+/// Most body bytes taken for one delivery.
 const MAX_DELIVERY_BATCH_BYTES: usize = 4 * 1024 * 1024;
+/// A delivery's stream item is cut once its bodies reach this size (a big body goes alone).
+///
+/// Each item is one gRPC message, gathered whole into one buffer on each side to be encoded
+/// or decoded: an item of 256 messages of 1000 B grew a fresh 256 KB buffer (above malloc's
+/// mmap threshold) for every new stream, and with 1,000 consumers each opening its stream for
+/// a few hundred messages that was every delivery. Items of this size keep those buffers small;
+/// the receiver decodes the first part while the rest is on the way. What it changed:
+/// docs/benchmarks.md, "1,000 consumers and 200 senders".
+const MAX_DELIVERY_ITEM_BYTES: usize = 64 * 1024;
 /// Send batches whose acknowledgements may be pending at once on one stream.
 const SEND_ACK_WINDOW: usize = 64;
 /// Metadata on a commit's error whose outcome is unknown (the journal failed after the record
@@ -643,7 +652,7 @@ async fn send_stream(
             b = inbound.message() => b,
             _ = broker.shutting_down() => break,
         };
-        let mut batch = match batch {
+        let batch = match batch {
             Ok(Some(b)) => b,
             Ok(None) => break,
             Err(status) => {
@@ -657,9 +666,6 @@ async fn send_stream(
         if let Err(status) = check_batch(&broker, batch.messages.len(), "a send batch") {
             refused = Some(status);
             break;
-        }
-        for m in &mut batch.messages {
-            m.sender = who.name.to_string();
         }
         let n = batch.messages.len();
         let first_seq = batch.first_seq;
@@ -682,7 +688,9 @@ async fn send_stream(
         }
         let ack: Pending = match stream.and_then(|s| dests.map(|d| (d, s))) {
             Ok((dests, stream)) => {
-                let stored = broker.send_batch_on(&dests, batch.messages, tx, stream);
+                // Each message's sender is the stream's identity (whatever the client put there).
+                let stored =
+                    broker.send_batch_on(&dests, batch.messages, tx, stream, Some(&who.name));
                 Box::pin(async move {
                     let outcome = stored.await;
                     v1::SendResponse {
@@ -862,7 +870,7 @@ async fn consume(
                 for (i, m) in messages.into_iter().enumerate() {
                     bytes += m.message.as_ref().map_or(0, |m| m.body.len());
                     batch.push(m);
-                    if bytes >= MAX_DELIVERY_BATCH_BYTES || i + 1 == last {
+                    if bytes >= MAX_DELIVERY_ITEM_BYTES || i + 1 == last {
                         let item = v1::ReceiveResponse {
                             messages: std::mem::take(&mut batch),
                         };

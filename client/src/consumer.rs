@@ -1,16 +1,19 @@
 //! [`Consumer`]: a streaming receiver with a prefetch window.
 //!
 //! The broker pushes up to `prefetch` messages ahead; they stay reserved for this consumer until
-//! acknowledged. A message returned by [`Consumer::next`] is acknowledged when `next` is called
-//! again, or by [`Consumer::ack`] / [`Consumer::close`]; acknowledgements are batched. If the
-//! consumer is dropped or its connection breaks, every unacknowledged message goes back to the
-//! head of the queue, in order: a crash can cause a redelivery, never a loss.
+//! acknowledged. A message returned by [`Consumer::next`] is consumed when `next` is called
+//! again, and acknowledged by [`Consumer::ack`] / [`Consumer::close`], or in batches: once half
+//! the prefetch window is consumed, once the oldest consumed message waited the ack delay
+//! ([`Consumer::set_ack_delay`], default [`DEFAULT_ACK_DELAY`]), and when `next` times out. If
+//! the consumer is dropped or its connection breaks, every unacknowledged message goes back to
+//! the head of the queue, in order: a crash can cause a redelivery, never a loss.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use mq_proto::v1;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 
@@ -31,6 +34,14 @@ pub struct ConsumerOptions {
 /// How long [`Consumer::close`] waits by default for the broker to confirm that it applied the
 /// acknowledgements (see [`Consumer::set_close_timeout`]).
 pub const DEFAULT_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long [`Consumer::next`] holds the acknowledgement of consumed messages back by default
+/// while it waits for more (see [`Consumer::set_ack_delay`]).
+///
+/// A consumer that gets small deliveries (many queues, each with a trickle) otherwise sends one
+/// acknowledgement per delivery, each a frame to the broker and a wake-up of its stream task
+/// there; held back, one acknowledgement covers the deliveries of the delay.
+pub const DEFAULT_ACK_DELAY: Duration = Duration::from_millis(5);
 
 impl Default for ConsumerOptions {
     fn default() -> Self {
@@ -73,6 +84,10 @@ pub struct Consumer {
     ended: Option<Error>,
     /// `acked` when the broker ended the stream: acknowledgements after it were not applied.
     acked_at_end: u64,
+    /// Since when consumed messages wait for their acknowledgement (`None`: none waits).
+    held_since: Option<Instant>,
+    /// The longest a consumed message's acknowledgement is held back.
+    ack_delay: Duration,
 }
 
 impl Consumer {
@@ -110,29 +125,58 @@ impl Consumer {
             close_timeout: DEFAULT_CLOSE_TIMEOUT,
             ended: None,
             acked_at_end: 0,
+            held_since: None,
+            ack_delay: DEFAULT_ACK_DELAY,
         })
     }
 
     /// The next message, waiting up to `timeout`; `None` if none arrived. Calling `next` again
-    /// acknowledges the message it returned before.
+    /// consumes the message it returned before: it is acknowledged with the next batch (see
+    /// [`Consumer::set_ack_delay`]), at the latest when `next` returns `None`.
     pub async fn next(&mut self, timeout: Duration) -> Result<Option<ReceivedMessage>> {
-        // What was handed out before is consumed now; acknowledge in batches, or at once when
-        // the buffer is empty and we are about to wait.
+        let now = Instant::now();
+        // What was handed out before is consumed now; acknowledge in batches: once half the
+        // window is consumed, or once the oldest consumed message waited the ack delay (at once
+        // with no delay when the buffer is empty and we are about to wait).
         let unacked = self.handed - self.acked;
-        if unacked > 0 && (unacked >= (self.prefetch as u64 / 2).max(1) || self.buffer.is_empty()) {
-            self.send_ack().await?;
+        if unacked > 0 {
+            let since = *self.held_since.get_or_insert(now);
+            if unacked >= (self.prefetch as u64 / 2).max(1)
+                || (!self.ack_delay.is_zero() && since + self.ack_delay <= now)
+                || (self.buffer.is_empty() && self.ack_delay.is_zero())
+            {
+                self.send_ack().await?;
+            }
         }
         if self.buffer.is_empty() {
             if let Some(e) = &self.ended {
                 return Err(e.clone());
             }
-            let inbound = self
-                .inbound
-                .as_mut()
-                .ok_or_else(|| Error::Internal("consumer is closed".into()))?;
-            let got = tokio::time::timeout(timeout, inbound.message()).await;
+            let deadline = now + timeout;
+            let got = loop {
+                // Wake for a held acknowledgement when it is due, then wait for the rest.
+                let ack_due = self.held_since.map(|s| s + self.ack_delay);
+                let inbound = self
+                    .inbound
+                    .as_mut()
+                    .ok_or_else(|| Error::Internal("consumer is closed".into()))?;
+                match tokio::time::timeout_at(
+                    ack_due.map_or(deadline, |d| d.min(deadline)),
+                    inbound.message(),
+                )
+                .await
+                {
+                    Ok(r) => break Ok(r),
+                    Err(_) if ack_due.is_some_and(|d| d < deadline) => self.send_ack().await?,
+                    Err(e) => break Err(e),
+                }
+            };
             match got {
-                Err(_) => return Ok(None),
+                Err(_) => {
+                    // Nothing came: what was consumed is acknowledged before returning.
+                    self.ack_consumed().await?;
+                    return Ok(None);
+                }
                 Ok(Ok(Some(batch))) => {
                     for d in batch.messages {
                         if let Some(m) = d.message {
@@ -168,6 +212,24 @@ impl Consumer {
         self.close_timeout = timeout;
     }
 
+    /// How long [`Consumer::next`] may hold back the acknowledgement of consumed messages while
+    /// it waits for more (default [`DEFAULT_ACK_DELAY`]); `Duration::ZERO` acknowledges
+    /// whenever the prefetched messages are used up. Whatever the delay, consumed messages are
+    /// acknowledged once half the prefetch window is consumed, when `next` times out, and on
+    /// [`Consumer::ack`] and [`Consumer::close`]; a dropped consumer acknowledges nothing (its
+    /// unacknowledged messages go back, as always).
+    pub fn set_ack_delay(&mut self, delay: Duration) {
+        self.ack_delay = delay;
+    }
+
+    /// Acknowledges what was consumed if its acknowledgement is held back.
+    async fn ack_consumed(&mut self) -> Result<()> {
+        if self.held_since.is_some() && self.handed > self.acked {
+            self.send_ack().await?;
+        }
+        Ok(())
+    }
+
     fn end(&mut self, e: Error) {
         if self.ended.is_none() {
             self.ended = Some(e);
@@ -193,6 +255,7 @@ impl Consumer {
         }
         self.requested += credit;
         self.acked = self.handed;
+        self.held_since = None;
         let out = self
             .out
             .as_ref()

@@ -11,6 +11,9 @@
 //! - `message_properties`: send, receive, peek, timeouts, priority, label, correlation id,
 //!   app-specific, body limits, ids, times.
 //! - `competing_receivers`: many receivers, each message once; a dropped consumer gives back.
+//! - `batched_acks`: a consumer's held-back acknowledgements remove their messages within the
+//!   delay and when `next` times out, a dropped consumer gives everything unacknowledged back;
+//!   a big delivery arrives in items of about 64 KiB, in order.
 //! - `memory_returns`: after an express burst is drained, mqd's RSS falls (bounded wait).
 //! - `express_quota`: the broker-wide express memory quota refuses, then recovers.
 //! - `multiple_element_names`: `FORMATNAME:a,b` fans out one message; not receivable.
@@ -92,6 +95,7 @@
 
 mod acks;
 mod bad_input;
+mod batched_acks;
 mod cli;
 mod competing_receivers;
 mod config_file;
