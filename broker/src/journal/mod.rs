@@ -846,6 +846,68 @@ impl Journal {
             .collect())
     }
 
+    /// The headers (as put) and body lengths of live messages of a queue, in the order of
+    /// `seqs`, read from their segments with one read for each run of messages that lie close
+    /// together in one segment. What a queue that keeps only some headers in memory reads
+    /// back. Blocks on the disk.
+    pub fn read_headers(
+        &self,
+        queue_id: u64,
+        seqs: &[u64],
+    ) -> Result<Vec<(Bytes, u32)>, JournalError> {
+        let shared = &self.inner.shared;
+        // (index in the answer, file, segment, header offset, header length)
+        let mut todo: Vec<BodyRead> = Vec::with_capacity(seqs.len());
+        let mut body_lens = Vec::with_capacity(seqs.len());
+        {
+            let idx = shared.index.read().unwrap();
+            for (i, &seq) in seqs.iter().enumerate() {
+                let m = idx
+                    .queues
+                    .get(&queue_id)
+                    .and_then(|q| q.msgs.get(&seq))
+                    .ok_or(JournalError::NotFound { queue_id, seq })?;
+                let seg = &idx.segs[&m.loc.seg];
+                let off = m.loc.off + op::PUT_FIXED as u64;
+                todo.push((i, seg.file.clone(), m.loc.seg, off, m.header_len));
+                body_lens.push(m.body_len);
+            }
+        }
+        let mut out: Vec<Bytes> = vec![Bytes::new(); seqs.len()];
+        // Runs in file order (a queue's records usually follow one another).
+        todo.sort_by_key(|t| (t.2, t.3));
+        let mut start = 0;
+        while start < todo.len() {
+            let (_, ref file, seg, first_off, first_len) = todo[start];
+            let mut end_off = first_off + first_len as u64;
+            let mut end = start + 1;
+            while end < todo.len() {
+                let (_, _, s, off, len) = todo[end];
+                let next_end = off + len as u64;
+                if s != seg
+                    || off < end_off
+                    || off - end_off > RUN_GAP
+                    || next_end - first_off > MAX_RUN_BYTES
+                {
+                    break;
+                }
+                end_off = next_end;
+                end += 1;
+            }
+            let buf = file
+                .read_vec_at((end_off - first_off) as usize, first_off)
+                .map_err(|e| JournalError::io("read", segment_path(&shared.dir, seg), e))?;
+            let buf = Bytes::from(buf);
+            for &(i, _, _, off, len) in &todo[start..end] {
+                let from = (off - first_off) as usize;
+                // The caller decodes them at once, so slices pin the run's buffer only briefly.
+                out[i] = buf.slice(from..from + len as usize);
+            }
+            start = end;
+        }
+        Ok(out.into_iter().zip(body_lens).collect())
+    }
+
     /// Whether a failed write made the journal refuse writes until restart.
     pub fn is_poisoned(&self) -> bool {
         self.inner.shared.is_poisoned()
