@@ -67,24 +67,33 @@ pub struct Broker {
     pub(crate) redefinitions: tokio::sync::Mutex<()>,
 }
 
+/// Bodies up to this size come back with a paged header (read with it, so delivery reads
+/// nothing more); a window's entries then hold them.
+const PAGED_BODY_MAX: u32 = 1024;
+
 /// Reads paged message headers back from the journal (see `queue.rs`, "Headers paged").
 struct JournalHeaders(Journal);
 
 impl crate::queue::HeaderSource for JournalHeaders {
     fn headers(&self, queue_id: u64, seqs: &[u64]) -> Result<Vec<StoredMessage>, BrokerError> {
-        let raw = self.0.read_headers(queue_id, seqs).map_err(|e| {
-            BrokerError::Internal(format!(
-                "cannot read message headers of queue {queue_id} from the journal: {e}"
-            ))
-        })?;
+        let raw = self
+            .0
+            .read_headers(queue_id, seqs, PAGED_BODY_MAX)
+            .map_err(|e| {
+                BrokerError::Internal(format!(
+                    "cannot read message headers of queue {queue_id} from the journal: {e}"
+                ))
+            })?;
         raw.into_iter()
             .zip(seqs)
-            .map(|((h, body_len), seq)| {
-                StoredMessage::decode_header(&h, body_len).map_err(|e| {
+            .map(|((h, body_len, body), seq)| {
+                let mut m = StoredMessage::decode_header(&h, body_len).map_err(|e| {
                     BrokerError::Internal(format!(
                         "message {seq} of queue {queue_id} in the journal is unreadable: {e}"
                     ))
-                })
+                })?;
+                m.body = body;
+                Ok(m)
             })
             .collect()
     }

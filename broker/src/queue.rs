@@ -495,11 +495,11 @@ impl Queue {
         }
     }
 
-    /// Whether the entry's header can be read back from the journal (so need not stay here).
+    /// Whether the entry's header can be read back from the journal (so need not stay here):
+    /// a recoverable message is in a queue only once its `Put` is durable. A body it carries
+    /// (read with its header) is read again when needed.
     fn pageable(e: &Entry) -> bool {
-        e.aborts == 0
-            && e.msg.delivery == crate::message::Delivery::Recoverable
-            && e.msg.body.is_none()
+        e.aborts == 0 && e.msg.delivery == crate::message::Delivery::Recoverable
     }
 
     /// Puts a ready entry of `lane` in its place: its window, or (a queue that pages) its tail
