@@ -67,6 +67,48 @@ pub struct Broker {
     pub(crate) redefinitions: tokio::sync::Mutex<()>,
 }
 
+/// Bodies up to this size come back with a paged header (read with it, so delivery reads
+/// nothing more); a window's entries then hold them.
+const PAGED_BODY_MAX: u32 = 1024;
+
+/// Reads paged message headers back from the journal (see `queue.rs`, "Headers paged").
+struct JournalHeaders(Journal);
+
+impl crate::queue::HeaderSource for JournalHeaders {
+    fn headers(&self, queue_id: u64, seqs: &[u64]) -> Result<Vec<StoredMessage>, BrokerError> {
+        let raw = self
+            .0
+            .read_headers(queue_id, seqs, PAGED_BODY_MAX)
+            .map_err(|e| {
+                BrokerError::Internal(format!(
+                    "cannot read message headers of queue {queue_id} from the journal: {e}"
+                ))
+            })?;
+        raw.into_iter()
+            .zip(seqs)
+            .map(|((h, body_len, body), seq)| {
+                let mut m = StoredMessage::decode_header(&h, body_len).map_err(|e| {
+                    BrokerError::Internal(format!(
+                        "message {seq} of queue {queue_id} in the journal is unreadable: {e}"
+                    ))
+                })?;
+                m.body = body;
+                Ok(m)
+            })
+            .collect()
+    }
+}
+
+/// Makes an application queue page its headers (`BrokerConfig::queue_header_window`).
+fn page(q: &Queue, journal: &Journal, window: usize) {
+    if q.def().role == QueueRole::Normal && window > 0 {
+        q.set_paging(crate::queue::Paging {
+            window,
+            source: Arc::new(JournalHeaders(journal.clone())),
+        });
+    }
+}
+
 /// Keys of the system queues.
 pub(crate) const DEADLETTER_KEY: &str = "system$;deadletter";
 pub(crate) const DEADXACT_KEY: &str = "system$;deadxact";
@@ -370,7 +412,9 @@ impl Broker {
                 continue;
             }
             let q = Queue::new_counted(def, &changed_queues, &sweep_hint);
+            page(&q, &journal, config.queue_header_window);
             let mut entries = Vec::new();
+            let mut loaded = 0u64;
             // One shared copy of each route (an outgoing queue's messages mostly share a few).
             let mut routes: HashMap<Arc<str>, ()> = HashMap::new();
             for m in recovered {
@@ -393,8 +437,15 @@ impl Broker {
                 stored += msg.charged_bytes();
                 report.bytes += m.body_len as u64;
                 entries.push(Entry::new(m.seq, Arc::new(msg)));
+                // In batches: a queue that pages keeps only its windows' headers, so the
+                // decoded headers of the rest go as soon as they are loaded.
+                if entries.len() == 4096 {
+                    loaded += entries.len() as u64;
+                    q.load(std::mem::take(&mut entries), next_seq);
+                }
             }
-            report.messages += entries.len() as u64;
+            loaded += entries.len() as u64;
+            report.messages += loaded;
             q.load(entries, next_seq);
             match q.def().role {
                 QueueRole::DeadLetter => {
@@ -449,6 +500,7 @@ impl Broker {
                 return Arc::new(Queue::new(def));
             }
             let q = Queue::new_counted(def, &changed_queues, &sweep_hint);
+            page(&q, &journal, config.queue_header_window);
             queues.insert(key.to_string(), q.clone());
             q
         };
@@ -746,6 +798,7 @@ impl Broker {
                 def: QueueDefRecord::encode(&def),
             }]);
             let q = Queue::new_counted(def, &self.changed_queues, &self.sweep_hint);
+            page(&q, &self.journal, self.config.queue_header_window);
             queues.insert(key.clone(), q.clone());
             (q, commit)
         };
@@ -915,6 +968,7 @@ impl Broker {
             def: QueueDefRecord::encode(&def),
         }]);
         let q = Queue::new_counted(def, &self.changed_queues, &self.sweep_hint);
+        page(&q, &self.journal, self.config.queue_header_window);
         queues.insert(key.to_string(), q.clone());
         Ok((q, true))
     }

@@ -96,6 +96,11 @@ pub struct BrokerConfig {
     /// Bytes of recently written recoverable bodies kept in memory, so that a receiver that
     /// keeps up is served without reading the disk (`JournalOptions::body_cache_bytes`).
     pub journal_body_cache_bytes: u64,
+    /// Messages each priority level of an application queue keeps with their headers in
+    /// memory; the recoverable messages waiting after them keep only their position, and
+    /// their headers are read back from the journal when needed. 0: every header stays in
+    /// memory.
+    pub queue_header_window: usize,
     /// Open even when the journal's last segment is damaged before records written after the
     /// damage, dropping them (logged). Off: the broker refuses to start.
     pub truncate_damaged_journal: bool,
@@ -137,6 +142,9 @@ pub struct BrokerConfig {
     /// Serve the HTTP port on a non-loopback address without TLS and a users file.
     pub http_insecure: bool,
 }
+
+/// Default [`BrokerConfig::queue_header_window`].
+pub const DEFAULT_QUEUE_HEADER_WINDOW: usize = 4096;
 
 /// What one client, connection or stream may hold of the broker (README "Limits").
 #[derive(Debug, Clone)]
@@ -204,6 +212,7 @@ impl BrokerConfig {
             storage_quota_bytes: DEFAULT_STORAGE_QUOTA_BYTES,
             journal_segment_bytes: DEFAULT_JOURNAL_SEGMENT_BYTES,
             journal_body_cache_bytes: crate::journal::DEFAULT_BODY_CACHE_BYTES,
+            queue_header_window: DEFAULT_QUEUE_HEADER_WINDOW,
             truncate_damaged_journal: false,
             journal_io: None,
             tx_timeout: std::time::Duration::from_secs(60),
@@ -252,6 +261,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("storage_quota_bytes", &self.storage_quota_bytes)
             .field("journal_segment_bytes", &self.journal_segment_bytes)
             .field("journal_body_cache_bytes", &self.journal_body_cache_bytes)
+            .field("queue_header_window", &self.queue_header_window)
             .field("truncate_damaged_journal", &self.truncate_damaged_journal)
             .field("faulty_journal_io", &self.journal_io.is_some())
             .field("tx_timeout", &self.tx_timeout)

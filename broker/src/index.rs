@@ -124,6 +124,41 @@ impl MessageIndex {
         }
     }
 
+    /// Adds more ready entries to the table `key` needs, after [`MessageIndex::build`] (the
+    /// paged tails of a queue, read in batches).
+    pub(crate) fn extend<'a>(
+        &mut self,
+        key: &Select,
+        entries: impl Iterator<Item = (u8, &'a Entry)>,
+    ) {
+        match key {
+            Select::Id(_) => {
+                if let Some(t) = &mut self.by_id {
+                    for (lane, e) in entries {
+                        t.add(id_hash(&e.msg.id), lane, e.seq);
+                    }
+                }
+            }
+            Select::Correlation(_) => {
+                if let Some(t) = &mut self.by_correlation {
+                    for (lane, e) in entries.filter(|(_, e)| !e.msg.correlation_id.is_empty()) {
+                        t.add(correlation_hash(&e.msg.correlation_id), lane, e.seq);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Drops the table `key` needs (a build that could not finish).
+    pub(crate) fn unbuild(&mut self, key: &Select) {
+        match key {
+            Select::Id(_) => self.by_id = None,
+            Select::Correlation(_) => self.by_correlation = None,
+            _ => {}
+        }
+    }
+
     /// Every ready entry left (purge, delete): the tables go; the next lookup rebuilds them.
     pub(crate) fn clear(&mut self) {
         *self = MessageIndex::default();

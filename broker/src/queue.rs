@@ -12,6 +12,16 @@
 //!   it reaches the head or a compaction drops it; `restore` puts the entry back in its place.
 //! - `index`, once built (on the first lookup by id or correlation id), holds exactly the ready
 //!   entries that are not tombstones (see `index.rs`).
+//! - Headers paged (a queue given a [`Paging`]: application queues, see `Broker`): each level
+//!   keeps full entries only for a window at its head (`levels[p]`, about
+//!   [`Paging::window`] entries); the ready messages after it are in `tails[p]`, as their seqs
+//!   only (a recoverable message's header is in its journal `Put`, read back by
+//!   [`HeaderSource`] when needed). Every seq in `levels[p]` is below every seq in
+//!   `tails[p]`, so a level's order is its window, then its tail. A take that empties a
+//!   window moves the next entries of the tail into it (reading their headers); peeks,
+//!   cursors, lookups by id or correlation id and sweeps read tail headers where they need
+//!   them without moving them. Entries that cannot be paged (express messages, ones with an
+//!   abort count) but belong after the window stay in memory in the tail (`Tail::mem`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -43,6 +53,109 @@ impl Entry {
             aborts: 0,
             removed: false,
         }
+    }
+}
+
+/// Reads the headers of a queue's messages back from where they are stored (the journal).
+pub trait HeaderSource: Send + Sync {
+    /// The messages `(queue_id, seq)` for each of `seqs`, in that order, without bodies.
+    /// Blocks on the disk.
+    fn headers(&self, queue_id: u64, seqs: &[u64]) -> Result<Vec<StoredMessage>, BrokerError>;
+}
+
+/// How a queue pages its headers (see the module docs).
+pub struct Paging {
+    /// Entries each priority level keeps in memory at its head before it pages the rest.
+    pub window: usize,
+    /// Where paged headers are read from.
+    pub source: Arc<dyn HeaderSource>,
+}
+
+impl std::fmt::Debug for Paging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Paging")
+            .field("window", &self.window)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A tail seq with this bit set is a tombstone: taken by [`Queue::take_by`], in flight.
+const TAKEN: u64 = 1 << 63;
+/// Headers read at once while walking a tail (peeks, lookups, sweeps).
+const TAIL_READ: usize = 256;
+
+/// The ready messages of one priority level after its window (see the module docs).
+#[derive(Debug)]
+struct Tail {
+    /// Their seqs, ascending; [`TAKEN`] marks a tombstone.
+    seqs: VecDeque<u64>,
+    /// The ones kept in memory (not pageable), by seq.
+    mem: std::collections::BTreeMap<u64, Entry>,
+    /// Tombstones in `seqs`.
+    dead: usize,
+    /// Quota charge of the paged ones (not in `mem`).
+    paged_charged: u64,
+    /// No entry of the tail has an earlier deadline (a lower bound; `u64::MAX` if none).
+    deadline: u64,
+}
+
+impl Default for Tail {
+    fn default() -> Self {
+        Tail {
+            seqs: VecDeque::new(),
+            mem: std::collections::BTreeMap::new(),
+            dead: 0,
+            paged_charged: 0,
+            deadline: u64::MAX,
+        }
+    }
+}
+
+impl Tail {
+    fn first_seq(&self) -> Option<u64> {
+        self.seqs.front().map(|s| s & !TAKEN)
+    }
+
+    fn live(&self) -> usize {
+        self.seqs.len() - self.dead
+    }
+
+    /// Where `seq` is (or would go), tombstones included.
+    fn search(&self, seq: u64) -> Result<usize, usize> {
+        self.seqs.binary_search_by(|s| (s & !TAKEN).cmp(&seq))
+    }
+
+    /// Puts a ready entry in its place (into its own tombstone if it has one); `paged`: keep
+    /// only its seq.
+    fn put(&mut self, e: Entry, paged: bool, deadline: Option<u64>) {
+        match self.search(e.seq) {
+            Ok(i) => {
+                debug_assert!(self.seqs[i] & TAKEN != 0, "a seq twice in a tail");
+                self.seqs[i] = e.seq;
+                self.dead -= 1;
+            }
+            Err(i) if i == self.seqs.len() => self.seqs.push_back(e.seq),
+            Err(i) => self.seqs.insert(i, e.seq),
+        }
+        if let Some(d) = deadline {
+            self.deadline = self.deadline.min(d);
+        }
+        if paged {
+            self.paged_charged += e.msg.charged_bytes();
+        } else {
+            self.mem.insert(e.seq, e);
+        }
+    }
+
+    /// The entry `e` (read, or from `mem`) leaves the tail's accounting.
+    fn forget(&mut self, e: &Entry) {
+        if self.mem.remove(&e.seq).is_none() {
+            self.paged_charged = self.paged_charged.saturating_sub(e.msg.charged_bytes());
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Tail::default();
     }
 }
 
@@ -147,6 +260,8 @@ impl QueueTotals {
 #[derive(Debug, Default)]
 struct State {
     levels: [VecDeque<Entry>; 8],
+    /// Each level's paged tail (empty unless the queue pages, see the module docs).
+    tails: [Tail; 8],
     ready: usize,
     stats: QueueStats,
     totals: QueueTotals,
@@ -210,6 +325,8 @@ pub struct Queue {
     /// The broker-wide lower bound of every registered queue's `sweep_at` (lowered with it);
     /// `None` for queues the sweep never walks.
     broker_sweep: Option<Arc<SweepHint>>,
+    /// Set (before any message is inserted) for a queue that pages its headers.
+    paging: std::sync::OnceLock<Paging>,
 }
 
 /// The earliest Unix ms at which any queue of a broker may have something to sweep (a lower
@@ -288,6 +405,7 @@ impl Queue {
             journaling: crate::journal_queue::Journaling::new(&def),
             changes,
             broker_sweep: None,
+            paging: std::sync::OnceLock::new(),
             def,
         }
     }
@@ -367,6 +485,130 @@ impl Queue {
             Some(d) => (true, now >= d),
             None => (false, false),
         }
+    }
+
+    /// Makes the queue page its headers (see the module docs). Call before anything is
+    /// inserted; a second call changes nothing.
+    pub fn set_paging(&self, paging: Paging) {
+        if paging.window > 0 {
+            let _ = self.paging.set(paging);
+        }
+    }
+
+    /// Whether the entry's header can be read back from the journal (so need not stay here):
+    /// a recoverable message is in a queue only once its `Put` is durable. A body it carries
+    /// (read with its header) is read again when needed.
+    fn pageable(e: &Entry) -> bool {
+        e.aborts == 0 && e.msg.delivery == crate::message::Delivery::Recoverable
+    }
+
+    /// Puts a ready entry of `lane` in its place: its window, or (a queue that pages) its tail
+    /// when it belongs after the window and the window is full.
+    fn place(&self, st: &mut State, lane: usize, e: Entry, deadline: Option<u64>) {
+        if let Some(p) = self.paging.get() {
+            let level = &st.levels[lane];
+            let tail = &mut st.tails[lane];
+            let into_tail = match tail.first_seq() {
+                Some(f) => e.seq >= f,
+                None => {
+                    level.len() >= p.window
+                        && level.back().is_some_and(|b| b.seq < e.seq)
+                        && Self::pageable(&e)
+                }
+            };
+            if into_tail {
+                let paged = Self::pageable(&e);
+                tail.put(e, paged, deadline);
+                return;
+            }
+        }
+        let level = &mut st.levels[lane];
+        match level.back() {
+            Some(b) if b.seq > e.seq => {
+                let pos = level.partition_point(|x| x.seq < e.seq);
+                match level.get_mut(pos) {
+                    // Its own tombstone (taken by `take_at`): back in place.
+                    Some(t) if t.seq == e.seq && t.removed => {
+                        *t = e;
+                        st.tombstones -= 1;
+                    }
+                    _ => level.insert(pos, e),
+                }
+            }
+            _ => level.push_back(e),
+        }
+    }
+
+    /// Up to `max` live entries of `lane`'s tail from index `from` on, with their indexes
+    /// (headers read from the journal, or from `mem`), and the index after the last one looked
+    /// at.
+    fn read_tail(
+        &self,
+        st: &State,
+        lane: usize,
+        from: usize,
+        max: usize,
+    ) -> Result<(Vec<(usize, Entry)>, usize), BrokerError> {
+        let tail = &st.tails[lane];
+        let mut picked: Vec<(usize, u64)> = Vec::new();
+        let mut i = from;
+        while i < tail.seqs.len() && picked.len() < max {
+            let s = tail.seqs[i];
+            if s & TAKEN == 0 {
+                picked.push((i, s));
+            }
+            i += 1;
+        }
+        let paged: Vec<u64> = picked
+            .iter()
+            .map(|&(_, s)| s)
+            .filter(|s| !tail.mem.contains_key(s))
+            .collect();
+        let mut read = if paged.is_empty() {
+            Vec::new()
+        } else {
+            let p = self.paging.get().ok_or_else(|| {
+                BrokerError::Internal("a queue without paging has a paged tail".into())
+            })?;
+            p.source.headers(self.def.id, &paged)?
+        }
+        .into_iter();
+        let mut out = Vec::with_capacity(picked.len());
+        for (idx, seq) in picked {
+            let e = match tail.mem.get(&seq) {
+                Some(e) => e.clone(),
+                None => {
+                    let msg = read.next().ok_or_else(|| {
+                        BrokerError::Internal("the journal returned too few headers".into())
+                    })?;
+                    let mut e = Entry::new(seq, Arc::new(msg));
+                    e.aborts = st.aborted.get(&seq).copied().unwrap_or(0);
+                    e
+                }
+            };
+            out.push((idx, e));
+        }
+        Ok((out, i))
+    }
+
+    /// Moves up to `want` (at least a window's half) entries from the head of `lane`'s tail to
+    /// the back of its window, reading their headers. Tombstones at the tail's head go (their
+    /// entries, if given back, return to the window).
+    fn refill(&self, st: &mut State, lane: usize, want: usize) -> Result<(), BrokerError> {
+        let window = self.paging.get().map_or(1, |p| p.window);
+        let n = want.max(window / 2).clamp(1, window.max(1));
+        let (got, upto) = self.read_tail(st, lane, 0, n)?;
+        let tail = &mut st.tails[lane];
+        let dropped = tail.seqs.drain(..upto).filter(|s| s & TAKEN != 0).count();
+        tail.dead -= dropped;
+        for (_, e) in got {
+            tail.forget(&e);
+            st.levels[lane].push_back(e);
+        }
+        if tail.seqs.is_empty() {
+            tail.clear();
+        }
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -516,21 +758,15 @@ impl Queue {
             st.totals.sent += 1;
             self.unsaved(&mut st);
             st.ready += 1;
-            if let Some(d) = self.deadline_ms(&e) {
+            let deadline = self.deadline_ms(&e);
+            if let Some(d) = deadline {
                 st.timed += 1;
                 st.next_deadline = st.next_deadline.min(d);
                 self.lower_sweep_at(d);
             }
             let lane = self.lane(&e);
             st.index.add(lane as u8, &e);
-            let level = &mut st.levels[lane];
-            match level.back() {
-                Some(b) if b.seq > e.seq => {
-                    let pos = level.partition_point(|x| x.seq < e.seq);
-                    level.insert(pos, e);
-                }
-                _ => level.push_back(e),
-            }
+            self.place(&mut st, lane, e, deadline);
         }
         drop(st);
         self.notify.notify_waiters();
@@ -571,8 +807,16 @@ impl Queue {
         let mut out = Vec::with_capacity(max.min(st.ready).min(1024));
         let mut bytes = 0usize;
         let mut expired = 0usize;
+        let mut failed = None;
         'levels: for p in (0..8).rev() {
             while out.len() < max && bytes < max_bytes {
+                if st.levels[p].is_empty() && st.tails[p].first_seq().is_some_and(|s| s <= limit) {
+                    // The window is empty: its tail's next entries come in (headers read).
+                    if let Err(e) = self.refill(st, p, max - out.len()) {
+                        failed = Some(e);
+                        break 'levels;
+                    }
+                }
                 if st.levels[p].front().is_none_or(|e| e.seq > limit) {
                     break;
                 }
@@ -611,7 +855,16 @@ impl Queue {
                 level.shrink_to_fit();
             }
         }
-        Ok(out)
+        for tail in st.tails.iter_mut() {
+            if tail.seqs.is_empty() && tail.seqs.capacity() > SHRINK_EMPTY_LEVEL_ABOVE {
+                tail.seqs.shrink_to_fit();
+            }
+        }
+        match failed {
+            // What was taken before the failed read is delivered; the error comes next time.
+            Some(e) if out.is_empty() => Err(e),
+            _ => Ok(out),
+        }
     }
 
     /// Takes every message whose deadline has passed at `now` (set aside by `take`, or still
@@ -650,10 +903,66 @@ impl Queue {
                 }
                 st.levels[p] = keep;
             }
+            for p in 0..8 {
+                if st.tails[p].seqs.is_empty() {
+                    continue;
+                }
+                if now >= st.tails[p].deadline {
+                    if let Err(e) = self.sweep_tail(st, p, now, &mut out) {
+                        tracing::error!(queue = %self.def.name, error = %e,
+                            "cannot read paged headers to find expired messages; trying again at the next sweep");
+                    }
+                }
+                next = next.min(st.tails[p].deadline);
+            }
             st.next_deadline = next;
         }
         self.set_sweep_at(st);
         out
+    }
+
+    /// The sweep of one level's tail: reads its headers, takes the expired entries (into
+    /// `out`, counted in flight) and makes the tail's deadline exact.
+    fn sweep_tail(
+        &self,
+        st: &mut State,
+        lane: usize,
+        now: u64,
+        out: &mut Vec<Entry>,
+    ) -> Result<(), BrokerError> {
+        let mut next = u64::MAX;
+        let mut gone = Vec::new();
+        let mut i = 0;
+        while i < st.tails[lane].seqs.len() {
+            let (got, upto) = self.read_tail(st, lane, i, TAIL_READ)?;
+            i = upto;
+            for (idx, e) in got {
+                match self.deadline_ms(&e) {
+                    Some(d) if now >= d => gone.push((idx, e)),
+                    Some(d) => next = next.min(d),
+                    None => {}
+                }
+            }
+        }
+        let tail = &mut st.tails[lane];
+        for (idx, e) in gone {
+            tail.seqs[idx] |= TAKEN;
+            tail.dead += 1;
+            tail.forget(&e);
+            st.index.remove(lane as u8, &e);
+            st.timed -= 1;
+            st.ready -= 1;
+            st.stats.in_flight += 1;
+            out.push(e);
+        }
+        // Tombstones need not stay: an entry given back finds its place by its seq.
+        tail.seqs.retain(|s| s & TAKEN == 0);
+        tail.dead = 0;
+        tail.deadline = next;
+        if tail.seqs.is_empty() {
+            tail.clear();
+        }
+        Ok(())
     }
 
     /// Makes [`Queue::sweep_at`] exact (the caller holds the lock: `st` is its state).
@@ -756,13 +1065,20 @@ impl Queue {
         // Entries come in delivery order; most belong before the current head, so walk backwards
         // and push to the front when possible.
         for e in entries.into_iter().rev() {
-            if let Some(d) = self.deadline_ms(&e) {
+            let deadline = self.deadline_ms(&e);
+            if let Some(d) = deadline {
                 st.timed += 1;
                 st.next_deadline = st.next_deadline.min(d);
                 self.lower_sweep_at(d);
             }
             let lane = self.lane(&e);
             st.index.add(lane as u8, &e);
+            if st.tails[lane].first_seq().is_some_and(|f| e.seq >= f) {
+                // Back into the tail (its place is after the window).
+                let paged = Self::pageable(&e);
+                st.tails[lane].put(e, paged, deadline);
+                continue;
+            }
             let level = &mut st.levels[lane];
             match level.front() {
                 Some(f) if f.seq <= e.seq => {
@@ -800,13 +1116,36 @@ impl Queue {
         }
         let now = now_ms();
         let limit = st.pending.first().copied().unwrap_or(u64::MAX);
-        Ok((0..8)
-            .rev()
-            .flat_map(|p| st.levels[p].iter().take_while(move |e| e.seq < limit))
-            .filter(|e| !e.removed && (st.timed == 0 || !self.deadline(e, now).1))
-            .take(max)
-            .cloned()
-            .collect())
+        let mut out = Vec::new();
+        for p in (0..8).rev() {
+            out.extend(
+                st.levels[p]
+                    .iter()
+                    .take_while(|e| e.seq < limit)
+                    .filter(|e| !e.removed && (st.timed == 0 || !self.deadline(e, now).1))
+                    .take(max - out.len())
+                    .cloned(),
+            );
+            // Then the tail's, headers read (not kept).
+            let mut i = 0;
+            while out.len() < max && i < st.tails[p].seqs.len() {
+                let (got, upto) = self.read_tail(&st, p, i, (max - out.len()).min(TAIL_READ))?;
+                i = upto;
+                for (_, e) in got {
+                    if e.seq >= limit {
+                        i = usize::MAX;
+                        break;
+                    }
+                    if st.timed == 0 || !self.deadline(&e, now).1 {
+                        out.push(e);
+                    }
+                }
+            }
+            if out.len() >= max {
+                break;
+            }
+        }
+        Ok(out)
     }
 
     /// A page of [`Queue::peek`]: up to `max` ready messages after `after` (a cursor from the
@@ -828,27 +1167,59 @@ impl Queue {
         let limit = st.pending.first().copied().unwrap_or(u64::MAX);
         let mut out = Vec::with_capacity(max.min(st.ready).min(1024));
         let mut bytes = 0usize;
+        let full = |out: &Vec<Entry>, bytes: usize| out.len() >= max || bytes >= max_bytes;
+        let cut = |out: Vec<Entry>| {
+            let last: &Entry = out.last().expect("max and max_bytes are above zero");
+            let cursor = PeekCursor {
+                lane: self.lane(last) as u8,
+                seq: last.seq,
+            };
+            Ok((out, Some(cursor)))
+        };
         for lane in (0..8u8).rev() {
             let level = &st.levels[lane as usize];
-            let start = match after {
+            let tail = &st.tails[lane as usize];
+            let (start, tail_start) = match after {
                 Some(c) if lane > c.lane => continue,
-                Some(c) if lane == c.lane => level.partition_point(|e| e.seq <= c.seq),
-                _ => 0,
+                Some(c) if lane == c.lane => (
+                    level.partition_point(|e| e.seq <= c.seq),
+                    tail.seqs.partition_point(|s| s & !TAKEN <= c.seq),
+                ),
+                _ => (0, 0),
             };
             for e in level.iter().skip(start).take_while(|e| e.seq < limit) {
-                if out.len() >= max || bytes >= max_bytes {
-                    let last: &Entry = out.last().expect("max and max_bytes are above zero");
-                    let cursor = PeekCursor {
-                        lane: self.lane(last) as u8,
-                        seq: last.seq,
-                    };
-                    return Ok((out, Some(cursor)));
+                if full(&out, bytes) {
+                    return cut(out);
                 }
                 if e.removed || (st.timed > 0 && self.deadline(e, now).1) {
                     continue;
                 }
                 bytes += e.msg.body_len as usize;
                 out.push(e.clone());
+            }
+            // Then the tail's, headers read (not kept).
+            let mut i = tail_start;
+            while i < tail.seqs.len() {
+                if full(&out, bytes) {
+                    // Whether anything live follows is not known without reading: say "more".
+                    return cut(out);
+                }
+                let (got, upto) = self.read_tail(&st, lane as usize, i, max - out.len())?;
+                i = upto;
+                for e in got.into_iter().map(|(_, e)| e) {
+                    if e.seq >= limit {
+                        i = usize::MAX;
+                        break;
+                    }
+                    if full(&out, bytes) {
+                        return cut(out);
+                    }
+                    if st.timed > 0 && self.deadline(&e, now).1 {
+                        continue;
+                    }
+                    bytes += e.msg.body_len as usize;
+                    out.push(e);
+                }
             }
         }
         Ok((out, None))
@@ -857,18 +1228,56 @@ impl Queue {
     /// Removes every ready message and returns them.
     pub fn purge(&self) -> Vec<Entry> {
         let mut st = self.lock();
-        let mut out = Vec::with_capacity(st.ready);
+        let mut out = Vec::with_capacity(st.ready.min(1 << 20));
         for level in st.levels.iter_mut() {
             // Tombstones are in flight elsewhere: their receivers complete or restore them.
             out.extend(level.drain(..).filter(|e| !e.removed));
         }
         st.tombstones = 0;
         st.index.clear();
+        // Paged tails: their headers are read (the caller needs each message).
+        let mut kept = false;
+        for lane in 0..8 {
+            let mut i = 0;
+            let mut read = Vec::new();
+            let mut failed = false;
+            while i < st.tails[lane].seqs.len() {
+                match self.read_tail(&st, lane, i, TAIL_READ) {
+                    Ok((got, upto)) => {
+                        i = upto;
+                        read.extend(got.into_iter().map(|(_, e)| e));
+                    }
+                    Err(e) => {
+                        tracing::error!(queue = %self.def.name, error = %e,
+                            "purge: cannot read paged headers; those messages stay in the queue");
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            if failed {
+                kept = true;
+                continue;
+            }
+            out.extend(read);
+            st.tails[lane].clear();
+        }
         let charged: u64 = out.iter().map(|e| e.msg.charged_bytes()).sum();
         let body: u64 = out.iter().map(|e| e.msg.body_len as u64).sum();
-        st.ready = 0;
-        st.timed = 0;
-        st.next_deadline = u64::MAX;
+        if kept {
+            // What stays is the tails that could not be read (their deadlines still count).
+            st.ready = st.tails.iter().map(Tail::live).sum();
+            st.next_deadline = st
+                .tails
+                .iter()
+                .map(|t| t.deadline)
+                .min()
+                .unwrap_or(u64::MAX);
+        } else {
+            st.ready = 0;
+            st.timed = 0;
+            st.next_deadline = u64::MAX;
+        }
         st.stats.messages -= out.len() as u64;
         st.stats.bytes -= body;
         st.charged = st.charged.saturating_sub(charged);
@@ -928,11 +1337,17 @@ impl Queue {
             .flat_map(|l| l.iter())
             .filter(|e| !e.removed)
             .chain(st.expired.iter())
+            .chain(st.tails.iter().flat_map(|t| t.mem.values()))
         {
             match e.msg.delivery {
                 crate::message::Delivery::Express => charged.0 += e.msg.charged_bytes(),
                 crate::message::Delivery::Recoverable => charged.1 += e.msg.charged_bytes(),
             }
+        }
+        // Paged entries are all recoverable.
+        charged.1 += st.tails.iter().map(|t| t.paged_charged).sum::<u64>();
+        for tail in st.tails.iter_mut() {
+            tail.clear();
         }
         st.deleted = true;
         self.unsaved(&mut st);
@@ -957,14 +1372,33 @@ impl Queue {
     /// in the queue: those of a queue about to be deleted that asked for an acknowledgement.
     pub(crate) fn waiting_matching(&self, keep: impl Fn(&Entry) -> bool) -> Vec<Entry> {
         let st = self.lock();
-        st.levels
+        let mut out: Vec<Entry> = st
+            .levels
             .iter()
             .flat_map(|l| l.iter())
             .filter(|e| !e.removed)
             .chain(st.expired.iter())
             .filter(|e| keep(e))
             .cloned()
-            .collect()
+            .collect();
+        // Paged tails: headers read in batches, only the matching ones kept.
+        for lane in 0..8 {
+            let mut i = 0;
+            while i < st.tails[lane].seqs.len() {
+                match self.read_tail(&st, lane, i, TAIL_READ) {
+                    Ok((got, upto)) => {
+                        i = upto;
+                        out.extend(got.into_iter().map(|(_, e)| e).filter(|e| keep(e)));
+                    }
+                    Err(e) => {
+                        tracing::error!(queue = %self.def.name, error = %e,
+                            "cannot read paged headers; their messages are not looked at");
+                        break;
+                    }
+                }
+            }
+        }
+        out
     }
 
     pub fn is_deleted(&self) -> bool {
@@ -995,10 +1429,13 @@ impl Queue {
         if st.deleted {
             return Err(BrokerError::QueueNotFound(self.def.name.clone()));
         }
-        Ok(self.find(&mut st, key).map(|(lane, i)| {
-            let mut e = st.levels[lane as usize][i].clone();
-            e.removed = false;
-            e
+        Ok(self.find(&mut st, key)?.map(|(lane, at)| match at {
+            Found::Window(i) => {
+                let mut e = st.levels[lane as usize][i].clone();
+                e.removed = false;
+                e
+            }
+            Found::Tail(_, e) => e,
         }))
     }
 
@@ -1012,19 +1449,35 @@ impl Queue {
         if st.deleted {
             return Err(BrokerError::QueueNotFound(self.def.name.clone()));
         }
-        let Some((lane, i)) = self.find(st, key) else {
+        let Some((lane, at)) = self.find(st, key)? else {
             return Ok(None);
         };
-        let level = &mut st.levels[lane as usize];
-        let e = if i == 0 {
-            level.pop_front().expect("found")
-        } else {
-            let t = &mut level[i];
-            t.removed = true;
-            st.tombstones += 1;
-            let mut e = t.clone();
-            e.removed = false;
-            e
+        let e = match at {
+            Found::Window(i) => {
+                let level = &mut st.levels[lane as usize];
+                if i == 0 {
+                    level.pop_front().expect("found")
+                } else {
+                    let t = &mut level[i];
+                    t.removed = true;
+                    st.tombstones += 1;
+                    let mut e = t.clone();
+                    e.removed = false;
+                    e
+                }
+            }
+            Found::Tail(i, e) => {
+                let tail = &mut st.tails[lane as usize];
+                tail.seqs[i] |= TAKEN;
+                tail.dead += 1;
+                tail.forget(&e);
+                // Tombstones never outnumber live entries.
+                if tail.dead > 1024 && tail.dead * 2 > tail.seqs.len() {
+                    tail.seqs.retain(|s| s & TAKEN == 0);
+                    tail.dead = 0;
+                }
+                e
+            }
         };
         st.index.remove(lane, &e);
         if self.deadline_ms(&e).is_some() {
@@ -1042,27 +1495,60 @@ impl Queue {
         Ok(Some(e))
     }
 
-    /// Where `key`'s message is: its lane and index in the lane, if it is ready, not expired and
-    /// not behind a position still being stored.
-    fn find(&self, st: &mut State, key: &Select) -> Option<(u8, usize)> {
+    /// Where the ready entry at `(lane, seq)` is, if it is there, not expired and not behind a
+    /// position still being stored (a tail entry comes with its header read).
+    fn usable(
+        &self,
+        st: &State,
+        lane: u8,
+        seq: u64,
+        now: u64,
+        limit: u64,
+    ) -> Result<Option<Found>, BrokerError> {
+        if seq >= limit {
+            return Ok(None);
+        }
+        let level = &st.levels[lane as usize];
+        let i = level.partition_point(|e| e.seq < seq);
+        if let Some(e) = level.get(i).filter(|e| e.seq == seq) {
+            let ok = !e.removed && (st.timed == 0 || !self.deadline(e, now).1);
+            return Ok(ok.then_some(Found::Window(i)));
+        }
+        let tail = &st.tails[lane as usize];
+        let Ok(i) = tail.search(seq) else {
+            return Ok(None);
+        };
+        if tail.seqs[i] & TAKEN != 0 {
+            return Ok(None);
+        }
+        let (mut got, _) = self.read_tail(st, lane as usize, i, 1)?;
+        let Some((_, e)) = got.pop() else {
+            return Ok(None);
+        };
+        let ok = st.timed == 0 || !self.deadline(&e, now).1;
+        Ok(ok.then_some(Found::Tail(i, e)))
+    }
+
+    /// Where `key`'s message is: its lane and place, if it is ready, not expired and not behind
+    /// a position still being stored.
+    fn find(&self, st: &mut State, key: &Select) -> Result<Option<(u8, Found)>, BrokerError> {
         let now = if st.timed > 0 { now_ms() } else { 0 };
         let limit = st.pending.first().copied().unwrap_or(u64::MAX);
-        let usable = |st: &State, lane: u8, seq: u64| -> Option<usize> {
-            let level = &st.levels[lane as usize];
-            let i = level.partition_point(|e| e.seq < seq);
-            let e = level.get(i).filter(|e| e.seq == seq && !e.removed)?;
-            let ok = seq < limit && (st.timed == 0 || !self.deadline(e, now).1);
-            ok.then_some(i)
-        };
         match key {
-            Select::At(c) => usable(st, c.lane, c.seq).map(|i| (c.lane, i)),
+            Select::At(c) => Ok(self
+                .usable(st, c.lane, c.seq, now, limit)?
+                .map(|f| (c.lane, f))),
             Select::Head | Select::After(_) => {
                 let from = match key {
                     Select::After(Some(c)) => Some((c.lane, c.seq + 1)),
                     _ => None,
                 };
-                let (lane, seq) = self.first_from(st, from, now, limit)?;
-                usable(st, lane, seq).map(|i| (lane, i))
+                match self.first_from(st, from, now, limit)? {
+                    Some((lane, seq)) => {
+                        Ok(self.usable(st, lane, seq, now, limit)?.map(|f| (lane, f)))
+                    }
+                    None => Ok(None),
+                }
             }
             Select::Id(_) | Select::Correlation(_) => {
                 if !st.index.is_built(key) {
@@ -1076,23 +1562,43 @@ impl Queue {
                                 .map(move |e| (l, e))
                         }),
                     );
+                    // The tails' headers are read in batches to index them, and dropped.
+                    for lane in 0..8usize {
+                        let mut i = 0;
+                        while i < st.tails[lane].seqs.len() {
+                            let (got, upto) = match self.read_tail(st, lane, i, TAIL_READ) {
+                                Ok(r) => r,
+                                Err(e) => {
+                                    st.index.unbuild(key);
+                                    return Err(e);
+                                }
+                            };
+                            i = upto;
+                            st.index
+                                .extend(key, got.iter().map(|(_, e)| (lane as u8, e)));
+                        }
+                    }
                 }
                 // The first match in receive order: highest lane, then lowest seq.
-                let mut best: Option<(u8, u64, usize)> = None;
+                let mut best: Option<(u8, u64, Found)> = None;
                 for (lane, seq) in st.index.candidates(key) {
-                    if best.is_some_and(|(bl, bs, _)| {
-                        (bl, std::cmp::Reverse(bs)) > (lane, std::cmp::Reverse(seq))
+                    if best.as_ref().is_some_and(|(bl, bs, _)| {
+                        (*bl, std::cmp::Reverse(*bs)) > (lane, std::cmp::Reverse(seq))
                     }) {
                         continue;
                     }
-                    let Some(i) = usable(st, lane, seq) else {
+                    let Some(f) = self.usable(st, lane, seq, now, limit)? else {
                         continue;
                     };
-                    if key.matches(&st.levels[lane as usize][i]) {
-                        best = Some((lane, seq, i));
+                    let matches = match &f {
+                        Found::Window(i) => key.matches(&st.levels[lane as usize][*i]),
+                        Found::Tail(_, e) => key.matches(e),
+                    };
+                    if matches {
+                        best = Some((lane, seq, f));
                     }
                 }
-                best.map(|(lane, _, i)| (lane, i))
+                Ok(best.map(|(lane, _, f)| (lane, f)))
             }
         }
     }
@@ -1105,22 +1611,40 @@ impl Queue {
         from: Option<(u8, u64)>,
         now: u64,
         limit: u64,
-    ) -> Option<(u8, u64)> {
+    ) -> Result<Option<(u8, u64)>, BrokerError> {
         for lane in (0..8u8).rev() {
             let level = &st.levels[lane as usize];
-            let start = match from {
+            let tail = &st.tails[lane as usize];
+            let (start, tail_start) = match from {
                 Some((l, _)) if lane > l => continue,
-                Some((l, s)) if lane == l => level.partition_point(|e| e.seq < s),
-                _ => 0,
+                Some((l, s)) if lane == l => (
+                    level.partition_point(|e| e.seq < s),
+                    tail.seqs.partition_point(|x| x & !TAKEN < s),
+                ),
+                _ => (0, 0),
             };
             for e in level.iter().skip(start).take_while(|e| e.seq < limit) {
                 if e.removed || (st.timed > 0 && self.deadline(e, now).1) {
                     continue;
                 }
-                return Some((lane, e.seq));
+                return Ok(Some((lane, e.seq)));
+            }
+            let mut i = tail_start;
+            while i < tail.seqs.len() {
+                let (got, upto) = self.read_tail(st, lane as usize, i, 16)?;
+                i = upto;
+                for (_, e) in got {
+                    if e.seq >= limit {
+                        return Ok(None);
+                    }
+                    if st.timed > 0 && self.deadline(&e, now).1 {
+                        continue;
+                    }
+                    return Ok(Some((lane, e.seq)));
+                }
             }
         }
-        None
+        Ok(None)
     }
 
     /// The definition with the live label and quota (what a redefinition journals). Its ACL
@@ -1229,6 +1753,14 @@ impl PeekCursor {
     }
 }
 
+/// Where [`Queue::find`] found a ready entry of a lane.
+enum Found {
+    /// In the window, at this index.
+    Window(usize),
+    /// In the tail, at this index (its header read).
+    Tail(usize, Entry),
+}
+
 /// Which message a [`Queue::peek_by`] or [`Queue::take_by`] wants.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Select {
@@ -1331,6 +1863,17 @@ impl Queue {
                 if let Some(a) = want.get(&e.seq) {
                     e.aborts = *a;
                     st.aborted.insert(e.seq, *a);
+                }
+            }
+        }
+        // A paged entry takes its count from `aborted` when its header is read.
+        for tail in st.tails.iter_mut() {
+            for (&seq, &a) in &want {
+                if tail.search(seq).is_ok() {
+                    st.aborted.insert(seq, a);
+                    if let Some(e) = tail.mem.get_mut(&seq) {
+                        e.aborts = a;
+                    }
                 }
             }
         }
@@ -1861,5 +2404,236 @@ mod tests {
         assert_eq!(q.stats(), QueueStats::default());
         let _ = q.mark_deleted();
         assert!(q.push(&[msg(3, "x")]).is_err());
+    }
+
+    /// A journal stand-in for paged headers: every message put, by seq, and the reads made.
+    #[derive(Default)]
+    struct Headers {
+        msgs: Mutex<std::collections::HashMap<u64, StoredMessage>>,
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    impl HeaderSource for Headers {
+        fn headers(&self, _queue: u64, seqs: &[u64]) -> Result<Vec<StoredMessage>, BrokerError> {
+            self.reads.fetch_add(seqs.len(), Ordering::Relaxed);
+            let m = self.msgs.lock().unwrap();
+            seqs.iter()
+                .map(|s| {
+                    m.get(s)
+                        .cloned()
+                        .ok_or_else(|| BrokerError::Internal(format!("no header {s}")))
+                })
+                .collect()
+        }
+    }
+
+    /// A queue that pages with a window of 4, and its header store.
+    fn paged_queue() -> (Queue, Arc<Headers>) {
+        let q = queue(None);
+        let h = Arc::new(Headers::default());
+        q.set_paging(Paging {
+            window: 4,
+            source: h.clone(),
+        });
+        (q, h)
+    }
+
+    /// A recoverable message named by its label (its body is in the "journal").
+    fn rec(priority: u8, label: &str) -> Arc<StoredMessage> {
+        let mut m = (*msg(priority, label)).clone();
+        m.label = label.into();
+        m.delivery = Delivery::Recoverable;
+        m.body = None;
+        Arc::new(m)
+    }
+
+    /// Sends as the broker does: admit, "store" the header, insert.
+    fn send(q: &Queue, h: &Headers, msgs: &[Arc<StoredMessage>]) {
+        let seqs = q.admit(msgs).unwrap();
+        let mut entries = Vec::new();
+        for (s, m) in seqs.into_iter().zip(msgs) {
+            let s = s.unwrap();
+            if m.delivery == Delivery::Recoverable {
+                h.msgs.lock().unwrap().insert(s, (**m).clone());
+            }
+            entries.push(Entry::new(s, m.clone()));
+        }
+        assert!(q.insert(entries).is_empty());
+    }
+
+    fn labels(es: &[Entry]) -> Vec<String> {
+        es.iter().map(|e| e.msg.label.clone()).collect()
+    }
+
+    fn paged(q: &Queue) -> usize {
+        q.lock()
+            .tails
+            .iter()
+            .map(|t| t.seqs.len() - t.mem.len())
+            .sum()
+    }
+
+    /// Priority then FIFO across the window's edge, with an express message (kept in memory)
+    /// in the middle of a paged tail; peeks and pages see the same order without moving
+    /// anything; takes read the tail's headers in as the window empties.
+    #[test]
+    fn paged_queues_keep_priority_and_fifo_order() {
+        let (q, h) = paged_queue();
+        let mut want_hi = Vec::new();
+        let mut want_lo = Vec::new();
+        for i in 0..10 {
+            send(
+                &q,
+                &h,
+                &[rec(3, &format!("lo{i}")), rec(5, &format!("hi{i}"))],
+            );
+            want_lo.push(format!("lo{i}"));
+            want_hi.push(format!("hi{i}"));
+            if i == 6 {
+                let mut e = (*msg(3, "x")).clone();
+                e.label = "express".into();
+                send(&q, &h, &[Arc::new(e)]);
+                want_lo.push("express".into());
+            }
+        }
+        let want: Vec<String> = want_hi.iter().chain(&want_lo).cloned().collect();
+        assert_eq!(paged(&q), 12, "two levels of 10 (+1 express) keep 4 each");
+        assert_eq!(q.stats().messages, 21);
+        assert_eq!(labels(&q.peek(100).unwrap()), want);
+        assert_eq!(labels(&q.peek(6).unwrap()), want[..6]);
+        let mut cursor = None;
+        let mut seen = Vec::new();
+        loop {
+            let (page, next) = q.peek_page(cursor, 3, usize::MAX).unwrap();
+            seen.extend(labels(&page));
+            match next {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(seen, want);
+        assert_eq!(paged(&q), 12, "peeks move nothing");
+        let mut got = Vec::new();
+        let mut gave_back = false;
+        loop {
+            let t = q.take(3).unwrap();
+            if t.is_empty() {
+                break;
+            }
+            // A given-back batch returns to its place, paged or not.
+            if got.len() == 6 && !gave_back {
+                assert!(q.restore(t).is_empty());
+                gave_back = true;
+                continue;
+            }
+            got.extend(t);
+        }
+        assert_eq!(labels(&got), want);
+        assert!(h.reads.load(Ordering::Relaxed) >= 12);
+        q.complete(&got);
+        assert_eq!(q.stats(), QueueStats::default());
+        assert_eq!(paged(&q), 0);
+    }
+
+    /// By id and correlation id in a paged tail: found, taken from its place, given back into
+    /// it; the cursor positions of paged messages work as any other.
+    #[test]
+    fn paged_messages_are_found_by_id_and_correlation() {
+        let (q, h) = paged_queue();
+        let ms: Vec<_> = (0..12)
+            .map(|i| {
+                let mut m = (*rec(3, &format!("m{i}"))).clone();
+                m.correlation_id = format!("c{}", i % 3);
+                Arc::new(m)
+            })
+            .collect();
+        send(&q, &h, &ms);
+        assert_eq!(paged(&q), 8);
+        let m9 = q.take_by(&Select::Id(ms[9].id)).unwrap().unwrap();
+        assert_eq!(m9.msg.label, "m9");
+        assert!(q.peek_by(&Select::Id(ms[9].id)).unwrap().is_none());
+        assert_eq!(q.stats().in_flight, 1);
+        // The first "c1" is m1 (in the window), then m4, m7 (paged), m10 (m9 is taken).
+        let c = q
+            .take_by(&Select::Correlation("c1".into()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.msg.label, "m1");
+        let c = q
+            .take_by(&Select::Correlation("c1".into()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.msg.label, "m4");
+        assert!(q.restore(vec![c, m9]).is_empty());
+        let all = labels(&q.peek(100).unwrap());
+        let want: Vec<String> = (0..12)
+            .filter(|&i| i != 1)
+            .map(|i| format!("m{i}"))
+            .collect();
+        assert_eq!(all, want, "given back in place");
+        // Cursor positions of paged messages.
+        let m8 = q.peek_by(&Select::Id(ms[8].id)).unwrap().unwrap();
+        let p8 = q.position(&m8);
+        let next = q.peek_by(&Select::After(Some(p8))).unwrap().unwrap();
+        assert_eq!(next.msg.label, "m9");
+        assert_eq!(q.take_by(&Select::At(p8)).unwrap().unwrap().msg.label, "m8");
+        assert!(q.peek_by(&Select::At(p8)).unwrap().is_none());
+        // Everything else, in order.
+        let rest = q.take(100).unwrap();
+        let want: Vec<String> = (0..12)
+            .filter(|&i| i != 1 && i != 8)
+            .map(|i| format!("m{i}"))
+            .collect();
+        assert_eq!(labels(&rest), want);
+    }
+
+    /// A paged message expires on time: the sweep reads the tail's headers when its earliest
+    /// deadline is due, takes the expired one, and leaves the others paged.
+    #[test]
+    fn paged_messages_expire() {
+        let (q, h) = paged_queue();
+        let t = now_ms() + 60_000;
+        let mut ms: Vec<_> = (0..8).map(|i| rec(3, &format!("m{i}"))).collect();
+        let mut late = (*rec(3, "late")).clone();
+        late.receive_by_ms = t;
+        ms.insert(6, Arc::new(late));
+        send(&q, &h, &ms);
+        assert_eq!(paged(&q), 5);
+        assert!(!q.needs_sweep(t - 1));
+        assert!(q.needs_sweep(t));
+        let swept = q.sweep(t);
+        assert_eq!(labels(&swept), ["late"]);
+        assert_eq!(paged(&q), 4);
+        assert!(!q.needs_sweep(u64::MAX - 1), "nothing timed is left");
+        q.complete(&swept);
+        assert_eq!(labels(&q.take(100).unwrap()).len(), 8);
+        // An expired paged message is never handed out: a take sets it aside for the sweep.
+        let (q, h) = paged_queue();
+        let mut ms: Vec<_> = (0..6).map(|i| rec(3, &format!("m{i}"))).collect();
+        let mut gone = (*rec(3, "gone")).clone();
+        gone.receive_by_ms = now_ms() - 1;
+        ms.push(Arc::new(gone));
+        send(&q, &h, &ms);
+        let got = q.take(100).unwrap();
+        assert_eq!(labels(&got).len(), 6);
+        assert_eq!(labels(&q.sweep(now_ms())), ["gone"]);
+    }
+
+    /// Purge, delete and the quota with a paged tail: every charge and count comes back.
+    #[test]
+    fn paged_queues_purge_and_delete_with_their_charges() {
+        let (q, h) = paged_queue();
+        let ms: Vec<_> = (0..10).map(|i| rec(3, &format!("m{i}"))).collect();
+        send(&q, &h, &ms);
+        let taken = q.take(1).unwrap();
+        let purged = q.purge();
+        assert_eq!(labels(&purged).len(), 9);
+        assert_eq!(q.stats().messages, 1);
+        q.complete(&taken);
+        assert_eq!(q.stats(), QueueStats::default());
+        assert_eq!(q.lock().charged, 0);
+        send(&q, &h, &ms);
+        let charge: u64 = ms.iter().map(|m| m.charged_bytes()).sum();
+        assert_eq!(q.mark_deleted(), (0, charge));
     }
 }

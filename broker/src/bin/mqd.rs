@@ -84,6 +84,12 @@ struct Args {
     /// cost the send rate more than the saved reads gave back (docs/benchmarks.md).
     #[arg(long, default_value_t = mq_broker::journal::DEFAULT_BODY_CACHE_BYTES, value_name = "BYTES")]
     journal_body_cache_bytes: u64,
+    /// Messages each priority level of a queue keeps with their headers in memory; the
+    /// recoverable messages waiting after them keep only their position (about 8 bytes each
+    /// in the queue), and their headers are read back from the journal when they come to the
+    /// head, or when looked up. 0 keeps every header in memory.
+    #[arg(long, default_value_t = mq_broker::DEFAULT_QUEUE_HEADER_WINDOW, value_name = "MESSAGES")]
+    queue_header_window: usize,
     /// Start even if the journal's last segment is damaged before records that were written
     /// after the damage: drop everything from the damage to the end of that segment, and log
     /// what is dropped. Without it mqd refuses to start and names the file and offset.
@@ -360,6 +366,7 @@ async fn main() -> anyhow::Result<()> {
     config.storage_quota_bytes = args.storage_quota_bytes;
     config.journal_segment_bytes = args.journal_segment_bytes;
     config.journal_body_cache_bytes = args.journal_body_cache_bytes;
+    config.queue_header_window = args.queue_header_window;
     config.truncate_damaged_journal = args.truncate_damaged_journal;
     config.tx_timeout = std::time::Duration::from_secs(args.tx_timeout_secs);
     config.tx_outcome_retention = args.tx_outcome_retention;

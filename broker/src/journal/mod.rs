@@ -857,6 +857,96 @@ impl Journal {
             .collect())
     }
 
+    /// The headers (as put) and body lengths of live messages of a queue, in the order of
+    /// `seqs`, with the bodies of those whose body is at most `max_body` bytes (read with their
+    /// header: they follow it in the record), read from their segments with one read for each
+    /// run of messages that lie close together in one segment. What a queue that keeps only
+    /// some headers in memory reads back. Blocks on the disk.
+    #[allow(clippy::type_complexity)]
+    pub fn read_headers(
+        &self,
+        queue_id: u64,
+        seqs: &[u64],
+        max_body: u32,
+    ) -> Result<Vec<(Bytes, u32, Option<Bytes>)>, JournalError> {
+        let shared = &self.inner.shared;
+        // With bodies kept in memory, delivery finds them there: none are read here.
+        let max_body = if shared.cache_bodies { 0 } else { max_body };
+        // (index in the answer, file, segment, header offset, header (+ body) length)
+        let mut todo: Vec<BodyRead> = Vec::with_capacity(seqs.len());
+        let mut lens = Vec::with_capacity(seqs.len());
+        {
+            let idx = shared.index.read().unwrap();
+            for (i, &seq) in seqs.iter().enumerate() {
+                let m = idx
+                    .queues
+                    .get(&queue_id)
+                    .and_then(|q| q.msgs.get(&seq))
+                    .ok_or(JournalError::NotFound { queue_id, seq })?;
+                let seg = &idx.segs[&m.loc.seg];
+                let off = m.loc.off + op::PUT_FIXED as u64;
+                let with_body = m.body_len > 0 && m.body_len <= max_body;
+                let len = m.header_len + if with_body { m.body_len } else { 0 };
+                todo.push((i, seg.file.clone(), m.loc.seg, off, len));
+                lens.push((m.header_len, m.body_len, with_body));
+            }
+        }
+        let mut out: Vec<(Bytes, Option<Bytes>)> = vec![(Bytes::new(), None); seqs.len()];
+        let (mut bodies, mut body_reads) = (0u64, 0u64);
+        // Runs in file order (a queue's records usually follow one another).
+        todo.sort_by_key(|t| (t.2, t.3));
+        let mut start = 0;
+        while start < todo.len() {
+            let (_, ref file, seg, first_off, first_len) = todo[start];
+            let mut end_off = first_off + first_len as u64;
+            let mut end = start + 1;
+            while end < todo.len() {
+                let (_, _, s, off, len) = todo[end];
+                let next_end = off + len as u64;
+                if s != seg
+                    || off < end_off
+                    || off - end_off > RUN_GAP
+                    || next_end - first_off > MAX_RUN_BYTES
+                {
+                    break;
+                }
+                end_off = next_end;
+                end += 1;
+            }
+            let buf = file
+                .read_vec_at((end_off - first_off) as usize, first_off)
+                .map_err(|e| JournalError::io("read", segment_path(&shared.dir, seg), e))?;
+            let buf = Bytes::from(buf);
+            let mut any_body = false;
+            for &(i, _, _, off, _) in &todo[start..end] {
+                let from = (off - first_off) as usize;
+                let (hl, bl, with_body) = lens[i];
+                if with_body {
+                    bodies += 1;
+                    any_body = true;
+                }
+                let to = from + hl as usize;
+                // Slices: the caller decodes the header at once; a body kept pins the run's
+                // buffer (at most MAX_RUN_BYTES) while it is kept.
+                out[i] = (
+                    buf.slice(from..to),
+                    with_body.then(|| buf.slice(to..to + bl as usize)),
+                );
+            }
+            body_reads += any_body as u64;
+            start = end;
+        }
+        // Bodies read from the segments, as `read_bodies` counts them.
+        let c = &shared.counters;
+        c.bodies_read.fetch_add(bodies, Ordering::Relaxed);
+        c.body_reads.fetch_add(body_reads, Ordering::Relaxed);
+        Ok(out
+            .into_iter()
+            .zip(lens)
+            .map(|((h, b), (_, bl, _))| (h, bl, b))
+            .collect())
+    }
+
     /// Whether a failed write made the journal refuse writes until restart.
     pub fn is_poisoned(&self) -> bool {
         self.inner.shared.is_poisoned()

@@ -92,6 +92,8 @@
 //!   refused) and source journaling into `SYSTEM$;JOURNAL` (local, and across two brokers).
 //! - `in_doubt_pipelined`: a pipelined transactional sender cut by `kill -9`: in-doubt receipts
 //!   carry transaction ids that `TransactionOutcome` resolves truthfully; retries commit once.
+//! - `paged_headers`: `mqd --queue-header-window 4`: order, lookups by id and correlation id,
+//!   expiry of paged messages, and a paged backlog across `kill -9`.
 
 mod acks;
 mod bad_input;
@@ -116,6 +118,7 @@ mod message_properties;
 mod mqd_process;
 mod multiple_element_names;
 mod observability;
+mod paged_headers;
 mod persistent_counters;
 mod poisoned_journal;
 mod queue_admin;
