@@ -100,6 +100,28 @@ impl crate::queue::HeaderSource for JournalHeaders {
 }
 
 /// Makes an application queue page its headers (`BrokerConfig::queue_header_window`).
+/// Recovered messages whose headers are read from the journal at a time (the journal leaves
+/// them on disk: `JournalOptions::recover_headers` is false).
+const RECOVERY_BATCH: usize = 4096;
+
+/// Fills in the headers of `batch` (recovered messages of queue `queue_id`) from the journal.
+fn read_recovered_headers(
+    journal: &Journal,
+    queue_id: u64,
+    batch: &mut [crate::journal::RecoveredMessage],
+) -> Result<(), BrokerError> {
+    let seqs: Vec<u64> = batch.iter().map(|m| m.seq).collect();
+    let read = journal.read_headers(queue_id, &seqs, 0).map_err(|e| {
+        BrokerError::Internal(format!(
+            "recovery: reading the headers of queue {queue_id}'s messages: {e}"
+        ))
+    })?;
+    for (m, (header, _, _)) in batch.iter_mut().zip(read) {
+        m.header = header;
+    }
+    Ok(())
+}
+
 fn page(q: &Queue, journal: &Journal, window: usize) {
     if q.def().role == QueueRole::Normal && window > 0 {
         q.set_paging(crate::queue::Paging {
@@ -350,6 +372,8 @@ impl Broker {
             segment_size: config.journal_segment_bytes,
             truncate_damaged: config.truncate_damaged_journal,
             body_cache_bytes: config.journal_body_cache_bytes,
+            // Read below, a batch at a time: never every header at once.
+            recover_headers: false,
             ..JournalOptions::default()
         };
         let dir = config.data_dir.join("journal");
@@ -384,8 +408,14 @@ impl Broker {
                     "queue definition {id} in the journal is unreadable: {e}"
                 ))
             })?;
-            let recovered = rec.messages.remove(id).unwrap_or_default();
+            let mut recovered = rec.messages.remove(id).unwrap_or_default();
             let next_seq = rec.max_seq.get(id).copied().unwrap_or(0) + 1;
+            if matches!(
+                def.role,
+                QueueRole::Streams | QueueRole::Counters | QueueRole::TxOutcomes
+            ) {
+                read_recovered_headers(&journal, *id, &mut recovered)?;
+            }
             if def.role == QueueRole::Streams {
                 streams = crate::inbound::Streams::recover(*id, &recovered, next_seq)?;
                 continue;
@@ -417,34 +447,37 @@ impl Broker {
             let mut loaded = 0u64;
             // One shared copy of each route (an outgoing queue's messages mostly share a few).
             let mut routes: HashMap<Arc<str>, ()> = HashMap::new();
-            for m in recovered {
-                let mut msg = StoredMessage::decode_header(&m.header, m.body_len).map_err(|e| {
-                    BrokerError::Internal(format!(
-                        "message {} of queue {id} in the journal is unreadable: {e}",
-                        m.seq
-                    ))
-                })?;
-                if let Some(r) = msg.route.take() {
-                    let shared = match routes.get_key_value(&r) {
-                        Some((k, _)) => k.clone(),
-                        None => {
-                            routes.insert(r.clone(), ());
-                            r
-                        }
-                    };
-                    msg.route = Some(shared);
+            // Headers are read a batch at a time, and a queue that pages keeps only its windows'
+            // headers, so the decoded headers of the rest go as soon as they are loaded.
+            for batch in recovered.chunks_mut(RECOVERY_BATCH) {
+                read_recovered_headers(&journal, *id, batch)?;
+                for m in batch.iter_mut() {
+                    let header = std::mem::take(&mut m.header);
+                    let mut msg =
+                        StoredMessage::decode_header(&header, m.body_len).map_err(|e| {
+                            BrokerError::Internal(format!(
+                                "message {} of queue {id} in the journal is unreadable: {e}",
+                                m.seq
+                            ))
+                        })?;
+                    if let Some(r) = msg.route.take() {
+                        let shared = match routes.get_key_value(&r) {
+                            Some((k, _)) => k.clone(),
+                            None => {
+                                routes.insert(r.clone(), ());
+                                r
+                            }
+                        };
+                        msg.route = Some(shared);
+                    }
+                    stored += msg.charged_bytes();
+                    report.bytes += m.body_len as u64;
+                    entries.push(Entry::new(m.seq, Arc::new(msg)));
                 }
-                stored += msg.charged_bytes();
-                report.bytes += m.body_len as u64;
-                entries.push(Entry::new(m.seq, Arc::new(msg)));
-                // In batches: a queue that pages keeps only its windows' headers, so the
-                // decoded headers of the rest go as soon as they are loaded.
-                if entries.len() == 4096 {
-                    loaded += entries.len() as u64;
-                    q.load(std::mem::take(&mut entries), next_seq);
-                }
+                loaded += entries.len() as u64;
+                q.load(std::mem::take(&mut entries), next_seq);
             }
-            loaded += entries.len() as u64;
+            drop(recovered);
             report.messages += loaded;
             q.load(entries, next_seq);
             match q.def().role {

@@ -123,6 +123,11 @@ pub struct JournalOptions {
     /// (`mqd --truncate-damaged-journal`). Default false: opening fails with
     /// [`JournalError::Damaged`].
     pub truncate_damaged: bool,
+    /// Recovery hands over each live message's header ([`RecoveredMessage::header`]).
+    /// Default true. False: headers are left on disk and `header` is empty; the caller reads
+    /// them with [`Journal::read_headers`] in batches, so opening a journal with millions of
+    /// waiting messages never holds all their headers at once (the broker does this).
+    pub recover_headers: bool,
     /// Bytes of recently written message bodies under 64 KiB kept in memory (each charged its
     /// length plus 128 bytes), so that reading a message soon after it was written needs no
     /// read from disk; the oldest are dropped first beyond it, and every body goes with its
@@ -163,6 +168,7 @@ impl Default for JournalOptions {
             max_queued_records: 4096,
             reserve_bytes: None,
             truncate_damaged: false,
+            recover_headers: true,
             body_cache_bytes: DEFAULT_BODY_CACHE_BYTES,
         }
     }
@@ -248,7 +254,7 @@ pub struct Recovery {
 pub struct RecoveredMessage {
     /// Its seq in its queue.
     pub seq: u64,
-    /// The header bytes as put.
+    /// The header bytes as put (empty unless [`JournalOptions::recover_headers`]).
     pub header: Bytes,
     /// Length of the body, which stays on disk.
     pub body_len: u32,
@@ -480,7 +486,7 @@ impl Journal {
                 "max_queued_bytes and max_queued_records must be positive".into(),
             ));
         }
-        let mut scan = recovery::scan(dir, &*io, opts.truncate_damaged)?;
+        let mut scan = recovery::scan(dir, &*io, opts.truncate_damaged, opts.recover_headers)?;
         let recovery = recovery::take_recovery(&mut scan, Duration::ZERO);
         let mut index = scan.index;
         index.cache = cache::BodyCache::new(opts.body_cache_bytes);

@@ -151,7 +151,14 @@ fn count_valid_records(buf: &[u8], from: usize, flags: bool) -> (u64, String) {
     (n, ops.join(", "))
 }
 
-pub(crate) fn scan(dir: &Path, io: &dyn Io, truncate_damaged: bool) -> Result<Scan, JournalError> {
+/// `keep_headers`: keep every live Put's header for [`take_recovery`]
+/// ([`JournalOptions::recover_headers`](super::JournalOptions)).
+pub(crate) fn scan(
+    dir: &Path,
+    io: &dyn Io,
+    truncate_damaged: bool,
+    keep_headers: bool,
+) -> Result<Scan, JournalError> {
     let list = io.list(dir).map_err(|e| JournalError::io("list", dir, e))?;
     let mut out = Scan {
         index: Index::default(),
@@ -260,7 +267,7 @@ pub(crate) fn scan(dir: &Path, io: &dyn Io, truncate_damaged: bool) -> Result<Sc
                     }
                     // The whole record is valid before any of its ops is applied: a
                     // multi-op submit is all or nothing.
-                    apply(&mut out.index, n, &entries, &payload);
+                    apply(&mut out.index, n, &entries, &payload, keep_headers);
                     out.records += 1;
                     at = next;
                 }
@@ -318,7 +325,13 @@ pub(crate) fn scan(dir: &Path, io: &dyn Io, truncate_damaged: bool) -> Result<Sc
 }
 
 /// Applies the ops of one valid record found at `payload` in segment `seg`.
-fn apply(index: &mut Index, seg: u64, entries: &[(Entry, Range<usize>)], payload: &Range<usize>) {
+fn apply(
+    index: &mut Index,
+    seg: u64,
+    entries: &[(Entry, Range<usize>)],
+    payload: &Range<usize>,
+    keep_headers: bool,
+) {
     for (entry, r) in entries {
         match entry {
             Entry::Op(op) => {
@@ -327,7 +340,7 @@ fn apply(index: &mut Index, seg: u64, entries: &[(Entry, Range<usize>)], payload
                     off: (payload.start + r.start) as u64,
                     len: r.len() as u32,
                 };
-                index.apply(op, loc, true);
+                index.apply(op, loc, keep_headers);
             }
             Entry::Mark(m) => index.apply_mark(m),
         }
