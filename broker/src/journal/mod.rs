@@ -146,6 +146,37 @@ pub const DEFAULT_BODY_CACHE_BYTES: u64 = 0;
 /// segment, offset and length.
 type BodyRead = (usize, Arc<dyn SegmentFile>, u64, u64, u32);
 
+/// Reads the run of `todo` (sorted by segment and offset) that starts at `start` with one
+/// call: the same segment, each read starting at most [`RUN_GAP`] bytes after the one before
+/// ends, all within [`MAX_RUN_BYTES`]. Returns the end of the run in `todo` (exclusive), the
+/// run's first offset, and its bytes.
+fn read_run(
+    dir: &Path,
+    todo: &[BodyRead],
+    start: usize,
+) -> Result<(usize, u64, Bytes), JournalError> {
+    let (_, ref file, seg, first_off, first_len) = todo[start];
+    let mut end_off = first_off + first_len as u64;
+    let mut end = start + 1;
+    while end < todo.len() {
+        let (_, _, s, off, len) = todo[end];
+        let next_end = off + len as u64;
+        if s != seg
+            || off < end_off
+            || off - end_off > RUN_GAP
+            || next_end - first_off > MAX_RUN_BYTES
+        {
+            break;
+        }
+        end_off = next_end;
+        end += 1;
+    }
+    let buf = file
+        .read_vec_at((end_off - first_off) as usize, first_off)
+        .map_err(|e| JournalError::io("read", segment_path(dir, seg), e))?;
+    Ok((end, first_off, Bytes::from(buf)))
+}
+
 /// [`Journal::read_bodies`] reads two bodies with one call when at most this many bytes lie
 /// between them (the next record's frame and the message's header).
 const RUN_GAP: u64 = 4096;
@@ -819,28 +850,8 @@ impl Journal {
         let mut reads = 0u64;
         let mut start = 0;
         while start < todo.len() {
-            // A run: the same segment, each body starting shortly after the one before.
-            let (_, ref file, seg, first_off, first_len) = todo[start];
-            let mut end_off = first_off + first_len as u64;
-            let mut end = start + 1;
-            while end < todo.len() {
-                let (_, _, s, off, len) = todo[end];
-                let next_end = off + len as u64;
-                if s != seg
-                    || off < end_off
-                    || off - end_off > RUN_GAP
-                    || next_end - first_off > MAX_RUN_BYTES
-                {
-                    break;
-                }
-                end_off = next_end;
-                end += 1;
-            }
-            let buf = file
-                .read_vec_at((end_off - first_off) as usize, first_off)
-                .map_err(|e| JournalError::io("read", segment_path(&shared.dir, seg), e))?;
+            let (end, first_off, buf) = read_run(&shared.dir, &todo, start)?;
             reads += 1;
-            let buf = Bytes::from(buf);
             for &(i, _, _, off, len) in &todo[start..end] {
                 let from = (off - first_off) as usize;
                 out[i] = Some(if end - start == 1 {
@@ -903,26 +914,7 @@ impl Journal {
         todo.sort_by_key(|t| (t.2, t.3));
         let mut start = 0;
         while start < todo.len() {
-            let (_, ref file, seg, first_off, first_len) = todo[start];
-            let mut end_off = first_off + first_len as u64;
-            let mut end = start + 1;
-            while end < todo.len() {
-                let (_, _, s, off, len) = todo[end];
-                let next_end = off + len as u64;
-                if s != seg
-                    || off < end_off
-                    || off - end_off > RUN_GAP
-                    || next_end - first_off > MAX_RUN_BYTES
-                {
-                    break;
-                }
-                end_off = next_end;
-                end += 1;
-            }
-            let buf = file
-                .read_vec_at((end_off - first_off) as usize, first_off)
-                .map_err(|e| JournalError::io("read", segment_path(&shared.dir, seg), e))?;
-            let buf = Bytes::from(buf);
+            let (end, first_off, buf) = read_run(&shared.dir, &todo, start)?;
             let mut any_body = false;
             for &(i, _, _, off, _) in &todo[start..end] {
                 let from = (off - first_off) as usize;
