@@ -18,18 +18,7 @@ fn churn_keeps_disk_bounded_and_live_messages_readable() {
     let dir = tempfile::tempdir().unwrap();
     let opts = small_opts(SEG);
     let (j, _) = Journal::open(dir.path(), opts.clone()).unwrap();
-    j.submit(vec![
-        Op::DefineQueue {
-            queue_id: 1,
-            def: "one".into(),
-        },
-        Op::DefineQueue {
-            queue_id: 2,
-            def: "two".into(),
-        },
-    ])
-    .wait()
-    .unwrap();
+    define_two_queues(&j);
     // Queue 2: ten long-lived messages in the oldest segment, never removed. They pin the
     // oldest segment, so compaction has to move them forward for dead segments to go.
     j.submit((1..=10).map(|s| put(2, s, len_of(2, s))).collect())
@@ -178,18 +167,7 @@ fn compaction_walks_large_and_partly_live_records_in_small_steps() {
         _ => 50,
     };
     let (j, _) = Journal::open(dir.path(), opts.clone()).unwrap();
-    j.submit(vec![
-        Op::DefineQueue {
-            queue_id: 1,
-            def: "one".into(),
-        },
-        Op::DefineQueue {
-            queue_id: 2,
-            def: "two".into(),
-        },
-    ])
-    .wait()
-    .unwrap();
+    define_two_queues(&j);
     // Twelve records of three messages each (~300 KB a record: four segments).
     for k in 0..12u64 {
         j.submit((1..=3).map(|i| put(1, 3 * k + i, len(3 * k + i))).collect())
@@ -254,4 +232,20 @@ fn compaction_walks_large_and_partly_live_records_in_small_steps() {
             .exists(),
         "the segments of the first records are gone"
     );
+}
+
+/// Queues 1 ("one") and 2 ("two").
+fn define_two_queues(j: &Journal) {
+    j.submit(vec![
+        Op::DefineQueue {
+            queue_id: 1,
+            def: "one".into(),
+        },
+        Op::DefineQueue {
+            queue_id: 2,
+            def: "two".into(),
+        },
+    ])
+    .wait()
+    .unwrap();
 }
