@@ -159,6 +159,26 @@ impl Tail {
     }
 }
 
+/// Puts `e` in its place by seq in a priority level: at either end without a search (new
+/// arrivals go to the back, restored ones usually to the front), else over its own tombstone
+/// (left by a take from the middle of the level) or inserted.
+fn put_in_level(level: &mut VecDeque<Entry>, tombstones: &mut usize, e: Entry) {
+    if level.back().is_none_or(|b| b.seq < e.seq) {
+        return level.push_back(e);
+    }
+    if level.front().is_some_and(|f| f.seq > e.seq) {
+        return level.push_front(e);
+    }
+    let pos = level.partition_point(|x| x.seq < e.seq);
+    match level.get_mut(pos) {
+        Some(t) if t.seq == e.seq && t.removed => {
+            *t = e;
+            *tombstones -= 1;
+        }
+        _ => level.insert(pos, e),
+    }
+}
+
 /// A queue's fixed properties.
 #[derive(Debug, Clone)]
 pub struct QueueDef {
@@ -522,21 +542,7 @@ impl Queue {
                 return;
             }
         }
-        let level = &mut st.levels[lane];
-        match level.back() {
-            Some(b) if b.seq > e.seq => {
-                let pos = level.partition_point(|x| x.seq < e.seq);
-                match level.get_mut(pos) {
-                    // Its own tombstone (taken by `take_at`): back in place.
-                    Some(t) if t.seq == e.seq && t.removed => {
-                        *t = e;
-                        st.tombstones -= 1;
-                    }
-                    _ => level.insert(pos, e),
-                }
-            }
-            _ => level.push_back(e),
-        }
+        put_in_level(&mut st.levels[lane], &mut st.tombstones, e);
     }
 
     /// Up to `max` live entries of `lane`'s tail from index `from` on, with their indexes
@@ -1079,21 +1085,8 @@ impl Queue {
                 st.tails[lane].put(e, paged, deadline);
                 continue;
             }
-            let level = &mut st.levels[lane];
-            match level.front() {
-                Some(f) if f.seq <= e.seq => {
-                    let pos = level.partition_point(|x| x.seq < e.seq);
-                    match level.get_mut(pos) {
-                        // Its own tombstone (taken by `take_at`): back in place.
-                        Some(t) if t.seq == e.seq && t.removed => {
-                            *t = e;
-                            st.tombstones -= 1;
-                        }
-                        _ => level.insert(pos, e),
-                    }
-                }
-                _ => level.push_front(e),
-            }
+            let st = &mut *st;
+            put_in_level(&mut st.levels[lane], &mut st.tombstones, e);
         }
         drop(st);
         self.notify.notify_waiters();

@@ -87,6 +87,11 @@ pub(crate) struct Index {
 }
 
 impl Index {
+    /// Where live message `seq` of queue `queue_id` is.
+    pub fn msg(&self, queue_id: u64, seq: u64) -> Option<MsgEntry> {
+        self.queues.get(&queue_id)?.msgs.get(&seq)
+    }
+
     fn kill(&mut self, loc: Loc) {
         if !self.rekeyed.is_empty() {
             self.rekeyed.remove(&(loc.seg, loc.off));
@@ -127,7 +132,7 @@ impl Index {
                     self.rekeyed.get(&(loc.seg, loc.off)).copied()
                 }
                 .unwrap_or((*queue_id, *seq));
-                let m = self.queues.get(&q)?.msgs.get(&s)?;
+                let m = self.msg(q, s)?;
                 (m.loc == loc).then_some(Key::Msg(q, s))
             }
             _ => None,

@@ -826,9 +826,7 @@ impl Journal {
             let idx = shared.index.read().unwrap();
             for (i, &seq) in seqs.iter().enumerate() {
                 let m = idx
-                    .queues
-                    .get(&queue_id)
-                    .and_then(|q| q.msgs.get(&seq))
+                    .msg(queue_id, seq)
                     .ok_or(JournalError::NotFound { queue_id, seq })?;
                 if let Some(b) = idx.cache.get((queue_id, seq)) {
                     out.push(Some(b.clone()));
@@ -896,9 +894,7 @@ impl Journal {
             let idx = shared.index.read().unwrap();
             for (i, &seq) in seqs.iter().enumerate() {
                 let m = idx
-                    .queues
-                    .get(&queue_id)
-                    .and_then(|q| q.msgs.get(&seq))
+                    .msg(queue_id, seq)
                     .ok_or(JournalError::NotFound { queue_id, seq })?;
                 let seg = &idx.segs[&m.loc.seg];
                 let off = m.loc.off + op::PUT_FIXED as u64;
