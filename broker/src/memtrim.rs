@@ -1,7 +1,16 @@
-//! Memory goes back after a burst: glibc's malloc keeps freed heap pages (per-thread arenas, a
-//! raised mmap threshold), so without help mqd's RSS stays at its peak after a backlog is
-//! drained; a housekeeping tick ([`Trimmer`]) asks malloc to return free pages once a lot was
-//! freed since the last time.
+//! Memory goes back after a burst: an allocator keeps freed pages (glibc's malloc: per-thread
+//! arenas, a raised mmap threshold; mimalloc: empty pages whose purge waits for the next
+//! allocation), so without help mqd's RSS can stay at its peak after a backlog is drained; a
+//! housekeeping tick ([`Trimmer`]) asks the allocator to return free pages once a lot was freed
+//! since the last time.
+//!
+//! Which allocator serves the process is found at run time ([`allocator`]): glibc's malloc
+//! unless the binary was built with the `mimalloc` feature and made [`mimalloc::MiMalloc`] its
+//! `#[global_allocator]` (mqd, mqperf and mq do). With glibc, "freed but resident" is RSS minus
+//! malloc's bytes in use (`mallinfo2`), and a trim is `malloc_trim(0)`. mimalloc does not count
+//! bytes in use in a release build, so there the tick watches the RSS itself (it grew by the
+//! threshold above its lowest level since the last trim), and a trim is `mi_collect(true)`
+//! (this thread's heap, and every arena's delayed purges done now).
 //!
 //! A trim is not free for the traffic: `malloc_trim` walks every arena under malloc's locks,
 //! and every allocation in the process waits meanwhile. Measured (docs/benchmarks.md, "Latency
@@ -16,8 +25,9 @@ use std::time::{Duration, Instant};
 /// How often the broker looks at its memory.
 pub const TRIM_INTERVAL: Duration = Duration::from_secs(2);
 
-/// Resident bytes not in use by malloc (RSS minus malloc's bytes in use), beyond what stayed
-/// after the last trim, that make a trim worth its cost (it walks every arena).
+/// Resident bytes not in use by the allocator (glibc: RSS minus malloc's bytes in use;
+/// mimalloc: the RSS), beyond what stayed after the last trim (or the lowest since), that make a
+/// trim worth its cost (it walks every arena).
 pub const TRIM_THRESHOLD_BYTES: usize = 16 << 20;
 
 /// The process counts as busy when it used more than this share of one core since the last
@@ -43,7 +53,8 @@ impl Trimmer {
     /// If the resident memory exceeds malloc's bytes in use by at least `threshold` more than
     /// after the last trim, returns free pages to the system (at once while quiet, else within
     /// [`MAX_TRIM_DEFER`]); returns the bytes given back when it trimmed. Blocking (it may walk
-    /// the heap): call it off the async workers. Without glibc (or `/proc`) it does nothing.
+    /// the heap): call it off the async workers. With an unknown allocator (or without `/proc`)
+    /// it does nothing.
     pub fn tick(&mut self, threshold: usize) -> Option<usize> {
         let now = Instant::now();
         let busy = self.busy(now);
@@ -145,30 +156,88 @@ fn parse_vm_rss(status: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// Bytes malloc has handed out and not got back (`None`: not glibc).
+/// The allocator behind this process's Rust allocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocator {
+    /// glibc's malloc (the Rust default on Linux-gnu).
+    Glibc,
+    /// mimalloc, the `#[global_allocator]` of a binary built with the `mimalloc` feature.
+    Mimalloc,
+    /// Anything else: the trimmer does nothing.
+    Other,
+}
+
+/// Which allocator serves this process (decided once: a boxed value is asked whether it lies in
+/// mimalloc's heap, so a test binary of this crate, which has no `#[global_allocator]`, is
+/// glibc even with the feature on).
+pub fn allocator() -> Allocator {
+    static WHICH: std::sync::OnceLock<Allocator> = std::sync::OnceLock::new();
+    *WHICH.get_or_init(|| {
+        #[cfg(feature = "mimalloc")]
+        {
+            let probe = Box::new(0u64);
+            let p: *const u64 = &*probe;
+            // SAFETY: mimalloc only compares the address with its own heap map; nothing is read
+            // through the pointer, which is valid anyway while `probe` lives.
+            #[allow(unsafe_code)]
+            let ours = unsafe { libmimalloc_sys::mi_is_in_heap_region(p.cast()) };
+            if ours {
+                return Allocator::Mimalloc;
+            }
+        }
+        if cfg!(all(target_os = "linux", target_env = "gnu")) {
+            Allocator::Glibc
+        } else {
+            Allocator::Other
+        }
+    })
+}
+
+/// Bytes the allocator has handed out and not got back, as far as it tells: glibc's
+/// `mallinfo2`; 0 for mimalloc (a release build keeps no such count: the trimmer then compares
+/// the RSS with itself); `None` for another allocator (no trims).
 pub fn in_use_bytes() -> Option<usize> {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        // SAFETY: a plain glibc call that takes malloc's own locks and returns a struct.
-        #[allow(unsafe_code)]
-        let info = unsafe { libc::mallinfo2() };
-        Some(info.uordblks.saturating_add(info.hblkhd))
-    }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    {
-        None
+    match allocator() {
+        Allocator::Glibc => glibc_in_use(),
+        Allocator::Mimalloc => Some(0),
+        Allocator::Other => None,
     }
 }
 
-/// Returns every free page malloc holds to the system (glibc; elsewhere nothing).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn glibc_in_use() -> Option<usize> {
+    // SAFETY: a plain glibc call that takes malloc's own locks and returns a struct.
+    #[allow(unsafe_code)]
+    let info = unsafe { libc::mallinfo2() };
+    Some(info.uordblks.saturating_add(info.hblkhd))
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn glibc_in_use() -> Option<usize> {
+    None
+}
+
+/// Returns the free pages the allocator holds to the system: glibc's `malloc_trim(0)`,
+/// mimalloc's `mi_collect(true)`; nothing elsewhere.
 pub fn trim() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        // SAFETY: a plain glibc call without pointers; it takes malloc's own locks.
-        #[allow(unsafe_code)]
-        unsafe {
-            libc::malloc_trim(0);
+    match allocator() {
+        Allocator::Glibc => {
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
+            // SAFETY: a plain glibc call without pointers; it takes malloc's own locks.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::malloc_trim(0);
+            }
         }
+        Allocator::Mimalloc => {
+            #[cfg(feature = "mimalloc")]
+            // SAFETY: a plain mimalloc call without pointers.
+            #[allow(unsafe_code)]
+            unsafe {
+                libmimalloc_sys::mi_collect(true);
+            }
+        }
+        Allocator::Other => {}
     }
 }
 
@@ -186,6 +255,18 @@ mod tests {
             assert!(rss_bytes_of(Some(std::process::id())).unwrap() > 0);
             assert_eq!(rss_bytes_of(Some(u32::MAX)), None);
         }
+    }
+
+    #[test]
+    fn a_binary_without_a_global_allocator_is_glibc() {
+        // This test binary says no `#[global_allocator]`, feature `mimalloc` or not; the
+        // positive case is tests/allocator.rs.
+        let expected = if cfg!(all(target_os = "linux", target_env = "gnu")) {
+            Allocator::Glibc
+        } else {
+            Allocator::Other
+        };
+        assert_eq!(allocator(), expected);
     }
 
     #[test]
@@ -230,7 +311,7 @@ mod tests {
     #[test]
     #[ignore = "process-wide RSS: run alone (see above)"]
     fn trims_after_a_large_free_and_not_before() {
-        if !cfg!(all(target_os = "linux", target_env = "gnu")) {
+        if allocator() != Allocator::Glibc {
             return;
         }
         let mut t = Trimmer::default();

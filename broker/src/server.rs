@@ -182,7 +182,7 @@ pub async fn run_with_ready(
     ready.recovered(broker.clone(), connections, grpc_addrs);
     let watch = ready.spawn_watch();
     on_ready();
-    tracing::info!(%local, name = %broker.config().name, "broker started");
+    tracing::info!(%local, name = %broker.config().name, allocator = ?crate::memtrim::allocator(), "broker started");
     tokio::select! {
         r = &mut server => {
             ready.stopping();

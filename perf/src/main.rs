@@ -7,6 +7,12 @@ use std::process::ExitCode;
 use clap::Parser;
 use mq_perf::Cli;
 
+// mimalloc instead of glibc's malloc (feature `mimalloc`), as in mqd: the embedded broker runs
+// on the same allocator as a separate mqd.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {

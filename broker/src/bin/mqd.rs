@@ -8,6 +8,12 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use mq_broker::{config_file, BrokerConfig};
 
+// mimalloc instead of glibc's malloc (feature `mimalloc`; docs/benchmarks.md, "Another
+// allocator"). The broker's memory trimmer finds out which one it runs on by itself.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The mq message-queue broker.
 ///
 /// Prints `listening on <addr>` as its first line on stdout once it accepts connections; logs go
