@@ -507,6 +507,12 @@ impl prometheus_client::collector::Collector for Collector {
             "Bytes of live records copied forward by compaction since mqd started",
             j.compacted_bytes,
         )?;
+        counter(
+            &mut e,
+            "mq_journal_compaction_read_bytes",
+            "Bytes compaction read from sealed segments since mqd started (whole-segment walks, and live records found through the index)",
+            j.compaction_read_bytes,
+        )?;
         gauge(
             &mut e,
             "mq_journal_poisoned",

@@ -105,6 +105,17 @@ pub struct JournalOptions {
     /// A sealed oldest segment whose live bytes are below this fraction of its written bytes
     /// is compacted (live records copied forward, file deleted). Default 0.5; in `[0, 0.9]`.
     pub compact_live_ratio: f64,
+    /// A sealed segment that still holds live ops is not compacted before it has been sealed
+    /// this long (unless the disk is full): what is consumed meanwhile is never copied. Under
+    /// a steady flow the messages of a just-sealed segment are the few in flight, gone within
+    /// milliseconds; compacting at once copied them forward and walked the whole segment on
+    /// the writer, stalling every commit behind it. Segments of an earlier run (found by
+    /// recovery) have no grace. Default 1 s; at most 1 h.
+    pub compact_grace: std::time::Duration,
+    /// Compaction finds a sealed segment's live ops through the index when there are few of
+    /// them and the index is small (see `writer.rs`), instead of reading the whole segment.
+    /// Default true; false always walks (tests of the walk).
+    pub compact_from_index: bool,
     /// The writer stops draining queued submissions into one batch (one write, one sync)
     /// once it holds this many bytes; also bounds one compaction step. Default 8 MiB.
     pub max_batch_bytes: usize,
@@ -194,6 +205,8 @@ impl Default for JournalOptions {
         JournalOptions {
             segment_size: 64 << 20,
             compact_live_ratio: 0.5,
+            compact_grace: std::time::Duration::from_secs(1),
+            compact_from_index: true,
             max_batch_bytes: 8 << 20,
             max_queued_bytes: 64 << 20,
             max_queued_records: 4096,
@@ -315,6 +328,9 @@ pub struct JournalStats {
     pub segments_deleted: u64,
     /// Bytes of live ops copied forward by compaction since open.
     pub compacted_bytes: u64,
+    /// Bytes compaction read from sealed segments since open: its walks of whole segments,
+    /// and the live ops it found through the index instead.
+    pub compaction_read_bytes: u64,
     /// True once a sync (or a write, other than ENOSPC) failed.
     pub poisoned: bool,
     /// True while the disk is full: records that store data are refused.
@@ -351,6 +367,7 @@ pub(crate) struct Counters {
     pub segments_created: AtomicU64,
     pub segments_deleted: AtomicU64,
     pub compacted_bytes: AtomicU64,
+    pub compaction_read_bytes: AtomicU64,
     pub body_cache_hits: AtomicU64,
     pub bodies_read: AtomicU64,
     pub body_reads: AtomicU64,
@@ -369,6 +386,7 @@ impl Default for Counters {
             segments_created: AtomicU64::new(0),
             segments_deleted: AtomicU64::new(0),
             compacted_bytes: AtomicU64::new(0),
+            compaction_read_bytes: AtomicU64::new(0),
             body_cache_hits: AtomicU64::new(0),
             bodies_read: AtomicU64::new(0),
             body_reads: AtomicU64::new(0),
@@ -508,6 +526,12 @@ impl Journal {
             return Err(JournalError::InvalidOptions(
                 "max_batch_bytes must be positive".into(),
             ));
+        }
+        if opts.compact_grace > Duration::from_secs(3600) {
+            return Err(JournalError::InvalidOptions(format!(
+                "compact_grace {:?} is above the maximum of 1 h",
+                opts.compact_grace
+            )));
         }
         let start = Instant::now();
         io.init(dir)
@@ -973,6 +997,7 @@ impl Journal {
             segments_created: c.segments_created.load(Ordering::Relaxed),
             segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
             compacted_bytes: c.compacted_bytes.load(Ordering::Relaxed),
+            compaction_read_bytes: c.compaction_read_bytes.load(Ordering::Relaxed),
             poisoned: s.is_poisoned(),
             disk_full: s.disk_full.load(Ordering::Relaxed),
             queued_records: self.inner.tx.len() as u64,
