@@ -19,7 +19,13 @@
 //!
 //! Compaction runs on this same thread, one bounded step (at most `max_batch_bytes` copied,
 //! or one segment dropped) between batches, and continuously when idle, so it never races
-//! the writer and never starves senders for more than one step.
+//! the writer and never starves senders for more than one step. A segment sealed in this run
+//! that still holds live ops is left alone for `compact_grace` (1 s): under a steady flow its
+//! live ops are the messages in flight, consumed within milliseconds, and copying them would
+//! be wasted work on the thread every commit waits for. When a segment holds few live ops
+//! and the index is small, compaction finds them through the index and copies them in one
+//! step ([`Writer::live_from_index`]) instead of walking the whole segment for them (a queue
+//! definition alone made every 64 MiB segment be read and decoded in 8 steps of 3-6 ms).
 //!
 //! # Why dropping only the oldest segment is safe
 //!
