@@ -513,6 +513,12 @@ impl prometheus_client::collector::Collector for Collector {
             "Bytes compaction read from sealed segments since mqd started (whole-segment walks, and live records found through the index)",
             j.compaction_read_bytes,
         )?;
+        counter(
+            &mut e,
+            "mq_journal_zeroed_bytes",
+            "Bytes of zeros written (and synced) ahead of the records while the journal was idle, so that commits write into written space (since mqd started)",
+            j.zeroed_bytes,
+        )?;
         gauge(
             &mut e,
             "mq_journal_poisoned",

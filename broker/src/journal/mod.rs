@@ -145,7 +145,20 @@ pub struct JournalOptions {
     /// message.
     /// 0 keeps none. Default [`DEFAULT_BODY_CACHE_BYTES`] (`mqd --journal-body-cache-bytes`).
     pub body_cache_bytes: u64,
+    /// On storage whose preallocated space is not yet written ([`Io::zero_ahead`]: real files),
+    /// the writer keeps this many bytes after the end of the active segment's records written
+    /// with zeros and synced, topping them up whenever it is idle and less than half are left.
+    /// A commit into them then costs one data flush: its `fdatasync` has no extent conversion
+    /// to commit to the filesystem's journal (on ext4 here: ~115 us instead of ~135 us at the
+    /// median, ~130 us instead of ~230 us at p90). Under load the writer is never idle, writes
+    /// into unwritten space as before, and zeros nothing. 0: off. Default
+    /// [`DEFAULT_ZERO_AHEAD_BYTES`].
+    pub zero_ahead_bytes: u64,
 }
+
+/// Default [`JournalOptions::zero_ahead_bytes`]: 1 MiB, about 900 one-message commits of
+/// 1000 B bodies, topped up (one write of >= 512 KiB and one `fdatasync`, ~1 ms) when idle.
+pub const DEFAULT_ZERO_AHEAD_BYTES: u64 = 1 << 20;
 
 /// Default [`JournalOptions::body_cache_bytes`]: none. Measured on a quiet machine (1000 B
 /// recoverable, closed loop, separate mqd), 64 MiB cost 15% of the send rate (every body under
@@ -214,6 +227,7 @@ impl Default for JournalOptions {
             truncate_damaged: false,
             recover_headers: true,
             body_cache_bytes: DEFAULT_BODY_CACHE_BYTES,
+            zero_ahead_bytes: DEFAULT_ZERO_AHEAD_BYTES,
         }
     }
 }
@@ -331,6 +345,9 @@ pub struct JournalStats {
     /// Bytes compaction read from sealed segments since open: its walks of whole segments,
     /// and the live ops it found through the index instead.
     pub compaction_read_bytes: u64,
+    /// Bytes of zeros written ahead of the records since open
+    /// ([`JournalOptions::zero_ahead_bytes`]).
+    pub zeroed_bytes: u64,
     /// True once a sync (or a write, other than ENOSPC) failed.
     pub poisoned: bool,
     /// True while the disk is full: records that store data are refused.
@@ -368,6 +385,7 @@ pub(crate) struct Counters {
     pub segments_deleted: AtomicU64,
     pub compacted_bytes: AtomicU64,
     pub compaction_read_bytes: AtomicU64,
+    pub zeroed_bytes: AtomicU64,
     pub body_cache_hits: AtomicU64,
     pub bodies_read: AtomicU64,
     pub body_reads: AtomicU64,
@@ -387,6 +405,7 @@ impl Default for Counters {
             segments_deleted: AtomicU64::new(0),
             compacted_bytes: AtomicU64::new(0),
             compaction_read_bytes: AtomicU64::new(0),
+            zeroed_bytes: AtomicU64::new(0),
             body_cache_hits: AtomicU64::new(0),
             bodies_read: AtomicU64::new(0),
             body_reads: AtomicU64::new(0),
@@ -570,6 +589,7 @@ impl Journal {
                     pos: meta.end,
                     flags: versions.get(&seg).is_some_and(|&v| v >= 2),
                     stale_end: 0,
+                    zeroed: meta.end,
                 }
             }
             None => {
@@ -592,6 +612,7 @@ impl Journal {
                     pos: HEADER_LEN,
                     flags: true,
                     stale_end: 0,
+                    zeroed: HEADER_LEN,
                 }
             }
         };
@@ -998,6 +1019,7 @@ impl Journal {
             segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
             compacted_bytes: c.compacted_bytes.load(Ordering::Relaxed),
             compaction_read_bytes: c.compaction_read_bytes.load(Ordering::Relaxed),
+            zeroed_bytes: c.zeroed_bytes.load(Ordering::Relaxed),
             poisoned: s.is_poisoned(),
             disk_full: s.disk_full.load(Ordering::Relaxed),
             queued_records: self.inner.tx.len() as u64,

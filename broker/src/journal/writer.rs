@@ -128,6 +128,9 @@ pub(crate) struct Active {
     /// End of bytes a failed (ENOSPC) write may have left after `pos`; zeroed before the
     /// segment is sealed or overwritten by a shorter write. 0: none.
     pub stale_end: u64,
+    /// Bytes before this are written (records, or zeros laid ahead of them) and synced
+    /// (`JournalOptions::zero_ahead_bytes`); what lies after may be unwritten space.
+    pub zeroed: u64,
 }
 
 pub(crate) struct Writer {
@@ -158,6 +161,8 @@ pub(crate) struct Writer {
     /// Is the oldest sealed segment being drained? `(segment, since, its live bytes then)`:
     /// see [`Writer::draining_until`].
     drain_probe: std::cell::Cell<Option<(u64, Instant, u64)>>,
+    /// Bytes of zeros to keep ahead of the records (0: off; see `zero_ahead_step`).
+    zero_ahead: u64,
 }
 
 /// A live op compaction copies: its key, where it is, its bytes, and the key its bytes name
@@ -238,7 +243,13 @@ impl Writer {
     ) -> Self {
         let reserve_len = opts.reserve_bytes.unwrap_or(opts.segment_size);
         let unlinker = super::unlink::Unlinker::start(shared.dir.clone(), shared.io.clone());
+        let zero_ahead = if shared.io.zero_ahead() {
+            opts.zero_ahead_bytes
+        } else {
+            0
+        };
         Writer {
+            zero_ahead,
             unlinker,
             shared,
             rx,
@@ -318,6 +329,10 @@ impl Writer {
                     Err(TryRecvError::Disconnected) => break,
                 }
             } else {
+                if self.zero_ahead > 0 && self.rx.is_empty() && self.urgent.is_empty() {
+                    // Idle: the next commits' space gets written before they need it.
+                    self.zero_ahead_step();
+                }
                 let mut sel = crossbeam_channel::Select::new();
                 let from_rx = sel.recv(&self.rx);
                 sel.recv(&self.urgent);
@@ -447,6 +462,45 @@ impl Writer {
             }
         }
         tracing::debug!("journal writer stopped");
+    }
+
+    /// Keeps zeros written and synced ahead of the active segment's records
+    /// (`JournalOptions::zero_ahead_bytes`), so that a commit writes into space that is
+    /// already written on disk: its `fdatasync` then flushes data only, with no extent
+    /// conversion to commit in the filesystem's journal. Called only while idle (nothing
+    /// queued), so it delays at most a submission that arrives during it, by one write and one
+    /// sync. Tops up to `zero_ahead` bytes once fewer than half are left.
+    ///
+    /// Safe for recovery: every byte after the last record is zero or torn garbage anyway
+    /// (unwritten space reads as zeros), and this writes only after `pos`, on this thread,
+    /// when no failed write left bytes there (`stale_end`). A failed sync poisons, as any.
+    fn zero_ahead_step(&mut self) {
+        let a = &self.active;
+        if self.shared.is_poisoned() || self.disk_full() || a.stale_end != 0 {
+            return;
+        }
+        if a.zeroed.saturating_sub(a.pos) >= self.zero_ahead / 2 {
+            return;
+        }
+        let from = a.zeroed.max(a.pos);
+        let to = (a.pos + self.zero_ahead).min(a.cap);
+        if to <= from {
+            return;
+        }
+        match self.zero_active(from, to).and_then(|()| self.sync_active()) {
+            Ok(()) => {
+                self.active.zeroed = to;
+                self.shared
+                    .counters
+                    .zeroed_bytes
+                    .fetch_add(to - from, Ordering::Relaxed);
+            }
+            Err(JournalError::NoSpace { .. }) => {
+                // Not expected in preallocated space; commits write there as before.
+                self.active.zeroed = self.active.cap;
+            }
+            Err(e) => self.poison(&e),
+        }
     }
 
     fn poisoned(&self) -> Option<JournalError> {
@@ -846,6 +900,7 @@ impl Writer {
             pos: HEADER_LEN,
             flags: true,
             stale_end: 0,
+            zeroed: HEADER_LEN,
         };
         self.shared.rekey.store(true, Ordering::Release);
         Ok(())
