@@ -507,6 +507,18 @@ impl prometheus_client::collector::Collector for Collector {
             "Bytes of live records copied forward by compaction since mqd started",
             j.compacted_bytes,
         )?;
+        counter(
+            &mut e,
+            "mq_journal_compaction_read_bytes",
+            "Bytes compaction read from sealed segments since mqd started (whole-segment walks, and live records found through the index)",
+            j.compaction_read_bytes,
+        )?;
+        counter(
+            &mut e,
+            "mq_journal_zeroed_bytes",
+            "Bytes of zeros written (and synced) ahead of the records while the journal was idle, so that commits write into written space (since mqd started)",
+            j.zeroed_bytes,
+        )?;
         gauge(
             &mut e,
             "mq_journal_poisoned",

@@ -65,7 +65,8 @@ Load shape:
                  the fewest and most messages one consumer got (starvation shows as 0).
   --backlog N    SENDANDRECEIVE: fill N messages (op fill), then time their drain (op drain).
   --one-at-a-time  TX: each send is begin, send, commit and each receive is begin, receive,
-                 commit, awaited before the next (a synchronous application's transactions).
+                 commit, awaited before the next (a synchronous application's transactions);
+                 the loop runs in a task on a runtime worker, as an application's would.
   --receive-and-commit  with --one-at-a-time: each receive is begin, receive_and_commit (the
                  receive and the commit in one round trip) instead of begin, receive, commit.
   RSS: after each phase the table prints a line `rss ...` with the broker's VmRSS at the end

@@ -57,6 +57,8 @@ struct Ctl {
     syncs_waiting: u64,
     /// Set once crashed: the disk as it will be found after the reboot.
     crashed: Option<BTreeMap<u64, Vec<u8>>>,
+    /// What [`Io::zero_ahead`] answers (off unless a test asks: it adds syncs).
+    zero_ahead: bool,
     rng: u64,
 }
 
@@ -172,6 +174,12 @@ impl FaultyIo {
         io
     }
 
+    /// Makes the journal write zeros ahead of its records while idle, as on real files
+    /// ([`Io::zero_ahead`]); off by default, as it adds syncs. Kept by restarts.
+    pub fn set_zero_ahead(&self, on: bool) {
+        self.fs.ctl.lock().unwrap().zero_ahead = on;
+    }
+
     /// The `n`th file sync from now (1 = the next one) fails with EIO; data stays pending.
     pub fn fail_sync_at(&self, n: u64) {
         let mut c = self.fs.ctl.lock().unwrap();
@@ -206,7 +214,11 @@ impl FaultyIo {
             .map(|(n, f)| (*n, f.data.lock().unwrap().current.clone()))
             .collect();
         let seed = splitmix(&mut c.rng);
-        FaultyIo::from_image(image, seed)
+        let zero_ahead = c.zero_ahead;
+        drop(c);
+        let io = FaultyIo::from_image(image, seed);
+        io.set_zero_ahead(zero_ahead);
+        io
     }
 
     /// While on, every preallocation fails with ENOSPC.
@@ -260,7 +272,11 @@ impl FaultyIo {
             None => c.surviving_state(),
         };
         let seed = splitmix(&mut c.rng);
-        FaultyIo::from_image(image, seed)
+        let zero_ahead = c.zero_ahead;
+        drop(c);
+        let io = FaultyIo::from_image(image, seed);
+        io.set_zero_ahead(zero_ahead);
+        io
     }
 
     /// Segment numbers and their current lengths.
@@ -292,6 +308,10 @@ impl FaultyIo {
 impl Io for FaultyIo {
     fn init(&self, _dir: &Path) -> io::Result<()> {
         self.check_alive()
+    }
+
+    fn zero_ahead(&self) -> bool {
+        self.fs.ctl.lock().unwrap().zero_ahead
     }
 
     fn list(&self, _dir: &Path) -> io::Result<Vec<u64>> {

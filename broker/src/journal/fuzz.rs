@@ -42,6 +42,8 @@ fn opts(truncate_damaged: bool) -> JournalOptions {
         reserve_bytes: Some(0),
         max_queued_records: 64,
         truncate_damaged,
+        // Compaction as soon as a segment qualifies, so that it runs within one input.
+        compact_grace: std::time::Duration::ZERO,
         ..JournalOptions::default()
     }
 }

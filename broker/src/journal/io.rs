@@ -50,6 +50,14 @@ pub trait Io: Send + Sync + 'static {
         let _ = dir;
         Ok(())
     }
+    /// Whether a preallocated segment's space is allocated but not yet written on disk (a real
+    /// file after `fallocate`: unwritten extents). The first write into such space makes the
+    /// next `fdatasync` also commit the filesystem's metadata (the extents become written), so
+    /// the journal then writes zeros ahead of its records while idle
+    /// ([`super::JournalOptions::zero_ahead_bytes`]). Default false.
+    fn zero_ahead(&self) -> bool {
+        false
+    }
 }
 
 /// Name of the file that holds the disk-full reserve (see the journal module docs).
@@ -125,6 +133,13 @@ pub trait SegmentFile: Send + Sync {
 pub struct FileIo;
 
 impl Io for FileIo {
+    /// `fallocate` leaves unwritten extents (ext4, XFS): an `fdatasync` after the first write
+    /// into them commits the filesystem journal too (measured on ext4: 5.2-6.0k syncs/s of
+    /// 1,137 B, p90 ~230 us, against 8.3-8.9k/s, p90 ~130 us, into written blocks).
+    fn zero_ahead(&self) -> bool {
+        true
+    }
+
     /// Also removes what a crash left of segments being retired ([`RETIRED_SUFFIX`]).
     fn init(&self, dir: &Path) -> io::Result<()> {
         fs::create_dir_all(dir)?;

@@ -105,6 +105,17 @@ pub struct JournalOptions {
     /// A sealed oldest segment whose live bytes are below this fraction of its written bytes
     /// is compacted (live records copied forward, file deleted). Default 0.5; in `[0, 0.9]`.
     pub compact_live_ratio: f64,
+    /// A sealed segment that still holds live ops is not compacted before it has been sealed
+    /// this long (unless the disk is full): what is consumed meanwhile is never copied. Under
+    /// a steady flow the messages of a just-sealed segment are the few in flight, gone within
+    /// milliseconds; compacting at once copied them forward and walked the whole segment on
+    /// the writer, stalling every commit behind it. Segments of an earlier run (found by
+    /// recovery) have no grace. Default 1 s; at most 1 h.
+    pub compact_grace: std::time::Duration,
+    /// Compaction finds a sealed segment's live ops through the index when there are few of
+    /// them and the index is small (see `writer.rs`), instead of reading the whole segment.
+    /// Default true; false always walks (tests of the walk).
+    pub compact_from_index: bool,
     /// The writer stops draining queued submissions into one batch (one write, one sync)
     /// once it holds this many bytes; also bounds one compaction step. Default 8 MiB.
     pub max_batch_bytes: usize,
@@ -134,7 +145,20 @@ pub struct JournalOptions {
     /// message.
     /// 0 keeps none. Default [`DEFAULT_BODY_CACHE_BYTES`] (`mqd --journal-body-cache-bytes`).
     pub body_cache_bytes: u64,
+    /// On storage whose preallocated space is not yet written ([`Io::zero_ahead`]: real files),
+    /// the writer keeps this many bytes after the end of the active segment's records written
+    /// with zeros and synced, topping them up whenever it is idle and less than half are left.
+    /// A commit into them then costs one data flush: its `fdatasync` has no extent conversion
+    /// to commit to the filesystem's journal (on ext4 here: ~115 us instead of ~135 us at the
+    /// median, ~130 us instead of ~230 us at p90). Under load the writer is never idle, writes
+    /// into unwritten space as before, and zeros nothing. 0: off. Default
+    /// [`DEFAULT_ZERO_AHEAD_BYTES`].
+    pub zero_ahead_bytes: u64,
 }
+
+/// Default [`JournalOptions::zero_ahead_bytes`]: 1 MiB, about 900 one-message commits of
+/// 1000 B bodies, topped up (one write of >= 512 KiB and one `fdatasync`, ~1 ms) when idle.
+pub const DEFAULT_ZERO_AHEAD_BYTES: u64 = 1 << 20;
 
 /// Default [`JournalOptions::body_cache_bytes`]: none. Measured on a quiet machine (1000 B
 /// recoverable, closed loop, separate mqd), 64 MiB cost 15% of the send rate (every body under
@@ -194,6 +218,8 @@ impl Default for JournalOptions {
         JournalOptions {
             segment_size: 64 << 20,
             compact_live_ratio: 0.5,
+            compact_grace: std::time::Duration::from_secs(1),
+            compact_from_index: true,
             max_batch_bytes: 8 << 20,
             max_queued_bytes: 64 << 20,
             max_queued_records: 4096,
@@ -201,6 +227,7 @@ impl Default for JournalOptions {
             truncate_damaged: false,
             recover_headers: true,
             body_cache_bytes: DEFAULT_BODY_CACHE_BYTES,
+            zero_ahead_bytes: DEFAULT_ZERO_AHEAD_BYTES,
         }
     }
 }
@@ -315,6 +342,12 @@ pub struct JournalStats {
     pub segments_deleted: u64,
     /// Bytes of live ops copied forward by compaction since open.
     pub compacted_bytes: u64,
+    /// Bytes compaction read from sealed segments since open: its walks of whole segments,
+    /// and the live ops it found through the index instead.
+    pub compaction_read_bytes: u64,
+    /// Bytes of zeros written ahead of the records since open
+    /// ([`JournalOptions::zero_ahead_bytes`]).
+    pub zeroed_bytes: u64,
     /// True once a sync (or a write, other than ENOSPC) failed.
     pub poisoned: bool,
     /// True while the disk is full: records that store data are refused.
@@ -351,6 +384,8 @@ pub(crate) struct Counters {
     pub segments_created: AtomicU64,
     pub segments_deleted: AtomicU64,
     pub compacted_bytes: AtomicU64,
+    pub compaction_read_bytes: AtomicU64,
+    pub zeroed_bytes: AtomicU64,
     pub body_cache_hits: AtomicU64,
     pub bodies_read: AtomicU64,
     pub body_reads: AtomicU64,
@@ -369,6 +404,8 @@ impl Default for Counters {
             segments_created: AtomicU64::new(0),
             segments_deleted: AtomicU64::new(0),
             compacted_bytes: AtomicU64::new(0),
+            compaction_read_bytes: AtomicU64::new(0),
+            zeroed_bytes: AtomicU64::new(0),
             body_cache_hits: AtomicU64::new(0),
             bodies_read: AtomicU64::new(0),
             body_reads: AtomicU64::new(0),
@@ -509,6 +546,12 @@ impl Journal {
                 "max_batch_bytes must be positive".into(),
             ));
         }
+        if opts.compact_grace > Duration::from_secs(3600) {
+            return Err(JournalError::InvalidOptions(format!(
+                "compact_grace {:?} is above the maximum of 1 h",
+                opts.compact_grace
+            )));
+        }
         let start = Instant::now();
         io.init(dir)
             .map_err(|e| JournalError::io("create directory", dir, e))?;
@@ -546,6 +589,7 @@ impl Journal {
                     pos: meta.end,
                     flags: versions.get(&seg).is_some_and(|&v| v >= 2),
                     stale_end: 0,
+                    zeroed: meta.end,
                 }
             }
             None => {
@@ -568,6 +612,7 @@ impl Journal {
                     pos: HEADER_LEN,
                     flags: true,
                     stale_end: 0,
+                    zeroed: HEADER_LEN,
                 }
             }
         };
@@ -973,6 +1018,8 @@ impl Journal {
             segments_created: c.segments_created.load(Ordering::Relaxed),
             segments_deleted: c.segments_deleted.load(Ordering::Relaxed),
             compacted_bytes: c.compacted_bytes.load(Ordering::Relaxed),
+            compaction_read_bytes: c.compaction_read_bytes.load(Ordering::Relaxed),
+            zeroed_bytes: c.zeroed_bytes.load(Ordering::Relaxed),
             poisoned: s.is_poisoned(),
             disk_full: s.disk_full.load(Ordering::Relaxed),
             queued_records: self.inner.tx.len() as u64,

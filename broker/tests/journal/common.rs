@@ -14,6 +14,8 @@ pub fn small_opts(segment_size: u64) -> JournalOptions {
         segment_size,
         compact_live_ratio: 0.5,
         max_batch_bytes: 256 << 10,
+        // Compact as soon as a segment qualifies: these tests are about what compaction does.
+        compact_grace: std::time::Duration::ZERO,
         ..JournalOptions::default()
     }
 }

@@ -12,12 +12,12 @@
 use super::common::*;
 use std::collections::VecDeque;
 
-fn body_len(t: u64) -> usize {
+pub(super) fn body_len(t: u64) -> usize {
     // Varied sizes, some larger than a quarter segment, so records straddle boundaries.
     ((t * 7919) % 3000 + 1) as usize
 }
 
-fn txn(t: u64) -> Vec<Op> {
+pub(super) fn txn(t: u64) -> Vec<Op> {
     let mut ops = vec![put(1, t, body_len(t)), put(2, t, body_len(t))];
     if t > 3 {
         ops.push(Op::Remove {
@@ -34,7 +34,7 @@ fn txn(t: u64) -> Vec<Op> {
     ops
 }
 
-fn state_k(r: &Recovery) -> u64 {
+pub(super) fn state_k(r: &Recovery) -> u64 {
     let q2 = seqs(r, 2);
     let k = q2.last().copied().unwrap_or(0);
     let window = |w: u64| -> Vec<u64> {
@@ -50,7 +50,7 @@ fn state_k(r: &Recovery) -> u64 {
 }
 
 /// Runs the workload until the crash; returns (acked, submitted).
-fn run_until_crash(j: &Journal, window: usize, limit: u64) -> (u64, u64) {
+pub(super) fn run_until_crash(j: &Journal, window: usize, limit: u64) -> (u64, u64) {
     let mut inflight = VecDeque::new();
     let mut acked = 0;
     let mut submitted = 0;

@@ -25,6 +25,9 @@
 //!   byte through group commits, rolls, compaction and a reopen.
 //! - `rekey`: a Rekey moves a message without writing it again, through reopen, compaction and
 //!   a crash between copy and unlink; an older journal takes Rekeys from its next segment.
+//! - `zero_ahead`: zeros laid ahead of the records while idle: crashes at any sync (theirs
+//!   included) keep every acknowledged transaction; on real files commits over them read back;
+//!   none when off or on in-memory storage.
 
 mod common;
 
@@ -41,3 +44,4 @@ mod poison;
 mod rekey;
 mod reopen;
 mod torn_tail;
+mod zero_ahead;

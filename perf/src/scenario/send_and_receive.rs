@@ -53,13 +53,27 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
     for run in 1..=ctx.config.runs {
         let name = combo.name();
         ctx.progress.set_message(format!("{name} send, run {run}"));
-        let s = send_job().run().await?;
+        // --one-at-a-time: the loop runs on a runtime worker, like a client's task, not on
+        // block_on's thread (which is not a worker: every answer cost it one more hand-off).
+        let s = if ctx.config.one_at_a_time {
+            tokio::spawn(send_job().run())
+                .await
+                .context("the sender task panicked")??
+        } else {
+            send_job().run().await?
+        };
         send.add_run(s.acknowledged, s.elapsed, &s.latency);
         send.set_rss(ctx.rss());
 
         ctx.progress
             .set_message(format!("{name} receive, run {run}"));
-        let r = receive_job().run().await?;
+        let r = if ctx.config.one_at_a_time {
+            tokio::spawn(receive_job().run())
+                .await
+                .context("the receiver task panicked")??
+        } else {
+            receive_job().run().await?
+        };
         receive.add_run(r.verified, r.elapsed, &r.service);
         receive.set_rss(ctx.rss());
         receive.add_per_consumer(&r.per_consumer);
