@@ -333,6 +333,7 @@ fn user_command(cmd: UserCommand) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    mq_broker::tune_allocator();
     // One source of truth for every option: the flags below, each also a key of the --config
     // file and an MQD_* variable (see mq_broker::config_file).
     let cmd = config_file::with_env(Args::command(), "MQD_");
