@@ -5,13 +5,12 @@
 //! since the last time.
 //!
 //! Which allocator serves the process is found at run time ([`allocator`]): glibc's malloc
-//! unless the binary was built with the `mimalloc` feature (off by default) and made
-//! `mimalloc::MiMalloc` its `#[global_allocator]` (mqd and mqperf do, with the feature). With
-//! glibc, "freed but resident" is RSS minus malloc's bytes in use (`mallinfo2`), and a trim is
-//! `malloc_trim(0)`. mimalloc does not count bytes in use in a release build, so there the tick
-//! watches the RSS itself (it grew by the threshold above its lowest level since the last
-//! trim), and a trim is `mi_collect(true)` (this thread's heap, and every arena's delayed
-//! purges done now).
+//! unless the binary was built with the `mimalloc` feature and made [`mimalloc::MiMalloc`] its
+//! `#[global_allocator]` (mqd, mqperf and mq do). With glibc, "freed but resident" is RSS minus
+//! malloc's bytes in use (`mallinfo2`), and a trim is `malloc_trim(0)`. mimalloc does not count
+//! bytes in use in a release build, so there the tick watches the RSS itself (it grew by the
+//! threshold above its lowest level since the last trim), and a trim is `mi_collect(true)`
+//! (this thread's heap, and every arena's delayed purges done now).
 //!
 //! A trim is not free for the traffic: `malloc_trim` walks every arena under malloc's locks,
 //! and every allocation in the process waits meanwhile. Measured (docs/benchmarks.md, "Latency
