@@ -223,6 +223,7 @@ fn scopeguard(p: PathBuf) -> Remove {
 fn child(flag: &str, mode: &str) -> Result<(std::process::Child, u16)> {
     let mut c = Command::new(std::env::current_exe()?)
         .args([flag, mode])
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
     let mut out = c.stdout.take().expect("piped");
@@ -366,18 +367,7 @@ fn serve_grpc(mode: &str) -> Result<()> {
 /// The client side, with mq-client's endpoint settings (client/src/builder.rs) on mqperf's
 /// runtime; `client`: `block_on` (the loop on `block_on`'s thread) or `worker` (in a task).
 fn grpc(a: &Args, server: &str, client: &str) -> Result<Timed> {
-    let mut c = Command::new(std::env::current_exe()?)
-        .args(["--serve-grpc", server])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let mut out = c.stdout.take().expect("piped");
-    let mut line = Vec::new();
-    let mut b = [0u8; 1];
-    while out.read(&mut b)? == 1 && b[0] != b'\n' {
-        line.push(b[0]);
-    }
-    let port: u16 = String::from_utf8(line)?.trim().parse()?;
+    let (mut c, port) = child("--serve-grpc", server)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
