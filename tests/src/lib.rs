@@ -988,6 +988,23 @@ pub fn users_file(path: &Path, users: &[(&str, &str, &[&str], &[&str])]) -> Path
     path.to_path_buf()
 }
 
+/// Sends every message on `sender` without waiting in between, then waits for each receipt:
+/// the messages' ids, in send order.
+pub async fn send_with_receipts(
+    sender: &mq_client::Sender,
+    messages: impl IntoIterator<Item = mq_client::Message>,
+) -> Vec<mq_client::MessageId> {
+    let mut receipts = Vec::new();
+    for m in messages {
+        receipts.push(sender.send_with_receipt(m).await.unwrap());
+    }
+    let mut ids = Vec::with_capacity(receipts.len());
+    for r in receipts {
+        ids.push(r.await.unwrap());
+    }
+    ids
+}
+
 #[cfg(test)]
 mod tests {
     use super::is_package_variable;

@@ -151,8 +151,8 @@ pub struct JournalOptions {
     /// A commit into them then costs one data flush: its `fdatasync` has no extent conversion
     /// to commit to the filesystem's journal (on ext4 here: ~115 us instead of ~135 us at the
     /// median, ~130 us instead of ~230 us at p90). Under load the writer is never idle, writes
-    /// into unwritten space as before, and zeros nothing. 0: off. Default
-    /// [`DEFAULT_ZERO_AHEAD_BYTES`].
+    /// into unwritten space as before, and zeros nothing. 0: off; more than `segment_size` counts as `segment_size`.
+    /// Default [`DEFAULT_ZERO_AHEAD_BYTES`].
     pub zero_ahead_bytes: u64,
 }
 

@@ -49,6 +49,40 @@ pub(super) fn state_k(r: &Recovery) -> u64 {
     k
 }
 
+/// After `io` crashed (or not) with `acked` of `submitted` transactions acknowledged: reopens,
+/// checks that what recovery holds is a prefix of at least the acknowledged ones, intact, that
+/// the journal takes a write again and that the write survives a clean reopen. Returns whether
+/// the first reopen found a torn tail.
+pub(super) fn reopen_after_crash(
+    io: &FaultyIo,
+    opts: &JournalOptions,
+    what: &str,
+    acked: u64,
+    submitted: u64,
+) -> bool {
+    let io2 = io.restart();
+    let (j2, r) = Journal::open_with_io("/fake".as_ref(), opts.clone(), Arc::new(io2.clone()))
+        .unwrap_or_else(|e| panic!("{what}: reopen failed: {e}"));
+    let k = state_k(&r);
+    assert!(
+        k >= acked && k <= submitted,
+        "{what}: k={k} acked={acked} submitted={submitted}"
+    );
+    check_bodies(&j2, &r, 1, body_len);
+    check_bodies(&j2, &r, 2, body_len);
+    assert!(r.max_seq.get(&2).copied().unwrap_or(0) >= k);
+
+    // Writable again, and what it writes survives a clean reopen.
+    j2.submit(txn(k + 1)).wait().unwrap();
+    drop(j2);
+    let (j3, r2) =
+        Journal::open_with_io("/fake".as_ref(), opts.clone(), Arc::new(io2.restart())).unwrap();
+    assert_eq!(state_k(&r2), k + 1);
+    assert!(r2.truncated.is_none());
+    check_bodies(&j3, &r2, 2, body_len);
+    r.truncated.is_some()
+}
+
 /// Runs the workload until the crash; returns (acked, submitted).
 pub(super) fn run_until_crash(j: &Journal, window: usize, limit: u64) -> (u64, u64) {
     let mut inflight = VecDeque::new();
@@ -101,31 +135,9 @@ fn crash_at_nth_sync_keeps_every_acknowledged_transaction() {
             }
             drop(j);
 
-            let io2 = io.restart();
-            let (j2, r) =
-                Journal::open_with_io("/fake".as_ref(), opts.clone(), Arc::new(io2.clone()))
-                    .unwrap_or_else(|e| panic!("seed {seed} n {n}: reopen failed: {e}"));
-            if r.truncated.is_some() {
+            if reopen_after_crash(&io, &opts, &format!("seed {seed} n {n}"), acked, submitted) {
                 truncations += 1;
             }
-            let k = state_k(&r);
-            assert!(
-                k >= acked && k <= submitted,
-                "seed {seed} n {n}: k={k} acked={acked} submitted={submitted}"
-            );
-            check_bodies(&j2, &r, 1, body_len);
-            check_bodies(&j2, &r, 2, body_len);
-            assert!(r.max_seq.get(&2).copied().unwrap_or(0) >= k);
-
-            // Writable again, and what it writes survives a clean reopen.
-            j2.submit(txn(k + 1)).wait().unwrap();
-            drop(j2);
-            let (j3, r) =
-                Journal::open_with_io("/fake".as_ref(), opts.clone(), Arc::new(io2.restart()))
-                    .unwrap();
-            assert_eq!(state_k(&r), k + 1);
-            assert!(r.truncated.is_none());
-            check_bodies(&j3, &r, 2, body_len);
         }
     }
     assert!(crashes > 200, "most runs should crash mid-way: {crashes}");

@@ -128,4 +128,12 @@ fn empty_directory_is_created_and_bad_options_refused() {
         Journal::open(&sub, bad),
         Err(JournalError::InvalidOptions(_))
     ));
+    let bad = JournalOptions {
+        compact_grace: std::time::Duration::from_secs(3601),
+        ..JournalOptions::default()
+    };
+    assert!(matches!(
+        Journal::open(&sub, bad),
+        Err(JournalError::InvalidOptions(_))
+    ));
 }

@@ -4,7 +4,7 @@
 //! syncs included, in order, with transactions all or nothing.
 
 use super::common::*;
-use super::crash::{body_len, run_until_crash, state_k, txn};
+use super::crash::{reopen_after_crash, run_until_crash};
 use std::time::{Duration, Instant};
 
 /// Waits (bounded) until the idle writer has laid at least `bytes` of zeros in all.
@@ -47,25 +47,8 @@ fn crash_at_any_sync_with_zeros_laid_ahead_keeps_every_acknowledged_transaction(
             crashes += u32::from(io.crashed());
             drop(j);
 
-            let io2 = io.restart();
-            let (j2, r) =
-                Journal::open_with_io("/fake".as_ref(), opts.clone(), Arc::new(io2.clone()))
-                    .unwrap_or_else(|e| panic!("seed {seed} n {n}: reopen failed: {e}"));
-            let k = state_k(&r);
-            assert!(
-                k >= acked && k <= submitted,
-                "seed {seed} n {n}: k={k} acked={acked} submitted={submitted}"
-            );
-            check_bodies(&j2, &r, 1, body_len);
-            check_bodies(&j2, &r, 2, body_len);
-            // Writable again over the zeros, and that survives a clean reopen.
-            j2.submit(txn(k + 1)).wait().unwrap();
-            drop(j2);
-            let (j3, r) =
-                Journal::open_with_io("/fake".as_ref(), opts.clone(), Arc::new(io2.restart()))
-                    .unwrap();
-            assert_eq!(state_k(&r), k + 1);
-            check_bodies(&j3, &r, 2, body_len);
+            // Over the zeros too.
+            reopen_after_crash(&io, &opts, &format!("seed {seed} n {n}"), acked, submitted);
         }
     }
     assert!(crashes > 120, "most runs should crash mid-way: {crashes}");

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use mq_client::{Client, Delivery, Error, Message, QueueOptions};
-use mq_tests::InProcessBroker;
+use mq_tests::{send_with_receipts, InProcessBroker};
 
 const T: Duration = Duration::from_secs(5);
 const Q: &str = r".\private$\props";
@@ -283,19 +283,7 @@ async fn ids_are_unique_and_time_ordered_uuid_v7() {
     let broker = InProcessBroker::start().await;
     let (_client, q) = with_queue(&broker).await;
     let sender = q.sender(Default::default()).await.unwrap();
-    let mut receipts = Vec::new();
-    for i in 0..200 {
-        receipts.push(
-            sender
-                .send_with_receipt(Message::new(format!("{i}")))
-                .await
-                .unwrap(),
-        );
-    }
-    let mut ids = Vec::new();
-    for r in receipts {
-        ids.push(r.await.unwrap());
-    }
+    let ids = send_with_receipts(&sender, (0..200).map(|i| Message::new(format!("{i}")))).await;
     sender.close().await.unwrap();
     assert!(ids.iter().all(|id| id.get_version_num() == 7));
     let mut unique = ids.clone();

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use mq_client::{Client, Message, SenderOptions};
-use mq_tests::{drain_queue, eventually, temp_data_dir, MqdProcess};
+use mq_tests::{drain_queue, eventually, send_with_receipts, temp_data_dir, MqdProcess};
 
 const WAIT: Duration = Duration::from_secs(20);
 const WINDOW: &[&str] = &["--queue-header-window", "4"];
@@ -27,24 +27,16 @@ async fn fill(client: &Client, q: &str) -> (Vec<String>, Vec<uuid::Uuid>) {
         .map(|i| (((i * 5) % 8) as u8, format!("p{}-{i}", (i * 5) % 8)))
         .collect();
     let sender = client.sender(q, SenderOptions::default()).await.unwrap();
-    let mut receipts = Vec::new();
-    for (p, body) in &sent {
-        receipts.push(
-            sender
-                .send_with_receipt(
-                    Message::new(body.clone())
-                        .priority(*p)
-                        .correlation_id(format!("c-{body}"))
-                        .recoverable(true),
-                )
-                .await
-                .unwrap(),
-        );
-    }
-    let mut ids = Vec::new();
-    for r in receipts {
-        ids.push(r.await.unwrap());
-    }
+    let ids = send_with_receipts(
+        &sender,
+        sent.iter().map(|(p, body)| {
+            Message::new(body.clone())
+                .priority(*p)
+                .correlation_id(format!("c-{body}"))
+                .recoverable(true)
+        }),
+    )
+    .await;
     sender.close().await.unwrap();
     let mut want = sent.clone();
     // Highest priority first, FIFO within a priority (a stable sort keeps send order).
