@@ -59,6 +59,9 @@ struct Ctl {
     crashed: Option<BTreeMap<u64, Vec<u8>>>,
     /// What [`Io::zero_ahead`] answers (off unless a test asks: it adds syncs).
     zero_ahead: bool,
+    /// Every [`SegmentFile::start_writeback`] call: offset, length, and whether those bytes
+    /// had all been written (and not yet synced) when it was made.
+    writebacks: Vec<(u64, u64, bool)>,
     rng: u64,
 }
 
@@ -253,6 +256,12 @@ impl FaultyIo {
         self.fs.ctl.lock().unwrap().syncs_waiting > 0
     }
 
+    /// Every `start_writeback` hint so far: offset, length, and whether the range was
+    /// written and pending (not yet synced) at the time.
+    pub fn writebacks(&self) -> Vec<(u64, u64, bool)> {
+        self.fs.ctl.lock().unwrap().writebacks.clone()
+    }
+
     /// File syncs attempted so far.
     pub fn syncs(&self) -> u64 {
         self.fs.ctl.lock().unwrap().syncs
@@ -426,6 +435,33 @@ impl SegmentFile for MemFile {
         write_into(&mut d.current, offset, buf);
         d.pending.push((offset, buf.to_vec()));
         Ok(())
+    }
+
+    fn start_writeback(&self, offset: u64, len: u64) {
+        let Ok(fs) = self.fs() else { return };
+        let pending = {
+            let d = self.data.lock().unwrap();
+            let end = offset + len;
+            // Every byte of the range is covered by a pending write.
+            let mut at = offset;
+            let mut ws: Vec<(u64, u64)> = d
+                .pending
+                .iter()
+                .map(|(o, b)| (*o, *o + b.len() as u64))
+                .collect();
+            ws.sort_unstable();
+            for (s, e) in ws {
+                if s <= at && e > at {
+                    at = e;
+                }
+            }
+            at >= end
+        };
+        fs.ctl
+            .lock()
+            .unwrap()
+            .writebacks
+            .push((offset, len, pending));
     }
 
     fn sync(&self) -> io::Result<()> {

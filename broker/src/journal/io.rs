@@ -121,6 +121,13 @@ pub trait SegmentFile: Send + Sync {
     /// `fdatasync`: every write that returned before this call is durable once it returns Ok.
     /// After an Err nothing is known about unsynced data, and a retry proves nothing.
     fn sync(&self) -> io::Result<()>;
+    /// A hint, not a durability step: start writing `[offset, offset + len)`, written just
+    /// before, to the disk now, without waiting (`sync_file_range(SYNC_FILE_RANGE_WRITE)`), so
+    /// that the device works on it while the writer copies the next bytes of the same group
+    /// commit. Only [`SegmentFile::sync`] makes anything durable. The default does nothing.
+    fn start_writeback(&self, offset: u64, len: u64) {
+        let _ = (offset, len);
+    }
     /// Grows the file to at least `len` bytes of zeros, reserving the disk space
     /// (ENOSPC here, not later). Never shrinks.
     fn preallocate(&self, len: u64) -> io::Result<()>;
@@ -365,6 +372,21 @@ impl SegmentFile for RealFile {
 
     fn sync(&self) -> io::Result<()> {
         self.0.sync_data()
+    }
+
+    /// `sync_file_range(SYNC_FILE_RANGE_WRITE)`. Its outcome is ignored: it only starts
+    /// writeback early, and a failure to write shows in the `fdatasync` that follows.
+    fn start_writeback(&self, offset: u64, len: u64) {
+        #[allow(unsafe_code)]
+        // SAFETY: plain syscall on a file descriptor we own; no pointers involved.
+        let _ = unsafe {
+            libc::sync_file_range(
+                self.0.as_raw_fd(),
+                offset as libc::off64_t,
+                len as libc::off64_t,
+                libc::SYNC_FILE_RANGE_WRITE,
+            )
+        };
     }
 
     fn preallocate(&self, len: u64) -> io::Result<()> {

@@ -154,7 +154,20 @@ pub struct JournalOptions {
     /// into unwritten space as before, and zeros nothing. 0: off; more than `segment_size` counts as `segment_size`.
     /// Default [`DEFAULT_ZERO_AHEAD_BYTES`].
     pub zero_ahead_bytes: u64,
+    /// A group commit (or compaction step) that writes more than this many bytes is written
+    /// in pieces of this size, and the disk is told to start on each piece as soon as it is
+    /// written ([`SegmentFile::start_writeback`]); the last piece goes with the `fdatasync`
+    /// as before. The device then writes while the next piece is copied, instead of taking
+    /// the whole batch only at the `fdatasync`: on ext4 here 1 MB recoverable sends went from
+    /// 360-690 to 1,190-1,310 msg/s, 100 KB from 4.1-5.6k to 11.3-12.5k msg/s
+    /// (docs/benchmarks.md, "Writeback started while the batch is written"). Same bytes, same
+    /// one `fdatasync` per group commit. 0: off (one vectored write per batch). Default
+    /// [`DEFAULT_WRITEBACK_BYTES`]; otherwise at least 4 KiB.
+    pub writeback_bytes: u64,
 }
+
+/// Default [`JournalOptions::writeback_bytes`]: 1 MiB.
+pub const DEFAULT_WRITEBACK_BYTES: u64 = 1 << 20;
 
 /// Default [`JournalOptions::zero_ahead_bytes`]: 1 MiB, about 900 one-message commits of
 /// 1000 B bodies, topped up (one write of >= 512 KiB and one `fdatasync`, ~1 ms) when idle.
@@ -228,6 +241,7 @@ impl Default for JournalOptions {
             recover_headers: true,
             body_cache_bytes: DEFAULT_BODY_CACHE_BYTES,
             zero_ahead_bytes: DEFAULT_ZERO_AHEAD_BYTES,
+            writeback_bytes: DEFAULT_WRITEBACK_BYTES,
         }
     }
 }
@@ -545,6 +559,12 @@ impl Journal {
             return Err(JournalError::InvalidOptions(
                 "max_batch_bytes must be positive".into(),
             ));
+        }
+        if opts.writeback_bytes != 0 && opts.writeback_bytes < 4096 {
+            return Err(JournalError::InvalidOptions(format!(
+                "writeback_bytes {} is below the minimum of 4 KiB (0 turns it off)",
+                opts.writeback_bytes
+            )));
         }
         if opts.compact_grace > Duration::from_secs(3600) {
             return Err(JournalError::InvalidOptions(format!(

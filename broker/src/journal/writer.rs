@@ -786,10 +786,13 @@ impl Writer {
     fn write_chunk(&mut self, bytes: &[IoSlice<'_>], off: u64) -> Result<(), JournalError> {
         let path = || segment_path(&self.shared.dir, self.active.seg);
         let len: u64 = bytes.iter().map(|b| b.len() as u64).sum();
-        self.active
-            .file
-            .write_vectored_at(bytes, off)
-            .map_err(|e| JournalError::write("write", path(), len, e))?;
+        let piece = self.opts.writeback_bytes;
+        let written = if piece > 0 && len > piece {
+            write_in_pieces(&*self.active.file, bytes, off, piece)
+        } else {
+            self.active.file.write_vectored_at(bytes, off)
+        };
+        written.map_err(|e| JournalError::write("write", path(), len, e))?;
         let end = off + len;
         if self.active.stale_end > end {
             self.zero_active(end, self.active.stale_end)?;
@@ -1388,4 +1391,42 @@ impl Writer {
         found.sort_unstable_by_key(|(_, l)| l.off);
         Some(found)
     }
+}
+
+/// Writes `bytes` at `off` in pieces of `piece` bytes (the last one shorter), cut wherever
+/// they fall, and starts the writeback of every piece but the last as soon as it is written
+/// (`JournalOptions::writeback_bytes`). The same bytes at the same offsets as one vectored
+/// write; the caller's `fdatasync` follows as before.
+fn write_in_pieces(
+    file: &dyn SegmentFile,
+    bytes: &[IoSlice<'_>],
+    off: u64,
+    piece: u64,
+) -> std::io::Result<()> {
+    let total: u64 = bytes.iter().map(|b| b.len() as u64).sum();
+    let mut at = off;
+    let mut cur: Vec<IoSlice<'_>> = Vec::new();
+    let mut n = 0u64;
+    for b in bytes {
+        let mut s: &[u8] = b;
+        while !s.is_empty() {
+            let take = (piece - n).min(s.len() as u64) as usize;
+            cur.push(IoSlice::new(&s[..take]));
+            s = &s[take..];
+            n += take as u64;
+            if n == piece {
+                file.write_vectored_at(&cur, at)?;
+                at += n;
+                if at < off + total {
+                    file.start_writeback(at - n, n);
+                }
+                n = 0;
+                cur.clear();
+            }
+        }
+    }
+    if n > 0 {
+        file.write_vectored_at(&cur, at)?;
+    }
+    Ok(())
 }

@@ -24,11 +24,25 @@ fn len_of(q: u64, s: u64) -> usize {
 
 #[test]
 fn mixed_large_and_small_bodies_survive_group_commits_compaction_and_reopen() {
-    let dir = tempfile::tempdir().unwrap();
-    let opts = JournalOptions {
+    mixed(JournalOptions {
         max_batch_bytes: 2 << 20,
         ..small_opts(SEG)
-    };
+    });
+}
+
+/// The same on real files with every batch over 4 KiB written in pieces of 4 KiB, cut through
+/// bodies and between records (`JournalOptions::writeback_bytes`).
+#[test]
+fn mixed_bodies_written_in_small_pieces() {
+    mixed(JournalOptions {
+        max_batch_bytes: 2 << 20,
+        writeback_bytes: 4096,
+        ..small_opts(SEG)
+    });
+}
+
+fn mixed(opts: JournalOptions) {
+    let dir = tempfile::tempdir().unwrap();
     let (j, _) = Journal::open(dir.path(), opts.clone()).unwrap();
     j.submit(
         (1..=2)

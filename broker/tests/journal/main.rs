@@ -44,4 +44,5 @@ mod poison;
 mod rekey;
 mod reopen;
 mod torn_tail;
+mod writeback;
 mod zero_ahead;

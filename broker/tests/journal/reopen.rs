@@ -136,4 +136,12 @@ fn empty_directory_is_created_and_bad_options_refused() {
         Journal::open(&sub, bad),
         Err(JournalError::InvalidOptions(_))
     ));
+    let bad = JournalOptions {
+        writeback_bytes: 4095,
+        ..JournalOptions::default()
+    };
+    assert!(matches!(
+        Journal::open(&sub, bad),
+        Err(JournalError::InvalidOptions(_))
+    ));
 }
