@@ -850,6 +850,8 @@ async fn consume(
                 let bodies = broker.bodies(&queue, &taken).await;
                 let failed = bodies.as_ref().err().cloned();
                 let mut bodies = bodies.unwrap_or_default().into_iter();
+                // At once rather than by doubling (a fresh stream's first deliveries).
+                in_flight.reserve(taken.len());
                 for e in taken {
                     if let Some(body) = bodies.next() {
                         messages.push(v1::Delivered {
@@ -863,27 +865,16 @@ async fn consume(
                 if let Some(err) = failed {
                     break Some(err.into());
                 }
-                // Cut stream items by size too, so big bodies stay under the gRPC message limit.
-                let mut batch = Vec::with_capacity(messages.len());
-                let mut bytes = 0;
-                let last = messages.len();
-                for (i, m) in messages.into_iter().enumerate() {
-                    bytes += m.message.as_ref().map_or(0, |m| m.body.len());
-                    batch.push(m);
-                    if bytes >= MAX_DELIVERY_ITEM_BYTES || i + 1 == last {
-                        let item = v1::ReceiveResponse {
-                            messages: std::mem::take(&mut batch),
-                        };
-                        // A client that does not read holds its messages until the ack timeout.
-                        let deadline =
-                            in_flight.front().map_or(now, |(_, _, at)| *at) + flow.ack_timeout;
-                        tokio::select! {
-                            r = tx.send(Ok(item)) => if r.is_err() { break 'stream None },
-                            _ = tokio::time::sleep_until(deadline) => {
-                                break 'stream Some(ack_timed_out(in_flight.len()));
-                            }
+                for messages in delivery_items(messages) {
+                    let item = v1::ReceiveResponse { messages };
+                    // A client that does not read holds its messages until the ack timeout.
+                    let deadline =
+                        in_flight.front().map_or(now, |(_, _, at)| *at) + flow.ack_timeout;
+                    tokio::select! {
+                        r = tx.send(Ok(item)) => if r.is_err() { break 'stream None },
+                        _ = tokio::time::sleep_until(deadline) => {
+                            break 'stream Some(ack_timed_out(in_flight.len()));
                         }
-                        bytes = 0;
                     }
                 }
                 continue;
@@ -932,6 +923,38 @@ async fn consume(
         // Not waiting for a client that does not read (the ack timeout).
         let _ = tx.try_send(Err(status));
     }
+}
+
+/// A delivery cut into stream items of about [`MAX_DELIVERY_ITEM_BYTES`] of bodies each, so big
+/// bodies stay under the gRPC message limit; one that fits in one item (the usual case for
+/// small messages) stays as it is, its messages not moved again.
+fn delivery_items(messages: Vec<v1::Delivered>) -> Vec<Vec<v1::Delivered>> {
+    let body = |m: &v1::Delivered| m.message.as_ref().map_or(0, |m| m.body.len());
+    let total: usize = messages.iter().map(body).sum();
+    if messages.is_empty() || total < MAX_DELIVERY_ITEM_BYTES {
+        return if messages.is_empty() {
+            Vec::new()
+        } else {
+            vec![messages]
+        };
+    }
+    // About this many messages an item (bodies of even size), so items seldom grow.
+    let per_item = (messages.len() * MAX_DELIVERY_ITEM_BYTES / total + 1).min(messages.len());
+    let mut items = Vec::new();
+    let mut item = Vec::with_capacity(per_item);
+    let mut bytes = 0;
+    for m in messages {
+        bytes += body(&m);
+        item.push(m);
+        if bytes >= MAX_DELIVERY_ITEM_BYTES {
+            items.push(std::mem::replace(&mut item, Vec::with_capacity(per_item)));
+            bytes = 0;
+        }
+    }
+    if !item.is_empty() {
+        items.push(item);
+    }
+    items
 }
 
 /// Applies an acknowledgement and returns the credit granted.
@@ -1241,5 +1264,59 @@ async fn transact(
         {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivered(tag: u64, body: usize) -> v1::Delivered {
+        v1::Delivered {
+            tag,
+            message: Some(v1::Message {
+                body: bytes::Bytes::from(vec![b'x'; body]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn tags(items: &[Vec<v1::Delivered>]) -> Vec<Vec<u64>> {
+        items
+            .iter()
+            .map(|i| i.iter().map(|d| d.tag).collect())
+            .collect()
+    }
+
+    #[test]
+    fn a_delivery_under_the_item_size_goes_as_one_item_and_nothing_goes_for_none() {
+        assert!(delivery_items(Vec::new()).is_empty());
+        let small: Vec<_> = (1..=60).map(|t| delivered(t, 1000)).collect();
+        let at = small.as_ptr();
+        let items = delivery_items(small);
+        assert_eq!(tags(&items), vec![(1..=60).collect::<Vec<_>>()]);
+        // The same list, not a copy of it.
+        assert_eq!(items[0].as_ptr(), at);
+    }
+
+    #[test]
+    fn a_larger_delivery_is_cut_at_the_item_size_in_order() {
+        let big: Vec<_> = (1..=200).map(|t| delivered(t, 1000)).collect();
+        let items = delivery_items(big);
+        // 66 bodies of 1000 B reach 64 KiB.
+        let want: Vec<Vec<u64>> = vec![
+            (1..=66).collect(),
+            (67..=132).collect(),
+            (133..=198).collect(),
+            (199..=200).collect(),
+        ];
+        assert_eq!(tags(&items), want);
+        // The body that reaches the item size ends its item.
+        let items = delivery_items(vec![
+            delivered(1, 100),
+            delivered(2, 70_000),
+            delivered(3, 10),
+        ]);
+        assert_eq!(tags(&items), vec![vec![1, 2], vec![3]]);
     }
 }

@@ -71,7 +71,10 @@ pub struct Consumer {
     out: Option<mpsc::Sender<v1::ReceiveRequest>>,
     /// `None` only after close or drop.
     inbound: Option<Streaming<v1::ReceiveResponse>>,
-    buffer: VecDeque<(u64, v1::Message)>,
+    /// The rest of the last delivery, in order (every entry carries a message): the delivery's
+    /// own list, taken as it is decoded, not copied message by message into a buffer that
+    /// grows (a fresh consumer grew it by doubling, moving every message again).
+    buffer: VecDeque<v1::Delivered>,
     /// Tag of the last message handed out.
     handed: u64,
     /// Highest tag acknowledged to the broker.
@@ -178,11 +181,10 @@ impl Consumer {
                     return Ok(None);
                 }
                 Ok(Ok(Some(batch))) => {
-                    for d in batch.messages {
-                        if let Some(m) = d.message {
-                            self.buffer.push_back((d.tag, m));
-                        }
-                    }
+                    let mut messages = batch.messages;
+                    messages.retain(|d| d.message.is_some());
+                    // The buffer is empty here: the delivery becomes it, without a copy.
+                    self.buffer = VecDeque::from(messages);
                 }
                 Ok(Ok(None)) => {
                     let e = Error::Unavailable("the broker ended the receive stream".into());
@@ -197,11 +199,14 @@ impl Consumer {
             }
         }
         match self.buffer.pop_front() {
-            Some((tag, m)) => {
+            Some(v1::Delivered {
+                tag,
+                message: Some(m),
+            }) => {
                 self.handed = tag;
                 Ok(Some(ReceivedMessage::from_wire(m)?))
             }
-            None => Ok(None),
+            _ => Ok(None),
         }
     }
 
