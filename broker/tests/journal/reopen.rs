@@ -120,28 +120,24 @@ fn empty_directory_is_created_and_bad_options_refused() {
     assert_eq!(r.segments, 0);
     assert_eq!(j.stats().segments, 1);
     drop(j);
-    let bad = JournalOptions {
-        segment_size: 10,
-        ..JournalOptions::default()
-    };
-    assert!(matches!(
-        Journal::open(&sub, bad),
-        Err(JournalError::InvalidOptions(_))
-    ));
-    let bad = JournalOptions {
-        compact_grace: std::time::Duration::from_secs(3601),
-        ..JournalOptions::default()
-    };
-    assert!(matches!(
-        Journal::open(&sub, bad),
-        Err(JournalError::InvalidOptions(_))
-    ));
-    let bad = JournalOptions {
-        writeback_bytes: 4095,
-        ..JournalOptions::default()
-    };
-    assert!(matches!(
-        Journal::open(&sub, bad),
-        Err(JournalError::InvalidOptions(_))
-    ));
+    let d = JournalOptions::default;
+    for bad in [
+        JournalOptions {
+            segment_size: 10,
+            ..d()
+        },
+        JournalOptions {
+            compact_grace: std::time::Duration::from_secs(3601),
+            ..d()
+        },
+        JournalOptions {
+            writeback_bytes: 4095,
+            ..d()
+        },
+    ] {
+        assert!(matches!(
+            Journal::open(&sub, bad),
+            Err(JournalError::InvalidOptions(_))
+        ));
+    }
 }
