@@ -9,6 +9,8 @@ mqperf rows with mqd's CPU seconds (user + system, from /proc) over the measured
 load average.
 
   --scenario tx      mqperf TX SENDANDRECEIVE --one-at-a-time --receive-and-commit --count N
+  --scenario trickle NOTX SENDANDPURGE --delivery recoverable --rate 500 and 3000 (4 s each):
+                     lone commits 2 ms and 0.33 ms apart (the spin's CPU cost)
   --scenario guards  NOTX SENDANDRECEIVE --delivery recoverable, 1000 B (--count 100000) and
                      100 KB (--count 5000); TX SENDANDRECEIVE pipelined (--count 50000)
 
@@ -57,7 +59,7 @@ def main():
     ap.add_argument("--cell", action="append", required=True)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--count", type=int, default=2000)
-    ap.add_argument("--scenario", default="tx", choices=["tx", "guards"])
+    ap.add_argument("--scenario", default="tx", choices=["tx", "guards", "trickle"])
     ap.add_argument("--dir", default="/tmp")
     a = ap.parse_args()
     cells = []
@@ -68,6 +70,10 @@ def main():
     if a.scenario == "tx":
         runs = [["TX", "SENDANDRECEIVE", ".\\private$\\txw", "--payload", "string:1000",
                  "--count", str(a.count), "--one-at-a-time", "--receive-and-commit"]]
+    elif a.scenario == "trickle":
+        runs = [["NOTX", "SENDANDPURGE", f".\\private$\\t{rate}", "--payload", "string:1000",
+                 "--count", str(rate * 4), "--delivery", "recoverable", "--rate", str(rate)]
+                for rate in (500, 3000)]
     else:
         runs = [["NOTX", "SENDANDRECEIVE", ".\\private$\\g1k", "--payload", "string:1000",
                  "--count", "100000", "--delivery", "recoverable"],
@@ -97,7 +103,8 @@ def main():
                     c1, t1 = cpu(p.pid), time.monotonic()
                     cells_txt = " | ".join(f"{ph} {rate:>7}/s p50 {p50:>5} p99 {p99:>5}"
                                            for _, ph, rate, p50, p99, _ in rows)
-                    print(f"{name:<10} {args[0]} {args[4].split(':')[1]:>6} | {cells_txt} | "
+                    what = args[4].split(':')[1] + (f" rate {args[-1]}" if "--rate" in args else "")
+                    print(f"{name:<10} {args[0]} {what:>6} | {cells_txt} | "
                           f"mqd cpu {c1 - c0:5.2f} s of {t1 - t0:5.2f} s | load {load()}",
                           flush=True)
             finally:

@@ -6,6 +6,10 @@
 //! `fdatasync`, applies the ops to the index, then completes every waiter. There is no timer: a lone submission waits for exactly one sync, and under load
 //! one sync covers every record that queued up during the previous one.
 //!
+//! After a batch of one small submission with nothing else queued, it watches its queues for
+//! `JournalOptions::idle_spin` before it sleeps (`spin_idle`), so that a caller that awaits each
+//! commit before making the next one finds it awake: no futex wake-up on either side.
+//!
 //! Every write starts with a record flagged `WRITE_START` (format version 2, `record.rs`): recovery
 //! uses it to tell a torn last write from damage to synced records (see `recovery.rs`).
 //!
