@@ -180,7 +180,7 @@ pub(crate) struct Writer {
 /// After this many spins in a row that took nothing, the writer stops spinning ...
 const SPIN_MISS_LIMIT: u32 = 8;
 /// ... for this many lone commits, then tries once (and backs off again if that misses too):
-/// where submissions come further apart than the spin, it wastes at most one spin in 64.
+/// where submissions come further apart than the spin, it wastes at most one spin in 65.
 const SPIN_BACKOFF: u32 = 64;
 
 /// A live op compaction copies: its key, where it is, its bytes, and the key its bytes name
@@ -338,6 +338,8 @@ impl Writer {
 
     pub fn run(mut self) {
         loop {
+            // Only right after the batch that set it (not after compaction steps in between).
+            let lone_commit = std::mem::take(&mut self.lone_commit);
             // `None`: only urgent submissions are waiting.
             let first = if self.compaction_target().is_some() {
                 match self.rx.try_recv() {
@@ -354,7 +356,7 @@ impl Writer {
                     // Idle: the next commits' space gets written before they need it.
                     self.zero_ahead_step();
                 }
-                if std::mem::take(&mut self.lone_commit) {
+                if lone_commit {
                     self.spin_idle();
                 }
                 let mut sel = crossbeam_channel::Select::new();
