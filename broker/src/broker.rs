@@ -372,6 +372,7 @@ impl Broker {
             segment_size: config.journal_segment_bytes,
             truncate_damaged: config.truncate_damaged_journal,
             body_cache_bytes: config.journal_body_cache_bytes,
+            idle_spin: config.journal_idle_spin,
             // Read below, a batch at a time: never every header at once.
             recover_headers: false,
             ..JournalOptions::default()

@@ -10,6 +10,13 @@ pub const DEFAULT_EXPRESS_QUOTA_BYTES: u64 = 1024 * 1024 * 1024;
 pub const DEFAULT_STORAGE_QUOTA_BYTES: u64 = 64 * 1024 * 1024 * 1024;
 /// Default journal segment size: 64 MiB.
 pub const DEFAULT_JOURNAL_SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+/// Default `mqd --journal-idle-spin` (`JournalOptions::idle_spin`): off. 200 us (longer than
+/// the ~100-150 us from one commit's completion to a synchronous client's next commit on the
+/// 2-core machine of docs/benchmarks.md, "The journal's writer awake between synchronous
+/// commits") gave one-at-a-time transactions +7-20% in quiet minutes, not in every round, for
+/// ~20% more mqd CPU a transaction and up to a third of a core under a trickle of lone
+/// commits: an opt-in for synchronous-transaction workloads, not a default.
+pub const DEFAULT_JOURNAL_IDLE_SPIN: std::time::Duration = std::time::Duration::ZERO;
 /// Default first wait before retrying a failed forwarding connection.
 pub const DEFAULT_FORWARD_RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(100);
 /// Default longest wait between forwarding connection attempts.
@@ -96,6 +103,10 @@ pub struct BrokerConfig {
     /// Bytes of recently written recoverable bodies kept in memory, so that a receiver that
     /// keeps up is served without reading the disk (`JournalOptions::body_cache_bytes`).
     pub journal_body_cache_bytes: u64,
+    /// How long the journal's writer looks for the next record after a lone small one before
+    /// it sleeps (`JournalOptions::idle_spin`; zero: at once). Default
+    /// [`DEFAULT_JOURNAL_IDLE_SPIN`].
+    pub journal_idle_spin: std::time::Duration,
     /// Messages each priority level of an application queue keeps with their headers in
     /// memory; the recoverable messages waiting after them keep only their position, and
     /// their headers are read back from the journal when needed. 0: every header stays in
@@ -212,6 +223,7 @@ impl BrokerConfig {
             storage_quota_bytes: DEFAULT_STORAGE_QUOTA_BYTES,
             journal_segment_bytes: DEFAULT_JOURNAL_SEGMENT_BYTES,
             journal_body_cache_bytes: crate::journal::DEFAULT_BODY_CACHE_BYTES,
+            journal_idle_spin: DEFAULT_JOURNAL_IDLE_SPIN,
             queue_header_window: DEFAULT_QUEUE_HEADER_WINDOW,
             truncate_damaged_journal: false,
             journal_io: None,
@@ -261,6 +273,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("storage_quota_bytes", &self.storage_quota_bytes)
             .field("journal_segment_bytes", &self.journal_segment_bytes)
             .field("journal_body_cache_bytes", &self.journal_body_cache_bytes)
+            .field("journal_idle_spin", &self.journal_idle_spin)
             .field("queue_header_window", &self.queue_header_window)
             .field("truncate_damaged_journal", &self.truncate_damaged_journal)
             .field("faulty_journal_io", &self.journal_io.is_some())

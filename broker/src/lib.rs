@@ -95,9 +95,9 @@ mod tx_stream;
 pub use auth::{add_user, hash_password, Acl, Identity, Right, Rights};
 pub use broker::{Broker, Destinations, RecoveryReport, Target};
 pub use config::{
-    default_name, BrokerConfig, DEFAULT_EXPRESS_QUOTA_BYTES, DEFAULT_JOURNAL_SEGMENT_BYTES,
-    DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_HEADER_WINDOW, DEFAULT_STORAGE_QUOTA_BYTES,
-    MAX_CORRELATION_ID_CHARS, MAX_LABEL_CHARS,
+    default_name, BrokerConfig, DEFAULT_EXPRESS_QUOTA_BYTES, DEFAULT_JOURNAL_IDLE_SPIN,
+    DEFAULT_JOURNAL_SEGMENT_BYTES, DEFAULT_MAX_BODY_BYTES, DEFAULT_QUEUE_HEADER_WINDOW,
+    DEFAULT_STORAGE_QUOTA_BYTES, MAX_CORRELATION_ID_CHARS, MAX_LABEL_CHARS,
 };
 pub use config::{FlowLimits, MIN_MAX_BATCH_MESSAGES, PEEK_PAGE_BYTES, PEEK_PAGE_MESSAGES};
 pub use config::{

@@ -90,6 +90,15 @@ struct Args {
     /// cost the send rate more than the saved reads gave back (docs/benchmarks.md).
     #[arg(long, default_value_t = mq_broker::journal::DEFAULT_BODY_CACHE_BYTES, value_name = "BYTES")]
     journal_body_cache_bytes: u64,
+    /// How long the journal's writer keeps looking for the next record after writing a lone
+    /// small one, before it sleeps (at most 1ms; 0s: at once): a client that awaits each
+    /// transaction before the next one then finds it awake, with no wake-up on the way. It
+    /// gives the CPU away between looks; after 8 looks in a row that found nothing it looks
+    /// only after one lone record in 65, so a trickle of unrelated records costs little CPU.
+    /// Off by default (it costs CPU; docs/benchmarks.md has the trade-off measured); 200us
+    /// suits clients that await each transaction.
+    #[arg(long, default_value = "0s", value_parser = idle_spin, value_name = "DURATION")]
+    journal_idle_spin: std::time::Duration,
     /// Messages each priority level of a queue keeps with their headers in memory; the
     /// recoverable messages waiting after them keep only their position (about 8 bytes each
     /// in the queue), and their headers are read back from the journal when they come to the
@@ -373,6 +382,7 @@ async fn main() -> anyhow::Result<()> {
     config.storage_quota_bytes = args.storage_quota_bytes;
     config.journal_segment_bytes = args.journal_segment_bytes;
     config.journal_body_cache_bytes = args.journal_body_cache_bytes;
+    config.journal_idle_spin = args.journal_idle_spin;
     config.queue_header_window = args.queue_header_window;
     config.truncate_damaged_journal = args.truncate_damaged_journal;
     config.tx_timeout = std::time::Duration::from_secs(args.tx_timeout_secs);
@@ -480,6 +490,19 @@ fn nonzero_duration(s: &str) -> Result<std::time::Duration, String> {
         Ok(d) => Ok(d),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// `--journal-idle-spin`: a duration of at most `MAX_IDLE_SPIN` (1 ms).
+fn idle_spin(s: &str) -> Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    let max = mq_broker::journal::MAX_IDLE_SPIN;
+    if d > max {
+        return Err(format!(
+            "must be at most {}",
+            humantime::format_duration(max)
+        ));
+    }
+    Ok(d)
 }
 
 fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {

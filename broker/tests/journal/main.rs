@@ -25,6 +25,9 @@
 //!   byte through group commits, rolls, compaction and a reopen.
 //! - `rekey`: a Rekey moves a message without writing it again, through reopen, compaction and
 //!   a crash between copy and unlink; an older journal takes Rekeys from its next segment.
+//! - `idle_spin`: the writer's spin before it sleeps takes a submission made meanwhile without
+//!   sleeping, never loses one made as it gives up, keeps every acknowledged transaction across
+//!   crashes; off by default, not after a large record, at most 1 ms.
 //! - `zero_ahead`: zeros laid ahead of the records while idle: crashes at any sync (theirs
 //!   included) keep every acknowledged transaction; on real files commits over them read back;
 //!   none when off or on in-memory storage.
@@ -39,6 +42,7 @@ mod crash;
 mod damage;
 mod disk_full;
 mod format_fixture;
+mod idle_spin;
 mod large_bodies;
 mod poison;
 mod rekey;
