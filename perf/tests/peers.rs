@@ -360,3 +360,54 @@ fn unreachable_peer_is_one_line() {
         assert!(o.stdout.is_empty(), "nothing measured");
     }
 }
+
+/// A port where something accepts the TCP connection but never speaks AMQP (another process
+/// that took the port, a firewall's tarpit): mqperf gives up after its connect timeout (10 s)
+/// with one line, instead of waiting for the handshake for ever (it did: `lapin`'s connect has
+/// no timeout of its own; this test's sibling above hung once in CI).
+#[test]
+fn silent_amqp_peer_is_one_line_within_the_connect_timeout() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Accept and hold connections, saying nothing, until the test ends.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in listener.incoming().flatten() {
+            held.push(c);
+        }
+    });
+    let url = format!("amqp://guest:secret@127.0.0.1:{port}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mqperf"))
+        .args([
+            "NOTX",
+            "SENDANDPURGE",
+            r".\private$\q",
+            "--count",
+            "1",
+            "--target",
+            &url,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Bounded: the connect timeout with room for a loaded machine; killed by its handle if not.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("mqperf still waiting for a silent AMQP peer after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("no AMQP connection within"), "{stderr}");
+    assert!(!stderr.contains("secret"), "{stderr}");
+}

@@ -20,6 +20,8 @@ use super::{Incoming, Kind};
 
 const NS_HEADER: &str = "mqperf-ns";
 const LABEL_HEADER: &str = "mqperf-label";
+/// How long [`Amqp::connect`] waits for RabbitMQ's handshake.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One connection to RabbitMQ.
 pub(crate) struct Amqp {
@@ -34,8 +36,16 @@ impl std::fmt::Debug for Amqp {
 }
 
 impl Amqp {
+    /// Connects within [`CONNECT_TIMEOUT`], as the NATS peer does: lapin's connect has no
+    /// timeout of its own and waited for ever for a handshake from a port where something
+    /// accepted the connection but said nothing (perf/tests/peers.rs).
     pub async fn connect(url: &str, kind: Kind) -> Result<Amqp> {
-        let conn = Connection::connect(url, ConnectionProperties::default()).await?;
+        let conn = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            Connection::connect(url, ConnectionProperties::default()),
+        )
+        .await
+        .map_err(|_| anyhow::anyhow!("no AMQP connection within {CONNECT_TIMEOUT:?}"))??;
         Ok(Amqp { conn, kind })
     }
 
