@@ -333,24 +333,28 @@ async fn peers_run_the_scenarios() {
     drop(servers);
 }
 
+/// mqperf sending one message to the peer at `url`.
+fn one_message_to(url: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_mqperf"));
+    c.args([
+        "NOTX",
+        "SENDANDPURGE",
+        r".\private$\q",
+        "--count",
+        "1",
+        "--target",
+        url,
+    ]);
+    c
+}
+
 #[test]
 fn unreachable_peer_is_one_line() {
     for url in [
         format!("amqp://guest:secret@127.0.0.1:{}", free_port()),
         format!("nats://127.0.0.1:{}", free_port()),
     ] {
-        let o = Command::new(env!("CARGO_BIN_EXE_mqperf"))
-            .args([
-                "NOTX",
-                "SENDANDPURGE",
-                r".\private$\q",
-                "--count",
-                "1",
-                "--target",
-                &url,
-            ])
-            .output()
-            .unwrap();
+        let o = one_message_to(&url).output().unwrap();
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{stderr}");
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -377,16 +381,7 @@ fn silent_amqp_peer_is_one_line_within_the_connect_timeout() {
         }
     });
     let url = format!("amqp://guest:secret@127.0.0.1:{port}");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mqperf"))
-        .args([
-            "NOTX",
-            "SENDANDPURGE",
-            r".\private$\q",
-            "--count",
-            "1",
-            "--target",
-            &url,
-        ])
+    let mut child = one_message_to(&url)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

@@ -53,27 +53,13 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
     for run in 1..=ctx.config.runs {
         let name = combo.name();
         ctx.progress.set_message(format!("{name} send, run {run}"));
-        // --one-at-a-time: the loop runs on a runtime worker, like a client's task, not on
-        // block_on's thread (which is not a worker: every answer cost it one more hand-off).
-        let s = if ctx.config.one_at_a_time {
-            tokio::spawn(send_job().run())
-                .await
-                .context("the sender task panicked")??
-        } else {
-            send_job().run().await?
-        };
+        let s = run_job(ctx.config.one_at_a_time, send_job().run(), "sender").await?;
         send.add_run(s.acknowledged, s.elapsed, &s.latency);
         send.set_rss(ctx.rss());
 
         ctx.progress
             .set_message(format!("{name} receive, run {run}"));
-        let r = if ctx.config.one_at_a_time {
-            tokio::spawn(receive_job().run())
-                .await
-                .context("the receiver task panicked")??
-        } else {
-            receive_job().run().await?
-        };
+        let r = run_job(ctx.config.one_at_a_time, receive_job().run(), "receiver").await?;
         receive.add_run(r.verified, r.elapsed, &r.service);
         receive.set_rss(ctx.rss());
         receive.add_per_consumer(&r.per_consumer);
@@ -97,6 +83,22 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
 
 /// `--backlog N`: per run, fill the queues with N messages as fast as they are acknowledged
 /// (closed loop even with `--rate`), then drain them with the consumers.
+/// Runs a phase's job. With --one-at-a-time it runs on a runtime worker, like a client's task,
+/// not on block_on's thread (which is not a worker: every answer cost it one more hand-off).
+async fn run_job<T: Send + 'static>(
+    on_worker: bool,
+    job: impl std::future::Future<Output = Result<T>> + Send + 'static,
+    what: &str,
+) -> Result<T> {
+    if on_worker {
+        tokio::spawn(job)
+            .await
+            .with_context(|| format!("the {what} task panicked"))?
+    } else {
+        job.await
+    }
+}
+
 async fn fill_and_drain(ctx: &Ctx, combo: &Arc<Combo>, backlog: u64) -> Result<Vec<OpResult>> {
     let mut fill = OpResult::new(Op::Fill);
     let mut drain = OpResult::new(Op::Drain);
