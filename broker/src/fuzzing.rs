@@ -199,11 +199,14 @@ pub fn wire_requests(data: &[u8]) -> Vec<Option<String>> {
             Arc::new(crate::flow::Connections::new(16)),
             Arc::new(crate::auth::Auth::open()),
         );
-        let mut server = tonic::service::Routes::new(
+        // As mqd serves it: Receive through `delivery_body`, the rest through tonic.
+        let mut server = tonic::service::Routes::new(crate::delivery_body::LargeBodies::new(
             MessageQueueServiceServer::new(service.clone())
                 .max_decoding_message_size(1 << 20)
                 .max_encoding_message_size(1 << 20),
-        )
+            service.clone(),
+            1 << 20,
+        ))
         .add_service(
             AdminServiceServer::new(service.clone())
                 .max_decoding_message_size(1 << 20)

@@ -54,6 +54,7 @@ mod console;
 mod counters_store;
 mod cursor;
 mod deadletter;
+mod delivery_body;
 mod error;
 mod flow;
 mod forward;

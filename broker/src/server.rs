@@ -123,10 +123,15 @@ pub async fn run_with_ready(
     // The identity of every call is established here, once per call (a stream is one call),
     // asynchronously: password hashes run on blocking threads, a core at a time. Each method
     // then checks its right (service.rs), whichever of the three services it belongs to.
+    // Receive calls are answered by `delivery_body` (large bodies leave without a copy).
     let svc = crate::auth_layer::Authenticated::new(
-        MessageQueueServiceServer::new(service.clone())
-            .max_decoding_message_size(limit)
-            .max_encoding_message_size(limit),
+        crate::delivery_body::LargeBodies::new(
+            MessageQueueServiceServer::new(service.clone())
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(limit),
+            service.clone(),
+            limit,
+        ),
         auth.clone(),
     );
     let admin = crate::auth_layer::Authenticated::new(
