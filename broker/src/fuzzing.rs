@@ -199,8 +199,8 @@ pub fn wire_requests(data: &[u8]) -> Vec<Option<String>> {
             Arc::new(crate::flow::Connections::new(16)),
             Arc::new(crate::auth::Auth::open()),
         );
-        // As mqd serves it: Receive through `delivery_body`, the rest through tonic.
-        let mut server = tonic::service::Routes::new(crate::delivery_body::LargeBodies::new(
+        // As mqd serves it: Receive through `large_bodies`, the rest through tonic.
+        let mut server = tonic::service::Routes::new(crate::large_bodies::LargeBodies::new(
             MessageQueueServiceServer::new(service.clone())
                 .max_decoding_message_size(1 << 20)
                 .max_encoding_message_size(1 << 20),

@@ -123,9 +123,9 @@ pub async fn run_with_ready(
     // The identity of every call is established here, once per call (a stream is one call),
     // asynchronously: password hashes run on blocking threads, a core at a time. Each method
     // then checks its right (service.rs), whichever of the three services it belongs to.
-    // Receive calls are answered by `delivery_body` (large bodies leave without a copy).
+    // Receive calls are answered by `large_bodies` (large bodies leave without a copy).
     let svc = crate::auth_layer::Authenticated::new(
-        crate::delivery_body::LargeBodies::new(
+        crate::large_bodies::LargeBodies::new(
             MessageQueueServiceServer::new(service.clone())
                 .max_decoding_message_size(limit)
                 .max_encoding_message_size(limit),

@@ -54,6 +54,32 @@ pub struct Service {
 }
 
 impl Service {
+    /// The Send call on any source of requests: tonic's `Streaming`, or the frame decoder
+    /// that keeps large bodies uncopied (`large_bodies`).
+    pub(crate) async fn send_from<I: crate::large_bodies::Inbound<v1::SendRequest>>(
+        &self,
+        req: Request<I>,
+    ) -> Result<Response<BoxStream<v1::SendResponse>>, Status> {
+        let who = Identity::of(&req);
+        // Anonymous may send only to a local queue whose ACL grants it: none, no stream.
+        if who.anonymous
+            && self.auth.has_users()
+            && !self
+                .broker
+                .list()
+                .iter()
+                .any(|q| self.auth.allowed(&who, Right::Send, Some(q)))
+        {
+            return Err(Status::permission_denied(
+                "identity \"anonymous\" lacks the right \"send\" on every queue of this broker (no queue grants it to anonymous; give credentials)",
+            ));
+        }
+        let (broker, auth, inbound) = (self.broker.clone(), self.auth.clone(), req.into_inner());
+        Ok(spawn_stream(SEND_ACK_WINDOW, |tx| {
+            send_stream(broker, auth, who, inbound, tx)
+        }))
+    }
+
     pub(crate) fn new(broker: Arc<Broker>, connections: Arc<Connections>, auth: Arc<Auth>) -> Self {
         Service {
             broker,
@@ -90,24 +116,7 @@ impl MessageQueueService for Service {
         &self,
         req: Request<Streaming<v1::SendRequest>>,
     ) -> Result<Response<Self::SendStream>, Status> {
-        let who = Identity::of(&req);
-        // Anonymous may send only to a local queue whose ACL grants it: none, no stream.
-        if who.anonymous
-            && self.auth.has_users()
-            && !self
-                .broker
-                .list()
-                .iter()
-                .any(|q| self.auth.allowed(&who, Right::Send, Some(q)))
-        {
-            return Err(Status::permission_denied(
-                "identity \"anonymous\" lacks the right \"send\" on every queue of this broker (no queue grants it to anonymous; give credentials)",
-            ));
-        }
-        let (broker, auth, inbound) = (self.broker.clone(), self.auth.clone(), req.into_inner());
-        Ok(spawn_stream(SEND_ACK_WINDOW, |tx| {
-            send_stream(broker, auth, who, inbound, tx)
-        }))
+        self.send_from(req).await
     }
 
     type ReceiveStream = BoxStream<v1::ReceiveResponse>;
@@ -626,7 +635,7 @@ async fn send_stream(
     broker: Arc<Broker>,
     auth: Arc<Auth>,
     who: Identity,
-    mut inbound: Streaming<v1::SendRequest>,
+    mut inbound: impl crate::large_bodies::Inbound<v1::SendRequest>,
     tx: mpsc::Sender<Result<v1::SendResponse, Status>>,
 ) {
     type Pending = Pin<Box<dyn std::future::Future<Output = v1::SendResponse> + Send>>;

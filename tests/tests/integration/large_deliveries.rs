@@ -1,6 +1,6 @@
 //! Receive streams deliver bodies of every size intact, in order, from a real mqd: small ones
 //! (encoded with the rest of a delivery) and large ones (16 KiB and more: mqd sends the stored
-//! body as its own chunk, `broker/src/delivery_body.rs`), express and recoverable (from the
+//! body as its own chunk, `broker/src/large_bodies.rs`), express and recoverable (from the
 //! journal's memory and, after a restart, read back from disk), through mq-client's consumer
 //! and through the generated gRPC client alone.
 //!

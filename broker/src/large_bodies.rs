@@ -1,0 +1,800 @@
+//! Large bodies through mqd's gRPC service without tonic's copies, both ways.
+//!
+//! **Out (Receive).** tonic's server encodes every response message into one contiguous buffer
+//! of its own (`EncodeBuf`, a `BytesMut`), so each delivered body was copied once more on its
+//! way out: for 1 MB express bodies that copy (`Message::encode_raw`) was 13% of mqd's CPU
+//! (docs/benchmarks.md, "Large bodies without tonic's copies"). The body of a stored message is
+//! already a `Bytes` (a slice of the queue's memory or of a journal read), and h2 sends a data
+//! chunk of 256 bytes or more as its own piece of a vectored write. So the Receive call's
+//! response is encoded here instead ([`encode_response`]): the protobuf around each large body
+//! goes into a small buffer, and the body itself follows as its own chunk, the same `Bytes`.
+//! The bytes on the wire are exactly prost's encoding of the same `ReceiveResponse` in gRPC's
+//! length-prefixed framing (uncompressed), chunked differently (tested below).
+//!
+//! **In (Send).** tonic's request decoder copies every HTTP/2 DATA frame into one contiguous
+//! buffer before it decodes (`StreamingInner::poll_frame`), and for 1 MB bodies into freshly
+//! allocated memory: with its page faults, the largest share of mqd's CPU in an express 1 MB
+//! send. The frames h2 hands over are already `Bytes`, and a client's 1 MB message usually
+//! arrives in one frame (mqd allows 1 MiB frames). [`FrameDecoder`] reads gRPC messages from the
+//! frames as they are: a message within one frame is decoded from that frame's bytes (prost
+//! takes a `bytes` field as a slice: the body is not copied); one spread over several frames is
+//! gathered into one buffer first, as tonic does. Bounds and refusals are tonic's: a message
+//! over the limit is refused (OUT_OF_RANGE) from its 5-byte prefix, before its bytes are read; a
+//! compressed-flag without `grpc-encoding`, a bad flag, a truncated stream and undecodable bytes
+//! are INTERNAL, with tonic's words.
+//!
+//! Every other call, and a Send or Receive whose request carries `grpc-encoding`, goes to
+//! tonic as before.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::Stream;
+use http_body::Frame;
+use mq_proto::codec::MqCodec;
+use mq_proto::v1::{self, message_queue_service_server::MessageQueueService};
+use prost::encoding::{encode_key, encode_varint, WireType};
+use prost::Message as _;
+use tonic::codec::{Codec, Streaming};
+use tonic::server::NamedService;
+use tonic::Status;
+
+use crate::service::Service;
+
+/// A body at least this long goes out as its own chunk, not copied; shorter ones are copied
+/// into the buffer with the rest (a copy of a few KiB costs less than another iovec and frame).
+pub(crate) const SPLIT_BODY_BYTES: usize = 16 * 1024;
+
+/// The Receive method's HTTP/2 path.
+pub(crate) const RECEIVE_PATH: &str = "/mq.v1.MessageQueueService/Receive";
+
+/// The Send method's HTTP/2 path.
+pub(crate) const SEND_PATH: &str = "/mq.v1.MessageQueueService/Send";
+
+/// gRPC's message prefix: a compression flag and a 4-byte length.
+const PREFIX_LEN: usize = 5;
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Appends `resp` to `out` as one gRPC message (uncompressed): the chunks, in order, are the
+/// 5-byte prefix and prost's encoding of `resp`, with each body of at least
+/// [`SPLIT_BODY_BYTES`] its own chunk (that very `Bytes`). Refuses (OUT_OF_RANGE, as tonic does)
+/// a message longer than `limit` bytes.
+pub(crate) fn encode_response(
+    resp: v1::ReceiveResponse,
+    limit: usize,
+    out: &mut VecDeque<Bytes>,
+) -> Result<(), Status> {
+    let len = resp.encoded_len();
+    if len > limit || len > u32::MAX as usize {
+        return Err(Status::out_of_range(format!(
+            "Error, encoded message length too large: found {len} bytes, the limit is: {limit} bytes"
+        )));
+    }
+    let split: usize = resp
+        .messages
+        .iter()
+        .filter_map(|d| d.message.as_ref())
+        .map(|m| m.body.len())
+        .filter(|&n| n >= SPLIT_BODY_BYTES)
+        .sum();
+    // Everything but the split bodies, in one allocation.
+    let mut head = BytesMut::with_capacity(PREFIX_LEN + len - split);
+    head.put_u8(0);
+    head.put_u32(len as u32);
+    for d in resp.messages {
+        encode_key(1, WireType::LengthDelimited, &mut head);
+        encode_varint(d.encoded_len() as u64, &mut head);
+        if d.message
+            .as_ref()
+            .is_none_or(|m| m.body.len() < SPLIT_BODY_BYTES)
+        {
+            d.encode_raw(&mut head);
+            continue;
+        }
+        let v1::Delivered { tag, message } = d;
+        let mut m = message.expect("a message with a large body");
+        // prost's order: Delivered.tag (1), Delivered.message (2): Message.id (1),
+        // Message.body (2), then the rest of Message's fields (3 and up).
+        if tag != 0 {
+            prost::encoding::uint64::encode(1, &tag, &mut head);
+        }
+        encode_key(2, WireType::LengthDelimited, &mut head);
+        encode_varint(m.encoded_len() as u64, &mut head);
+        let id = std::mem::take(&mut m.id);
+        if !id.is_empty() {
+            prost::encoding::bytes::encode(1, &id, &mut head);
+        }
+        let body = std::mem::take(&mut m.body);
+        encode_key(2, WireType::LengthDelimited, &mut head);
+        encode_varint(body.len() as u64, &mut head);
+        out.push_back(head.split().freeze());
+        out.push_back(body);
+        m.encode_raw(&mut head);
+    }
+    if !head.is_empty() {
+        out.push_back(head.freeze());
+    }
+    Ok(())
+}
+
+/// The trailers that end a gRPC response with `status`.
+fn trailers(status: &Status) -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
+    if status.add_header(&mut h).is_err() {
+        // A message that cannot be a header value: the code alone.
+        h.clear();
+        h.insert("grpc-status", http::HeaderValue::from(status.code() as i32));
+    }
+    h
+}
+
+/// Appends `resp` to `out` as one gRPC message, encoded by prost into one buffer (what tonic
+/// does; for answers without large bodies).
+pub(crate) fn encode_plain<T: prost::Message>(
+    resp: T,
+    limit: usize,
+    out: &mut VecDeque<Bytes>,
+) -> Result<(), Status> {
+    let len = resp.encoded_len();
+    if len > limit || len > u32::MAX as usize {
+        return Err(Status::out_of_range(format!(
+            "Error, encoded message length too large: found {len} bytes, the limit is: {limit} bytes"
+        )));
+    }
+    let mut buf = BytesMut::with_capacity(PREFIX_LEN + len);
+    buf.put_u8(0);
+    buf.put_u32(len as u32);
+    resp.encode_raw(&mut buf);
+    out.push_back(buf.freeze());
+    Ok(())
+}
+
+/// How a [`ResponseBody`] encodes its messages: [`encode_response`] or [`encode_plain`].
+type Encode<T> = fn(T, usize, &mut VecDeque<Bytes>) -> Result<(), Status>;
+
+/// The response body of a streaming call: the stream's messages (`encode`), then the
+/// trailers with the stream's status (OK when it ends, the error that ended it otherwise).
+pub(crate) struct ResponseBody<T> {
+    stream: Option<BoxStream<T>>,
+    chunks: VecDeque<Bytes>,
+    limit: usize,
+    encode: Encode<T>,
+}
+
+impl<T> ResponseBody<T> {
+    pub(crate) fn new(stream: BoxStream<T>, limit: usize, encode: Encode<T>) -> Self {
+        ResponseBody {
+            stream: Some(stream),
+            chunks: VecDeque::new(),
+            limit,
+            encode,
+        }
+    }
+}
+
+impl<T> http_body::Body for ResponseBody<T> {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = &mut *self;
+        if let Some(c) = this.chunks.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(c))));
+        }
+        let Some(stream) = this.stream.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let end = match std::task::ready!(stream.as_mut().poll_next(cx)) {
+            Some(Ok(resp)) => match (this.encode)(resp, this.limit, &mut this.chunks) {
+                Ok(()) => {
+                    let c = this.chunks.pop_front().expect("a message has its prefix");
+                    return Poll::Ready(Some(Ok(Frame::data(c))));
+                }
+                Err(status) => status,
+            },
+            Some(Err(status)) => status,
+            None => Status::ok(""),
+        };
+        // Dropping the stream ends the call on the broker's side (its deliveries go back).
+        this.stream = None;
+        Poll::Ready(Some(Ok(Frame::trailers(trailers(&end)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.stream.is_none() && self.chunks.is_empty()
+    }
+}
+
+/// Where a call's requests come from: tonic's `Streaming`, or [`FrameDecoder`].
+pub(crate) trait Inbound<T>: Send + 'static {
+    /// The next request; `None` at the end of the requests; an error ends the stream.
+    fn message(&mut self) -> impl Future<Output = Result<Option<T>, Status>> + Send;
+}
+
+impl<T: Send + 'static> Inbound<T> for Streaming<T> {
+    fn message(&mut self) -> impl Future<Output = Result<Option<T>, Status>> + Send {
+        Streaming::message(self)
+    }
+}
+
+/// A request stream's gRPC messages read from the HTTP/2 frames as they arrive (module doc):
+/// a message that lies within one frame is decoded from that frame's bytes, no copy.
+pub(crate) struct FrameDecoder<T> {
+    /// The request's body, its errors made statuses by tonic (as its `Streaming` does).
+    body: tonic::body::Body,
+    /// Data received and not yet taken, in order; none is empty.
+    chunks: VecDeque<Bytes>,
+    /// Their total length.
+    buffered: usize,
+    /// The largest message accepted (the server's max_decoding_message_size).
+    limit: usize,
+    /// The body has ended.
+    ended: bool,
+    _pd: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T> FrameDecoder<T> {
+    pub(crate) fn new<B>(body: B, limit: usize) -> Self
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        FrameDecoder {
+            body: tonic::body::Body::new(body),
+            chunks: VecDeque::new(),
+            buffered: 0,
+            limit,
+            ended: false,
+            _pd: std::marker::PhantomData,
+        }
+    }
+
+    /// The next whole message's bytes, without its prefix, if all of it has arrived.
+    fn take(&mut self) -> Result<Option<Bytes>, Status> {
+        if self.buffered < PREFIX_LEN {
+            return Ok(None);
+        }
+        let mut prefix = [0u8; PREFIX_LEN];
+        let mut n = 0;
+        for c in &self.chunks {
+            let k = c.len().min(PREFIX_LEN - n);
+            prefix[n..n + k].copy_from_slice(&c[..k]);
+            n += k;
+            if n == PREFIX_LEN {
+                break;
+            }
+        }
+        match prefix[0] {
+            0 => {}
+            1 => {
+                return Err(Status::internal(
+                    "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+                ))
+            }
+            f => {
+                return Err(Status::internal(format!(
+                    "protocol error: received message with invalid compression flag: {f} (valid flags are 0 and 1), while sending request"
+                )))
+            }
+        }
+        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        if len > self.limit {
+            return Err(Status::out_of_range(format!(
+                "Error, decoded message length too large: found {len} bytes, the limit is: {} bytes",
+                self.limit
+            )));
+        }
+        if self.buffered < PREFIX_LEN + len {
+            return Ok(None);
+        }
+        self.skip(PREFIX_LEN);
+        self.buffered -= len;
+        let front = self.chunks.front_mut();
+        if let Some(front) = front.filter(|f| f.len() >= len) {
+            let msg = front.split_to(len);
+            if front.is_empty() {
+                self.chunks.pop_front();
+            }
+            return Ok(Some(msg));
+        }
+        // Spread over several frames: gathered, as tonic does.
+        let mut msg = BytesMut::with_capacity(len);
+        while msg.len() < len {
+            let c = self.chunks.front_mut().expect("buffered counts the chunks");
+            let k = c.len().min(len - msg.len());
+            msg.extend_from_slice(&c.split_to(k));
+            if c.is_empty() {
+                self.chunks.pop_front();
+            }
+        }
+        Ok(Some(msg.freeze()))
+    }
+
+    /// Drops the first `n` buffered bytes.
+    fn skip(&mut self, mut n: usize) {
+        self.buffered -= n;
+        while n > 0 {
+            let c = self.chunks.front_mut().expect("buffered counts the chunks");
+            let k = c.len().min(n);
+            bytes::Buf::advance(c, k);
+            n -= k;
+            if c.is_empty() {
+                self.chunks.pop_front();
+            }
+        }
+    }
+}
+
+impl<T: prost::Message + Default + Send + 'static> Inbound<T> for FrameDecoder<T> {
+    async fn message(&mut self) -> Result<Option<T>, Status> {
+        loop {
+            if let Some(raw) = self.take()? {
+                return T::decode(raw).map(Some).map_err(|e| {
+                    Status::internal(format!("failed to decode Protobuf message: {e}"))
+                });
+            }
+            if self.ended {
+                return if self.buffered > 0 {
+                    Err(Status::internal("Unexpected EOF decoding stream."))
+                } else {
+                    Ok(None)
+                };
+            }
+            let body = &mut self.body;
+            match futures::future::poll_fn(|cx| {
+                http_body::Body::poll_frame(Pin::new(&mut *body), cx)
+            })
+            .await
+            {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        if !data.is_empty() {
+                            self.buffered += data.len();
+                            self.chunks.push_back(data);
+                        }
+                    }
+                }
+                Some(Err(status)) => {
+                    // As tonic: a request stream the client cancelled has ended.
+                    if status.code() == tonic::Code::Cancelled {
+                        self.ended = true;
+                        continue;
+                    }
+                    return Err(status);
+                }
+                None => self.ended = true,
+            }
+        }
+    }
+}
+
+/// In front of the generated `MessageQueueService` server: answers Receive calls with a
+/// [`ResponseBody`] of [`encode_response`], reads Send calls' requests with a [`FrameDecoder`],
+/// and passes every other call (and a compressed Send or Receive) to `inner`.
+#[derive(Debug, Clone)]
+pub(crate) struct LargeBodies<S> {
+    inner: S,
+    service: Service,
+    /// The largest message decoded or encoded (the server's `max_*_message_size`).
+    limit: usize,
+}
+
+impl<S> LargeBodies<S> {
+    pub(crate) fn new(inner: S, service: Service, limit: usize) -> Self {
+        LargeBodies {
+            inner,
+            service,
+            limit,
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for LargeBodies<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> tower::Service<http::Request<B>> for LargeBodies<S>
+where
+    S: tower::Service<
+            http::Request<B>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let path = req.uri().path();
+        let ours = (path == RECEIVE_PATH || path == SEND_PATH)
+            && !req.headers().contains_key("grpc-encoding");
+        if !ours {
+            return Box::pin(self.inner.call(req));
+        }
+        let service = self.service.clone();
+        let limit = self.limit;
+        if path == SEND_PATH {
+            return Box::pin(async move {
+                let req = tonic::Request::from_http(req.map(|body| FrameDecoder::new(body, limit)));
+                Ok(answer(
+                    service.send_from(req).await,
+                    limit,
+                    encode_plain::<v1::SendResponse>,
+                ))
+            });
+        }
+        Box::pin(async move {
+            let decoder = MqCodec::<v1::ReceiveResponse, v1::ReceiveRequest>::default().decoder();
+            let req = tonic::Request::from_http(
+                req.map(|body| Streaming::new_request(decoder, body, None, Some(limit))),
+            );
+            Ok(answer(
+                MessageQueueService::receive(&service, req).await,
+                limit,
+                encode_response,
+            ))
+        })
+    }
+}
+
+/// The HTTP response of a streaming call: the refusal (trailers only), or the stream's
+/// messages in a [`ResponseBody`] after the handler's metadata.
+fn answer<T: Send + 'static>(
+    resp: Result<tonic::Response<BoxStream<T>>, Status>,
+    limit: usize,
+    encode: Encode<T>,
+) -> http::Response<tonic::body::Body> {
+    let resp = match resp {
+        Ok(r) => r,
+        Err(status) => return status.into_http(),
+    };
+    let (metadata, stream, extensions) = resp.into_parts();
+    let mut http = http::Response::new(tonic::body::Body::new(ResponseBody::new(
+        stream, limit, encode,
+    )));
+    *http.headers_mut() = metadata.into_headers();
+    http.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    *http.extensions_mut() = extensions;
+    http
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body::Body as _;
+
+    fn message(id: &[u8], body: Bytes, label: &str) -> v1::Message {
+        v1::Message {
+            id: Bytes::copy_from_slice(id),
+            body,
+            label: label.into(),
+            priority: 3,
+            ..Default::default()
+        }
+    }
+
+    fn joined(chunks: &VecDeque<Bytes>) -> Vec<u8> {
+        chunks.iter().flat_map(|c| c.iter().copied()).collect()
+    }
+
+    fn prost_framed(resp: &v1::ReceiveResponse) -> Vec<u8> {
+        let body = resp.encode_to_vec();
+        let mut v = vec![0u8];
+        v.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        v.extend_from_slice(&body);
+        v
+    }
+
+    #[test]
+    fn the_bytes_are_prosts_and_large_bodies_are_not_copied() {
+        let big = Bytes::from(vec![7u8; SPLIT_BODY_BYTES]);
+        let bigger = Bytes::from((0..300_000u32).map(|i| i as u8).collect::<Vec<_>>());
+        let small = Bytes::from(vec![1u8; SPLIT_BODY_BYTES - 1]);
+        let cases = vec![
+            vec![],
+            vec![(0, None)],
+            vec![(1, Some(message(b"0123456789abcdef", small.clone(), "s")))],
+            vec![(2, Some(message(b"0123456789abcdef", big.clone(), "big")))],
+            vec![
+                (0, Some(message(b"", bigger.clone(), ""))),
+                (3, Some(message(b"x", Bytes::new(), "empty"))),
+                (4, Some(message(b"0123456789abcdef", big.clone(), "a"))),
+                (5, Some(message(b"0123456789abcdef", small.clone(), "b"))),
+                (6, Some(message(b"0123456789abcdef", bigger.clone(), "c"))),
+            ],
+        ];
+        for case in cases {
+            let resp = v1::ReceiveResponse {
+                messages: case
+                    .into_iter()
+                    .map(|(tag, message)| v1::Delivered { tag, message })
+                    .collect(),
+            };
+            let want = prost_framed(&resp);
+            let bodies: Vec<Bytes> = resp
+                .messages
+                .iter()
+                .filter_map(|d| d.message.as_ref())
+                .map(|m| m.body.clone())
+                .filter(|b| b.len() >= SPLIT_BODY_BYTES)
+                .collect();
+            let mut out = VecDeque::new();
+            encode_response(resp.clone(), usize::MAX, &mut out).unwrap();
+            assert_eq!(joined(&out), want, "{resp:?}");
+            // Every large body is one of the chunks, the same memory (no copy).
+            for b in &bodies {
+                assert!(
+                    out.iter()
+                        .any(|c| c.as_ptr() == b.as_ptr() && c.len() == b.len()),
+                    "a {} B body was copied",
+                    b.len()
+                );
+            }
+            // And it decodes back to the same response.
+            let j = joined(&out);
+            assert_eq!(v1::ReceiveResponse::decode(&j[PREFIX_LEN..]).unwrap(), resp);
+        }
+    }
+
+    #[test]
+    fn a_message_over_the_limit_is_refused_as_tonic_does() {
+        let resp = v1::ReceiveResponse {
+            messages: vec![v1::Delivered {
+                tag: 1,
+                message: Some(message(b"id", Bytes::from(vec![0u8; 100_000]), "")),
+            }],
+        };
+        let len = resp.encoded_len();
+        let mut out = VecDeque::new();
+        let e = encode_response(resp.clone(), len - 1, &mut out).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::OutOfRange);
+        assert!(out.is_empty());
+        encode_response(resp, len, &mut out).unwrap();
+        assert!(!out.is_empty());
+    }
+
+    async fn frames(body: ResponseBody<v1::ReceiveResponse>) -> (Vec<u8>, http::HeaderMap) {
+        let mut data = Vec::new();
+        let mut trailers = None;
+        let mut body = std::pin::pin!(body);
+        while let Some(f) = futures::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+            let f = f.unwrap();
+            assert!(trailers.is_none(), "a frame after the trailers");
+            match f.into_data() {
+                Ok(d) => data.extend_from_slice(&d),
+                Err(f) => trailers = Some(f.into_trailers().unwrap()),
+            }
+        }
+        (data, trailers.expect("trailers"))
+    }
+
+    #[tokio::test]
+    async fn the_body_ends_with_ok_or_with_the_error_that_ended_the_stream() {
+        let one = v1::ReceiveResponse {
+            messages: vec![v1::Delivered {
+                tag: 1,
+                message: Some(message(b"id", Bytes::from(vec![9u8; 40_000]), "l")),
+            }],
+        };
+        let ok: BoxStream<v1::ReceiveResponse> = Box::pin(futures::stream::iter(vec![
+            Ok(one.clone()),
+            Ok(one.clone()),
+        ]));
+        let (data, t) = frames(ResponseBody::new(ok, usize::MAX, encode_response)).await;
+        let mut want = prost_framed(&one);
+        want.extend(prost_framed(&one));
+        assert_eq!(data, want);
+        assert_eq!(t.get("grpc-status").unwrap(), "0");
+
+        let failing: BoxStream<v1::ReceiveResponse> = Box::pin(futures::stream::iter(vec![
+            Ok(one.clone()),
+            Err(Status::not_found("the queue was deleted")),
+            Ok(one.clone()),
+        ]));
+        let (data, t) = frames(ResponseBody::new(failing, usize::MAX, encode_response)).await;
+        assert_eq!(data, prost_framed(&one));
+        let s = Status::from_header_map(&t).unwrap();
+        assert_eq!(s.code(), tonic::Code::NotFound);
+        assert_eq!(s.message(), "the queue was deleted");
+
+        let too_big: BoxStream<v1::ReceiveResponse> =
+            Box::pin(futures::stream::iter(vec![Ok(one.clone())]));
+        let (data, t) = frames(ResponseBody::new(too_big, 1000, encode_response)).await;
+        assert!(data.is_empty());
+        assert_eq!(
+            Status::from_header_map(&t).unwrap().code(),
+            tonic::Code::OutOfRange
+        );
+    }
+
+    /// A request body of the given pieces (data, or an error), in order.
+    struct Pieces(VecDeque<Result<Bytes, Status>>);
+
+    impl http_body::Body for Pieces {
+        type Data = Bytes;
+        type Error = Status;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            Poll::Ready(self.0.pop_front().map(|r| r.map(Frame::data)))
+        }
+    }
+
+    fn send_request(i: usize, sizes: &[usize]) -> v1::SendRequest {
+        v1::SendRequest {
+            destination: format!("q{i}"),
+            first_seq: i as u64,
+            messages: sizes
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| v1::OutMessage {
+                    body: Bytes::from(vec![(i * 7 + k) as u8; n]),
+                    label: format!("m{k}"),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn framed(m: &impl prost::Message) -> Vec<u8> {
+        let body = m.encode_to_vec();
+        let mut v = vec![0u8];
+        v.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        v.extend_from_slice(&body);
+        v
+    }
+
+    async fn decode_all(
+        pieces: Vec<Result<Bytes, Status>>,
+        limit: usize,
+    ) -> (Vec<v1::SendRequest>, Result<(), Status>) {
+        let mut d = FrameDecoder::<v1::SendRequest>::new(Pieces(pieces.into()), limit);
+        let mut got = Vec::new();
+        loop {
+            match Inbound::message(&mut d).await {
+                Ok(Some(m)) => got.push(m),
+                Ok(None) => return (got, Ok(())),
+                Err(e) => return (got, Err(e)),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_cut_anywhere_into_frames_decode_and_whole_ones_are_not_copied() {
+        let msgs = vec![
+            send_request(0, &[100_000]),
+            send_request(1, &[]),
+            send_request(2, &[10, 20_000, 0, 5]),
+            send_request(3, &[1_000_000]),
+        ];
+        let wire: Vec<u8> = msgs.iter().flat_map(framed).collect();
+        // Cut at every size from 1 byte to the whole, and at each message's boundary.
+        // (cut points, whether every message lies within one piece)
+        let mut cuts: Vec<(Vec<usize>, bool)> =
+            [1usize, 2, 3, 4, 5, 6, 7, 1000, 16_384, 65_536, 1 << 20]
+                .iter()
+                .map(|&step| ((step..wire.len()).step_by(step).collect(), false))
+                .collect();
+        let mut at = 0;
+        cuts.push((
+            msgs.iter()
+                .map(|m| {
+                    at += framed(m).len();
+                    at
+                })
+                .filter(|&a| a < wire.len())
+                .collect(),
+            true,
+        ));
+        cuts.push((Vec::new(), true));
+        for (cut, whole_messages) in cuts {
+            let mut pieces = Vec::new();
+            let mut from = 0;
+            for &c in cut.iter().chain(std::iter::once(&wire.len())) {
+                pieces.push(Ok(Bytes::copy_from_slice(&wire[from..c])));
+                from = c;
+            }
+            let whole: Vec<Bytes> = pieces.iter().map(|p| p.clone().unwrap()).collect();
+            let (got, end) = decode_all(pieces, usize::MAX).await;
+            assert!(end.is_ok(), "{end:?}");
+            assert_eq!(got, msgs, "cut every {:?}", cut.first());
+            // A body whose message lies within one frame is a slice of that frame.
+            if whole_messages {
+                for m in &got {
+                    for b in m.messages.iter().map(|m| &m.body).filter(|b| !b.is_empty()) {
+                        let p = b.as_ptr() as usize;
+                        assert!(
+                            whole.iter().any(|w| {
+                                let s = w.as_ptr() as usize;
+                                p >= s && p + b.len() <= s + w.len()
+                            }),
+                            "a {} B body was copied",
+                            b.len()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_requests_are_refused_as_tonic_refuses_them() {
+        let one = framed(&send_request(0, &[1000]));
+        // Over the limit: refused from the prefix alone, before the bytes arrive.
+        let (got, end) = decode_all(vec![Ok(Bytes::copy_from_slice(&one[..5]))], 100).await;
+        let e = end.unwrap_err();
+        assert!(got.is_empty());
+        assert_eq!(e.code(), tonic::Code::OutOfRange);
+        assert!(e.message().contains("the limit is: 100 bytes"), "{e:?}");
+        // The compressed flag without grpc-encoding, and a flag that is not one.
+        for (flag, words) in [(1u8, "compressed-flag"), (7, "invalid compression flag: 7")] {
+            let mut m = one.clone();
+            m[0] = flag;
+            let (_, end) = decode_all(vec![Ok(m.into())], usize::MAX).await;
+            let e = end.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::Internal);
+            assert!(e.message().contains(words), "{e:?}");
+        }
+        // Cut short: the first message, then the end in the middle of the second.
+        let mut two = one.clone();
+        two.extend_from_slice(&one[..one.len() - 1]);
+        let (got, end) = decode_all(vec![Ok(two.into())], usize::MAX).await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            end.unwrap_err().message(),
+            "Unexpected EOF decoding stream."
+        );
+        // Bytes that are no SendRequest.
+        let junk = [0u8, 0, 0, 0, 3, 0xff, 0xff, 0xff];
+        let (_, end) = decode_all(vec![Ok(Bytes::copy_from_slice(&junk))], usize::MAX).await;
+        let e = end.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Internal);
+        assert!(
+            e.message().contains("failed to decode Protobuf message"),
+            "{e:?}"
+        );
+        // The body's own error ends the stream with it; a cancelled one is an end.
+        let (got, end) = decode_all(
+            vec![
+                Ok(one.clone().into()),
+                Err(Status::unavailable("connection reset")),
+            ],
+            usize::MAX,
+        )
+        .await;
+        assert_eq!(
+            (got.len(), end.unwrap_err().code()),
+            (1, tonic::Code::Unavailable)
+        );
+        let (got, end) = decode_all(
+            vec![Ok(one.clone().into()), Err(Status::cancelled("gone"))],
+            usize::MAX,
+        )
+        .await;
+        assert_eq!(got.len(), 1);
+        assert!(end.is_ok(), "{end:?}");
+    }
+}
