@@ -35,6 +35,7 @@ use std::task::{Context, Poll};
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::Stream;
 use http_body::Frame;
+use mq_proto::chunked::{PREFIX_LEN, SPLIT_BODY_BYTES};
 use mq_proto::codec::MqCodec;
 use mq_proto::v1::{self, message_queue_service_server::MessageQueueService};
 use prost::encoding::{encode_key, encode_varint, WireType};
@@ -45,18 +46,11 @@ use tonic::Status;
 
 use crate::service::Service;
 
-/// A body at least this long goes out as its own chunk, not copied; shorter ones are copied
-/// into the buffer with the rest (a copy of a few KiB costs less than another iovec and frame).
-pub(crate) const SPLIT_BODY_BYTES: usize = 16 * 1024;
-
 /// The Receive method's HTTP/2 path.
 pub(crate) const RECEIVE_PATH: &str = "/mq.v1.MessageQueueService/Receive";
 
 /// The Send method's HTTP/2 path.
 pub(crate) const SEND_PATH: &str = "/mq.v1.MessageQueueService/Send";
-
-/// gRPC's message prefix: a compression flag and a 4-byte length.
-const PREFIX_LEN: usize = 5;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 

@@ -12,7 +12,9 @@ use crate::deadline::ClientOptions;
 use crate::error::{Error, Result};
 
 /// The gRPC client with this client's credentials on every call.
-pub(crate) type Rpc = MessageQueueServiceClient<InterceptedService<Channel, Credentials>>;
+pub(crate) type Rpc = MessageQueueServiceClient<
+    InterceptedService<crate::large_sends::LargeSends<Channel>, Credentials>,
+>;
 /// The administration service's gRPC client (queues, rights, outgoing queues), same channel.
 pub(crate) type AdminRpc = AdminServiceClient<InterceptedService<Channel, Credentials>>;
 
@@ -181,10 +183,12 @@ impl ClientBuilder {
             connect_err(reason)
         })?;
         let channel_for_check = channel.clone();
-        let rpc =
-            MessageQueueServiceClient::with_interceptor(channel.clone(), self.credentials.clone())
-                .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
-                .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
+        let rpc = MessageQueueServiceClient::with_interceptor(
+            crate::large_sends::LargeSends(channel.clone()),
+            self.credentials.clone(),
+        )
+        .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
+        .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
         let admin = AdminServiceClient::with_interceptor(channel, self.credentials)
             .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
             .max_encoding_message_size(mq_proto::MAX_GRPC_MESSAGE);

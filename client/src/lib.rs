@@ -42,6 +42,7 @@ mod cursor;
 mod deadline;
 mod error;
 pub mod formatter;
+mod large_sends;
 mod message;
 mod outgoing;
 mod queue;

@@ -11,7 +11,6 @@ use std::task::{Context, Poll};
 
 use mq_proto::v1;
 use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
-use tokio_stream::wrappers::ReceiverStream;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
@@ -184,7 +183,11 @@ impl Sender {
             (options.window_messages + options.window_bytes / BYTES_PER_UNIT).max(1) as u32;
         let (out_tx, out_rx) = mpsc::channel::<v1::SendRequest>(16);
         let mut grpc = client.rpc.clone();
-        let rpc = grpc.send(ReceiverStream::new(out_rx));
+        // The requests go out through `large_sends` (large bodies not copied again).
+        let source = crate::large_sends::SendSource::new(out_rx);
+        let mut req = tonic::Request::new(source.stream());
+        req.extensions_mut().insert(source);
+        let rpc = grpc.send(req);
         let mut inbound = client
             .call("opening the send stream", std::time::Duration::ZERO, rpc)
             .await?;

@@ -21,6 +21,7 @@
 //! ```
 
 pub mod ack;
+pub mod chunked;
 pub mod codec;
 pub mod format_name;
 pub mod limits;
