@@ -18,7 +18,9 @@
 //! arrives in one frame (mqd allows 1 MiB frames). [`FrameDecoder`] reads gRPC messages from the
 //! frames as they are: a message within one frame is decoded from that frame's bytes (prost
 //! takes a `bytes` field as a slice: the body is not copied); one spread over several frames is
-//! gathered into one buffer first, as tonic does. Bounds and refusals are tonic's: a message
+//! gathered into one buffer first, as tonic does; frames under 4 KiB are copied together as
+//! they come (a client sending a message a byte per frame costs its bytes, not a queued `Bytes`
+//! per frame). Bounds and refusals are tonic's: a message
 //! over the limit is refused (OUT_OF_RANGE) from its 5-byte prefix, before its bytes are read; a
 //! compressed-flag without `grpc-encoding`, a bad flag, a truncated stream and undecodable bytes
 //! are INTERNAL, with tonic's words.
@@ -48,6 +50,10 @@ use crate::service::Service;
 
 /// The Receive method's HTTP/2 path.
 pub(crate) const RECEIVE_PATH: &str = "/mq.v1.MessageQueueService/Receive";
+
+/// A request frame shorter than this is copied into [`FrameDecoder`]'s buffer rather than kept
+/// as it is.
+const COALESCE_BYTES: usize = 4096;
 
 /// The Send method's HTTP/2 path.
 pub(crate) const SEND_PATH: &str = "/mq.v1.MessageQueueService/Send";
@@ -224,9 +230,13 @@ impl<T: Send + 'static> Inbound<T> for Streaming<T> {
 pub(crate) struct FrameDecoder<T> {
     /// The request's body, its errors made statuses by tonic (as its `Streaming` does).
     body: tonic::body::Body,
-    /// Data received and not yet taken, in order; none is empty.
+    /// Data received and not yet taken, in order; none is empty. Each is a frame of at least
+    /// [`COALESCE_BYTES`], or small frames copied together (see `tail`).
     chunks: VecDeque<Bytes>,
-    /// Their total length.
+    /// Frames under [`COALESCE_BYTES`] received after `chunks`, copied into one buffer: a
+    /// stream of tiny frames costs its bytes, not a `Bytes` (and a queue slot) per frame.
+    tail: BytesMut,
+    /// The length of `chunks` and `tail` together.
     buffered: usize,
     /// The largest message accepted (the server's max_decoding_message_size).
     limit: usize,
@@ -244,6 +254,7 @@ impl<T> FrameDecoder<T> {
         FrameDecoder {
             body: tonic::body::Body::new(body),
             chunks: VecDeque::new(),
+            tail: BytesMut::new(),
             buffered: 0,
             limit,
             ended: false,
@@ -258,7 +269,7 @@ impl<T> FrameDecoder<T> {
         }
         let mut prefix = [0u8; PREFIX_LEN];
         let mut n = 0;
-        for c in &self.chunks {
+        for c in self.chunks.iter().map(|c| &c[..]).chain([&self.tail[..]]) {
             let k = c.len().min(PREFIX_LEN - n);
             prefix[n..n + k].copy_from_slice(&c[..k]);
             n += k;
@@ -289,6 +300,9 @@ impl<T> FrameDecoder<T> {
         if self.buffered < PREFIX_LEN + len {
             return Ok(None);
         }
+        if !self.tail.is_empty() {
+            self.chunks.push_back(self.tail.split().freeze());
+        }
         self.skip(PREFIX_LEN);
         self.buffered -= len;
         let front = self.chunks.front_mut();
@@ -312,7 +326,20 @@ impl<T> FrameDecoder<T> {
         Ok(Some(msg.freeze()))
     }
 
-    /// Drops the first `n` buffered bytes.
+    /// Buffers a frame's data: a large one as it is, a small one copied into `tail`.
+    fn push(&mut self, data: Bytes) {
+        self.buffered += data.len();
+        if data.len() < COALESCE_BYTES {
+            self.tail.extend_from_slice(&data);
+            return;
+        }
+        if !self.tail.is_empty() {
+            self.chunks.push_back(self.tail.split().freeze());
+        }
+        self.chunks.push_back(data);
+    }
+
+    /// Drops the first `n` buffered bytes (all in `chunks`).
     fn skip(&mut self, mut n: usize) {
         self.buffered -= n;
         while n > 0 {
@@ -350,10 +377,7 @@ impl<T: prost::Message + Default + Send + 'static> Inbound<T> for FrameDecoder<T
             {
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
-                        if !data.is_empty() {
-                            self.buffered += data.len();
-                            self.chunks.push_back(data);
-                        }
+                        self.push(data);
                     }
                 }
                 Some(Err(status)) => {
@@ -477,6 +501,7 @@ fn answer<T: Send + 'static>(
 mod tests {
     use super::*;
     use http_body::Body as _;
+    use std::time::Duration;
 
     fn message(id: &[u8], body: Bytes, label: &str) -> v1::Message {
         v1::Message {
@@ -790,5 +815,53 @@ mod tests {
         .await;
         assert_eq!(got.len(), 1);
         assert!(end.is_ok(), "{end:?}");
+    }
+
+    /// A body that gives its pieces, then nothing more (never ends).
+    struct Hanging(VecDeque<Bytes>);
+
+    impl http_body::Body for Hanging {
+        type Data = Bytes;
+        type Error = Status;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            match self.0.pop_front() {
+                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                None => Poll::Pending,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn tiny_frames_are_copied_together_not_queued_one_by_one() {
+        let one = framed(&send_request(0, &[100_000]));
+        // All but the last byte, one byte per frame: the message is not whole yet.
+        let pieces: VecDeque<Bytes> = one[..one.len() - 1]
+            .iter()
+            .map(|b| Bytes::copy_from_slice(&[*b]))
+            .collect();
+        let mut d = FrameDecoder::<v1::SendRequest>::new(Hanging(pieces), usize::MAX);
+        let waited =
+            tokio::time::timeout(Duration::from_millis(200), Inbound::message(&mut d)).await;
+        assert!(waited.is_err(), "no message yet");
+        assert_eq!(d.buffered, one.len() - 1);
+        assert!(d.chunks.is_empty(), "{} queued pieces", d.chunks.len());
+        assert_eq!(d.tail.len(), one.len() - 1);
+        // The last byte makes it whole.
+        let mut d = FrameDecoder::<v1::SendRequest>::new(
+            Pieces(
+                one.iter()
+                    .map(|b| Ok(Bytes::copy_from_slice(&[*b])))
+                    .collect(),
+            ),
+            usize::MAX,
+        );
+        assert_eq!(
+            Inbound::message(&mut d).await.unwrap().unwrap(),
+            send_request(0, &[100_000])
+        );
+        assert!(Inbound::message(&mut d).await.unwrap().is_none());
     }
 }
