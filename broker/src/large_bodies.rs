@@ -501,6 +501,7 @@ fn answer<T: Send + 'static>(
 mod tests {
     use super::*;
     use http_body::Body as _;
+    use proptest::strategy::Strategy as _;
     use std::time::Duration;
 
     fn message(id: &[u8], body: Bytes, label: &str) -> v1::Message {
@@ -863,5 +864,62 @@ mod tests {
             send_request(0, &[100_000])
         );
         assert!(Inbound::message(&mut d).await.unwrap().is_none());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+        /// Any bytes, cut anywhere: the decoder never panics, and what it returns before
+        /// refusing is what a contiguous decode of the same bytes gives.
+        #[test]
+        fn any_bytes_cut_anywhere_never_panic(
+            msgs in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![
+                        proptest::strategy::Just(0u8),
+                        proptest::strategy::Just(0u8),
+                        proptest::strategy::Just(1u8),
+                        proptest::prelude::any::<u8>()
+                    ],
+                    proptest::prop_oneof![
+                        // A real request, or any bytes.
+                        (0usize..3, 0usize..600).prop_map(|(i, n)| {
+                            send_request(i, &[n, n / 2]).encode_to_vec()
+                        }),
+                        proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+                    ],
+                ),
+                0..6,
+            ),
+            tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..8),
+            cuts in proptest::collection::vec(0usize..4096, 0..16),
+            limit in proptest::prop_oneof![0usize..64, 64usize..100_000],
+        ) {
+            let mut data = Vec::new();
+            for (flag, body) in &msgs {
+                data.push(*flag);
+                data.extend_from_slice(&(body.len() as u32).to_be_bytes());
+                data.extend_from_slice(body);
+            }
+            data.extend_from_slice(&tail);
+            let mut cuts: Vec<usize> = cuts.into_iter().filter(|&c| c < data.len()).collect();
+            cuts.sort_unstable();
+            cuts.dedup();
+            let mut pieces = Vec::new();
+            let mut from = 0;
+            for &c in cuts.iter().chain(std::iter::once(&data.len())) {
+                pieces.push(Ok(Bytes::copy_from_slice(&data[from..c])));
+                from = c;
+            }
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let (got, end) = rt.block_on(decode_all(pieces, limit));
+            let (whole, whole_end) =
+                rt.block_on(decode_all(vec![Ok(Bytes::copy_from_slice(&data))], limit));
+            proptest::prop_assert_eq!(got, whole);
+            proptest::prop_assert_eq!(
+                end.map_err(|e| (e.code(), e.message().to_string())),
+                whole_end.map_err(|e| (e.code(), e.message().to_string()))
+            );
+        }
     }
 }
