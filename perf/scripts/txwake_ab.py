@@ -15,6 +15,7 @@ load average.
                      100 KB (--count 5000); TX SENDANDRECEIVE pipelined (--count 50000)
 
 usage: txwake_ab.py --mqperf PATH --cell NAME=MQD[,FLAG...] --cell ... [--rounds 5]
+  (a cell's FLAGs are mqd's, but mqperf=PATH: its own client; +FLAG: a flag of its mqperf)
                     [--count 2000] [--scenario tx|guards] [--dir /tmp]
 """
 import argparse
@@ -66,7 +67,14 @@ def main():
     for c in a.cell:
         name, rest = c.split("=", 1)
         parts = rest.split(",")
-        cells.append((name, parts[0], [p for p in parts[1:] if p]))
+        # In the flags, "mqperf=PATH" is the cell's client (else --mqperf) and "+FLAG" a flag
+        # of its mqperf (e.g. +--current-thread); the others are mqd's.
+        client = next((p[len("mqperf="):] for p in parts[1:] if p.startswith("mqperf=")),
+                      a.mqperf)
+        extra = [p[1:] for p in parts[1:] if p.startswith("+")]
+        cells.append((name, parts[0], [p for p in parts[1:]
+                                       if p and not p.startswith(("mqperf=", "+"))],
+                      client, extra))
     if a.scenario == "tx":
         runs = [["TX", "SENDANDRECEIVE", ".\\private$\\txw", "--payload", "string:1000",
                  "--count", str(a.count), "--one-at-a-time", "--receive-and-commit"]]
@@ -86,15 +94,15 @@ def main():
               flush=True)
         # Alternate the order (ABBA...) so that a load that rises through a round does not
         # always fall on the same cell.
-        for name, mqd, flags in (cells if r % 2 else cells[::-1]):
+        for name, mqd, flags, client, extra in (cells if r % 2 else cells[::-1]):
             data = tempfile.mkdtemp(dir=a.dir, prefix="txw-")
             p = subprocess.Popen([mqd, "--listen", "127.0.0.1:0", "--data-dir", data] + flags,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             try:
                 url = "http://" + p.stdout.readline().strip().split()[-1]
                 for args in runs:
-                    base = [a.mqperf] + args + ["--formatter", "raw", "--runs", "1",
-                                                "--broker", url]
+                    base = [client] + args + extra + ["--formatter", "raw", "--runs", "1",
+                                                      "--broker", url]
                     if a.scenario == "tx":
                         run(base[:base.index("--count") + 1] + ["300"]
                             + base[base.index("--count") + 2:])  # warm-up
