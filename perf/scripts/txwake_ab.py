@@ -9,6 +9,7 @@ mqperf rows with mqd's CPU seconds (user + system, from /proc) over the measured
 load average.
 
   --scenario tx      mqperf TX SENDANDRECEIVE --one-at-a-time --receive-and-commit --count N
+  --scenario txpurge TX SENDANDPURGE --one-at-a-time --count N (send transactions only)
   --scenario trickle NOTX SENDANDPURGE --delivery recoverable --rate 500 and 3000 (4 s each):
                      lone commits 2 ms and 0.33 ms apart (the spin's CPU cost)
   --scenario guards  NOTX SENDANDRECEIVE --delivery recoverable, 1000 B (--count 100000) and
@@ -60,7 +61,7 @@ def main():
     ap.add_argument("--cell", action="append", required=True)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--count", type=int, default=2000)
-    ap.add_argument("--scenario", default="tx", choices=["tx", "guards", "trickle"])
+    ap.add_argument("--scenario", default="tx", choices=["tx", "txpurge", "guards", "trickle"])
     ap.add_argument("--dir", default="/tmp")
     a = ap.parse_args()
     cells = []
@@ -78,6 +79,9 @@ def main():
     if a.scenario == "tx":
         runs = [["TX", "SENDANDRECEIVE", ".\\private$\\txw", "--payload", "string:1000",
                  "--count", str(a.count), "--one-at-a-time", "--receive-and-commit"]]
+    elif a.scenario == "txpurge":
+        runs = [["TX", "SENDANDPURGE", ".\\private$\\txp", "--payload", "string:1000",
+                 "--count", str(a.count), "--one-at-a-time"]]
     elif a.scenario == "trickle":
         runs = [["NOTX", "SENDANDPURGE", f".\\private$\\t{rate}", "--payload", "string:1000",
                  "--count", str(rate * 4), "--delivery", "recoverable", "--rate", str(rate)]
@@ -103,7 +107,7 @@ def main():
                 for args in runs:
                     base = [client] + args + extra + ["--formatter", "raw", "--runs", "1",
                                                       "--broker", url]
-                    if a.scenario == "tx":
+                    if a.scenario in ("tx", "txpurge"):
                         run(base[:base.index("--count") + 1] + ["300"]
                             + base[base.index("--count") + 2:])  # warm-up
                     c0, t0 = cpu(p.pid), time.monotonic()
