@@ -8,7 +8,8 @@ for mqperf:
 
   wakeups   sched_wakeup events of the process's threads, by wakee thread kind and by who woke
             it (the same thread's process: "self"; the other process; the kernel / an idle CPU
-            ("irq": a socket's data, a timer); another process)
+            ("irq/idle": a timer, or a wake-up the kernel ran on the target CPU by an IPI, whose
+            real waker the trace does not name); another process)
   sleeps    the threads' switches out with prev_state S or D (each a park: epoll_wait, futex,
             fdatasync), by thread kind
   migr      wake-ups whose target CPU differs from the waker's CPU
