@@ -22,7 +22,7 @@ When the writer is already running (it did not sleep: no wake-up between the req
 pwritev), `wake` and `run` are 0 and `req` runs to its pwritev; likewise for the worker.
 
 usage: tx_timeline.py --mqd PATH --mqperf PATH [--count 3000] [--dir /tmp] [--kind send|receive]
-                      [--mqd-arg=--journal-idle-spin=100us ...]
+                      [--mqd-arg=--journal-idle-spin=100us ...] [--mqperf-arg=--current-thread ...]
 """
 import argparse
 import collections
@@ -60,6 +60,8 @@ def main():
     ap.add_argument("--kind", default="send", choices=["send", "receive"])
     ap.add_argument("--keep", help="keep perf.data here")
     ap.add_argument("--mqd-arg", action="append", default=[], help="an extra argument for mqd")
+    ap.add_argument("--mqperf-arg", action="append", default=[],
+                    help="an extra argument for mqperf (e.g. --mqperf-arg=--current-thread)")
     a = ap.parse_args()
 
     data = tempfile.mkdtemp(dir=a.dir, prefix="txtl-")
@@ -71,7 +73,7 @@ def main():
         url = f"http://{addr}"
         base = [a.mqperf, "TX", "SENDANDPURGE" if a.kind == "send" else "SENDANDRECEIVE",
                 ".\\private$\\txtl", "--payload", "string:1000", "--formatter", "raw",
-                "--runs", "1", "--one-at-a-time", "--broker", url]
+                "--runs", "1", "--one-at-a-time", "--broker", url] + a.mqperf_arg
         if a.kind == "receive":
             base.append("--receive-and-commit")
         # Warm up (queue created, zeros laid, connections made), then the measured run.
@@ -150,6 +152,7 @@ def main():
             ret = int(rest.split()[-1], 16) if rest.split()[-1].startswith("0x") else int(rest.split()[-1])
             if ret > 0 and ret < (1 << 62) and "req" not in cur:
                 cur["req"] = ts
+                cur["req_tid"] = tid
         elif ev == "syscalls:sys_enter_pwritev" and tid == writer and "req" in cur and "pw" not in cur:
             cur["pw"] = ts
         elif ev == "syscalls:sys_exit_fdatasync" and tid == writer and "pw" in cur and "fd_x" not in cur:
@@ -159,11 +162,14 @@ def main():
             ret = int(ret, 16) if ret.startswith("0x") else int(ret)
             if 0 < ret < (1 << 62):
                 tx[-1]["c_recv"] = ts
+                tx[-1]["c_recv_tid"] = tid
         elif ev == "syscalls:sys_enter_writev" and pid == client_pid and tx and "c_recv" in tx[-1] \
                 and "c_send" not in tx[-1]:
             tx[-1]["c_send"] = ts
+            tx[-1]["c_send_tid"] = tid
         elif ev == "syscalls:sys_enter_writev" and tid in workers and "fd_x" in cur:
             cur["reply"] = ts
+            cur["reply_tid"] = tid
             if last_reply is not None and tx:
                 tx[-1]["next_req"] = cur["req"]
             tx.append(cur)
@@ -210,6 +216,18 @@ def main():
     print(f"# {n} transactions matched; writer woken in {woke_w}, a worker woken by the writer in {woke_k}")
     print(f"# mqd context switches per transaction: "
           + ", ".join(f"{k} {v / max(n, 1):.2f}" for k, v in sorted(switches.items())))
+    # Which threads a transaction lands on: the same worker for the request and the reply, the
+    # worker the writer woke writes the reply, the client reads the reply and writes the next
+    # request on one thread.
+    full = [t for t in tx if all(k in t for k in ("req_tid", "reply_tid"))]
+    same = sum(1 for t in full if t["req_tid"] == t["reply_tid"])
+    woken = [t for t in full if "k" in t]
+    kw = sum(1 for t in woken if t["k"] == t["reply_tid"])
+    cl = [t for t in tx if "c_recv_tid" in t and "c_send_tid" in t]
+    cs = sum(1 for t in cl if t["c_recv_tid"] == t["c_send_tid"])
+    print(f"# threads: mqd request and reply on one worker in {same} of {len(full)}; reply "
+          f"written by the worker the writer woke in {kw} of {len(woken)}; client reads the "
+          f"reply and writes the next request on one thread in {cs} of {len(cl)}")
     print(f"{'segment':<6} {'p50':>7} {'p90':>7} {'mean':>7}  (us)")
     for k, v in segs.items():
         if v:

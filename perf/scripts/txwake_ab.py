@@ -9,12 +9,14 @@ mqperf rows with mqd's CPU seconds (user + system, from /proc) over the measured
 load average.
 
   --scenario tx      mqperf TX SENDANDRECEIVE --one-at-a-time --receive-and-commit --count N
+  --scenario txpurge TX SENDANDPURGE --one-at-a-time --count N (send transactions only)
   --scenario trickle NOTX SENDANDPURGE --delivery recoverable --rate 500 and 3000 (4 s each):
                      lone commits 2 ms and 0.33 ms apart (the spin's CPU cost)
   --scenario guards  NOTX SENDANDRECEIVE --delivery recoverable, 1000 B (--count 100000) and
                      100 KB (--count 5000); TX SENDANDRECEIVE pipelined (--count 50000)
 
 usage: txwake_ab.py --mqperf PATH --cell NAME=MQD[,FLAG...] --cell ... [--rounds 5]
+  (a cell's FLAGs are mqd's, but mqperf=PATH: its own client; +FLAG: a flag of its mqperf)
                     [--count 2000] [--scenario tx|guards] [--dir /tmp]
 """
 import argparse
@@ -59,17 +61,27 @@ def main():
     ap.add_argument("--cell", action="append", required=True)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--count", type=int, default=2000)
-    ap.add_argument("--scenario", default="tx", choices=["tx", "guards", "trickle"])
+    ap.add_argument("--scenario", default="tx", choices=["tx", "txpurge", "guards", "trickle"])
     ap.add_argument("--dir", default="/tmp")
     a = ap.parse_args()
     cells = []
     for c in a.cell:
         name, rest = c.split("=", 1)
         parts = rest.split(",")
-        cells.append((name, parts[0], [p for p in parts[1:] if p]))
+        # In the flags, "mqperf=PATH" is the cell's client (else --mqperf) and "+FLAG" a flag
+        # of its mqperf (e.g. +--current-thread); the others are mqd's.
+        client = next((p[len("mqperf="):] for p in parts[1:] if p.startswith("mqperf=")),
+                      a.mqperf)
+        extra = [p[1:] for p in parts[1:] if p.startswith("+")]
+        cells.append((name, parts[0], [p for p in parts[1:]
+                                       if p and not p.startswith(("mqperf=", "+"))],
+                      client, extra))
     if a.scenario == "tx":
         runs = [["TX", "SENDANDRECEIVE", ".\\private$\\txw", "--payload", "string:1000",
                  "--count", str(a.count), "--one-at-a-time", "--receive-and-commit"]]
+    elif a.scenario == "txpurge":
+        runs = [["TX", "SENDANDPURGE", ".\\private$\\txp", "--payload", "string:1000",
+                 "--count", str(a.count), "--one-at-a-time"]]
     elif a.scenario == "trickle":
         runs = [["NOTX", "SENDANDPURGE", f".\\private$\\t{rate}", "--payload", "string:1000",
                  "--count", str(rate * 4), "--delivery", "recoverable", "--rate", str(rate)]
@@ -86,16 +98,16 @@ def main():
               flush=True)
         # Alternate the order (ABBA...) so that a load that rises through a round does not
         # always fall on the same cell.
-        for name, mqd, flags in (cells if r % 2 else cells[::-1]):
+        for name, mqd, flags, client, extra in (cells if r % 2 else cells[::-1]):
             data = tempfile.mkdtemp(dir=a.dir, prefix="txw-")
             p = subprocess.Popen([mqd, "--listen", "127.0.0.1:0", "--data-dir", data] + flags,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             try:
                 url = "http://" + p.stdout.readline().strip().split()[-1]
                 for args in runs:
-                    base = [a.mqperf] + args + ["--formatter", "raw", "--runs", "1",
-                                                "--broker", url]
-                    if a.scenario == "tx":
+                    base = [client] + args + extra + ["--formatter", "raw", "--runs", "1",
+                                                      "--broker", url]
+                    if a.scenario in ("tx", "txpurge"):
                         run(base[:base.index("--count") + 1] + ["300"]
                             + base[base.index("--count") + 2:])  # warm-up
                     c0, t0 = cpu(p.pid), time.monotonic()

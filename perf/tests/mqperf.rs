@@ -5,7 +5,7 @@
 //! Index:
 //! - scenarios, in-process: `send_and_purge`, `send_and_receive`, `server_and_client_pair`,
 //!   `skipped_combinations_are_reported`; TX: `tx_send_and_receive`, `tx_send_and_purge`,
-//!   `tx_concurrent_clients_share_the_count`, `tx_server_and_client_pair`.
+//!   `tx_concurrent_clients_share_the_count`, `tx_server_and_client_pair`, `tx_one_at_a_time`.
 //! - the binary: `usage_errors_exit_2_naming_the_choices`,
 //!   `mode_must_match_an_existing_queue_one_line`,
 //!   `unreachable_broker_is_one_line`, `json_lines_carry_the_required_keys`,
@@ -225,6 +225,41 @@ async fn tx_send_and_purge() {
     let results = run_tx(Scenario::SendAndPurge, "int,string:1000", "json,raw", 1).await;
     assert_eq!(measured(&results).len(), 4);
     check_sane(&results, &[Op::Send]);
+}
+
+/// `--one-at-a-time` (each send a begin, send, commit awaited before the next; each receive a
+/// begin, receive_and_commit with `--receive-and-commit`, else begin, receive, commit), in both
+/// scenarios that run it (its loop runs in a task on a runtime worker in each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tx_one_at_a_time() {
+    for (scenario, receive_and_commit, ops) in [
+        (Scenario::SendAndPurge, false, &[Op::Send][..]),
+        (
+            Scenario::SendAndReceive,
+            false,
+            &[Op::Send, Op::Receive, Op::E2e][..],
+        ),
+        (
+            Scenario::SendAndReceive,
+            true,
+            &[Op::Send, Op::Receive, Op::E2e][..],
+        ),
+    ] {
+        let broker = EmbeddedBroker::start(0).await.unwrap();
+        let mut c = config(scenario, "string:1000", "raw");
+        c.mode = Mode::Tx;
+        c.queue = r".\private$\txone".to_string();
+        c.one_at_a_time = true;
+        c.receive_and_commit = receive_and_commit;
+        c.broker = Some(broker.url().to_string());
+        let (results, _) = run(&c).await;
+        assert_eq!(measured(&results).len(), 1, "{scenario:?}");
+        check_sane(&results, ops);
+        let client = mq_client::Client::connect(broker.url()).await.unwrap();
+        let info = client.queue_info(&c.queue).await.unwrap();
+        assert_eq!((info.messages, info.in_flight), (0, 0), "{scenario:?}");
+        broker.stop().await.unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -178,9 +178,18 @@ impl SendJob {
             let pacer = job.rate.map(|r| Pacer::start(Schedule::new(r), total));
             let start = Instant::now();
             let client = job.queues[0].client().clone();
-            let part = job
-                .drive(client, senders, 0, 1, pacer.as_ref().map(Pacer::handle))
-                .await?;
+            let handle = pacer.as_ref().map(Pacer::handle);
+            // --one-at-a-time: on a runtime worker, as a client's task would be (not on
+            // block_on's thread, which is not a worker: every answer would cost it one more
+            // hand-off), whichever scenario runs the phase.
+            let part = if job.one_at_a_time {
+                let job = job.clone();
+                tokio::spawn(async move { job.drive(client, senders, 0, 1, handle).await })
+                    .await
+                    .context("the one-at-a-time sender task panicked")??
+            } else {
+                job.drive(client, senders, 0, 1, handle).await?
+            };
             vec![(start, part)]
         } else {
             // Every client connects and opens its senders first; then all start at once (the
