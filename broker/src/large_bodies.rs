@@ -34,10 +34,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use futures::Stream;
 use http_body::Frame;
-use mq_proto::chunked::{PREFIX_LEN, SPLIT_BODY_BYTES};
+use mq_proto::chunked::{self, PREFIX_LEN, SPLIT_BODY_BYTES};
 use mq_proto::codec::MqCodec;
 use mq_proto::v1::{self, message_queue_service_server::MessageQueueService};
 use prost::encoding::{encode_key, encode_varint, WireType};
@@ -69,12 +69,6 @@ pub(crate) fn encode_response(
     limit: usize,
     out: &mut VecDeque<Bytes>,
 ) -> Result<(), Status> {
-    let len = resp.encoded_len();
-    if len > limit || len > u32::MAX as usize {
-        return Err(Status::out_of_range(format!(
-            "Error, encoded message length too large: found {len} bytes, the limit is: {limit} bytes"
-        )));
-    }
     let split: usize = resp
         .messages
         .iter()
@@ -83,9 +77,7 @@ pub(crate) fn encode_response(
         .filter(|&n| n >= SPLIT_BODY_BYTES)
         .sum();
     // Everything but the split bodies, in one allocation.
-    let mut head = BytesMut::with_capacity(PREFIX_LEN + len - split);
-    head.put_u8(0);
-    head.put_u32(len as u32);
+    let mut head = buffer_within(resp.encoded_len(), split, limit)?;
     for d in resp.messages {
         encode_key(1, WireType::LengthDelimited, &mut head);
         encode_varint(d.encoded_len() as u64, &mut head);
@@ -109,17 +101,25 @@ pub(crate) fn encode_response(
         if !id.is_empty() {
             prost::encoding::bytes::encode(1, &id, &mut head);
         }
-        let body = std::mem::take(&mut m.body);
-        encode_key(2, WireType::LengthDelimited, &mut head);
-        encode_varint(body.len() as u64, &mut head);
-        out.push_back(head.split().freeze());
-        out.push_back(body);
+        chunked::push_body(2, std::mem::take(&mut m.body), &mut head, out);
         m.encode_raw(&mut head);
     }
     if !head.is_empty() {
         out.push_back(head.freeze());
     }
     Ok(())
+}
+
+/// [`chunked::message_buffer`] for a message of `len` bytes, refused (OUT_OF_RANGE, with
+/// tonic's words) over `limit`.
+fn buffer_within(len: usize, split: usize, limit: usize) -> Result<BytesMut, Status> {
+    chunked::message_buffer(len, split)
+        .filter(|_| len <= limit)
+        .ok_or_else(|| {
+            Status::out_of_range(format!(
+                "Error, encoded message length too large: found {len} bytes, the limit is: {limit} bytes"
+            ))
+        })
 }
 
 /// The trailers that end a gRPC response with `status`.
@@ -140,15 +140,7 @@ pub(crate) fn encode_plain<T: prost::Message>(
     limit: usize,
     out: &mut VecDeque<Bytes>,
 ) -> Result<(), Status> {
-    let len = resp.encoded_len();
-    if len > limit || len > u32::MAX as usize {
-        return Err(Status::out_of_range(format!(
-            "Error, encoded message length too large: found {len} bytes, the limit is: {limit} bytes"
-        )));
-    }
-    let mut buf = BytesMut::with_capacity(PREFIX_LEN + len);
-    buf.put_u8(0);
-    buf.put_u32(len as u32);
+    let mut buf = buffer_within(resp.encoded_len(), 0, limit)?;
     resp.encode_raw(&mut buf);
     out.push_back(buf.freeze());
     Ok(())

@@ -22,23 +22,39 @@ pub const SPLIT_BODY_BYTES: usize = 16 * 1024;
 /// gRPC's message prefix: a compression flag and a 4-byte length.
 pub const PREFIX_LEN: usize = 5;
 
+/// The buffer for one uncompressed gRPC message of `len` bytes, `split` of which go out as
+/// chunks of their own ([`push_body`]): room for the rest, with the 5-byte prefix written.
+/// `None` if `len` is over 4 GiB, which gRPC cannot frame.
+pub fn message_buffer(len: usize, split: usize) -> Option<BytesMut> {
+    let len32 = u32::try_from(len).ok()?;
+    let mut head = BytesMut::with_capacity(PREFIX_LEN + len - split);
+    head.put_u8(0);
+    head.put_u32(len32);
+    Some(head)
+}
+
+/// Writes field `tag`'s key and `body`'s length into `head`, then moves what `head` holds and
+/// then `body` itself (not a copy) to `out`.
+pub fn push_body(tag: u32, body: Bytes, head: &mut BytesMut, out: &mut VecDeque<Bytes>) {
+    encode_key(tag, WireType::LengthDelimited, head);
+    encode_varint(body.len() as u64, head);
+    out.push_back(head.split().freeze());
+    out.push_back(body);
+}
+
 /// Appends `req` to `out` as one uncompressed gRPC message: the 5-byte prefix and the
 /// protobuf encoding of `req`, with each body of at least [`SPLIT_BODY_BYTES`] its own chunk
 /// (that very `Bytes`). The fields of `SendRequest` other than `messages` come first (protobuf
 /// allows any order; decoders read the same message). `None` if the message is over 4 GiB,
 /// which gRPC cannot frame (mqd refuses far less: its limit is the body limit plus 8 MiB).
 pub fn encode_send_request(mut req: v1::SendRequest, out: &mut VecDeque<Bytes>) -> Option<()> {
-    let len = req.encoded_len();
-    let len32 = u32::try_from(len).ok()?;
     let split: usize = req
         .messages
         .iter()
         .map(|m| m.body.len())
         .filter(|&n| n >= SPLIT_BODY_BYTES)
         .sum();
-    let mut head = BytesMut::with_capacity(PREFIX_LEN + len - split);
-    head.put_u8(0);
-    head.put_u32(len32);
+    let mut head = message_buffer(req.encoded_len(), split)?;
     let messages = std::mem::take(&mut req.messages);
     req.encode_raw(&mut head);
     for mut m in messages {
@@ -49,11 +65,7 @@ pub fn encode_send_request(mut req: v1::SendRequest, out: &mut VecDeque<Bytes>) 
             continue;
         }
         // OutMessage.body is field 1: first, as prost writes it.
-        let body = std::mem::take(&mut m.body);
-        encode_key(1, WireType::LengthDelimited, &mut head);
-        encode_varint(body.len() as u64, &mut head);
-        out.push_back(head.split().freeze());
-        out.push_back(body);
+        push_body(1, std::mem::take(&mut m.body), &mut head, out);
         m.encode_raw(&mut head);
     }
     if !head.is_empty() {

@@ -1005,6 +1005,38 @@ pub async fn send_with_receipts(
     ids
 }
 
+/// A Receive stream on `queue` opened with the generated gRPC client alone (no mq-client), with
+/// `credit` messages asked for: the request side (for acknowledgements) and the deliveries.
+pub async fn open_receive(
+    url: &str,
+    queue: &str,
+    credit: u32,
+) -> (
+    tokio::sync::mpsc::Sender<mq_proto::v1::ReceiveRequest>,
+    tonic::Streaming<mq_proto::v1::ReceiveResponse>,
+) {
+    let mut rpc = mq_proto::v1::message_queue_service_client::MessageQueueServiceClient::connect(
+        url.to_string(),
+    )
+    .await
+    .unwrap()
+    .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(mq_proto::v1::ReceiveRequest {
+        queue: queue.into(),
+        credit,
+        ack_through: 0,
+    })
+    .await
+    .unwrap();
+    let items = rpc
+        .receive(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, items)
+}
+
 #[cfg(test)]
 mod tests {
     use super::is_package_variable;

@@ -129,24 +129,7 @@ async fn a_dropped_consumer_with_held_acknowledgements_gives_them_back_in_order(
 async fn a_big_delivery_arrives_in_items_of_about_64_kib_in_order() {
     const N: usize = 200;
     let (broker, _q) = queue_with(N, 1000).await;
-    let mut rpc = v1::message_queue_service_client::MessageQueueServiceClient::connect(
-        broker.url().to_string(),
-    )
-    .await
-    .unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(v1::ReceiveRequest {
-        queue: Q.into(),
-        credit: N as u32,
-        ack_through: 0,
-    })
-    .await
-    .unwrap();
-    let mut items = rpc
-        .receive(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut items) = mq_tests::open_receive(broker.url(), Q, N as u32).await;
     let mut sizes = Vec::new();
     let mut got = Vec::new();
     while got.len() < N {

@@ -72,24 +72,7 @@ fn check(got: &[Bytes], what: &str) {
 /// Receives everything with the generated client (no mq-client), acknowledging at the end, and
 /// checks tags, labels and bodies.
 async fn receive_with_the_generated_client(url: &str) {
-    let mut rpc =
-        v1::message_queue_service_client::MessageQueueServiceClient::connect(url.to_string())
-            .await
-            .unwrap()
-            .max_decoding_message_size(64 << 20);
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(v1::ReceiveRequest {
-        queue: Q.into(),
-        credit: SIZES.len() as u32,
-        ack_through: 0,
-    })
-    .await
-    .unwrap();
-    let mut items = rpc
-        .receive(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut items) = mq_tests::open_receive(url, Q, SIZES.len() as u32).await;
     let mut got = Vec::new();
     while got.len() < SIZES.len() {
         let item = tokio::time::timeout(WAIT, items.message())
