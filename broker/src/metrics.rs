@@ -519,6 +519,18 @@ impl prometheus_client::collector::Collector for Collector {
             "Bytes of zeros written (and synced) ahead of the records while the journal was idle, so that commits write into written space (since mqd started)",
             j.zeroed_bytes,
         )?;
+        counter(
+            &mut e,
+            "mq_journal_idle_spins",
+            "Times the journal's writer watched its queues before sleeping after a lone commit (mqd --journal-idle-spin; 0 when off), since mqd started",
+            j.idle_spins,
+        )?;
+        counter(
+            &mut e,
+            "mq_journal_idle_spin_catches",
+            "Of those, the times a submission arrived during the watch (taken without a wake-up), since mqd started",
+            j.idle_spin_catches,
+        )?;
         gauge(
             &mut e,
             "mq_journal_poisoned",

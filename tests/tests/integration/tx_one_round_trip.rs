@@ -24,28 +24,67 @@ async fn create_tx_queue(client: &Client, name: &str) {
     client.create_queue(name, opts).await.unwrap();
 }
 
-/// mqd with its metrics endpoint, a client, and the transactional queue `Q`.
-async fn mqd_with_queue(dir: &std::path::Path) -> (MqdProcess, mq_tests::http::Http, Client) {
-    let (mqd, http) = mq_tests::http::mqd_with_http(dir, &[]);
+/// mqd (with `extra` arguments) with its metrics endpoint, a client, and the transactional
+/// queue `Q`.
+async fn mqd_with_queue_and(
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> (MqdProcess, mq_tests::http::Http, Client) {
+    let (mqd, http) = mq_tests::http::mqd_with_http(dir, extra);
     let http = mq_tests::http::Http::new(&format!("http://{http}"));
     let client = mqd.connect().await;
     create_tx_queue(&client, Q).await;
     (mqd, http, client)
 }
 
-/// The journal's `mq_journal_fdatasync_total`.
-async fn fdatasyncs(http: &mq_tests::http::Http) -> u64 {
+/// mqd with its defaults: [`mqd_with_queue_and`] without arguments.
+async fn mqd_with_queue(dir: &std::path::Path) -> (MqdProcess, mq_tests::http::Http, Client) {
+    mqd_with_queue_and(dir, &[]).await
+}
+
+/// The value of the unlabelled sample `name` in mqd's `/metrics`.
+async fn metric(http: &mq_tests::http::Http, name: &str) -> u64 {
     let http = http.clone();
+    let prefix = format!("{name} ");
     tokio::task::spawn_blocking(move || {
         let (status, body) = http.page("/metrics");
         assert_eq!(status, 200, "{body}");
         body.lines()
-            .find_map(|l| l.strip_prefix("mq_journal_fdatasync_total "))
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
             .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no mq_journal_fdatasync_total in {body}")) as u64
+            .unwrap_or_else(|| panic!("no {prefix}in {body}")) as u64
     })
     .await
     .unwrap()
+}
+
+/// The journal's `mq_journal_fdatasync_total`.
+async fn fdatasyncs(http: &mq_tests::http::Http) -> u64 {
+    metric(http, "mq_journal_fdatasync_total").await
+}
+
+/// `mqd --journal-idle-spin` reaches the journal's writer: with it, one-at-a-time transactions
+/// make the writer watch its queues after lone commits (`mq_journal_idle_spins_total`); without
+/// it (the default) it never does. Every transaction commits either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_idle_spin_option_reaches_the_journal_writer() {
+    for (args, spins) in [
+        (&["--journal-idle-spin", "200us"][..], true),
+        (&[][..], false),
+    ] {
+        let dir = temp_data_dir("mq-txspin-");
+        let (mqd, http, client) = mqd_with_queue_and(dir.path(), args).await;
+        for i in 0..20 {
+            let mut tx = client.begin().await.unwrap();
+            tx.send(Q, Message::new(format!("m{i}"))).unwrap();
+            tx.commit().await.unwrap();
+        }
+        let n = metric(&http, "mq_journal_idle_spins_total").await;
+        assert_eq!(n > 0, spins, "{args:?}: {n} idle spins");
+        assert!(metric(&http, "mq_journal_idle_spin_catches_total").await <= n);
+        assert_eq!(bodies(&client, Q).await.len(), 20, "{args:?}");
+        drop(mqd);
+    }
 }
 
 async fn bodies(client: &Client, queue: &str) -> Vec<(String, u32)> {
