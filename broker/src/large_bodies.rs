@@ -20,10 +20,10 @@
 //! takes a `bytes` field as a slice: the body is not copied); one spread over several frames is
 //! gathered into one buffer first, as tonic does; frames under 4 KiB are copied together as
 //! they come (a client sending a message a byte per frame costs its bytes, not a queued `Bytes`
-//! per frame). Bounds and refusals are tonic's: a message
-//! over the limit is refused (OUT_OF_RANGE) from its 5-byte prefix, before its bytes are read; a
-//! compressed-flag without `grpc-encoding`, a bad flag, a truncated stream and undecodable bytes
-//! are INTERNAL, with tonic's words.
+//! per frame). Bounds and refusals are tonic's: a message over the limit is refused
+//! (OUT_OF_RANGE) from its 5-byte prefix, before its bytes are read; a compressed-flag without
+//! `grpc-encoding`, a bad flag, a truncated stream and undecodable bytes are INTERNAL, with
+//! tonic's words.
 //!
 //! Every other call, and a Send or Receive whose request carries `grpc-encoding`, goes to
 //! tonic as before.
