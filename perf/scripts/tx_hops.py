@@ -26,12 +26,10 @@ import argparse
 import collections
 import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tx_timeline import add_run_args, record_one_at_a_time  # noqa: E402
 
 SYSCALLS = ["writev", "sendto", "write", "recvfrom", "read", "epoll_wait", "futex", "sched_yield"]
 LINE = re.compile(r"^\s*(\S.*?)\s+(\d+)/(\d+)\s+\[(\d+)\]\s+([\d.]+):\s+(\S+):\s*(.*)$")
@@ -46,58 +44,17 @@ def kind(comm):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mqd", required=True)
-    ap.add_argument("--mqperf", required=True)
-    ap.add_argument("--count", type=int, default=3000)
-    ap.add_argument("--dir", default="/tmp")
-    ap.add_argument("--kind", default="send", choices=["send", "receive"])
-    ap.add_argument("--mqd-arg", action="append", default=[])
-    ap.add_argument("--mqperf-arg", action="append", default=[])
+    add_run_args(ap)
     a = ap.parse_args()
 
-    data = tempfile.mkdtemp(dir=a.dir, prefix="txhops-")
-    pdata = os.path.join(data, "perf.data")
-    mqd = subprocess.Popen([a.mqd, "--listen", "127.0.0.1:0", "--data-dir",
-                            os.path.join(data, "d")] + a.mqd_arg,
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        url = "http://" + mqd.stdout.readline().strip().split()[-1]
-        base = [a.mqperf, "TX", "SENDANDPURGE" if a.kind == "send" else "SENDANDRECEIVE",
-                ".\\private$\\txhops", "--payload", "string:1000", "--formatter", "raw",
-                "--runs", "1", "--one-at-a-time", "--broker", url] + a.mqperf_arg
-        if a.kind == "receive":
-            base.append("--receive-and-commit")
-        subprocess.run(base + ["--count", "500"], check=True, capture_output=True, timeout=300)
-        load = open("/proc/loadavg").read().split()[0]
-        perf = subprocess.Popen(["perf", "record", "-q", "-a", "-o", pdata,
-                                 "-e", "sched:sched_switch", "-e", "sched:sched_wakeup"]
-                                + sum((["-e", f"syscalls:sys_enter_{c}"] for c in SYSCALLS), []),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1.0)
-        client = subprocess.Popen(base + ["--count", str(a.count)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, text=True)
-        out, _ = client.communicate(timeout=600)
-        if client.returncode != 0:
-            sys.exit("mqperf failed")
-        perf.send_signal(signal.SIGINT)
-        perf.wait()
-        print(f"# {time.strftime('%H:%M:%S', time.gmtime())} UTC load {load} -> "
-              f"{open('/proc/loadavg').read().split()[0]}")
-        for line in out.splitlines():
-            if " raw " in line:
-                print("# " + line.strip())
-        script = subprocess.run(["perf", "script", "-i", pdata, "--ns", "-F",
-                                 "comm,pid,tid,cpu,time,event,trace"],
-                                capture_output=True, text=True)
-        procs = {mqd.pid: "mqd", client.pid: "mqperf"}
-    finally:
-        mqd.send_signal(signal.SIGKILL)
-        mqd.wait()
-        shutil.rmtree(data, ignore_errors=True)
+    events = ["sched:sched_switch", "sched:sched_wakeup"]
+    events += [f"syscalls:sys_enter_{c}" for c in SYSCALLS]
+    script, mqd_pid, client_pid = record_one_at_a_time(a, events, "txhops-")
+    procs = {mqd_pid: "mqd", client_pid: "mqperf"}
 
     evs = []
     owner = {}  # tid -> (process name, thread kind)
-    for line in script.stdout.splitlines():
+    for line in script.splitlines():
         m = LINE.match(line)
         if not m:
             continue

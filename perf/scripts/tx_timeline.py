@@ -51,41 +51,47 @@ def pct(v, p):
     return v[min(len(v) - 1, int(p * len(v)))]
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def add_run_args(ap):
+    """The arguments of `record_one_at_a_time` (shared with tx_hops.py)."""
     ap.add_argument("--mqd", required=True)
     ap.add_argument("--mqperf", required=True)
     ap.add_argument("--count", type=int, default=3000)
     ap.add_argument("--dir", default="/tmp")
     ap.add_argument("--kind", default="send", choices=["send", "receive"])
-    ap.add_argument("--keep", help="keep perf.data here")
     ap.add_argument("--mqd-arg", action="append", default=[], help="an extra argument for mqd")
     ap.add_argument("--mqperf-arg", action="append", default=[],
                     help="an extra argument for mqperf (e.g. --mqperf-arg=--current-thread)")
-    a = ap.parse_args()
 
-    data = tempfile.mkdtemp(dir=a.dir, prefix="txtl-")
+
+def record_one_at_a_time(a, events, prefix, before_kill=None):
+    """Starts a.mqd (fresh data dir under a.dir), warms it up with 500 one-at-a-time
+    transactions, then records `events` machine-wide with `perf record` while mqperf runs
+    a.count of them (a.kind: send, or receive_and_commit), and prints the load and mqperf's
+    result lines as comments. `before_kill(mqd_pid, perf_data_path)` runs while mqd is still
+    alive. Returns the `perf script` output (comm, pid, tid, cpu, time, event, trace), mqd's
+    pid and mqperf's pid; mqd is killed by its PID and the data dir removed."""
+    data = tempfile.mkdtemp(dir=a.dir, prefix=prefix)
     pdata = os.path.join(data, "perf.data")
-    mqd = subprocess.Popen([a.mqd, "--listen", "127.0.0.1:0", "--data-dir", os.path.join(data, "d")] + a.mqd_arg,
+    mqd = subprocess.Popen([a.mqd, "--listen", "127.0.0.1:0", "--data-dir",
+                            os.path.join(data, "d")] + a.mqd_arg,
                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        addr = mqd.stdout.readline().strip().split()[-1]
-        url = f"http://{addr}"
+        url = "http://" + mqd.stdout.readline().strip().split()[-1]
         base = [a.mqperf, "TX", "SENDANDPURGE" if a.kind == "send" else "SENDANDRECEIVE",
-                ".\\private$\\txtl", "--payload", "string:1000", "--formatter", "raw",
-                "--runs", "1", "--one-at-a-time", "--broker", url] + a.mqperf_arg
+                ".\\private$\\" + prefix.rstrip("-"), "--payload", "string:1000",
+                "--formatter", "raw", "--runs", "1", "--one-at-a-time", "--broker", url]
+        base += a.mqperf_arg
         if a.kind == "receive":
             base.append("--receive-and-commit")
         # Warm up (queue created, zeros laid, connections made), then the measured run.
         subprocess.run(base + ["--count", "500"], check=True, capture_output=True, timeout=300)
         load = open("/proc/loadavg").read().split()[0]
         perf = subprocess.Popen(["perf", "record", "-q", "-a", "-o", pdata]
-                                + sum((["-e", e] for e in EVENTS), []),
+                                + sum((["-e", e] for e in events), []),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)
         client = subprocess.Popen(base + ["--count", str(a.count)], stdout=subprocess.PIPE,
                                   stderr=subprocess.DEVNULL, text=True)
-        client_pid = client.pid
         stdout, _ = client.communicate(timeout=600)
         if client.returncode != 0:
             sys.exit("mqperf failed")
@@ -96,22 +102,37 @@ def main():
         for line in stdout.splitlines():
             if " raw " in line:
                 print("# " + line.strip())
-        tids = set(int(t) for t in os.listdir(f"/proc/{mqd.pid}/task"))
-        names = {}
-        for t in tids:
-            try:
-                names[t] = open(f"/proc/{mqd.pid}/task/{t}/comm").read().strip()
-            except OSError:
-                pass
+        if before_kill:
+            before_kill(mqd.pid, pdata)
         script = subprocess.run(["perf", "script", "-i", pdata, "--ns", "-F",
                                  "comm,pid,tid,cpu,time,event,trace"],
                                 capture_output=True, text=True)
-        if a.keep:
-            shutil.copy(pdata, a.keep)
+        return script.stdout, mqd.pid, client.pid
     finally:
         mqd.send_signal(signal.SIGKILL)
         mqd.wait()
         shutil.rmtree(data, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_run_args(ap)
+    ap.add_argument("--keep", help="keep perf.data here")
+    a = ap.parse_args()
+
+    names = {}
+
+    def thread_names(mqd_pid, pdata):
+        for t in os.listdir(f"/proc/{mqd_pid}/task"):
+            try:
+                names[int(t)] = open(f"/proc/{mqd_pid}/task/{t}/comm").read().strip()
+            except OSError:
+                pass
+        if a.keep:
+            shutil.copy(pdata, a.keep)
+
+    script, _, client_pid = record_one_at_a_time(a, EVENTS, "txtl-", thread_names)
+    tids = set(names)
 
     writer = [t for t, n in names.items() if n.startswith("mq-journal-wri")]
     workers = set(t for t, n in names.items() if n.startswith("tokio-r"))
@@ -120,7 +141,7 @@ def main():
     writer = writer[0]
 
     evs = []
-    for line in script.stdout.splitlines():
+    for line in script.splitlines():
         m = LINE.match(line)
         if not m:
             continue
