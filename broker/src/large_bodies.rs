@@ -37,7 +37,7 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use futures::Stream;
 use http_body::Frame;
-use mq_proto::chunked::{self, PREFIX_LEN, SPLIT_BODY_BYTES};
+use mq_proto::chunked::{self, FrameDecoder, SPLIT_BODY_BYTES};
 use mq_proto::codec::MqCodec;
 use mq_proto::v1::{self, message_queue_service_server::MessageQueueService};
 use prost::encoding::{encode_key, encode_varint, WireType};
@@ -50,10 +50,6 @@ use crate::service::Service;
 
 /// The Receive method's HTTP/2 path.
 pub(crate) const RECEIVE_PATH: &str = "/mq.v1.MessageQueueService/Receive";
-
-/// A request frame shorter than this is copied into [`FrameDecoder`]'s buffer rather than kept
-/// as it is.
-const COALESCE_BYTES: usize = 4096;
 
 /// The Send method's HTTP/2 path.
 pub(crate) const SEND_PATH: &str = "/mq.v1.MessageQueueService/Send";
@@ -217,172 +213,9 @@ impl<T: Send + 'static> Inbound<T> for Streaming<T> {
     }
 }
 
-/// A request stream's gRPC messages read from the HTTP/2 frames as they arrive (module doc):
-/// a message that lies within one frame is decoded from that frame's bytes, no copy.
-pub(crate) struct FrameDecoder<T> {
-    /// The request's body, its errors made statuses by tonic (as its `Streaming` does).
-    body: tonic::body::Body,
-    /// Data received and not yet taken, in order; none is empty. Each is a frame of at least
-    /// [`COALESCE_BYTES`], or small frames copied together (see `tail`).
-    chunks: VecDeque<Bytes>,
-    /// Frames under [`COALESCE_BYTES`] received after `chunks`, copied into one buffer: a
-    /// stream of tiny frames costs its bytes, not a `Bytes` (and a queue slot) per frame.
-    tail: BytesMut,
-    /// The length of `chunks` and `tail` together.
-    buffered: usize,
-    /// The largest message accepted (the server's max_decoding_message_size).
-    limit: usize,
-    /// The body has ended.
-    ended: bool,
-    _pd: std::marker::PhantomData<fn() -> T>,
-}
-
-impl<T> FrameDecoder<T> {
-    pub(crate) fn new<B>(body: B, limit: usize) -> Self
-    where
-        B: http_body::Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        FrameDecoder {
-            body: tonic::body::Body::new(body),
-            chunks: VecDeque::new(),
-            tail: BytesMut::new(),
-            buffered: 0,
-            limit,
-            ended: false,
-            _pd: std::marker::PhantomData,
-        }
-    }
-
-    /// The next whole message's bytes, without its prefix, if all of it has arrived.
-    fn take(&mut self) -> Result<Option<Bytes>, Status> {
-        if self.buffered < PREFIX_LEN {
-            return Ok(None);
-        }
-        let mut prefix = [0u8; PREFIX_LEN];
-        let mut n = 0;
-        for c in self.chunks.iter().map(|c| &c[..]).chain([&self.tail[..]]) {
-            let k = c.len().min(PREFIX_LEN - n);
-            prefix[n..n + k].copy_from_slice(&c[..k]);
-            n += k;
-            if n == PREFIX_LEN {
-                break;
-            }
-        }
-        match prefix[0] {
-            0 => {}
-            1 => {
-                return Err(Status::internal(
-                    "protocol error: received message with compressed-flag but no grpc-encoding was specified",
-                ))
-            }
-            f => {
-                return Err(Status::internal(format!(
-                    "protocol error: received message with invalid compression flag: {f} (valid flags are 0 and 1), while sending request"
-                )))
-            }
-        }
-        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
-        if len > self.limit {
-            return Err(Status::out_of_range(format!(
-                "Error, decoded message length too large: found {len} bytes, the limit is: {} bytes",
-                self.limit
-            )));
-        }
-        if self.buffered < PREFIX_LEN + len {
-            return Ok(None);
-        }
-        if !self.tail.is_empty() {
-            self.chunks.push_back(self.tail.split().freeze());
-        }
-        self.skip(PREFIX_LEN);
-        self.buffered -= len;
-        let front = self.chunks.front_mut();
-        if let Some(front) = front.filter(|f| f.len() >= len) {
-            let msg = front.split_to(len);
-            if front.is_empty() {
-                self.chunks.pop_front();
-            }
-            return Ok(Some(msg));
-        }
-        // Spread over several frames: gathered, as tonic does.
-        let mut msg = BytesMut::with_capacity(len);
-        while msg.len() < len {
-            let c = self.chunks.front_mut().expect("buffered counts the chunks");
-            let k = c.len().min(len - msg.len());
-            msg.extend_from_slice(&c.split_to(k));
-            if c.is_empty() {
-                self.chunks.pop_front();
-            }
-        }
-        Ok(Some(msg.freeze()))
-    }
-
-    /// Buffers a frame's data: a large one as it is, a small one copied into `tail`.
-    fn push(&mut self, data: Bytes) {
-        self.buffered += data.len();
-        if data.len() < COALESCE_BYTES {
-            self.tail.extend_from_slice(&data);
-            return;
-        }
-        if !self.tail.is_empty() {
-            self.chunks.push_back(self.tail.split().freeze());
-        }
-        self.chunks.push_back(data);
-    }
-
-    /// Drops the first `n` buffered bytes (all in `chunks`).
-    fn skip(&mut self, mut n: usize) {
-        self.buffered -= n;
-        while n > 0 {
-            let c = self.chunks.front_mut().expect("buffered counts the chunks");
-            let k = c.len().min(n);
-            bytes::Buf::advance(c, k);
-            n -= k;
-            if c.is_empty() {
-                self.chunks.pop_front();
-            }
-        }
-    }
-}
-
 impl<T: prost::Message + Default + Send + 'static> Inbound<T> for FrameDecoder<T> {
-    async fn message(&mut self) -> Result<Option<T>, Status> {
-        loop {
-            if let Some(raw) = self.take()? {
-                return T::decode(raw).map(Some).map_err(|e| {
-                    Status::internal(format!("failed to decode Protobuf message: {e}"))
-                });
-            }
-            if self.ended {
-                return if self.buffered > 0 {
-                    Err(Status::internal("Unexpected EOF decoding stream."))
-                } else {
-                    Ok(None)
-                };
-            }
-            let body = &mut self.body;
-            match futures::future::poll_fn(|cx| {
-                http_body::Body::poll_frame(Pin::new(&mut *body), cx)
-            })
-            .await
-            {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.push(data);
-                    }
-                }
-                Some(Err(status)) => {
-                    // As tonic: a request stream the client cancelled has ended.
-                    if status.code() == tonic::Code::Cancelled {
-                        self.ended = true;
-                        continue;
-                    }
-                    return Err(status);
-                }
-                None => self.ended = true,
-            }
-        }
+    fn message(&mut self) -> impl Future<Output = Result<Option<T>, Status>> + Send {
+        FrameDecoder::message(self)
     }
 }
 
@@ -443,7 +276,8 @@ where
         let limit = self.limit;
         if path == SEND_PATH {
             return Box::pin(async move {
-                let req = tonic::Request::from_http(req.map(|body| FrameDecoder::new(body, limit)));
+                let req =
+                    tonic::Request::from_http(req.map(|body| FrameDecoder::request(body, limit)));
                 Ok(answer(
                     service.send_from(req).await,
                     limit,
@@ -493,8 +327,8 @@ fn answer<T: Send + 'static>(
 mod tests {
     use super::*;
     use http_body::Body as _;
+    use mq_proto::chunked::PREFIX_LEN;
     use proptest::strategy::Strategy as _;
-    use std::time::Duration;
 
     fn message(id: &[u8], body: Bytes, label: &str) -> v1::Message {
         v1::Message {
@@ -683,7 +517,7 @@ mod tests {
         pieces: Vec<Result<Bytes, Status>>,
         limit: usize,
     ) -> (Vec<v1::SendRequest>, Result<(), Status>) {
-        let mut d = FrameDecoder::<v1::SendRequest>::new(Pieces(pieces.into()), limit);
+        let mut d = FrameDecoder::<v1::SendRequest>::request(Pieces(pieces.into()), limit);
         let mut got = Vec::new();
         loop {
             match Inbound::message(&mut d).await {
@@ -808,54 +642,6 @@ mod tests {
         .await;
         assert_eq!(got.len(), 1);
         assert!(end.is_ok(), "{end:?}");
-    }
-
-    /// A body that gives its pieces, then nothing more (never ends).
-    struct Hanging(VecDeque<Bytes>);
-
-    impl http_body::Body for Hanging {
-        type Data = Bytes;
-        type Error = Status;
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-            match self.0.pop_front() {
-                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
-                None => Poll::Pending,
-            }
-        }
-    }
-
-    #[tokio::test]
-    async fn tiny_frames_are_copied_together_not_queued_one_by_one() {
-        let one = framed(&send_request(0, &[100_000]));
-        // All but the last byte, one byte per frame: the message is not whole yet.
-        let pieces: VecDeque<Bytes> = one[..one.len() - 1]
-            .iter()
-            .map(|b| Bytes::copy_from_slice(&[*b]))
-            .collect();
-        let mut d = FrameDecoder::<v1::SendRequest>::new(Hanging(pieces), usize::MAX);
-        let waited =
-            tokio::time::timeout(Duration::from_millis(200), Inbound::message(&mut d)).await;
-        assert!(waited.is_err(), "no message yet");
-        assert_eq!(d.buffered, one.len() - 1);
-        assert!(d.chunks.is_empty(), "{} queued pieces", d.chunks.len());
-        assert_eq!(d.tail.len(), one.len() - 1);
-        // The last byte makes it whole.
-        let mut d = FrameDecoder::<v1::SendRequest>::new(
-            Pieces(
-                one.iter()
-                    .map(|b| Ok(Bytes::copy_from_slice(&[*b])))
-                    .collect(),
-            ),
-            usize::MAX,
-        );
-        assert_eq!(
-            Inbound::message(&mut d).await.unwrap().unwrap(),
-            send_request(0, &[100_000])
-        );
-        assert!(Inbound::message(&mut d).await.unwrap().is_none());
     }
 
     proptest::proptest! {

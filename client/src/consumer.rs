@@ -21,6 +21,23 @@ use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::message::ReceivedMessage;
 
+/// Where a consumer's deliveries come from: the frames as they arrive (the usual case), or
+/// tonic's decoder (when the layer beneath tonic is not there).
+#[derive(Debug)]
+enum Inbound {
+    Frames(mq_proto::chunked::FrameDecoder<v1::ReceiveResponse>),
+    Tonic(Streaming<v1::ReceiveResponse>),
+}
+
+impl Inbound {
+    async fn message(&mut self) -> std::result::Result<Option<v1::ReceiveResponse>, tonic::Status> {
+        match self {
+            Inbound::Frames(f) => f.message().await,
+            Inbound::Tonic(s) => s.message().await,
+        }
+    }
+}
+
 /// How a [`Consumer`] fetches.
 #[derive(Debug, Clone)]
 pub struct ConsumerOptions {
@@ -70,7 +87,7 @@ impl Default for ConsumerOptions {
 pub struct Consumer {
     out: Option<mpsc::Sender<v1::ReceiveRequest>>,
     /// `None` only after close or drop.
-    inbound: Option<Streaming<v1::ReceiveResponse>>,
+    inbound: Option<Inbound>,
     /// The rest of the last delivery, in order (every entry carries a message): the delivery's
     /// own list, taken as it is decoded, not copied message by message into a buffer that
     /// grows (a fresh consumer grew it by doubling, moving every message again).
@@ -112,10 +129,21 @@ impl Consumer {
         .await
         .map_err(|_| Error::Internal("request channel closed".into()))?;
         let mut grpc = client.rpc.clone();
-        let rpc = grpc.receive(ReceiverStream::new(rx));
-        let inbound = client
+        // The deliveries come through `large_sends`'s tap (large bodies not copied again).
+        let tap = crate::large_sends::ReceiveTap::default();
+        let mut req = tonic::Request::new(ReceiverStream::new(rx));
+        req.extensions_mut().insert(tap.clone());
+        let rpc = grpc.receive(req);
+        let streaming = client
             .call("opening the receive stream", Duration::ZERO, rpc)
             .await?;
+        let inbound = match tap.take() {
+            Some(body) => Inbound::Frames(mq_proto::chunked::FrameDecoder::response(
+                body,
+                mq_proto::MAX_GRPC_MESSAGE,
+            )),
+            None => Inbound::Tonic(streaming),
+        };
         Ok(Consumer {
             out: Some(out),
             inbound: Some(inbound),

@@ -7,6 +7,12 @@
 //! tonic in the client's service stack, makes the HTTP/2 request body from it: the protobuf
 //! around each large body in a small buffer, the body as its own chunk. The stream tonic was
 //! given reads the same source, so without the layer the requests go through tonic as before.
+//!
+//! The other way, tonic's decoder copies every received frame into its own buffer. A
+//! [`crate::Consumer`] opens its Receive stream with a [`ReceiveTap`], and the layer hands it the
+//! response's body (when the headers carry no status); the consumer reads it with
+//! [`mq_proto::chunked::FrameDecoder`], which decodes a message lying within one frame from
+//! that frame's bytes (the body is not copied). tonic is left an empty body it never reads.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -94,24 +100,40 @@ impl tonic::codegen::Body for SendBody {
     }
 }
 
+/// Where the layer puts a Receive stream's response body for the consumer to read
+/// ([`mq_proto::chunked::FrameDecoder::response`]); empty if the response carried its status in
+/// its headers (a refusal), which tonic reports as before.
+#[derive(Clone, Default)]
+pub(crate) struct ReceiveTap(Arc<Mutex<Option<tonic::body::Body>>>);
+
+impl ReceiveTap {
+    /// The response's body, if the layer took it.
+    pub(crate) fn take(&self) -> Option<tonic::body::Body> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
 /// The client's service beneath tonic (module doc): a request carrying a [`SendSource`] gets
-/// its body from it.
+/// its body from it; the response to a request carrying a [`ReceiveTap`] leaves its body there.
 #[derive(Debug, Clone)]
 pub(crate) struct LargeSends<S>(pub(crate) S);
 
+type Response = http::Response<tonic::body::Body>;
+
 impl<S> tonic::codegen::Service<http::Request<tonic::body::Body>> for LargeSends<S>
 where
-    S: tonic::codegen::Service<http::Request<tonic::body::Body>>,
+    S: tonic::codegen::Service<http::Request<tonic::body::Body>, Response = Response>,
+    S::Future: Send + 'static,
 {
-    type Response = S::Response;
+    type Response = Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = Pin<Box<dyn std::future::Future<Output = Result<Response, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.0.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: http::Request<tonic::body::Body>) -> S::Future {
+    fn call(&mut self, mut req: http::Request<tonic::body::Body>) -> Self::Future {
         if let Some(rx) = req
             .extensions_mut()
             .remove::<SendSource>()
@@ -122,7 +144,20 @@ where
                 chunks: VecDeque::new(),
             });
         }
-        self.0.call(req)
+        let tap = req.extensions_mut().remove::<ReceiveTap>();
+        let fut = self.0.call(req);
+        Box::pin(async move {
+            let mut resp = fut.await?;
+            if let Some(tap) = tap {
+                if resp.status() == http::StatusCode::OK
+                    && !resp.headers().contains_key("grpc-status")
+                {
+                    let body = std::mem::replace(resp.body_mut(), tonic::body::Body::empty());
+                    *tap.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(body);
+                }
+            }
+            Ok(resp)
+        })
     }
 }
 
@@ -137,16 +172,63 @@ mod tests {
     struct Keep(Arc<Mutex<Option<http::Request<tonic::body::Body>>>>);
 
     impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Keep {
-        type Response = ();
+        type Response = Response;
         type Error = std::convert::Infallible;
-        type Future = std::future::Ready<Result<(), std::convert::Infallible>>;
+        type Future = std::future::Ready<Result<Response, std::convert::Infallible>>;
         fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
             Poll::Ready(Ok(()))
         }
         fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
             *self.0.lock().unwrap() = Some(req);
-            std::future::ready(Ok(()))
+            std::future::ready(Ok(http::Response::new(tonic::body::Body::new(
+                http_body_full(b"the response's body"),
+            ))))
         }
+    }
+
+    /// A body of one data frame.
+    fn http_body_full(b: &'static [u8]) -> impl tonic::codegen::Body<Data = Bytes, Error = Status> {
+        struct One(Option<Bytes>);
+        impl tonic::codegen::Body for One {
+            type Data = Bytes;
+            type Error = Status;
+            fn poll_frame(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+                Poll::Ready(self.0.take().map(|b| Ok(http_body::Frame::data(b))))
+            }
+        }
+        One(Some(Bytes::from_static(b)))
+    }
+
+    async fn all_data(mut body: tonic::body::Body) -> Vec<u8> {
+        let mut out = Vec::new();
+        while let Some(f) = futures::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+        {
+            if let Ok(d) = f.unwrap().into_data() {
+                out.extend_from_slice(&d);
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn the_layer_leaves_a_receive_response_body_in_the_tap() {
+        let tap = ReceiveTap::default();
+        let mut req = http::Request::new(tonic::body::Body::empty());
+        req.extensions_mut().insert(tap.clone());
+        let resp = LargeSends(Keep::default()).call(req).await.unwrap();
+        // tonic is left an empty body; the consumer gets the real one.
+        assert!(all_data(resp.into_body()).await.is_empty());
+        assert_eq!(
+            all_data(tap.take().expect("the body")).await,
+            b"the response's body"
+        );
+        // Without a tap, the body stays where it is.
+        let req = http::Request::new(tonic::body::Body::empty());
+        let resp = LargeSends(Keep::default()).call(req).await.unwrap();
+        assert_eq!(all_data(resp.into_body()).await, b"the response's body");
     }
 
     fn request(i: u64, body: Bytes) -> v1::SendRequest {

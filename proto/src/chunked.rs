@@ -8,10 +8,13 @@
 //! (`broker/src/large_bodies.rs`), and reads large bodies in without tonic's copy.
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::encoding::{encode_key, encode_varint, WireType};
 use prost::Message as _;
+
+use tonic::Status;
 
 use crate::v1;
 
@@ -74,6 +77,224 @@ pub fn encode_send_request(mut req: v1::SendRequest, out: &mut VecDeque<Bytes>) 
     Some(())
 }
 
+/// A frame shorter than this is copied into [`FrameDecoder`]'s buffer rather than kept as it
+/// is.
+pub const COALESCE_BYTES: usize = 4096;
+
+/// A stream's gRPC messages read from the HTTP/2 frames as they arrive: a message that lies
+/// within one frame is decoded from that frame's bytes (prost takes a `bytes` field as a slice,
+/// so a body is not copied); one spread over several frames is gathered first, as tonic does;
+/// frames under [`COALESCE_BYTES`] are copied together as they come. tonic's bounds and
+/// refusals, with its words: a message over the limit is refused (OUT_OF_RANGE) from its 5-byte
+/// prefix; a compressed flag (no `grpc-encoding` is negotiated), a bad flag, a truncated stream
+/// and undecodable bytes are INTERNAL. mqd reads Send requests with it
+/// ([`FrameDecoder::request`]) and mq-client reads Receive responses
+/// ([`FrameDecoder::response`]: the stream ends with the status of its trailers).
+pub struct FrameDecoder<T> {
+    /// The body, its errors made statuses by tonic (as its `Streaming` does).
+    body: tonic::body::Body,
+    /// A response: it ends with the status in its trailers.
+    response: bool,
+    /// The trailers' status, once they came.
+    status: Option<Status>,
+    /// Data received and not yet taken, in order; none is empty. Each is a frame of at least
+    /// [`COALESCE_BYTES`], or small frames copied together (see `tail`).
+    chunks: VecDeque<Bytes>,
+    /// Frames under [`COALESCE_BYTES`] received after `chunks`, copied into one buffer: a
+    /// stream of tiny frames costs its bytes, not a `Bytes` (and a queue slot) per frame.
+    tail: BytesMut,
+    /// The length of `chunks` and `tail` together.
+    buffered: usize,
+    /// The largest message accepted (the server's max_decoding_message_size).
+    limit: usize,
+    /// The body has ended.
+    ended: bool,
+    _pd: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T> std::fmt::Debug for FrameDecoder<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameDecoder")
+            .field("buffered", &self.buffered)
+            .field("response", &self.response)
+            .field("ended", &self.ended)
+            .finish()
+    }
+}
+
+impl<T: prost::Message + Default> FrameDecoder<T> {
+    /// A request stream (mqd's side): its trailers are ignored, a cancelled body is its end.
+    pub fn request<B>(body: B, limit: usize) -> Self
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        Self::new(tonic::body::Body::new(body), limit, false)
+    }
+
+    /// A response stream (a client's side) whose headers carried no status: it ends with the
+    /// status of its trailers (an error status is returned as the error), or UNKNOWN without
+    /// one, as tonic does.
+    pub fn response(body: tonic::body::Body, limit: usize) -> Self {
+        Self::new(body, limit, true)
+    }
+
+    fn new(body: tonic::body::Body, limit: usize, response: bool) -> Self {
+        FrameDecoder {
+            body,
+            response,
+            status: None,
+            chunks: VecDeque::new(),
+            tail: BytesMut::new(),
+            buffered: 0,
+            limit,
+            ended: false,
+            _pd: std::marker::PhantomData,
+        }
+    }
+
+    /// The next whole message's bytes, without its prefix, if all of it has arrived.
+    fn take(&mut self) -> Result<Option<Bytes>, Status> {
+        if self.buffered < PREFIX_LEN {
+            return Ok(None);
+        }
+        let mut prefix = [0u8; PREFIX_LEN];
+        let mut n = 0;
+        for c in self.chunks.iter().map(|c| &c[..]).chain([&self.tail[..]]) {
+            let k = c.len().min(PREFIX_LEN - n);
+            prefix[n..n + k].copy_from_slice(&c[..k]);
+            n += k;
+            if n == PREFIX_LEN {
+                break;
+            }
+        }
+        match prefix[0] {
+            0 => {}
+            1 => {
+                return Err(Status::internal(
+                    "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+                ))
+            }
+            f => {
+                return Err(Status::internal(format!(
+                    "protocol error: received message with invalid compression flag: {f} (valid flags are 0 and 1), while {}",
+                    if self.response { "receiving response" } else { "sending request" }
+                )))
+            }
+        }
+        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        if len > self.limit {
+            return Err(Status::out_of_range(format!(
+                "Error, decoded message length too large: found {len} bytes, the limit is: {} bytes",
+                self.limit
+            )));
+        }
+        if self.buffered < PREFIX_LEN + len {
+            return Ok(None);
+        }
+        if !self.tail.is_empty() {
+            self.chunks.push_back(self.tail.split().freeze());
+        }
+        self.skip(PREFIX_LEN);
+        self.buffered -= len;
+        let front = self.chunks.front_mut();
+        if let Some(front) = front.filter(|f| f.len() >= len) {
+            let msg = front.split_to(len);
+            if front.is_empty() {
+                self.chunks.pop_front();
+            }
+            return Ok(Some(msg));
+        }
+        // Spread over several frames: gathered, as tonic does.
+        let mut msg = BytesMut::with_capacity(len);
+        while msg.len() < len {
+            let c = self.chunks.front_mut().expect("buffered counts the chunks");
+            let k = c.len().min(len - msg.len());
+            msg.extend_from_slice(&c.split_to(k));
+            if c.is_empty() {
+                self.chunks.pop_front();
+            }
+        }
+        Ok(Some(msg.freeze()))
+    }
+
+    /// Buffers a frame's data: a large one as it is, a small one copied into `tail`.
+    fn push(&mut self, data: Bytes) {
+        self.buffered += data.len();
+        if data.len() < COALESCE_BYTES {
+            self.tail.extend_from_slice(&data);
+            return;
+        }
+        if !self.tail.is_empty() {
+            self.chunks.push_back(self.tail.split().freeze());
+        }
+        self.chunks.push_back(data);
+    }
+
+    /// Drops the first `n` buffered bytes (all in `chunks`).
+    fn skip(&mut self, mut n: usize) {
+        self.buffered -= n;
+        while n > 0 {
+            let c = self.chunks.front_mut().expect("buffered counts the chunks");
+            let k = c.len().min(n);
+            bytes::Buf::advance(c, k);
+            n -= k;
+            if c.is_empty() {
+                self.chunks.pop_front();
+            }
+        }
+    }
+
+    /// The next message; `None` at the end (a response's: with an OK status); an error ends
+    /// the stream.
+    pub async fn message(&mut self) -> Result<Option<T>, Status> {
+        loop {
+            if let Some(raw) = self.take()? {
+                return T::decode(raw).map(Some).map_err(|e| {
+                    Status::internal(format!("failed to decode Protobuf message: {e}"))
+                });
+            }
+            if self.ended {
+                if self.buffered > 0 {
+                    return Err(Status::internal("Unexpected EOF decoding stream."));
+                }
+                if !self.response {
+                    return Ok(None);
+                }
+                return match &self.status {
+                    Some(s) if s.code() == tonic::Code::Ok => Ok(None),
+                    Some(s) => Err(s.clone()),
+                    None => Err(Status::unknown(
+                        "protocol error: missing grpc-status trailer, stream was terminated without a final status",
+                    )),
+                };
+            }
+            let body = &mut self.body;
+            match std::future::poll_fn(|cx| http_body::Body::poll_frame(Pin::new(&mut *body), cx))
+                .await
+            {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => self.push(data),
+                    Err(frame) => {
+                        if let Ok(trailers) = frame.into_trailers() {
+                            self.status = Status::from_header_map(&trailers);
+                        }
+                    }
+                },
+                Some(Err(status)) => {
+                    // As tonic: a request stream the client cancelled has ended.
+                    if !self.response && status.code() == tonic::Code::Cancelled {
+                        self.ended = true;
+                        continue;
+                    }
+                    return Err(status);
+                }
+                None => self.ended = true,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +349,127 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A body of the given frames (data or trailers), then, if `hang`, nothing more (never
+    /// ends), else its end.
+    struct Frames(VecDeque<Result<http_body::Frame<Bytes>, Status>>, bool);
+
+    impl http_body::Body for Frames {
+        type Data = Bytes;
+        type Error = Status;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+            match self.0.pop_front() {
+                Some(f) => std::task::Poll::Ready(Some(f)),
+                None if self.1 => std::task::Poll::Pending,
+                None => std::task::Poll::Ready(None),
+            }
+        }
+    }
+
+    fn framed(m: &impl prost::Message) -> Vec<u8> {
+        let body = m.encode_to_vec();
+        let mut v = vec![0u8];
+        v.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        v.extend_from_slice(&body);
+        v
+    }
+
+    fn data(b: &[u8]) -> Result<http_body::Frame<Bytes>, Status> {
+        Ok(http_body::Frame::data(Bytes::copy_from_slice(b)))
+    }
+
+    fn trailers(s: &Status) -> Result<http_body::Frame<Bytes>, Status> {
+        let mut h = tonic::codegen::http::HeaderMap::new();
+        s.add_header(&mut h).unwrap();
+        Ok(http_body::Frame::trailers(h))
+    }
+
+    #[tokio::test]
+    async fn tiny_frames_are_copied_together_not_queued_one_by_one() {
+        let one = framed(&request(&[100_000]));
+        // All but the last byte, one byte per frame: the message is not whole yet.
+        let frames = one[..one.len() - 1].iter().map(|b| data(&[*b])).collect();
+        let mut d = FrameDecoder::<v1::SendRequest>::request(Frames(frames, true), usize::MAX);
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(200), d.message()).await;
+        assert!(waited.is_err(), "no message yet");
+        assert_eq!(d.buffered, one.len() - 1);
+        assert!(d.chunks.is_empty(), "{} queued pieces", d.chunks.len());
+        assert_eq!(d.tail.len(), one.len() - 1);
+        // The last byte makes it whole.
+        let frames = one.iter().map(|b| data(&[*b])).collect();
+        let mut d = FrameDecoder::<v1::SendRequest>::request(Frames(frames, false), usize::MAX);
+        assert_eq!(d.message().await.unwrap().unwrap(), request(&[100_000]));
+        assert!(d.message().await.unwrap().is_none());
+    }
+
+    fn response_of(
+        frames: Vec<Result<http_body::Frame<Bytes>, Status>>,
+    ) -> FrameDecoder<v1::SendRequest> {
+        FrameDecoder::response(
+            tonic::body::Body::new(Frames(frames.into(), false)),
+            1 << 20,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_response_ends_with_the_status_of_its_trailers() {
+        let a = request(&[100_000]);
+        let b = request(&[5]);
+        let wire: Vec<u8> = [framed(&a), framed(&b)].concat();
+        // OK: both messages (the large body a slice of its frame), then the end.
+        let frame = Bytes::from(wire.clone());
+        let mut d = response_of(vec![
+            Ok(http_body::Frame::data(frame.clone())),
+            trailers(&Status::ok("")),
+        ]);
+        let got = d.message().await.unwrap().unwrap();
+        assert_eq!(got, a);
+        let p = got.messages[0].body.as_ptr() as usize;
+        assert!(p >= frame.as_ptr() as usize && p < frame.as_ptr() as usize + frame.len());
+        assert_eq!(d.message().await.unwrap().unwrap(), b);
+        assert!(d.message().await.unwrap().is_none());
+        // An error status: the messages before it, then the error, its details kept.
+        let mut d = response_of(vec![
+            data(&wire[..10]),
+            data(&wire[10..]),
+            trailers(&Status::with_details(
+                tonic::Code::NotFound,
+                "the queue was deleted",
+                Bytes::from_static(b"details"),
+            )),
+        ]);
+        assert_eq!(d.message().await.unwrap().unwrap(), a);
+        assert_eq!(d.message().await.unwrap().unwrap(), b);
+        let e = d.message().await.unwrap_err();
+        assert_eq!(
+            (e.code(), e.message(), e.details()),
+            (
+                tonic::Code::NotFound,
+                "the queue was deleted",
+                &b"details"[..]
+            )
+        );
+        // No trailers: UNKNOWN, as tonic; cut short: INTERNAL.
+        let mut d = response_of(vec![data(&wire)]);
+        d.message().await.unwrap();
+        d.message().await.unwrap();
+        assert_eq!(d.message().await.unwrap_err().code(), tonic::Code::Unknown);
+        let mut d = response_of(vec![
+            data(&wire[..wire.len() - 1]),
+            trailers(&Status::ok("")),
+        ]);
+        d.message().await.unwrap();
+        let e = d.message().await.unwrap_err();
+        assert_eq!(e.message(), "Unexpected EOF decoding stream.");
+        // A cancelled response body is an error, not an end (a request's is an end).
+        let mut d = response_of(vec![Err(Status::cancelled("reset"))]);
+        assert_eq!(
+            d.message().await.unwrap_err().code(),
+            tonic::Code::Cancelled
+        );
     }
 }
