@@ -81,6 +81,65 @@ pub fn encode_send_request(mut req: v1::SendRequest, out: &mut VecDeque<Bytes>) 
 /// is.
 pub const COALESCE_BYTES: usize = 4096;
 
+/// One gRPC message's bytes as the frames brought them (none empty), read by prost where
+/// they lie: a `bytes` field that lies within one piece is a slice of it (no copy), and
+/// mq's own writers put each large body in a piece of its own ([`push_body`]); a field spread
+/// over pieces is gathered.
+#[derive(Debug)]
+pub struct MessageBuf {
+    chunks: VecDeque<Bytes>,
+    remaining: usize,
+}
+
+impl bytes::Buf for MessageBuf {
+    fn remaining(&self) -> usize {
+        self.remaining
+    }
+
+    fn chunk(&self) -> &[u8] {
+        self.chunks.front().map_or(&[], |c| &c[..])
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        assert!(n <= self.remaining, "advance past the end of the message");
+        self.remaining -= n;
+        while n > 0 {
+            let c = self
+                .chunks
+                .front_mut()
+                .expect("remaining counts the pieces");
+            let k = c.len().min(n);
+            c.advance(k);
+            n -= k;
+            if c.is_empty() {
+                self.chunks.pop_front();
+            }
+        }
+    }
+
+    fn copy_to_bytes(&mut self, len: usize) -> Bytes {
+        assert!(
+            len <= self.remaining,
+            "copy_to_bytes past the end of the message"
+        );
+        if let Some(c) = self.chunks.front_mut().filter(|c| c.len() >= len) {
+            let b = c.split_to(len);
+            if c.is_empty() {
+                self.chunks.pop_front();
+            }
+            self.remaining -= len;
+            return b;
+        }
+        let mut out = BytesMut::with_capacity(len);
+        while out.len() < len {
+            let k = self.chunk().len().min(len - out.len());
+            out.extend_from_slice(&self.chunk()[..k]);
+            self.advance(k);
+        }
+        out.freeze()
+    }
+}
+
 /// A stream's gRPC messages read from the HTTP/2 frames as they arrive: a message that lies
 /// within one frame is decoded from that frame's bytes (prost takes a `bytes` field as a slice,
 /// so a body is not copied); one spread over several frames is gathered first, as tonic does;
@@ -154,7 +213,7 @@ impl<T: prost::Message + Default> FrameDecoder<T> {
     }
 
     /// The next whole message's bytes, without its prefix, if all of it has arrived.
-    fn take(&mut self) -> Result<Option<Bytes>, Status> {
+    fn take(&mut self) -> Result<Option<MessageBuf>, Status> {
         if self.buffered < PREFIX_LEN {
             return Ok(None);
         }
@@ -197,25 +256,24 @@ impl<T: prost::Message + Default> FrameDecoder<T> {
         }
         self.skip(PREFIX_LEN);
         self.buffered -= len;
-        let front = self.chunks.front_mut();
-        if let Some(front) = front.filter(|f| f.len() >= len) {
-            let msg = front.split_to(len);
-            if front.is_empty() {
-                self.chunks.pop_front();
-            }
-            return Ok(Some(msg));
-        }
-        // Spread over several frames: gathered, as tonic does.
-        let mut msg = BytesMut::with_capacity(len);
-        while msg.len() < len {
+        // The message's pieces, as they came: decoded where they lie (`MessageBuf`).
+        let mut msg = MessageBuf {
+            chunks: VecDeque::new(),
+            remaining: len,
+        };
+        let mut need = len;
+        while need > 0 {
             let c = self.chunks.front_mut().expect("buffered counts the chunks");
-            let k = c.len().min(len - msg.len());
-            msg.extend_from_slice(&c.split_to(k));
-            if c.is_empty() {
-                self.chunks.pop_front();
+            if c.len() <= need {
+                need -= c.len();
+                msg.chunks
+                    .push_back(self.chunks.pop_front().expect("a chunk"));
+            } else {
+                msg.chunks.push_back(c.split_to(need));
+                need = 0;
             }
         }
-        Ok(Some(msg.freeze()))
+        Ok(Some(msg))
     }
 
     /// Buffers a frame's data: a large one as it is, a small one copied into `tail`.
@@ -470,6 +528,35 @@ mod tests {
         assert_eq!(
             d.message().await.unwrap_err().code(),
             tonic::Code::Cancelled
+        );
+    }
+
+    #[tokio::test]
+    async fn a_body_in_a_frame_of_its_own_is_not_copied() {
+        // As mq writes them: the fields around a large body in one piece, the body in its own.
+        let big = Bytes::from(vec![3u8; 100_000]);
+        let req = v1::SendRequest {
+            messages: vec![v1::OutMessage {
+                body: big.clone(),
+                label: "x".into(),
+                ..Default::default()
+            }],
+            ..request(&[])
+        };
+        let mut out = VecDeque::new();
+        encode_send_request(req.clone(), &mut out).unwrap();
+        assert!(out.len() >= 3, "head, body, rest");
+        let frames = out
+            .into_iter()
+            .map(|c| Ok(http_body::Frame::data(c)))
+            .collect();
+        let mut d = FrameDecoder::<v1::SendRequest>::request(Frames(frames, false), usize::MAX);
+        let got = d.message().await.unwrap().unwrap();
+        assert_eq!(got, req);
+        assert_eq!(
+            got.messages[0].body.as_ptr(),
+            big.as_ptr(),
+            "the body was copied"
         );
     }
 }
