@@ -274,11 +274,11 @@ impl<T: prost::Message + Default> FrameDecoder<T> {
             }
         }
         if !self.response && msg.chunks.len() > 1 {
-            // A request spread over frames is gathered (one copy, as tonic does). Decoding it
-            // where its pieces lie leaves each stored body pinning the h2 read buffer it came
-            // in, and h2 then reads into fresh, smaller buffers: a separate mqd took less CPU
-            // but accepted 100 KB sends 10-25% slower (docs/benchmarks.md, "The client's
-            // receive without tonic's copy").
+            // A request spread over frames is gathered (one copy, as tonic does). Decoded where
+            // its pieces lie, a separate mqd took less CPU but accepted 100 KB sends 10-25%
+            // slower, with as many page faults (docs/benchmarks.md, "mq-client's deliveries
+            // without tonic's copy"); the likely cause, each stored body pinning the h2 read
+            // buffer it came in, is not measured.
             let mut whole = BytesMut::with_capacity(len);
             for c in msg.chunks.drain(..) {
                 whole.extend_from_slice(&c);
