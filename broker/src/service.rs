@@ -1172,6 +1172,10 @@ async fn transact(
         let reply = match op {
             Req::Begin(_) => unreachable!("handled above"),
             Req::Send(mut s) => {
+                // Through tonic's decoder: the send's own encoding stands for the buffer its
+                // bodies are sliced from (unknown fields not counted).
+                let len = prost::Message::encoded_len(&s);
+                crate::large_bodies::own_small_bodies(&mut s.messages, len);
                 if let Err(status) = check_batch(&broker, s.messages.len(), "a transactional send")
                 {
                     drop(open.take());

@@ -318,9 +318,17 @@ impl<T: prost::Message + Default> FrameDecoder<T> {
     /// The next message; `None` at the end (a response's: with an OK status); an error ends
     /// the stream.
     pub async fn message(&mut self) -> Result<Option<T>, Status> {
+        Ok(self.message_with_len().await?.map(|(m, _)| m))
+    }
+
+    /// As [`FrameDecoder::message`], with the length of the message's encoding (without its
+    /// prefix): what a `bytes` field sliced from it may keep in memory (unknown fields
+    /// included, which the decoded message no longer shows).
+    pub async fn message_with_len(&mut self) -> Result<Option<(T, usize)>, Status> {
         loop {
             if let Some(raw) = self.take()? {
-                return T::decode(raw).map(Some).map_err(|e| {
+                let len = raw.remaining;
+                return T::decode(raw).map(|m| Some((m, len))).map_err(|e| {
                     Status::internal(format!("failed to decode Protobuf message: {e}"))
                 });
             }
