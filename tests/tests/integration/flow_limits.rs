@@ -332,22 +332,13 @@ async fn transactions_are_bounded_in_bytes_messages_and_per_connection() {
     broker.stop().await.unwrap();
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmRSS in /proc/<pid>/status")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactions_staging_past_a_quota_do_not_grow_the_brokers_memory() {
     let dir = temp_data_dir("mq-flow-txrss-");
     let mqd = MqdProcess::launch(dir.path(), &[]);
     let client = mqd.connect().await;
     create_tx_queue(&client, Q, Some(1 << 20)).await;
-    let before = rss_kib(mqd.pid());
+    let before = mq_tests::rss_kib(mqd.pid());
     // Two open transactions each try to stage 64 MiB against a 1 MiB quota.
     let body = Bytes::from(vec![b'r'; 512 << 10]);
     let mut txs = Vec::new();
@@ -361,7 +352,7 @@ async fn transactions_staging_past_a_quota_do_not_grow_the_brokers_memory() {
     for tx in txs {
         quota_refusal(&tx.commit().await.unwrap_err(), "quota");
     }
-    let after = rss_kib(mqd.pid());
+    let after = mq_tests::rss_kib(mqd.pid());
     let grown = after.saturating_sub(before);
     println!(
         "mqd RSS {before} KiB before, {after} KiB after staging 2 x 64 MiB (grew {grown} KiB)"

@@ -176,15 +176,6 @@ impl tonic::codec::Decoder for RawSend {
     }
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmRSS in /proc/<pid>/status")
-}
-
 /// One byte of body sent with a MiB of a field mqd does not know: the quota counts the byte, so
 /// mqd must not keep the MiB while the message waits (`own_small_bodies`). 128 such messages
 /// kept 128 MiB before.
@@ -193,7 +184,7 @@ async fn a_byte_sent_with_a_mib_of_padding_keeps_a_byte() {
     const N: u64 = 128;
     let dir = temp_data_dir("mq-padded-");
     let (mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
-    let before = rss_kib(mqd.pid());
+    let before = mq_tests::rss_kib(mqd.pid());
     let requests: Vec<Vec<u8>> = (0..N)
         .map(|i| {
             let mut b = prost::Message::encode_to_vec(&v1::SendRequest {
@@ -240,9 +231,9 @@ async fn a_byte_sent_with_a_mib_of_padding_keeps_a_byte() {
     assert_eq!(client.queue_info(Q).await.unwrap().messages, N);
     // The padding is freed (the allocator may take a moment to give it back).
     let limit = before + 48 * 1024;
-    let mut now = rss_kib(mqd.pid());
+    let mut now = mq_tests::rss_kib(mqd.pid());
     let back = mq_tests::wait_until(WAIT, || {
-        now = rss_kib(mqd.pid());
+        now = mq_tests::rss_kib(mqd.pid());
         now < limit
     });
     println!("mqd RSS {before} KiB before, {now} KiB with {N} padded one-byte messages waiting");

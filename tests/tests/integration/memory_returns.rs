@@ -17,18 +17,7 @@ const ABOVE_START_MIB: u64 = 40;
 const WITHIN: Duration = Duration::from_secs(60);
 
 fn rss_mib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/PID/status");
-    let line = s
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .expect("a VmRSS line");
-    let kb: u64 = line["VmRSS:".len()..]
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .expect("VmRSS in kB");
-    kb / 1024
+    mq_tests::rss_kib(pid) / 1024
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
