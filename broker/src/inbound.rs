@@ -293,7 +293,7 @@ pub(crate) async fn forward_stream(
     mut inbound: Streaming<v1::ForwardRequest>,
     out: mpsc::Sender<Result<v1::ForwardResponse, Status>>,
 ) {
-    let first = match inbound.message().await {
+    let mut first = match inbound.message().await {
         Ok(Some(b)) => b,
         Err(status) => {
             // A batch above the size limit: the sending broker shows why (its last error).
@@ -304,6 +304,7 @@ pub(crate) async fn forward_stream(
         }
         Ok(None) => return,
     };
+    crate::large_bodies::own_small_forwarded_bodies(&mut first);
     let Ok(id) = uuid::Uuid::from_slice(&first.stream_id) else {
         let _ = out
             .send(Err(Status::invalid_argument(
@@ -412,7 +413,10 @@ pub(crate) async fn forward_stream(
                     _ = &mut preempted => continue,
                 };
                 match m {
-                    Ok(Some(b)) => b,
+                    Ok(Some(mut b)) => {
+                        crate::large_bodies::own_small_forwarded_bodies(&mut b);
+                        b
+                    }
                     Ok(None) => break,
                     Err(status) => {
                         tracing::debug!(%status, "forwarding stream ended by the sender");

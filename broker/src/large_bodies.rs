@@ -243,16 +243,37 @@ pub(crate) const PINNED_SHARE: usize = 16;
 /// times what its bodies were charged; a body left behind when the rest of its batch was
 /// received still keeps the whole batch (as tonic's decode buffer did).
 pub(crate) fn own_small_bodies(messages: &mut [v1::OutMessage], len: usize) {
-    let charged =
-        |m: &v1::OutMessage| m.body.len() + crate::config::MESSAGE_OVERHEAD_BYTES as usize;
+    own_small(messages, |m| Some(&mut m.body), len);
+}
+
+/// [`own_small_bodies`] for a forwarded batch (`len`: its encoded length; tonic's decoder does
+/// not tell the length it read, so unknown fields are not counted).
+pub(crate) fn own_small_forwarded_bodies(req: &mut v1::ForwardRequest) {
+    let len = prost::Message::encoded_len(req);
+    own_small(
+        &mut req.messages,
+        |m| m.message.as_mut().map(|m| &mut m.body),
+        len,
+    );
+}
+
+fn own_small<M>(items: &mut [M], mut body: impl FnMut(&mut M) -> Option<&mut Bytes>, len: usize) {
+    let overhead = crate::config::MESSAGE_OVERHEAD_BYTES as usize;
     let small =
-        |m: &v1::OutMessage| !m.body.is_empty() && charged(m).saturating_mul(PINNED_SHARE) < len;
-    let small_charged: usize = messages.iter().filter(|m| small(m)).map(charged).sum();
+        |b: &Bytes| !b.is_empty() && (b.len() + overhead).saturating_mul(PINNED_SHARE) < len;
+    let small_charged: usize = items
+        .iter_mut()
+        .filter_map(&mut body)
+        .filter(|b| small(b))
+        .map(|b| b.len() + overhead)
+        .sum();
     if small_charged.saturating_mul(PINNED_SHARE) >= len {
         return;
     }
-    for m in messages.iter_mut().filter(|m| small(m)) {
-        m.body = Bytes::copy_from_slice(&m.body);
+    for b in items.iter_mut().filter_map(body) {
+        if small(b) {
+            *b = Bytes::copy_from_slice(b);
+        }
     }
 }
 
@@ -669,6 +690,51 @@ mod tests {
                 "a batch of 100 B bodies was copied"
             );
         }
+    }
+
+    #[test]
+    fn a_forwarded_small_body_beside_a_large_one_is_copied() {
+        let fwd = |n: usize| v1::ForwardedMessage {
+            seq: n as u64,
+            message: Some(v1::Message {
+                body: Bytes::from(vec![1u8; n]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut req = v1::ForwardRequest {
+            messages: vec![fwd(3), fwd(1_000_000), fwd(0)],
+            ..Default::default()
+        };
+        let before: Vec<Bytes> = req
+            .messages
+            .iter()
+            .map(|m| m.message.as_ref().unwrap().body.clone())
+            .collect();
+        own_small_forwarded_bodies(&mut req);
+        let after: Vec<&Bytes> = req
+            .messages
+            .iter()
+            .map(|m| &m.message.as_ref().unwrap().body)
+            .collect();
+        assert_eq!(after, before.iter().collect::<Vec<_>>());
+        assert_ne!(
+            after[0].as_ptr(),
+            before[0].as_ptr(),
+            "3 B beside 1 MB kept"
+        );
+        assert_eq!(after[1].as_ptr(), before[1].as_ptr(), "1 MB copied");
+        // A batch of small bodies alone is left as it is.
+        let mut req = v1::ForwardRequest {
+            messages: (0..64).map(|_| fwd(100)).collect(),
+            ..Default::default()
+        };
+        let first = req.messages[0].message.as_ref().unwrap().body.as_ptr();
+        own_small_forwarded_bodies(&mut req);
+        assert_eq!(
+            req.messages[0].message.as_ref().unwrap().body.as_ptr(),
+            first
+        );
     }
 
     #[tokio::test]
