@@ -276,9 +276,9 @@ impl<T: prost::Message + Default> FrameDecoder<T> {
         if !self.response && msg.chunks.len() > 1 {
             // A request spread over frames is gathered (one copy, as tonic does). Decoded where
             // its pieces lie, a separate mqd took less CPU but accepted 100 KB sends 10-32%
-            // slower, with as many page faults (docs/benchmarks.md, "mq-client's deliveries
-            // without tonic's copy"); the likely cause, each stored body pinning the h2 read
-            // buffer it came in, is not measured.
+            // slower, with as many page faults and reads but more waits for data
+            // (docs/benchmarks.md, "mq-client's deliveries without tonic's copy"); why is not
+            // known.
             let mut whole = BytesMut::with_capacity(len);
             for c in msg.chunks.drain(..) {
                 whole.extend_from_slice(&c);
