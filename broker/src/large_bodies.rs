@@ -201,26 +201,27 @@ impl<T> http_body::Body for ResponseBody<T> {
     }
 }
 
-/// Where a call's requests come from: tonic's `Streaming`, or [`FrameDecoder`].
-pub(crate) trait Inbound<T>: Send + 'static {
+/// Where a Send call's requests come from: tonic's `Streaming`, or [`FrameDecoder`]; either way
+/// with [`own_small_bodies`] applied.
+pub(crate) trait Inbound: Send + 'static {
     /// The next request; `None` at the end of the requests; an error ends the stream.
-    fn message(&mut self) -> impl Future<Output = Result<Option<T>, Status>> + Send;
+    fn message(&mut self) -> impl Future<Output = Result<Option<v1::SendRequest>, Status>> + Send;
 }
 
-impl Inbound<v1::SendRequest> for Streaming<v1::SendRequest> {
+impl Inbound for Streaming<v1::SendRequest> {
     async fn message(&mut self) -> Result<Option<v1::SendRequest>, Status> {
         // tonic's decoder (a compressed Send) does not tell the length it decoded; the
         // request's own encoding covers a small body left behind by its batch, not unknown
         // fields.
         Ok(Streaming::message(self).await?.map(|mut req| {
-            let len = prost::Message::encoded_len(&req);
+            let len = req.encoded_len();
             own_small_bodies(&mut req.messages, len);
             req
         }))
     }
 }
 
-impl Inbound<v1::SendRequest> for FrameDecoder<v1::SendRequest> {
+impl Inbound for FrameDecoder<v1::SendRequest> {
     async fn message(&mut self) -> Result<Option<v1::SendRequest>, Status> {
         Ok(self.message_with_len().await?.map(|(mut req, len)| {
             own_small_bodies(&mut req.messages, len);
@@ -249,7 +250,7 @@ pub(crate) fn own_small_bodies(messages: &mut [v1::OutMessage], len: usize) {
 /// [`own_small_bodies`] for a forwarded batch (`len`: its encoded length; tonic's decoder does
 /// not tell the length it read, so unknown fields are not counted).
 pub(crate) fn own_small_forwarded_bodies(req: &mut v1::ForwardRequest) {
-    let len = prost::Message::encoded_len(req);
+    let len = req.encoded_len();
     own_small(
         &mut req.messages,
         |m| m.message.as_mut().map(|m| &mut m.body),
@@ -402,12 +403,17 @@ mod tests {
         chunks.iter().flat_map(|c| c.iter().copied()).collect()
     }
 
-    fn prost_framed(resp: &v1::ReceiveResponse) -> Vec<u8> {
-        let body = resp.encode_to_vec();
+    /// `encoded` as one uncompressed gRPC message: the 5-byte prefix, then the bytes.
+    fn grpc_framed(encoded: &[u8]) -> Vec<u8> {
         let mut v = vec![0u8];
-        v.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        v.extend_from_slice(&body);
+        v.extend_from_slice(&(encoded.len() as u32).to_be_bytes());
+        v.extend_from_slice(encoded);
         v
+    }
+
+    /// `m` encoded by prost, framed.
+    fn framed(m: &impl prost::Message) -> Vec<u8> {
+        grpc_framed(&m.encode_to_vec())
     }
 
     #[test]
@@ -435,7 +441,7 @@ mod tests {
                     .map(|(tag, message)| v1::Delivered { tag, message })
                     .collect(),
             };
-            let want = prost_framed(&resp);
+            let want = framed(&resp);
             let bodies: Vec<Bytes> = resp
                 .messages
                 .iter()
@@ -506,8 +512,8 @@ mod tests {
             Ok(one.clone()),
         ]));
         let (data, t) = frames(ResponseBody::new(ok, usize::MAX, encode_response)).await;
-        let mut want = prost_framed(&one);
-        want.extend(prost_framed(&one));
+        let mut want = framed(&one);
+        want.extend(framed(&one));
         assert_eq!(data, want);
         assert_eq!(t.get("grpc-status").unwrap(), "0");
 
@@ -517,7 +523,7 @@ mod tests {
             Ok(one.clone()),
         ]));
         let (data, t) = frames(ResponseBody::new(failing, usize::MAX, encode_response)).await;
-        assert_eq!(data, prost_framed(&one));
+        assert_eq!(data, framed(&one));
         let s = Status::from_header_map(&t).unwrap();
         assert_eq!(s.code(), tonic::Code::NotFound);
         assert_eq!(s.message(), "the queue was deleted");
@@ -561,14 +567,6 @@ mod tests {
                 .collect(),
             ..Default::default()
         }
-    }
-
-    fn framed(m: &impl prost::Message) -> Vec<u8> {
-        let body = m.encode_to_vec();
-        let mut v = vec![0u8];
-        v.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        v.extend_from_slice(&body);
-        v
     }
 
     async fn decode_all(
@@ -657,10 +655,7 @@ mod tests {
         let mut unknown = BytesMut::new();
         prost::encoding::bytes::encode(1000, &vec![7u8; pad], &mut unknown);
         m.extend_from_slice(&unknown);
-        let mut v = vec![0u8];
-        v.extend_from_slice(&(m.len() as u32).to_be_bytes());
-        v.extend_from_slice(&m);
-        v
+        grpc_framed(&m)
     }
 
     #[tokio::test]

@@ -56,7 +56,7 @@ pub struct Service {
 impl Service {
     /// The Send call on any source of requests: tonic's `Streaming`, or the frame decoder
     /// that keeps large bodies uncopied (`large_bodies`).
-    pub(crate) async fn send_from<I: crate::large_bodies::Inbound<v1::SendRequest>>(
+    pub(crate) async fn send_from<I: crate::large_bodies::Inbound>(
         &self,
         req: Request<I>,
     ) -> Result<Response<BoxStream<v1::SendResponse>>, Status> {
@@ -635,7 +635,7 @@ async fn send_stream(
     broker: Arc<Broker>,
     auth: Arc<Auth>,
     who: Identity,
-    mut inbound: impl crate::large_bodies::Inbound<v1::SendRequest>,
+    mut inbound: impl crate::large_bodies::Inbound,
     tx: mpsc::Sender<Result<v1::SendResponse, Status>>,
 ) {
     type Pending = Pin<Box<dyn std::future::Future<Output = v1::SendResponse> + Send>>;

@@ -5,7 +5,9 @@
 //! [`SPLIT_BODY_BYTES`] or more goes into a small buffer, and the body follows as its own chunk
 //! (the same `Bytes`); h2 sends a chunk of 256 bytes or more as its own piece of a vectored
 //! write. mq-client sends with [`encode_send_request`]; mqd answers Receive calls the same way
-//! (`broker/src/large_bodies.rs`), and reads large bodies in without tonic's copy.
+//! (`broker/src/large_bodies.rs`). The other way, [`FrameDecoder`] reads gRPC messages from the
+//! frames as they arrive: mqd its Send requests (a request within one frame is not copied; one
+//! spread over frames is gathered), mq-client its deliveries (decoded where the pieces lie).
 
 use std::collections::VecDeque;
 use std::pin::Pin;
