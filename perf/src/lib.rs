@@ -22,6 +22,7 @@
 //! - `progress`: [`Progress`], the progress bar on a terminal.
 //! - [`rate`]: `--rate`, the open-loop send schedule and its pacer thread.
 //! - `rss`: [`rss_bytes`], a process's resident memory for the report.
+//! - [`steal`]: the CPU time the hypervisor took while a phase ran, for the report.
 //! - `benchmark`: [`run`], one invocation end to end.
 //! - `connect`: [`ConnectSettings`]: TLS CA and credentials (`--ca`, `--user`, `--token`).
 //! - `target`: [`Target`] (`--target`: mq, `amqp://`, `nats://`) and [`TargetInfo`], how the
@@ -62,6 +63,7 @@ mod rss;
 mod scenario;
 pub mod spreadsheet;
 mod stats;
+pub mod steal;
 mod target;
 
 pub use benchmark::{run, run_all};

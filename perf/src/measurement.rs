@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::stats::{Latency, Spread};
+use crate::steal::{CpuTimes, Steal};
 
 /// A timed operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,6 +68,8 @@ pub struct OpResult {
     pub latency: Latency,
     /// The broker's resident memory (VmRSS) at the end of the last run of this op, if known.
     pub rss_bytes: Option<u64>,
+    /// CPU time the hypervisor took from the machine while this op's runs were timed.
+    pub steal: Steal,
     /// With several consumers: the fewest and the most messages one consumer received in a
     /// run (over all runs).
     pub per_consumer: Option<(u64, u64)>,
@@ -80,6 +83,7 @@ impl OpResult {
             runs: Vec::new(),
             latency: Latency::new(),
             rss_bytes: None,
+            steal: Steal::default(),
             per_consumer: None,
         }
     }
@@ -89,6 +93,11 @@ impl OpResult {
         if rss_bytes.is_some() {
             self.rss_bytes = rss_bytes;
         }
+    }
+
+    /// Notes the machine's CPU times at the start and the end of a run (see [`Steal`]).
+    pub fn add_steal(&mut self, before: Option<CpuTimes>, after: Option<CpuTimes>) {
+        self.steal.add(before, after);
     }
 
     /// Notes how many messages each consumer of a run received.

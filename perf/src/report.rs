@@ -79,6 +79,10 @@ pub struct Row {
     pub latency: String,
     /// The broker's resident memory at the end of this op's last run, MiB (`null`: unknown).
     pub rss_mib: Option<f64>,
+    /// Share of the machine's CPU time the hypervisor took while this op's runs were timed,
+    /// percent (`null`: unknown, e.g. not Linux). Above zero, the host's scheduling is in the
+    /// figures (see `steal.rs`).
+    pub steal_pct: Option<f64>,
     /// With several consumers: fewest and most messages one consumer received in a run.
     pub consumer_min: Option<u64>,
     pub consumer_max: Option<u64>,
@@ -136,6 +140,7 @@ pub fn rows(ctx: &ReportContext, r: &ComboResult) -> Vec<Row> {
         p999_us: None,
         latency: op.latency_meaning().to_string(),
         rss_mib: None,
+        steal_pct: None,
         consumer_min: None,
         consumer_max: None,
         latency_samples: 0,
@@ -176,6 +181,7 @@ pub fn rows(ctx: &ReportContext, r: &ComboResult) -> Vec<Row> {
                 row.p999_us = o.latency.quantile_us(0.999);
                 row.latency_samples = o.latency.samples();
                 row.rss_mib = o.rss_bytes.map(|b| round(b as f64 / (1 << 20) as f64, 1));
+                row.steal_pct = o.steal.percent().map(|p| round(p, 1));
                 if let Some((lo, hi)) = o.per_consumer.filter(|_| c.consumers() > 1) {
                     row.consumer_min = Some(lo);
                     row.consumer_max = Some(hi);
@@ -403,6 +409,20 @@ pub fn write_table_summary(w: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
         })
         .collect();
     writeln!(w, "  rss: {}", rss.join(", "))?;
+    if measured.iter().any(|r| r.steal_pct.is_some()) {
+        let steal: Vec<String> = measured
+            .iter()
+            .map(|r| match r.steal_pct {
+                Some(p) => format!("{} {p:.1}%", r.op),
+                None => format!("{} -", r.op),
+            })
+            .collect();
+        writeln!(
+            w,
+            "  host steal (CPU time the hypervisor took): {}",
+            steal.join(", ")
+        )?;
+    }
     let per: Vec<String> = measured
         .iter()
         .filter_map(|r| Some(format!("{} {}-{}", r.op, r.consumer_min?, r.consumer_max?)))

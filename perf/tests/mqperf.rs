@@ -526,8 +526,21 @@ fn table_starts_with_the_banner() {
     ] {
         assert!(out.contains(word), "{word}: {out}");
     }
-    // The row, then the embedded broker's RSS after the phase.
-    let lines: Vec<&str> = out.lines().collect();
+    // The row, then the embedded broker's RSS after the phase, then the share of CPU time the
+    // hypervisor took during it (absent if the phase ended within one clock tick; the
+    // open-loop JSON test below runs long enough to need the figure).
+    let mut lines: Vec<&str> = out.lines().collect();
+    if let Some(pct) = lines
+        .last()
+        .and_then(|l| l.strip_prefix("  host steal (CPU time the hypervisor took): send "))
+    {
+        let pct: f64 = pct
+            .strip_suffix('%')
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("{out}"));
+        assert!((0.0..=100.0).contains(&pct), "{out}");
+        lines.pop();
+    }
     assert!(lines[lines.len() - 2].starts_with("empty "), "{out}");
     assert!(
         lines[lines.len() - 1].starts_with("  rss: after send "),
@@ -828,6 +841,10 @@ async fn rate_queues_and_consumers_against_a_running_broker() {
         );
         assert_eq!(r["messages"], 300, "{r}");
         assert!(r["rss_mib"].as_f64().unwrap() > 1.0, "{r}");
+        if std::path::Path::new("/proc/stat").exists() {
+            let steal = r["steal_pct"].as_f64().unwrap_or_else(|| panic!("{r}"));
+            assert!((0.0..=100.0).contains(&steal), "{r}");
+        }
     }
     let op = |name: &str| rows.iter().find(|r| r["op"] == name).unwrap();
     // Open loop: message 299 is not due before 299/2000 s, so neither phase that sends can

@@ -33,6 +33,7 @@ use crate::progress::Progress;
 use crate::report::{self, ReportContext, Row};
 use crate::scenario::{ops, prefetch_for, progress_per_run, sample_every, unix_ns, Combo, Planned};
 use crate::stats::Latency;
+use crate::steal::CpuTimes;
 use crate::target::{Target, TargetInfo};
 
 /// The mode as a peer sees it.
@@ -487,16 +488,23 @@ async fn measure(
     for run in 1..=config.runs {
         match config.scenario {
             Scenario::SendAndPurge => {
+                let cpu = CpuTimes::now();
                 let (elapsed, l) = conn.send(queue, combo, count, None, progress).await?;
+                send.add_steal(cpu, CpuTimes::now());
                 send.add_run(count, elapsed, &l);
                 conn.purge(queue).await?;
             }
             Scenario::SendAndReceive => {
+                let cpu = CpuTimes::now();
                 let (elapsed, l) = conn.send(queue, combo, count, None, progress).await?;
+                send.add_steal(cpu, CpuTimes::now());
                 send.add_run(count, elapsed, &l);
+                let cpu = CpuTimes::now();
                 let r = conn.receive(queue, &spec(false, false)).await?;
+                receive.add_steal(cpu, CpuTimes::now());
                 receive.add_run(r.verified, r.elapsed, &r.service);
 
+                let cpu = CpuTimes::now();
                 let start = Instant::now();
                 let (c1, c2, q1, q2) = (
                     conn.clone(),
@@ -524,6 +532,7 @@ async fn measure(
                     tokio::spawn(async move { c2.send(&q2, &cb2, count, None, &p2).await });
                 let (r, s) = tokio::join!(receiver, sender);
                 let elapsed = start.elapsed();
+                e2e.add_steal(cpu, CpuTimes::now());
                 let r = r.context("the e2e receiver task panicked")??;
                 s.context("the e2e sender task panicked")??;
                 e2e.add_run(r.verified, elapsed, &r.transit);

@@ -11,13 +11,16 @@ use anyhow::Result;
 
 use super::{Combo, Ctx};
 use crate::measurement::{Op, OpResult};
+use crate::steal::CpuTimes;
 
 pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResult>> {
     let mut send = OpResult::new(Op::Send);
     for run in 1..=ctx.config.runs {
         ctx.progress
             .set_message(format!("{} send, run {run}", combo.name()));
+        let cpu = CpuTimes::now();
         let s = ctx.send_job(combo, None, ctx.config.clients).run().await?;
+        send.add_steal(cpu, CpuTimes::now());
         send.add_run(s.acknowledged, s.elapsed, &s.latency);
         send.set_rss(ctx.rss());
         ctx.settle().await?;

@@ -10,7 +10,8 @@
 //!
 //! `--queues`/`--consumers`: sends round-robin over the queues, receives by all consumers at
 //! once. `--backlog N`: instead of the three phases, fill N (op `fill`) then drain them (op
-//! `drain`). After each phase the broker's RSS is noted (the report's `rss` line).
+//! `drain`). After each phase the broker's RSS is noted (the report's `rss` line), and
+//! the machine's CPU time stolen by the hypervisor while each phase ran (its `steal` line).
 //!
 //! `--forward`: every send goes to broker A (timed until A's last acknowledgement), every
 //! receive is from broker B. The receive phase starts right after A's acknowledgements, so it
@@ -26,6 +27,7 @@ use anyhow::{Context, Result};
 use super::phase::ReceiveJob;
 use super::{Combo, Ctx};
 use crate::measurement::{Op, OpResult};
+use crate::steal::CpuTimes;
 
 pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResult>> {
     let mut send = OpResult::new(Op::Send);
@@ -53,24 +55,30 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
     for run in 1..=ctx.config.runs {
         let name = combo.name();
         ctx.progress.set_message(format!("{name} send, run {run}"));
+        let cpu = CpuTimes::now();
         let s = run_job(ctx.config.one_at_a_time, send_job().run(), "sender").await?;
+        send.add_steal(cpu, CpuTimes::now());
         send.add_run(s.acknowledged, s.elapsed, &s.latency);
         send.set_rss(ctx.rss());
 
         ctx.progress
             .set_message(format!("{name} receive, run {run}"));
+        let cpu = CpuTimes::now();
         let r = run_job(ctx.config.one_at_a_time, receive_job().run(), "receiver").await?;
+        receive.add_steal(cpu, CpuTimes::now());
         receive.add_run(r.verified, r.elapsed, &r.service);
         receive.set_rss(ctx.rss());
         receive.add_per_consumer(&r.per_consumer);
         ctx.settle().await?;
 
         ctx.progress.set_message(format!("{name} e2e, run {run}"));
+        let cpu = CpuTimes::now();
         let start = Instant::now();
         let receiver = tokio::spawn(receive_job().run());
         let sender = tokio::spawn(send_job().run());
         let (r, s) = tokio::join!(receiver, sender);
         let elapsed = start.elapsed();
+        e2e.add_steal(cpu, CpuTimes::now());
         let r = r.context("the e2e receiver task panicked")??;
         s.context("the e2e sender task panicked")??;
         e2e.add_run(r.verified, elapsed, &r.transit);
@@ -108,12 +116,15 @@ async fn fill_and_drain(ctx: &Ctx, combo: &Arc<Combo>, backlog: u64) -> Result<V
         let mut job = ctx.send_job(combo, None, ctx.config.clients);
         job.count = backlog;
         job.rate = None;
+        let cpu = CpuTimes::now();
         let s = job.run().await?;
+        fill.add_steal(cpu, CpuTimes::now());
         fill.add_run(s.acknowledged, s.elapsed, &s.latency);
         fill.set_rss(ctx.rss());
         ctx.settle().await?;
 
         ctx.progress.set_message(format!("{name} drain, run {run}"));
+        let cpu = CpuTimes::now();
         let r = ReceiveJob {
             queues: ctx.queues.clone(),
             consumers: ctx.config.consumers(),
@@ -131,6 +142,7 @@ async fn fill_and_drain(ctx: &Ctx, combo: &Arc<Combo>, backlog: u64) -> Result<V
         }
         .run()
         .await?;
+        drain.add_steal(cpu, CpuTimes::now());
         drain.add_run(r.verified, r.elapsed, &r.service);
         drain.set_rss(ctx.rss());
         drain.add_per_consumer(&r.per_consumer);
