@@ -395,33 +395,29 @@ pub fn write_table_rows(w: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
 }
 
 /// The `rss` line under a combination's rows: the broker's RSS at the end of each phase (last
-/// run), and with several consumers the fewest and most messages one consumer got.
+/// run); the `host steal` line: the share of CPU time the hypervisor took during each phase
+/// (where known); and with several consumers the fewest and most messages one consumer got.
 pub fn write_table_summary(w: &mut dyn Write, rows: &[Row]) -> io::Result<()> {
     let measured: Vec<&Row> = rows.iter().filter(|r| !r.skipped).collect();
     if measured.is_empty() {
         return Ok(());
     }
-    let rss: Vec<String> = measured
-        .iter()
-        .map(|r| match r.rss_mib {
-            Some(m) => format!("after {} {m:.1} MiB", r.op),
-            None => format!("after {} -", r.op),
-        })
-        .collect();
-    writeln!(w, "  rss: {}", rss.join(", "))?;
-    if measured.iter().any(|r| r.steal_pct.is_some()) {
-        let steal: Vec<String> = measured
+    // "<prefix><op> <figure>" per phase, "-" where the figure is unknown.
+    let per_op = |prefix: &str, figure: &dyn Fn(&Row) -> Option<String>| {
+        measured
             .iter()
-            .map(|r| match r.steal_pct {
-                Some(p) => format!("{} {p:.1}%", r.op),
-                None => format!("{} -", r.op),
+            .map(|r| {
+                let f = figure(r).unwrap_or_else(|| "-".to_string());
+                format!("{prefix}{} {f}", r.op)
             })
-            .collect();
-        writeln!(
-            w,
-            "  host steal (CPU time the hypervisor took): {}",
-            steal.join(", ")
-        )?;
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let rss = per_op("after ", &|r| r.rss_mib.map(|m| format!("{m:.1} MiB")));
+    writeln!(w, "  rss: {rss}")?;
+    if measured.iter().any(|r| r.steal_pct.is_some()) {
+        let steal = per_op("", &|r| r.steal_pct.map(|p| format!("{p:.1}%")));
+        writeln!(w, "  host steal (CPU time the hypervisor took): {steal}")?;
     }
     let per: Vec<String> = measured
         .iter()
