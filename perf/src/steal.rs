@@ -49,30 +49,26 @@ fn parse(stat: &str) -> Option<CpuTimes> {
 pub struct Steal {
     total: u64,
     steal: u64,
-    /// Whether every run had both readings (else the share is unknown).
-    known: bool,
-    runs: u32,
+    /// A run lacked a reading (or the counters went back): the share is unknown.
+    unknown: bool,
 }
 
 impl Steal {
     /// Adds a run timed between `before` and `after` (either `None`: unknown).
     pub fn add(&mut self, before: Option<CpuTimes>, after: Option<CpuTimes>) {
-        let first = self.runs == 0;
-        self.runs += 1;
         match (before, after) {
-            (Some(b), Some(a)) if (first || self.known) && a.total >= b.total => {
+            (Some(b), Some(a)) if a.total >= b.total => {
                 self.total += a.total - b.total;
                 self.steal += a.steal.saturating_sub(b.steal);
-                self.known = true;
             }
-            _ => self.known = false,
+            _ => self.unknown = true,
         }
     }
 
-    /// Stolen share of all CPU time over the runs, in percent; `None` if unknown or if the
-    /// runs were too short for one tick.
+    /// Stolen share of all CPU time over the runs, in percent; `None` if a run's share is
+    /// unknown, or if the runs were too short for one tick.
     pub fn percent(&self) -> Option<f64> {
-        (self.known && self.total > 0).then(|| 100.0 * self.steal as f64 / self.total as f64)
+        (!self.unknown && self.total > 0).then(|| 100.0 * self.steal as f64 / self.total as f64)
     }
 }
 
