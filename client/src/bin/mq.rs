@@ -527,6 +527,11 @@ struct ReceiveArgs {
     /// "reason", "destination", "broker", "time_ms"} for dead-lettered messages, else null).
     #[arg(long)]
     json: bool,
+    /// Write the body's bytes exactly as they are, with nothing added: no newline, no
+    /// dead-letter or acknowledgement lines (`mq receive q --raw > body.bin` for a binary
+    /// body). One message only; for several, --json (a binary body is in "body_base64").
+    #[arg(long, conflicts_with = "json")]
+    raw: bool,
     /// mq receive: receive each message in its own transaction (transactional queues).
     /// mq peek refuses it (a peek removes nothing).
     #[arg(long)]
@@ -1379,6 +1384,15 @@ async fn receive(
     peek: bool,
     out: &mut impl Write,
 ) -> Result<(), Failure> {
+    if a.raw && a.count > 1 {
+        return Err(Failure {
+            code: 2,
+            message: "--raw writes one message's body as it is; for several messages use --json \
+                      (a binary body is in \"body_base64\")"
+                .into(),
+        });
+    }
+    let how = PrintAs::of(a.json, a.raw);
     let queue = client.queue(&a.queue)?;
     let deadline = Instant::now() + a.timeout;
     let mut got = 0u64;
@@ -1395,7 +1409,7 @@ async fn receive(
             };
             match &m {
                 Some(m) => {
-                    print_message(out, m, a.json)?;
+                    print_message(out, m, how)?;
                     out.flush()?;
                     tx.commit().await?;
                 }
@@ -1411,7 +1425,7 @@ async fn receive(
             }
         };
         if let Some(m) = &m {
-            print_message(out, m, a.json)?;
+            print_message(out, m, how)?;
         }
         out.flush()?;
         return found_or_timeout(m.is_some(), id, corr, a.timeout);
@@ -1423,7 +1437,7 @@ async fn receive(
             let mut tx = client.begin().await?;
             match tx.receive(&a.queue, left).await? {
                 Some(m) => {
-                    print_message(out, &m, a.json)?;
+                    print_message(out, &m, how)?;
                     out.flush()?;
                     tx.commit().await?;
                     got += 1;
@@ -1442,7 +1456,7 @@ async fn receive(
             let max = (a.count - got).min(u32::MAX as u64) as u32;
             let page = queue.peek_page(max, after.as_ref(), wait).await?;
             for m in &page.messages {
-                print_message(out, m, a.json)?;
+                print_message(out, m, how)?;
                 got += 1;
             }
             match page.next {
@@ -1453,7 +1467,7 @@ async fn receive(
         }
     } else if a.count == 1 {
         if let Some(m) = queue.receive(a.timeout).await? {
-            print_message(out, &m, a.json)?;
+            print_message(out, &m, how)?;
             got = 1;
         }
     } else {
@@ -1467,7 +1481,7 @@ async fn receive(
             let left = deadline.saturating_duration_since(Instant::now());
             match consumer.next(left).await? {
                 Some(m) => {
-                    print_message(out, &m, a.json)?;
+                    print_message(out, &m, how)?;
                     got += 1;
                 }
                 None => break,
@@ -1515,6 +1529,7 @@ fn found_or_timeout(
 
 /// `mq browse`: peek pages from the head (or a message) to the end, printed as they come.
 async fn browse(client: &Client, a: BrowseArgs, out: &mut impl Write) -> Result<(), Failure> {
+    let how = PrintAs::of(a.json, false);
     let queue = client.queue(&a.queue)?;
     let limit = a.count.unwrap_or(u64::MAX);
     let mut got = 0u64;
@@ -1525,7 +1540,7 @@ async fn browse(client: &Client, a: BrowseArgs, out: &mut impl Write) -> Result<
     };
     loop {
         for m in &page.messages {
-            print_message(out, m, a.json)?;
+            print_message(out, m, how)?;
             got += 1;
         }
         match page.next {
@@ -1544,8 +1559,32 @@ async fn browse(client: &Client, a: BrowseArgs, out: &mut impl Write) -> Result<
 /// Messages asked for per browse page (the broker's page limit).
 const BROWSE_PAGE: u64 = 1000;
 
-fn print_message(out: &mut impl Write, m: &ReceivedMessage, json: bool) -> std::io::Result<()> {
-    if json {
+/// How a received or peeked message is printed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PrintAs {
+    /// The body on its own line, after any dead-letter or acknowledgement lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+    /// The body's bytes and nothing else.
+    Raw,
+}
+
+impl PrintAs {
+    fn of(json: bool, raw: bool) -> PrintAs {
+        match (json, raw) {
+            (true, _) => PrintAs::Json,
+            (false, true) => PrintAs::Raw,
+            (false, false) => PrintAs::Text,
+        }
+    }
+}
+
+fn print_message(out: &mut impl Write, m: &ReceivedMessage, how: PrintAs) -> std::io::Result<()> {
+    if how == PrintAs::Raw {
+        return out.write_all(&m.body);
+    }
+    if how == PrintAs::Json {
         serde_json::to_writer(&mut *out, &message_json(m))?;
         return out.write_all(b"\n");
     }
@@ -1712,7 +1751,7 @@ mod tests {
 
     fn printed(m: &ReceivedMessage, json: bool) -> String {
         let mut out = Vec::new();
-        print_message(&mut out, m, json).unwrap();
+        print_message(&mut out, m, PrintAs::of(json, false)).unwrap();
         String::from_utf8(out).unwrap()
     }
 
@@ -1732,6 +1771,17 @@ mod tests {
              dead-lettered by: alpha at 2023-11-14T22:13:21.001Z\n\
              hello\n"
         );
+    }
+
+    #[test]
+    fn raw_output_is_the_body_alone() {
+        let mut m = message();
+        m.body = vec![0xff, 0x00, b'\n'].into();
+        m.dead_letter = Some(dead_letter());
+        m.class = 0x0100;
+        let mut out = Vec::new();
+        print_message(&mut out, &m, PrintAs::Raw).unwrap();
+        assert_eq!(out, [0xff, 0x00, b'\n']);
     }
 
     #[test]

@@ -284,6 +284,50 @@ fn send_count_substitutes_n_and_receive_count_gets_them_in_order() {
     );
 }
 
+/// `--raw` writes a body's bytes with nothing added, so a binary body goes through a file
+/// unchanged; it takes one message and refuses `--count` above 1 (and `--json`) as usage.
+#[test]
+fn raw_receive_and_peek_write_the_body_unchanged() {
+    let (dir, mqd) = mqd();
+    let url = mqd.url();
+    let q = r".\private$\raw";
+    ok(mq(url, &["queue", "create", q], None));
+    let body: Vec<u8> = (0..=255u8).chain([b'\n', 0, b'\r', b'\n']).collect();
+    let file = dir.path().join("body.bin");
+    std::fs::write(&file, &body).unwrap();
+    ok(mq(
+        url,
+        &["send", q, "--file", file.to_str().unwrap()],
+        None,
+    ));
+    ok(mq(url, &["send", q, "second"], None));
+
+    let peeked = mq(url, &["peek", q, "--raw"], None);
+    assert_eq!(peeked.status.code(), Some(0), "{}", stderr(&peeked));
+    assert_eq!(peeked.stdout, body, "peek --raw");
+    let received = mq(url, &["receive", q, "--raw"], None);
+    assert_eq!(received.status.code(), Some(0), "{}", stderr(&received));
+    assert_eq!(
+        received.stdout, body,
+        "receive --raw: the bytes, no newline"
+    );
+    assert_eq!(ok(mq(url, &["receive", q, "--raw"], None)), "second");
+
+    ok(mq(url, &["send", q, "left"], None));
+    let e = fails(mq(url, &["receive", q, "--raw", "--count", "2"], None), 2);
+    assert!(e.contains("--raw") && e.contains("--json"), "{e}");
+    let o = mq(url, &["peek", q, "--raw", "--json"], None);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "clap's usage error: {}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("'--raw' cannot be used with '--json'"));
+    // Nothing was taken by the refused commands.
+    assert_eq!(ok(mq(url, &["receive", q], None)), "left\n");
+}
+
 #[test]
 fn peek_does_not_remove() {
     let (_dir, mqd) = mqd();
