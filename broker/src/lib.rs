@@ -108,7 +108,9 @@ pub use config::{
 pub use deadletter::class_name;
 pub use error::BrokerError;
 pub use journal_queue::DEFAULT_JOURNAL_QUOTA_BYTES;
-pub use memtrim::{allocator, rss_bytes_of, trim as trim_memory, tune_allocator, Allocator};
+pub use memtrim::{
+    allocator, on_worker_park, rss_bytes_of, trim as trim_memory, tune_allocator, Allocator,
+};
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};
 pub use outcome::{DEFAULT_TX_OUTCOME_MAX, DEFAULT_TX_OUTCOME_RETENTION};
 pub use queue::{Queue, QueueStats, QueueTotals};

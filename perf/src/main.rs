@@ -74,6 +74,8 @@ fn main() -> ExitCode {
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // The embedded broker's memory trims reach every worker's heap (as in mqd).
+        .on_thread_park(mq_broker::on_worker_park)
         .build()
     {
         Ok(r) => r,

@@ -340,9 +340,17 @@ fn user_command(cmd: UserCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     mq_broker::tune_allocator();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        // After a memory trim each worker collects its own allocator heap (memtrim).
+        .on_thread_park(mq_broker::on_worker_park)
+        .build()?
+        .block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     // One source of truth for every option: the flags below, each also a key of the --config
     // file and an MQD_* variable (see mq_broker::config_file).
     let cmd = config_file::with_env(Args::command(), "MQD_");

@@ -319,3 +319,97 @@ async fn a_byte_sent_with_a_mib_of_padding_keeps_a_byte() {
         assert_eq!(&b[..], &[i as u8][..]);
     }
 }
+
+/// A forwarded batch (another broker's Forward stream, decoded by tonic) of a 3 B body beside
+/// a 1 MB one: once the 1 MB messages are received, the 3 B ones must not keep their batches
+/// (`own_small_forwarded_bodies` at the Forward call site).
+///
+/// Known to fail (2026-12-03): with 128 such batches mqd's RSS stays +152 MiB (+174 MiB with
+/// the call removed, +20 MiB once the 3 B messages are drained too), so something besides the
+/// body's slice keeps each batch's memory while its small message waits; not found yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known failing: a forwarded small message still keeps its batch's memory (see the doc comment)"]
+async fn a_small_forwarded_body_does_not_keep_its_batch() {
+    const N: u64 = 128;
+    let dir = temp_data_dir("mq-fwd-leftover-");
+    let (mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
+    let dest = format!(r"DIRECT=TCP:{}\private$\large", mqd.addr());
+    let before = mq_tests::rss_kib(mqd.pid());
+    let stream = uuid::Uuid::now_v7();
+    let message = |id: uuid::Uuid, body: Vec<u8>| v1::ForwardedMessage {
+        // 0: express, not deduplicated.
+        seq: 0,
+        destination: dest.clone(),
+        transactional: false,
+        message: Some(v1::Message {
+            id: Bytes::copy_from_slice(id.as_bytes()),
+            body: body.into(),
+            priority: 3,
+            delivery: v1::Delivery::Express as i32,
+            ..Default::default()
+        }),
+    };
+    let mut large = Vec::new();
+    let requests: Vec<v1::ForwardRequest> = (0..N)
+        .map(|i| {
+            let id = uuid::Uuid::now_v7();
+            large.push(id);
+            v1::ForwardRequest {
+                stream_id: Bytes::copy_from_slice(stream.as_bytes()),
+                source: "peer".into(),
+                batch: i + 1,
+                settled_below: 0,
+                messages: vec![
+                    message(id, vec![0xee; 1_000_000]),
+                    message(uuid::Uuid::now_v7(), vec![i as u8; 3]),
+                ],
+            }
+        })
+        .collect();
+    let mut rpc = v1::forward_service_client::ForwardServiceClient::connect(mqd.url().to_string())
+        .await
+        .unwrap()
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX);
+    let mut acks = rpc
+        .forward(tokio_stream::iter(requests))
+        .await
+        .expect("the Forward call")
+        .into_inner();
+    for i in 0..N {
+        let ack = tokio::time::timeout(WAIT, acks.message())
+            .await
+            .expect("acknowledgements")
+            .expect("no refusal")
+            .expect("the stream stays open until every batch is answered");
+        assert_eq!((ack.batch, ack.count), (i + 1, 2), "{ack:?}");
+        assert!(ack.rejected.is_empty(), "{ack:?}");
+    }
+    let q = client.queue(Q).unwrap();
+    for id in large {
+        let m = q
+            .receive_by_id(id, WAIT)
+            .await
+            .unwrap()
+            .expect("the 1 MB message");
+        assert_eq!(m.body.len(), 1_000_000);
+    }
+    assert_eq!(client.queue_info(Q).await.unwrap().messages, N);
+    let limit = before + 64 * 1024;
+    let mut now = mq_tests::rss_kib(mqd.pid());
+    let back = mq_tests::wait_until(WAIT, || {
+        now = mq_tests::rss_kib(mqd.pid());
+        now < limit
+    });
+    println!("mqd RSS {before} KiB before, {now} KiB with {N} forwarded 3 B bodies waiting");
+    assert!(
+        back,
+        "mqd's RSS is {now} KiB with {N} forwarded bodies of 3 B waiting, {before} KiB before"
+    );
+    let got = drain_queue(&client, Q, WAIT).await;
+    assert_eq!(got.len() as u64, N);
+    for (i, b) in got.iter().enumerate() {
+        assert_eq!(&b[..], &[i as u8; 3][..], "forwarded body {i}");
+    }
+    drop(acks);
+}
