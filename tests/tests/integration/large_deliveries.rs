@@ -176,6 +176,31 @@ impl tonic::codec::Decoder for RawSend {
     }
 }
 
+/// Waits (up to [`WAIT`]) for mqd's RSS to fall under `before` + `above_kib` while `what`
+/// waits in its queue, and fails if it does not.
+fn assert_rss_falls_under(mqd: &MqdProcess, before: u64, above_kib: u64, what: &str) {
+    let limit = before + above_kib;
+    let mut now = mq_tests::rss_kib(mqd.pid());
+    let back = mq_tests::wait_until(WAIT, || {
+        now = mq_tests::rss_kib(mqd.pid());
+        now < limit
+    });
+    println!("mqd RSS {before} KiB before, {now} KiB with {what} waiting");
+    assert!(
+        back,
+        "mqd's RSS is {now} KiB with {what} waiting, {before} KiB before"
+    );
+}
+
+/// Drains the queue and checks that it held `n` messages, body `i` being `expected(i)`.
+async fn assert_drained(client: &Client, n: u64, expected: impl Fn(usize) -> Vec<u8>) {
+    let got = drain_queue(client, Q, WAIT).await;
+    assert_eq!(got.len() as u64, n);
+    for (i, b) in got.iter().enumerate() {
+        assert_eq!(&b[..], &expected(i)[..], "body {i}");
+    }
+}
+
 /// Sends `requests` (encoded `SendRequest`s, first_seq 0, 1, ...) on one Send call through
 /// tonic's `Grpc` and waits for every acknowledgement.
 async fn send_raw(mqd: &MqdProcess, requests: Vec<Vec<u8>>) {
@@ -254,22 +279,8 @@ async fn a_body_left_behind_by_its_batch_keeps_little() {
     assert_eq!(client.queue_info(Q).await.unwrap().messages, N);
     // Measured with a debug mqd: +95-108 MiB with the copies (mostly what the allocator keeps
     // of the 128 MiB received: pages that a leftover chunk holds), +140 MiB without them.
-    let limit = before + 128 * 1024;
-    let mut now = mq_tests::rss_kib(mqd.pid());
-    let back = mq_tests::wait_until(WAIT, || {
-        now = mq_tests::rss_kib(mqd.pid());
-        now < limit
-    });
-    println!("mqd RSS {before} KiB before, {now} KiB with {N} left-behind 4000 B bodies waiting");
-    assert!(
-        back,
-        "mqd's RSS is {now} KiB with {N} bodies of 4000 B waiting, {before} KiB before"
-    );
-    let got = drain_queue(&client, Q, WAIT).await;
-    assert_eq!(got.len() as u64, N);
-    for (i, b) in got.iter().enumerate() {
-        assert_eq!(&b[..], &[i as u8; LEN][..], "left-behind body {i}");
-    }
+    assert_rss_falls_under(&mqd, before, 128 * 1024, "128 left-behind 4000 B bodies");
+    assert_drained(&client, N, |i| vec![i as u8; LEN]).await;
 }
 
 /// One byte of body sent with a MiB of a field mqd does not know: the quota counts the byte, so
@@ -301,23 +312,9 @@ async fn a_byte_sent_with_a_mib_of_padding_keeps_a_byte() {
     send_raw(&mqd, requests).await;
     assert_eq!(client.queue_info(Q).await.unwrap().messages, N);
     // The padding is freed (the allocator may take a moment to give it back).
-    let limit = before + 48 * 1024;
-    let mut now = mq_tests::rss_kib(mqd.pid());
-    let back = mq_tests::wait_until(WAIT, || {
-        now = mq_tests::rss_kib(mqd.pid());
-        now < limit
-    });
-    println!("mqd RSS {before} KiB before, {now} KiB with {N} padded one-byte messages waiting");
-    assert!(
-        back,
-        "mqd's RSS is {now} KiB with {N} one-byte messages waiting, {before} KiB before"
-    );
+    assert_rss_falls_under(&mqd, before, 48 * 1024, "128 padded one-byte messages");
     // And the bytes are the messages'.
-    let got = drain_queue(&client, Q, WAIT).await;
-    assert_eq!(got.len() as u64, N);
-    for (i, b) in got.iter().enumerate() {
-        assert_eq!(&b[..], &[i as u8][..]);
-    }
+    assert_drained(&client, N, |i| vec![i as u8]).await;
 }
 
 /// A forwarded batch (another broker's Forward stream, decoded by tonic) of a 3 B body beside
@@ -395,21 +392,7 @@ async fn a_small_forwarded_body_does_not_keep_its_batch() {
         assert_eq!(m.body.len(), 1_000_000);
     }
     assert_eq!(client.queue_info(Q).await.unwrap().messages, N);
-    let limit = before + 64 * 1024;
-    let mut now = mq_tests::rss_kib(mqd.pid());
-    let back = mq_tests::wait_until(WAIT, || {
-        now = mq_tests::rss_kib(mqd.pid());
-        now < limit
-    });
-    println!("mqd RSS {before} KiB before, {now} KiB with {N} forwarded 3 B bodies waiting");
-    assert!(
-        back,
-        "mqd's RSS is {now} KiB with {N} forwarded bodies of 3 B waiting, {before} KiB before"
-    );
-    let got = drain_queue(&client, Q, WAIT).await;
-    assert_eq!(got.len() as u64, N);
-    for (i, b) in got.iter().enumerate() {
-        assert_eq!(&b[..], &[i as u8; 3][..], "forwarded body {i}");
-    }
+    assert_rss_falls_under(&mqd, before, 64 * 1024, "128 forwarded 3 B bodies");
+    assert_drained(&client, N, |i| vec![i as u8; 3]).await;
     drop(acks);
 }
