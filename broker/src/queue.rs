@@ -45,6 +45,22 @@ pub struct Entry {
     removed: bool,
 }
 
+/// What a tombstone points at instead of the message it was (one empty message, shared):
+/// nothing reads a tombstone's message, and the taken one's body and header go with it.
+fn tombstone_message() -> Arc<StoredMessage> {
+    static TOMBSTONE: std::sync::LazyLock<Arc<StoredMessage>> = std::sync::LazyLock::new(|| {
+        Arc::new(
+            StoredMessage::accept(
+                mq_proto::v1::OutMessage::default(),
+                uuid::Uuid::nil(),
+                &crate::config::BrokerConfig::new(std::path::PathBuf::new()),
+            )
+            .expect("an empty message is valid"),
+        )
+    });
+    TOMBSTONE.clone()
+}
+
 impl Entry {
     pub fn new(seq: u64, msg: Arc<StoredMessage>) -> Self {
         Entry {
@@ -1454,9 +1470,15 @@ impl Queue {
                     let t = &mut level[i];
                     t.removed = true;
                     st.tombstones += 1;
-                    let mut e = t.clone();
-                    e.removed = false;
-                    e
+                    // The tombstone keeps its seq, not the message: a body taken from the
+                    // middle must not stay in memory until the tombstone reaches the head.
+                    let msg = std::mem::replace(&mut t.msg, tombstone_message());
+                    Entry {
+                        seq: t.seq,
+                        msg,
+                        aborts: t.aborts,
+                        removed: false,
+                    }
                 }
             }
             Found::Tail(i, e) => {
@@ -2332,6 +2354,13 @@ mod tests {
             .peek_by(&Select::Correlation("y".into()))
             .unwrap()
             .is_none());
+        // The tombstone keeps no reference to b's message: the taken entry holds the only one
+        // besides this test's.
+        assert_eq!(
+            Arc::strong_count(&b.msg),
+            2,
+            "a tombstone keeps b's message"
+        );
         // Back: b returns to its own place (into its tombstone), and is found again.
         assert!(q.restore(vec![b]).is_empty());
         assert_eq!(bodies(&q.peek(10).unwrap()), ["a", "b", "d"]);

@@ -318,14 +318,12 @@ async fn a_byte_sent_with_a_mib_of_padding_keeps_a_byte() {
 }
 
 /// A forwarded batch (another broker's Forward stream, decoded by tonic) of a 3 B body beside
-/// a 1 MB one: once the 1 MB messages are received, the 3 B ones must not keep their batches
-/// (`own_small_forwarded_bodies` at the Forward call site).
-///
-/// Known to fail (2026-12-03): with 128 such batches mqd's RSS stays +152 MiB (+174 MiB with
-/// the call removed, +20 MiB once the 3 B messages are drained too), so something besides the
-/// body's slice keeps each batch's memory while its small message waits; not found yet.
+/// a 1 MB one: once the 1 MB messages are received (by id, from the middle of the queue), the
+/// 3 B ones must not keep their batches (`own_small_forwarded_bodies` at the Forward call
+/// site), and the 1 MB ones must not stay in memory as tombstones (`Queue::take_by`). Before
+/// the tombstones let go of their messages, mqd's RSS stayed +152 MiB here (+174 MiB without
+/// the call as well).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known failing: a forwarded small message still keeps its batch's memory (see the doc comment)"]
 async fn a_small_forwarded_body_does_not_keep_its_batch() {
     const N: u64 = 128;
     let dir = temp_data_dir("mq-fwd-leftover-");
