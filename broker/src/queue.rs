@@ -8,8 +8,9 @@
 //!   puts it back in its sequence position: "back at the head, in order".
 //! - `seq` is the queue's own order; message ids never order anything.
 //! - An entry taken from the middle of a level (by id, correlation id or cursor: `take_at`)
-//!   stays there as a tombstone (`removed`), skipped by everything that walks the levels, until
-//!   it reaches the head or a compaction drops it; `restore` puts the entry back in its place.
+//!   stays there as a tombstone (`removed`, its message swapped for one shared empty message),
+//!   skipped by everything that walks the levels, until it reaches the head or a compaction
+//!   drops it; `restore` puts the entry back in its place.
 //! - `index`, once built (on the first lookup by id or correlation id), holds exactly the ready
 //!   entries that are not tombstones (see `index.rs`).
 //! - Headers paged (a queue given a [`Paging`]: application queues, see `Broker`): each level
