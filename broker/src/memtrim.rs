@@ -10,7 +10,8 @@
 //! malloc's bytes in use (`mallinfo2`), and a trim is `malloc_trim(0)`. mimalloc does not count
 //! bytes in use in a release build, so there the tick watches the RSS itself (it grew by the
 //! threshold above its lowest level since the last trim), and a trim is `mi_collect(true)`
-//! (this thread's heap, and every arena's delayed purges done now).
+//! (this thread's heap, and every arena's delayed purges done now; each runtime worker
+//! collects its own heap at its next park, [`on_worker_park`]).
 //!
 //! A trim is not free for the traffic: `malloc_trim` walks every arena under malloc's locks,
 //! and every allocation in the process waits meanwhile. Measured (docs/benchmarks.md, "Latency

@@ -50,14 +50,31 @@ pub struct Entry {
 /// nothing reads a tombstone's message, and the taken one's body and header go with it.
 fn tombstone_message() -> Arc<StoredMessage> {
     static TOMBSTONE: std::sync::LazyLock<Arc<StoredMessage>> = std::sync::LazyLock::new(|| {
-        Arc::new(
-            StoredMessage::accept(
-                mq_proto::v1::OutMessage::default(),
-                uuid::Uuid::nil(),
-                &crate::config::BrokerConfig::new(std::path::PathBuf::new()),
-            )
-            .expect("an empty message is valid"),
-        )
+        Arc::new(StoredMessage {
+            id: uuid::Uuid::nil(),
+            body: None,
+            body_len: 0,
+            label: String::new(),
+            priority: 0,
+            correlation_id: String::new(),
+            app_specific: 0,
+            body_type: 0,
+            delivery: crate::message::Delivery::Express,
+            sent_time_ms: 0,
+            arrived_time_ms: 0,
+            response_queue: String::new(),
+            reach_queue_by_ms: 0,
+            receive_by_ms: 0,
+            transactional: false,
+            route: None,
+            dead_letter: None,
+            sender: None,
+            move_count: 0,
+            admin_queue: None,
+            acknowledge: 0,
+            class: 0,
+            journal: false,
+        })
     });
     TOMBSTONE.clone()
 }
