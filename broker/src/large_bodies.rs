@@ -210,9 +210,9 @@ pub(crate) trait Inbound: Send + 'static {
 
 impl Inbound for Streaming<v1::SendRequest> {
     async fn message(&mut self) -> Result<Option<v1::SendRequest>, Status> {
-        // tonic's decoder (a compressed Send) does not tell the length it decoded; the
-        // request's own encoding covers a small body left behind by its batch, not unknown
-        // fields.
+        // tonic's decoder (a compressed Send) does not tell the length it decoded, but it
+        // compacts a request with many unknown bytes (`mq_proto::codec::compacted`), so the
+        // request's own encoding stands for the buffer its bodies are sliced from.
         Ok(Streaming::message(self).await?.map(|mut req| {
             let len = req.encoded_len();
             own_small_bodies(&mut req.messages, len);
@@ -250,7 +250,8 @@ pub(crate) fn own_small_bodies(messages: &mut [v1::OutMessage], len: usize) {
 }
 
 /// [`own_small_bodies`] for a forwarded batch (`len`: its encoded length; tonic's decoder does
-/// not tell the length it read, so unknown fields are not counted).
+/// not tell the length it read; it compacts a batch with many unknown bytes,
+/// `mq_proto::codec::compacted`, so the encoded length stands for that buffer).
 pub(crate) fn own_small_forwarded_bodies(req: &mut v1::ForwardRequest) {
     let len = req.encoded_len();
     own_small(

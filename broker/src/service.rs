@@ -1173,7 +1173,8 @@ async fn transact(
             Req::Begin(_) => unreachable!("handled above"),
             Req::Send(mut s) => {
                 // Through tonic's decoder: the send's own encoding stands for the buffer its
-                // bodies are sliced from (unknown fields not counted).
+                // bodies are sliced from (a send with many unknown bytes was decoded again from
+                // a compact copy: `mq_proto::codec::compacted`).
                 let len = prost::Message::encoded_len(&s);
                 crate::large_bodies::own_small_bodies(&mut s.messages, len);
                 if let Err(status) = check_batch(&broker, s.messages.len(), "a transactional send")

@@ -132,25 +132,38 @@ async fn bodies_of_every_size_arrive_intact_express_and_recoverable_and_after_a_
     check(&drain_queue(&client, Q, WAIT).await, "after kill -9");
 }
 
-/// A Send call whose requests are bytes as they are: a client written from the `.proto` alone
-/// may add fields mqd does not know.
-#[derive(Clone, Copy, Default)]
-struct RawSend;
+/// A call whose requests are bytes as they are (a client written from the `.proto` alone may
+/// add fields mqd does not know) and whose responses are `R`.
+struct Raw<R>(std::marker::PhantomData<fn() -> R>);
 
-impl tonic::codec::Codec for RawSend {
-    type Encode = Vec<u8>;
-    type Decode = v1::SendResponse;
-    type Encoder = RawSend;
-    type Decoder = RawSend;
-    fn encoder(&mut self) -> RawSend {
-        RawSend
-    }
-    fn decoder(&mut self) -> RawSend {
-        RawSend
+impl<R> Clone for Raw<R> {
+    fn clone(&self) -> Self {
+        *self
     }
 }
 
-impl tonic::codec::Encoder for RawSend {
+impl<R> Copy for Raw<R> {}
+
+impl<R> Default for Raw<R> {
+    fn default() -> Self {
+        Raw(std::marker::PhantomData)
+    }
+}
+
+impl<R: prost::Message + Default + 'static> tonic::codec::Codec for Raw<R> {
+    type Encode = Vec<u8>;
+    type Decode = R;
+    type Encoder = Raw<R>;
+    type Decoder = Raw<R>;
+    fn encoder(&mut self) -> Raw<R> {
+        *self
+    }
+    fn decoder(&mut self) -> Raw<R> {
+        *self
+    }
+}
+
+impl<R: 'static> tonic::codec::Encoder for Raw<R> {
     type Item = Vec<u8>;
     type Error = tonic::Status;
     fn encode(
@@ -163,17 +176,48 @@ impl tonic::codec::Encoder for RawSend {
     }
 }
 
-impl tonic::codec::Decoder for RawSend {
-    type Item = v1::SendResponse;
+impl<R: prost::Message + Default> tonic::codec::Decoder for Raw<R> {
+    type Item = R;
     type Error = tonic::Status;
     fn decode(
         &mut self,
         src: &mut tonic::codec::DecodeBuf<'_>,
-    ) -> Result<Option<v1::SendResponse>, tonic::Status> {
+    ) -> Result<Option<R>, tonic::Status> {
         prost::Message::decode(src)
             .map(Some)
             .map_err(|e| tonic::Status::internal(e.to_string()))
     }
+}
+
+/// Opens `path` (`/mq.v1.Service/Method`) on mqd with `requests` as they are.
+async fn raw_call<R: prost::Message + Default + 'static>(
+    mqd: &MqdProcess,
+    path: &'static str,
+    requests: impl tokio_stream::Stream<Item = Vec<u8>> + Send + 'static,
+) -> tonic::Streaming<R> {
+    let channel = tonic::transport::Channel::from_shared(mqd.url().to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel)
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX);
+    grpc.ready().await.unwrap();
+    grpc.streaming(
+        tonic::Request::new(requests),
+        http::uri::PathAndQuery::from_static(path),
+        Raw::<R>::default(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the call {path}: {e}"))
+    .into_inner()
+}
+
+/// `encoded` followed by field 1000 (length-delimited): a MiB of sevens mqd does not know.
+fn padded(mut encoded: Vec<u8>) -> Vec<u8> {
+    prost::encoding::bytes::encode(1000, &vec![7u8; 1 << 20], &mut encoded);
+    encoded
 }
 
 /// Waits (up to [`WAIT`]) for mqd's RSS to fall under `before` + `above_kib` while `what`
@@ -205,22 +249,12 @@ async fn assert_drained(client: &Client, n: u64, expected: impl Fn(usize) -> Vec
 /// tonic's `Grpc` and waits for every acknowledgement.
 async fn send_raw(mqd: &MqdProcess, requests: Vec<Vec<u8>>) {
     let n = requests.len() as u64;
-    let channel = tonic::transport::Channel::from_shared(mqd.url().to_string())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.unwrap();
-    let mut acks = grpc
-        .streaming(
-            tonic::Request::new(tokio_stream::iter(requests)),
-            http::uri::PathAndQuery::from_static("/mq.v1.MessageQueueService/Send"),
-            RawSend,
-        )
-        .await
-        .expect("the Send call")
-        .into_inner();
+    let mut acks: tonic::Streaming<v1::SendResponse> = raw_call(
+        mqd,
+        "/mq.v1.MessageQueueService/Send",
+        tokio_stream::iter(requests),
+    )
+    .await;
     let mut acked = 0;
     while acked < n {
         let ack = tokio::time::timeout(WAIT, acks.message())
@@ -294,7 +328,7 @@ async fn a_byte_sent_with_a_mib_of_padding_keeps_a_byte() {
     let before = mq_tests::rss_kib(mqd.pid());
     let requests: Vec<Vec<u8>> = (0..N)
         .map(|i| {
-            let mut b = prost::Message::encode_to_vec(&v1::SendRequest {
+            padded(prost::Message::encode_to_vec(&v1::SendRequest {
                 destination: Q.into(),
                 first_seq: i,
                 messages: vec![v1::OutMessage {
@@ -303,10 +337,7 @@ async fn a_byte_sent_with_a_mib_of_padding_keeps_a_byte() {
                     ..Default::default()
                 }],
                 ..Default::default()
-            });
-            // Field 1000, length-delimited, a MiB of sevens.
-            prost::encoding::bytes::encode(1000, &vec![7u8; 1 << 20], &mut b);
-            b
+            }))
         })
         .collect();
     send_raw(&mqd, requests).await;
@@ -393,4 +424,145 @@ async fn a_small_forwarded_body_does_not_keep_its_batch() {
     assert_rss_falls_under(&mqd, before, 64 * 1024, "128 forwarded 3 B bodies");
     assert_drained(&client, N, |i| vec![i as u8; 3]).await;
     drop(acks);
+}
+
+/// A forwarded batch (decoded by tonic, not by mqd's own Send decoder) of one 3 B body and a
+/// MiB of a field mqd does not know: the 3 B message must not keep the MiB while it waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_byte_with_a_mib_of_padding_keeps_a_byte() {
+    const N: u64 = 128;
+    let dir = temp_data_dir("mq-fwd-padded-");
+    let (mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
+    let dest = format!(r"DIRECT=TCP:{}\private$\large", mqd.addr());
+    let before = mq_tests::rss_kib(mqd.pid());
+    let stream = uuid::Uuid::now_v7();
+    let requests: Vec<Vec<u8>> = (0..N)
+        .map(|i| {
+            padded(prost::Message::encode_to_vec(&v1::ForwardRequest {
+                stream_id: Bytes::copy_from_slice(stream.as_bytes()),
+                source: "peer".into(),
+                batch: i + 1,
+                settled_below: 0,
+                messages: vec![v1::ForwardedMessage {
+                    // 0: express, not deduplicated.
+                    seq: 0,
+                    destination: dest.clone(),
+                    transactional: false,
+                    message: Some(v1::Message {
+                        id: Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
+                        body: vec![i as u8; 3].into(),
+                        delivery: v1::Delivery::Express as i32,
+                        ..Default::default()
+                    }),
+                }],
+            }))
+        })
+        .collect();
+    let mut acks: tonic::Streaming<v1::ForwardResponse> = raw_call(
+        &mqd,
+        "/mq.v1.ForwardService/Forward",
+        tokio_stream::iter(requests),
+    )
+    .await;
+    for i in 0..N {
+        let ack = tokio::time::timeout(WAIT, acks.message())
+            .await
+            .expect("acknowledgements")
+            .expect("no refusal")
+            .expect("the stream stays open until every batch is answered");
+        assert_eq!((ack.batch, ack.count), (i + 1, 1), "{ack:?}");
+        assert!(ack.rejected.is_empty(), "{ack:?}");
+    }
+    assert_eq!(client.queue_info(Q).await.unwrap().messages, N);
+    assert_rss_falls_under(&mqd, before, 48 * 1024, "128 padded forwarded 3 B bodies");
+    assert_drained(&client, N, |i| vec![i as u8; 3]).await;
+    drop(acks);
+}
+
+/// An open transaction's sends (decoded by tonic) of one byte each with a MiB of a field mqd
+/// does not know: the transaction is charged the bytes, so it must not keep the MiBs until it
+/// commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_of_padded_bytes_keeps_bytes() {
+    const N: u64 = 128;
+    const TQ: &str = r".\private$\tx-padded";
+    const EMPTY: &str = r".\private$\tx-empty";
+    let dir = temp_data_dir("mq-tx-padded-");
+    let (mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
+    for q in [TQ, EMPTY] {
+        client
+            .create_queue(
+                q,
+                mq_client::QueueOptions {
+                    transactional: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let before = mq_tests::rss_kib(mqd.pid());
+    let op = |op: v1::transact_request::Op| {
+        prost::Message::encode_to_vec(&v1::TransactRequest { op: Some(op) })
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    let mut answers: tonic::Streaming<v1::TransactResponse> = raw_call(
+        &mqd,
+        "/mq.v1.MessageQueueService/Transact",
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+    )
+    .await;
+    for i in 0..N {
+        let send = op(v1::transact_request::Op::Send(v1::TxSend {
+            destination: TQ.into(),
+            messages: vec![v1::OutMessage {
+                body: Bytes::from(vec![i as u8]),
+                ..Default::default()
+            }],
+        }));
+        tx.send(padded(send)).await.unwrap();
+    }
+    // Sends are not answered; a receive from an empty queue is, after every op before it.
+    tx.send(op(v1::transact_request::Op::Receive(v1::TxReceive {
+        queue: EMPTY.into(),
+        timeout_ms: 0,
+        ..Default::default()
+    })))
+    .await
+    .unwrap();
+    let answer = |a: Option<Result<Option<v1::TransactResponse>, tonic::Status>>| {
+        a.expect("an answer")
+            .expect("no refusal")
+            .expect("the stream stays open")
+            .result
+    };
+    let mut next = async || tokio::time::timeout(WAIT, answers.message()).await.ok();
+    assert!(
+        matches!(
+            answer(next().await),
+            Some(v1::transact_response::Result::ReceiveTimeout(_))
+        ),
+        "the receive from the empty queue times out"
+    );
+    assert_rss_falls_under(
+        &mqd,
+        before,
+        48 * 1024,
+        "an open transaction of 128 padded bytes",
+    );
+    tx.send(op(v1::transact_request::Op::Commit(())))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            answer(next().await),
+            Some(v1::transact_response::Result::Committed(_))
+        ),
+        "the transaction commits"
+    );
+    let got = drain_queue(&client, TQ, WAIT).await;
+    assert_eq!(got.len() as u64, N);
+    for (i, b) in got.iter().enumerate() {
+        assert_eq!(&b[..], &[i as u8][..], "body {i}");
+    }
 }
