@@ -35,7 +35,12 @@ fn presented<B>(req: &http::Request<B>) -> Presented {
     let peer = ext
         .get::<TcpConnectInfo>()
         .and_then(|i| i.remote_addr())
-        .or_else(|| tls.and_then(|i| i.get_ref().remote_addr()));
+        .or_else(|| tls.and_then(|i| i.get_ref().remote_addr()))
+        // A connection on the Unix socket stands as the loopback (login failure limits, logs).
+        .or_else(|| {
+            ext.get::<crate::flow::LocalConnectInfo>()
+                .map(|_| crate::flow::LocalConnectInfo::ADDR)
+        });
     let cert_name = tls
         .and_then(|i| i.peer_certs())
         .and_then(|c| c.first().and_then(|d| crate::auth::cert_name(d.as_ref())));

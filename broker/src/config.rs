@@ -152,6 +152,8 @@ pub struct BrokerConfig {
     pub http_listen: Option<std::net::SocketAddr>,
     /// Serve the HTTP port on a non-loopback address without TLS and a users file.
     pub http_insecure: bool,
+    /// Also serve gRPC on this Unix socket (clients on this machine: `unix:PATH`).
+    pub unix_socket: Option<std::path::PathBuf>,
 }
 
 /// Default [`BrokerConfig::queue_header_window`].
@@ -243,6 +245,7 @@ impl BrokerConfig {
             max_forward_streams: DEFAULT_MAX_FORWARD_STREAMS,
             forward_stream_idle: DEFAULT_FORWARD_STREAM_IDLE,
             http_listen: None,
+            unix_socket: None,
             http_insecure: false,
         }
     }
@@ -296,6 +299,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("max_forward_streams", &self.max_forward_streams)
             .field("forward_stream_idle", &self.forward_stream_idle)
             .field("http_listen", &self.http_listen)
+            .field("unix_socket", &self.unix_socket)
             .field("http_insecure", &self.http_insecure)
             .finish()
     }

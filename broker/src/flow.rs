@@ -13,16 +13,49 @@ use std::time::{Duration, Instant};
 
 use futures::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::Notify;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-/// The broker's live client connections, by peer address.
+/// Which connection a request came on: a TCP peer's address, or the number of a connection on
+/// the broker's Unix socket (`--unix-socket`), which has no address of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Peer {
+    Tcp(SocketAddr),
+    Local(u64),
+}
+
+/// What a connection on the Unix socket tells each of its requests (tonic puts it in the
+/// request's extensions, as it does a TCP connection's addresses).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LocalConnectInfo {
+    pub(crate) id: u64,
+}
+
+impl LocalConnectInfo {
+    /// The address a local connection stands as where one is needed (login failure limits,
+    /// logs): the loopback's, like a TCP client on the same machine.
+    pub(crate) const ADDR: SocketAddr =
+        SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+}
+
+/// The connection `req` came on, if the server knows it.
+pub(crate) fn peer_of<T>(req: &tonic::Request<T>) -> Option<Peer> {
+    req.remote_addr().map(Peer::Tcp).or_else(|| {
+        req.extensions()
+            .get::<LocalConnectInfo>()
+            .map(|i| Peer::Local(i.id))
+    })
+}
+
+/// The broker's live client connections, by peer.
 #[derive(Debug)]
 pub(crate) struct Connections {
     max: usize,
     live: AtomicUsize,
-    by_peer: Mutex<HashMap<SocketAddr, Arc<Connection>>>,
+    by_peer: Mutex<HashMap<Peer, Arc<Connection>>>,
+    /// Numbers the connections on the Unix socket.
+    next_local: AtomicU64,
     /// Connections closed for the limit since the last warning, and when that was.
     refused: Mutex<(u64, Option<Instant>)>,
 }
@@ -52,6 +85,7 @@ impl Connections {
             max,
             live: AtomicUsize::new(0),
             by_peer: Mutex::new(HashMap::new()),
+            next_local: AtomicU64::new(1),
             refused: Mutex::new((0, None)),
         }
     }
@@ -62,7 +96,7 @@ impl Connections {
     }
 
     /// Counts a new connection, or `None` if that would pass the limit.
-    fn admit(self: &Arc<Self>, peer: SocketAddr) -> Option<ConnectionGuard> {
+    fn admit(self: &Arc<Self>, peer: Peer) -> Option<ConnectionGuard> {
         let mut cur = self.live.load(Ordering::Acquire);
         loop {
             if cur >= self.max {
@@ -101,9 +135,9 @@ impl Connections {
         }
     }
 
-    /// The connection a request came on (by its peer address). A request whose connection is
-    /// not known (no address) gets a connection of its own.
-    pub(crate) fn get(&self, peer: Option<SocketAddr>) -> Arc<Connection> {
+    /// The connection a request came on ([`peer_of`]). A request whose connection is not known
+    /// gets a connection of its own.
+    pub(crate) fn get(&self, peer: Option<Peer>) -> Arc<Connection> {
         peer.and_then(|p| {
             self.by_peer
                 .lock()
@@ -119,7 +153,7 @@ impl Connections {
 #[derive(Debug)]
 struct ConnectionGuard {
     connections: Arc<Connections>,
-    peer: SocketAddr,
+    peer: Peer,
 }
 
 impl Drop for ConnectionGuard {
@@ -133,32 +167,28 @@ impl Drop for ConnectionGuard {
     }
 }
 
-/// A counted TCP connection: what the gRPC server reads and writes.
+/// A counted connection (TCP, or the Unix socket's): what the gRPC server reads and writes.
 #[derive(Debug)]
-pub(crate) struct CountedStream {
-    stream: TcpStream,
-    _guard: ConnectionGuard,
+pub(crate) struct CountedStream<S> {
+    stream: S,
+    guard: ConnectionGuard,
 }
 
 /// Accepts connections on `listener`, closing at once those past the limit.
 pub(crate) fn accept(
     listener: TcpListener,
     connections: Arc<Connections>,
-) -> impl Stream<Item = io::Result<CountedStream>> {
+) -> impl Stream<Item = io::Result<CountedStream<TcpStream>>> {
     futures::stream::unfold((listener, connections), |(l, c)| async move {
         loop {
             match l.accept().await {
                 Ok((stream, peer)) => {
-                    let Some(guard) = c.admit(peer) else {
+                    let Some(guard) = c.admit(Peer::Tcp(peer)) else {
                         drop(stream);
                         continue;
                     };
                     let _ = stream.set_nodelay(true);
-                    let s = CountedStream {
-                        stream,
-                        _guard: guard,
-                    };
-                    return Some((Ok(s), (l, c)));
+                    return Some((Ok(CountedStream { stream, guard }), (l, c)));
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: do not spin.
@@ -170,14 +200,49 @@ pub(crate) fn accept(
     })
 }
 
-impl Connected for CountedStream {
+/// [`accept`] for the Unix socket: the same limit counts both kinds of connection.
+pub(crate) fn accept_local(
+    listener: UnixListener,
+    connections: Arc<Connections>,
+) -> impl Stream<Item = io::Result<CountedStream<UnixStream>>> {
+    futures::stream::unfold((listener, connections), |(l, c)| async move {
+        loop {
+            match l.accept().await {
+                Ok((stream, _)) => {
+                    let id = c.next_local.fetch_add(1, Ordering::Relaxed);
+                    let Some(guard) = c.admit(Peer::Local(id)) else {
+                        drop(stream);
+                        continue;
+                    };
+                    return Some((Ok(CountedStream { stream, guard }), (l, c)));
+                }
+                Err(e) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    return Some((Err(e), (l, c)));
+                }
+            }
+        }
+    })
+}
+
+impl Connected for CountedStream<TcpStream> {
     type ConnectInfo = TcpConnectInfo;
     fn connect_info(&self) -> TcpConnectInfo {
         self.stream.connect_info()
     }
 }
 
-impl AsyncRead for CountedStream {
+impl Connected for CountedStream<UnixStream> {
+    type ConnectInfo = LocalConnectInfo;
+    fn connect_info(&self) -> LocalConnectInfo {
+        match self.guard.peer {
+            Peer::Local(id) => LocalConnectInfo { id },
+            Peer::Tcp(_) => unreachable!("a Unix socket connection is counted as local"),
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for CountedStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -187,7 +252,7 @@ impl AsyncRead for CountedStream {
     }
 }
 
-impl AsyncWrite for CountedStream {
+impl<S: AsyncWrite + Unpin> AsyncWrite for CountedStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use mq_proto::v1::admin_service_server::AdminServiceServer;
 use mq_proto::v1::forward_service_server::ForwardServiceServer;
 use mq_proto::v1::message_queue_service_server::MessageQueueServiceServer;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 
 use crate::broker::Broker;
 use crate::config::BrokerConfig;
@@ -39,6 +39,9 @@ pub enum RunError {
     /// The HTTP port (metrics, health) cannot be served.
     #[error("{0}")]
     Http(String),
+    /// The Unix socket (`--unix-socket`) cannot be served.
+    #[error("{0}")]
+    Local(String),
 }
 
 /// Serves a broker on `listener` until `shutdown` resolves, then stops accepting, lets open
@@ -101,6 +104,10 @@ pub async fn run_with_ready(
     });
     ready.set_auth(auth.clone());
     let _lock = lock_data_dir(&config)?;
+    let local_listener = match &config.unix_socket {
+        Some(path) => Some((bind_local(path)?, path.clone())),
+        None => None,
+    };
     let grace = config.shutdown_grace;
     let (broker, rec) = Broker::open(config, local_addresses(local)).map_err(RunError::Journal)?;
     tracing::info!(
@@ -158,31 +165,55 @@ pub async fn run_with_ready(
         .map_err(|e| RunError::Http(format!("cannot build gRPC reflection: {e}")))?;
     let incoming = crate::flow::accept(listener, connections.clone());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls)?;
-    }
-    let server = builder
-        // Notices peers that vanished without closing (a forwarding broker behind a dead
-        // network), so their streams end and give back what they hold.
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
-        .initial_stream_window_size(Some(8 * 1024 * 1024))
-        .initial_connection_window_size(Some(16 * 1024 * 1024))
-        .max_frame_size(Some(mq_proto::HTTP2_MAX_FRAME_SIZE))
-        .max_concurrent_streams(Some(flow.max_streams_per_connection))
-        .http2_max_header_list_size(Some(crate::config::MAX_HEADER_LIST_BYTES))
-        .layer(crate::metrics::CountCalls(broker.counters().clone()))
-        // Every error status gets its google.rpc.ErrorInfo (domain mq, a reason).
-        .layer(crate::rich_error::ErrorInfoLayer)
-        .add_service(svc)
-        .add_service(admin)
-        .add_service(forward)
-        .add_service(health)
-        .add_service(reflection)
-        .serve_with_incoming_shutdown(incoming, async {
-            let _ = stop_rx.await;
-        });
+    // The same services, for TCP (with TLS if configured) and for the Unix socket (never TLS:
+    // the file's permissions and the users file guard it).
+    let router = |tls: Option<tonic::transport::ServerTlsConfig>| {
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls)?;
+        }
+        Ok::<_, RunError>(
+            builder
+                // Notices peers that vanished without closing (a forwarding broker behind a
+                // dead network), so their streams end and give back what they hold.
+                .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+                .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+                .initial_stream_window_size(Some(8 * 1024 * 1024))
+                .initial_connection_window_size(Some(16 * 1024 * 1024))
+                .max_frame_size(Some(mq_proto::HTTP2_MAX_FRAME_SIZE))
+                .max_concurrent_streams(Some(flow.max_streams_per_connection))
+                .http2_max_header_list_size(Some(crate::config::MAX_HEADER_LIST_BYTES))
+                .layer(crate::metrics::CountCalls(broker.counters().clone()))
+                // Every error status gets its google.rpc.ErrorInfo (domain mq, a reason).
+                .layer(crate::rich_error::ErrorInfoLayer)
+                .add_service(svc.clone())
+                .add_service(admin.clone())
+                .add_service(forward.clone())
+                .add_service(health.clone())
+                .add_service(reflection.clone()),
+        )
+    };
+    let local_server = match local_listener {
+        Some((l, path)) => {
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let serve = router(None)?.serve_with_incoming_shutdown(
+                crate::flow::accept_local(l, connections.clone()),
+                async {
+                    let _ = rx.await;
+                },
+            );
+            tracing::info!(path = %path.display(), "serving the Unix socket");
+            Some(LocalServer {
+                task: tokio::spawn(serve),
+                stop: tx,
+                path,
+            })
+        }
+        None => None,
+    };
+    let server = router(tls)?.serve_with_incoming_shutdown(incoming, async {
+        let _ = stop_rx.await;
+    });
     tokio::pin!(server);
     ready.recovered(broker.clone(), connections, grpc_addrs);
     let watch = ready.spawn_watch();
@@ -191,6 +222,9 @@ pub async fn run_with_ready(
     tokio::select! {
         r = &mut server => {
             ready.stopping();
+            if let Some(l) = local_server {
+                l.stop(grace).await;
+            }
             broker.close();
             stop_http(http).await;
             return r.map_err(RunError::from);
@@ -202,7 +236,12 @@ pub async fn run_with_ready(
     watch.abort();
     broker.begin_shutdown();
     let _ = stop_tx.send(());
-    match tokio::time::timeout(grace, server).await {
+    let (r, ()) = tokio::join!(tokio::time::timeout(grace, server), async {
+        if let Some(l) = local_server {
+            l.stop(grace).await;
+        }
+    });
+    match r {
         Ok(r) => r?,
         Err(_) => tracing::warn!(
             ?grace,
@@ -215,6 +254,65 @@ pub async fn run_with_ready(
     stop_http(http).await;
     tracing::info!("broker stopped");
     Ok(())
+}
+
+/// The gRPC server on the Unix socket, beside the TCP one.
+struct LocalServer {
+    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    path: std::path::PathBuf,
+}
+
+impl LocalServer {
+    /// Stops accepting, lets open requests finish (up to `grace`), and removes the socket file.
+    async fn stop(self, grace: std::time::Duration) {
+        let _ = self.stop.send(());
+        let mut task = self.task;
+        match tokio::time::timeout(grace, &mut task).await {
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the Unix socket's server failed"),
+            Ok(_) => {}
+            Err(_) => {
+                tracing::warn!(
+                    ?grace,
+                    "streams on the Unix socket still open after the grace period; closing them"
+                );
+                task.abort();
+            }
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Binds the broker's Unix socket at `path`, readable and writable by its owner and group
+/// (0660). A socket file nobody answers on (left by a broker that was killed) is replaced; a
+/// socket some process answers on, or a file that is not a socket, is an error.
+fn bind_local(path: &std::path::Path) -> Result<UnixListener, RunError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let shown = path.display();
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(RunError::Local(format!(
+                    "cannot listen on {shown}: another process is listening on this socket; stop it or pass a different --unix-socket"
+                )));
+            }
+            std::fs::remove_file(path).map_err(|e| {
+                RunError::Local(format!("cannot replace the stale socket {shown}: {e}"))
+            })?;
+        }
+        Ok(_) => {
+            return Err(RunError::Local(format!(
+                "cannot listen on {shown}: it exists and is not a socket (mqd replaces only a stale socket file)"
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(RunError::Local(format!("cannot listen on {shown}: {e}"))),
+    }
+    let listener = UnixListener::bind(path)
+        .map_err(|e| RunError::Local(format!("cannot listen on {shown}: {e}")))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .map_err(|e| RunError::Local(format!("cannot set the permissions of {shown}: {e}")))?;
+    Ok(listener)
 }
 
 /// Stops the HTTP port (after the broker, so `/readyz` says "shutting down" meanwhile).

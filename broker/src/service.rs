@@ -96,7 +96,7 @@ impl Service {
 
     /// The connection a request came on.
     fn connection<T>(&self, req: &Request<T>) -> Arc<Connection> {
-        self.connections.get(req.remote_addr())
+        self.connections.get(crate::flow::peer_of(req))
     }
 
     /// The local queue `name` names, if `who` holds `right` on it.

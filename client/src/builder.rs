@@ -123,7 +123,20 @@ impl ClientBuilder {
             url: url.clone(),
             reason,
         };
-        let mut endpoint = Endpoint::from_shared(url.clone())
+        // `unix:PATH` (or `unix://PATH`): the broker's Unix socket (mqd --unix-socket). The
+        // endpoint's URL only names the HTTP/2 authority; the connector opens the socket.
+        let unix_path = local_socket_path(&url);
+        if unix_path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(connect_err(
+                "a unix: URL needs the socket's path (unix:/run/mq/mqd.sock)".into(),
+            ));
+        }
+        let endpoint_url = if unix_path.is_some() {
+            "http://localhost".to_string()
+        } else {
+            url.clone()
+        };
+        let mut endpoint = Endpoint::from_shared(endpoint_url)
             .map_err(|e| connect_err(format!("not a valid URL ({e})")))?
             .tcp_nodelay(true)
             .connect_timeout(self.options.connect_timeout)
@@ -140,9 +153,11 @@ impl ClientBuilder {
         }
         let https = url.starts_with("https://");
         if !https && (self.ca.is_some() || self.identity.is_some()) {
-            return Err(connect_err(
-                "a CA or client certificate was given but the URL is not https://".into(),
-            ));
+            return Err(connect_err(if unix_path.is_some() {
+                "a CA or client certificate was given but a unix: socket does not use TLS".into()
+            } else {
+                "a CA or client certificate was given but the URL is not https://".into()
+            }));
         }
         if https {
             let mut tls = ClientTlsConfig::new();
@@ -165,7 +180,25 @@ impl ClientBuilder {
         }
         // The connect timeout covers TCP only; a broker that accepts but does not answer (a
         // stopped process: the kernel still accepts) would hang the HTTP/2 or TLS handshake.
-        let connected = tokio::time::timeout(self.options.connect_timeout, endpoint.connect())
+        let connect = async {
+            match unix_path {
+                Some(path) => {
+                    endpoint
+                        .connect_with_connector(tower::service_fn(
+                            move |_: tonic::codegen::http::Uri| {
+                                let path = path.clone();
+                                async move {
+                                    let stream = tokio::net::UnixStream::connect(&path).await?;
+                                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                                }
+                            },
+                        ))
+                        .await
+                }
+                None => endpoint.connect().await,
+            }
+        };
+        let connected = tokio::time::timeout(self.options.connect_timeout, connect)
             .await
             .map_err(|_| {
                 connect_err(format!(
@@ -195,6 +228,13 @@ impl ClientBuilder {
         check_protocol(&channel_for_check, &url, self.options.call_timeout).await?;
         Ok(Client::from_parts(rpc, admin, url, self.options))
     }
+}
+
+/// The socket path of a `unix:PATH` or `unix://PATH` URL; `None` for any other URL.
+fn local_socket_path(url: &str) -> Option<std::path::PathBuf> {
+    let rest = url.strip_prefix("unix:")?;
+    let path = rest.strip_prefix("//").unwrap_or(rest);
+    Some(std::path::PathBuf::from(path))
 }
 
 /// Checks at connect that the broker speaks a revision of mq.v1 this client can use

@@ -2,12 +2,14 @@
 # CPU of the e2e phase of one embedded open-loop mqperf run (docs/benchmarks.md, "Express latency at
 # half the maximum"): the process's cores, the machine's busy and steal share, and CPU µs per
 # message, sampled every 100 ms inside the e2e phase (the last --count/rate seconds of the run).
-# Usage: e2e_cpu.py MQPERF RATE [express|recoverable]
+# Usage: e2e_cpu.py MQPERF RATE [express|recoverable]; MQPERF_ARGS adds options (e.g.
+# "--broker unix:/tmp/mqd.sock": then "process CPU" is mqperf's alone, the machine's share
+# includes mqd).
 import subprocess, time, os, sys, json
 tck = os.sysconf('SC_CLK_TCK')
 mq, rate = sys.argv[1], int(sys.argv[2]); d = sys.argv[3] if len(sys.argv) > 3 else "express"
 secs = 4
-cmd = [mq,"NOTX","SENDANDRECEIVE",r".\private$\perf","--payload","string:1000","--formatter","raw","--count",str(rate*secs),"--runs","1","--rate",str(rate),"--delivery",d,"--json"]
+cmd = [mq,"NOTX","SENDANDRECEIVE",r".\private$\perf","--payload","string:1000","--formatter","raw","--count",str(rate*secs),"--runs","1","--rate",str(rate),"--delivery",d,"--json"] + os.environ.get("MQPERF_ARGS", "").split()
 p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 def cpu():
     f = open(f"/proc/{p.pid}/stat").read().rsplit(')',1)[1].split()

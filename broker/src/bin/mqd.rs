@@ -261,6 +261,12 @@ struct Args {
     /// Serve --metrics-listen on a non-loopback address without TLS and a users file.
     #[arg(long)]
     http_insecure: bool,
+    /// Also serve gRPC on this Unix socket, for clients on this machine (`--broker
+    /// unix:PATH`): the same services and users as --listen, without TLS, and a hop costs a
+    /// fraction of loopback TCP's. The file is made owner and group read-write (0660); a stale
+    /// one left by a killed mqd is replaced, and it is removed at a clean stop.
+    #[arg(long, value_name = "PATH", env = "MQD_UNIX_SOCKET")]
+    unix_socket: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -438,6 +444,7 @@ async fn run() -> anyhow::Result<()> {
     config.forward_stream_idle = args.forward_stream_idle;
     config.http_listen = args.metrics_listen;
     config.http_insecure = args.http_insecure;
+    config.unix_socket = args.unix_socket;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -141,4 +141,5 @@ mod transactions;
 mod transactions_crash;
 mod tx_one_round_trip;
 mod tx_stream_reuse;
+mod unix_socket;
 mod wire_contract;
