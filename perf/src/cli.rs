@@ -133,9 +133,9 @@ pub struct Cli {
     /// SERVER and CLIENT: where the server replies after each run
     #[arg(value_name = "RESPONSE-QUEUE")]
     pub response_queue: Option<String>,
-    /// A running broker, e.g. http://127.0.0.1:1801 (absent: an embedded broker in a
-    /// temporary directory, started and stopped by mqperf). With --forward: broker A, where
-    /// every send goes
+    /// A running broker, e.g. http://127.0.0.1:1801 or unix:/run/mq/mqd.sock (absent: an
+    /// embedded broker in a temporary directory, started and stopped by mqperf). With
+    /// --forward: broker A, where every send goes
     #[arg(long, value_name = "URL")]
     pub broker: Option<String>,
     /// Store-and-forward: send through broker A to QUEUE on broker B, receive on B (no

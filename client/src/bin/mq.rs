@@ -48,7 +48,8 @@ Exit codes: 0 success, 1 error (one line on stderr), 2 usage error.";
 #[derive(Debug, Parser)]
 #[command(name = "mq", version, after_help = AFTER_HELP)]
 struct Cli {
-    /// Broker URL (https:// for TLS).
+    /// Broker URL: http://HOST:PORT, https://HOST:PORT (TLS), or unix:PATH (the broker's Unix
+    /// socket, mqd --unix-socket).
     #[arg(long, global = true, env = "MQ_BROKER", default_value = mq_client::DEFAULT_BROKER_URL, value_name = "URL", help_heading = CONNECTION)]
     broker: String,
     /// Authenticate as this user; the password is read from MQ_PASSWORD or a prompt.
