@@ -267,6 +267,20 @@ async fn send_raw(mqd: &MqdProcess, requests: Vec<Vec<u8>>) {
     }
 }
 
+/// Waits for the answers to `n` forwarded batches (numbered from 1) of `count` messages each,
+/// none rejected.
+async fn assert_forwarded(acks: &mut tonic::Streaming<v1::ForwardResponse>, n: u64, count: u32) {
+    for i in 0..n {
+        let ack = tokio::time::timeout(WAIT, acks.message())
+            .await
+            .expect("acknowledgements")
+            .expect("no refusal")
+            .expect("the stream stays open until every batch is answered");
+        assert_eq!((ack.batch, ack.count), (i + 1, count), "{ack:?}");
+        assert!(ack.rejected.is_empty(), "{ack:?}");
+    }
+}
+
 /// A batch of 256 small bodies, one of them at priority 0 and left behind once the others
 /// are received: it must not keep its 1 MiB request (`own_small_bodies` copies small bodies
 /// out in chunks of at most 16 times a body's charge). 128 such leftovers kept 140 MiB before.
@@ -402,15 +416,7 @@ async fn a_small_forwarded_body_does_not_keep_its_batch() {
         .await
         .expect("the Forward call")
         .into_inner();
-    for i in 0..N {
-        let ack = tokio::time::timeout(WAIT, acks.message())
-            .await
-            .expect("acknowledgements")
-            .expect("no refusal")
-            .expect("the stream stays open until every batch is answered");
-        assert_eq!((ack.batch, ack.count), (i + 1, 2), "{ack:?}");
-        assert!(ack.rejected.is_empty(), "{ack:?}");
-    }
+    assert_forwarded(&mut acks, N, 2).await;
     let q = client.queue(Q).unwrap();
     for id in large {
         let m = q
@@ -464,15 +470,7 @@ async fn a_forwarded_byte_with_a_mib_of_padding_keeps_a_byte() {
         tokio_stream::iter(requests),
     )
     .await;
-    for i in 0..N {
-        let ack = tokio::time::timeout(WAIT, acks.message())
-            .await
-            .expect("acknowledgements")
-            .expect("no refusal")
-            .expect("the stream stays open until every batch is answered");
-        assert_eq!((ack.batch, ack.count), (i + 1, 1), "{ack:?}");
-        assert!(ack.rejected.is_empty(), "{ack:?}");
-    }
+    assert_forwarded(&mut acks, N, 1).await;
     assert_eq!(client.queue_info(Q).await.unwrap().messages, N);
     assert_rss_falls_under(&mqd, before, 48 * 1024, "128 padded forwarded 3 B bodies");
     assert_drained(&client, N, |i| vec![i as u8; 3]).await;
