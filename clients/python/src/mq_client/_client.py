@@ -51,8 +51,9 @@ def _pem(source: PemSource) -> bytes:
 class Client:
     """A connection to one broker.
 
-    ``url`` is ``http://host:port`` (plaintext) or ``https://host:port`` (TLS); default
-    ``$MQ_BROKER`` or ``http://127.0.0.1:1801``. With TLS, ``ca`` is the CA that signed the
+    ``url`` is ``http://host:port`` (plaintext), ``https://host:port`` (TLS) or ``unix:PATH``
+    (the broker's Unix socket, ``mqd --unix-socket``); default ``$MQ_BROKER`` or
+    ``http://127.0.0.1:1801``. With TLS, ``ca`` is the CA that signed the
     broker's certificate (PEM bytes or text, or a file path; default: the system's roots),
     ``cert``/``key`` a client certificate for mTLS, ``domain`` the name to expect in the
     broker's certificate if not the URL's host. ``user``/``password`` authenticate with Basic
@@ -133,15 +134,6 @@ class Client:
         key: Optional[PemSource],
         domain: Optional[str],
     ) -> grpc.Channel:
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConnectError(
-                f"{self.url[:200]!r} is not a broker URL (http://host:port or https://host:port)"
-            )
-        host = parts.hostname
-        if ":" in host:
-            host = f"[{host}]"
-        target = f"{host}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
         options: List["tuple[str, Any]"] = [
             # The broker sends messages up to 64 MiB (a Peek page, a Receive batch with big
             # bodies); gRPC's default limit is 4 MiB.
@@ -154,6 +146,28 @@ class Client:
             # One channel per Client: streams of one client share one connection, as in Rust.
             ("grpc.use_local_subchannel_pool", 1),
         ]
+        if self.url.startswith("unix:"):
+            # The broker's Unix socket (mqd --unix-socket): gRPC's own unix:PATH target.
+            if not self.url[len("unix:") :].lstrip("/"):
+                raise ConnectError("a unix: URL needs the socket's path (unix:/run/mq/mqd.sock)")
+            if ca is not None or cert is not None or key is not None:
+                raise ConnectError(
+                    "a CA or client certificate was given but a unix: socket does not use TLS"
+                )
+            # gRPC's C core sends the socket's path as the HTTP/2 :authority, which mqd's HTTP/2
+            # server refuses as malformed (RST_STREAM, PROTOCOL_ERROR): name localhost instead.
+            options.append(("grpc.default_authority", "localhost"))
+            return grpc.insecure_channel(self.url, options=options)
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConnectError(
+                f"{self.url[:200]!r} is not a broker URL (http://host:port, https://host:port "
+                "or unix:PATH)"
+            )
+        host = parts.hostname
+        if ":" in host:
+            host = f"[{host}]"
+        target = f"{host}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
         if parts.scheme == "http":
             if ca is not None or cert is not None or key is not None:
                 raise ConnectError(
