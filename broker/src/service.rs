@@ -1175,7 +1175,7 @@ async fn transact(
                 // Through tonic's decoder: the send's own encoding stands for the buffer its
                 // bodies are sliced from (a send with many unknown bytes was decoded again from
                 // a compact copy: `mq_proto::codec::compacted`).
-                let len = prost::Message::encoded_len(&s);
+                let len = crate::large_bodies::tonic_buffer_len(prost::Message::encoded_len(&s));
                 crate::large_bodies::own_small_bodies(&mut s.messages, len);
                 if let Err(status) = check_batch(&broker, s.messages.len(), "a transactional send")
                 {
