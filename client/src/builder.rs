@@ -128,7 +128,7 @@ impl ClientBuilder {
         let unix_path = local_socket_path(&url);
         if unix_path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
             return Err(connect_err(
-                "a unix: URL needs the socket's path (unix:/run/mq/mqd.sock)".into(),
+                "a unix: URL needs the socket's path (unix:/run/mqd/mqd.sock)".into(),
             ));
         }
         let endpoint_url = if unix_path.is_some() {

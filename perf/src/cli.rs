@@ -133,7 +133,7 @@ pub struct Cli {
     /// SERVER and CLIENT: where the server replies after each run
     #[arg(value_name = "RESPONSE-QUEUE")]
     pub response_queue: Option<String>,
-    /// A running broker, e.g. http://127.0.0.1:1801 or unix:/run/mq/mqd.sock (absent: an
+    /// A running broker, e.g. http://127.0.0.1:1801 or unix:/run/mqd/mqd.sock (absent: an
     /// embedded broker in a temporary directory, started and stopped by mqperf). With
     /// --forward: broker A, where every send goes
     #[arg(long, value_name = "URL")]

@@ -23,6 +23,8 @@ fn unit_file_passes_systemd_analyze_verify() {
         "Type=notify",
         "ExecStart=/usr/local/bin/mqd --config /etc/mqd/mqd.toml",
         "StateDirectory=mqd",
+        // Where a Unix socket can live under ProtectSystem=strict.
+        "RuntimeDirectory=mqd",
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
         "Restart=on-failure",

@@ -149,7 +149,7 @@ class Client:
         if self.url.startswith("unix:"):
             # The broker's Unix socket (mqd --unix-socket): gRPC's own unix:PATH target.
             if not self.url[len("unix:") :].lstrip("/"):
-                raise ConnectError("a unix: URL needs the socket's path (unix:/run/mq/mqd.sock)")
+                raise ConnectError("a unix: URL needs the socket's path (unix:/run/mqd/mqd.sock)")
             if ca is not None or cert is not None or key is not None:
                 raise ConnectError(
                     "a CA or client certificate was given but a unix: socket does not use TLS"
