@@ -174,49 +174,53 @@ pub(crate) struct CountedStream<S> {
     guard: ConnectionGuard,
 }
 
-/// Accepts connections on `listener`, closing at once those past the limit.
-pub(crate) fn accept(
-    listener: TcpListener,
+/// A listener of client connections: TCP (`--listen`) or the Unix socket (`--unix-socket`).
+pub(crate) trait Listener: Send + 'static {
+    type Stream: Send + 'static;
+    /// The next connection and the peer it counts as (a Unix socket connection gets the next
+    /// number of `connections`).
+    fn next(
+        &self,
+        connections: &Connections,
+    ) -> impl std::future::Future<Output = io::Result<(Self::Stream, Peer)>> + Send;
+}
+
+impl Listener for TcpListener {
+    type Stream = TcpStream;
+    async fn next(&self, _: &Connections) -> io::Result<(TcpStream, Peer)> {
+        let (stream, peer) = self.accept().await?;
+        let _ = stream.set_nodelay(true);
+        Ok((stream, Peer::Tcp(peer)))
+    }
+}
+
+impl Listener for UnixListener {
+    type Stream = UnixStream;
+    async fn next(&self, connections: &Connections) -> io::Result<(UnixStream, Peer)> {
+        let (stream, _) = self.accept().await?;
+        let id = connections.next_local.fetch_add(1, Ordering::Relaxed);
+        Ok((stream, Peer::Local(id)))
+    }
+}
+
+/// Accepts connections on `listener`, closing at once those past the limit; TCP and the Unix
+/// socket count toward the same limit.
+pub(crate) fn accept<L: Listener>(
+    listener: L,
     connections: Arc<Connections>,
-) -> impl Stream<Item = io::Result<CountedStream<TcpStream>>> {
+) -> impl Stream<Item = io::Result<CountedStream<L::Stream>>> {
     futures::stream::unfold((listener, connections), |(l, c)| async move {
         loop {
-            match l.accept().await {
+            match l.next(&c).await {
                 Ok((stream, peer)) => {
-                    let Some(guard) = c.admit(Peer::Tcp(peer)) else {
+                    let Some(guard) = c.admit(peer) else {
                         drop(stream);
                         continue;
                     };
-                    let _ = stream.set_nodelay(true);
                     return Some((Ok(CountedStream { stream, guard }), (l, c)));
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: do not spin.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    return Some((Err(e), (l, c)));
-                }
-            }
-        }
-    })
-}
-
-/// [`accept`] for the Unix socket: the same limit counts both kinds of connection.
-pub(crate) fn accept_local(
-    listener: UnixListener,
-    connections: Arc<Connections>,
-) -> impl Stream<Item = io::Result<CountedStream<UnixStream>>> {
-    futures::stream::unfold((listener, connections), |(l, c)| async move {
-        loop {
-            match l.accept().await {
-                Ok((stream, _)) => {
-                    let id = c.next_local.fetch_add(1, Ordering::Relaxed);
-                    let Some(guard) = c.admit(Peer::Local(id)) else {
-                        drop(stream);
-                        continue;
-                    };
-                    return Some((Ok(CountedStream { stream, guard }), (l, c)));
-                }
-                Err(e) => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     return Some((Err(e), (l, c)));
                 }

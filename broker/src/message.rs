@@ -85,6 +85,36 @@ pub struct DeadLetterInfo {
 }
 
 impl StoredMessage {
+    /// A message with no body and every property empty or zero (nil id, express, priority 0):
+    /// a queue's tombstones point at one, and tests build on it with `..StoredMessage::empty()`.
+    pub(crate) fn empty() -> StoredMessage {
+        StoredMessage {
+            id: uuid::Uuid::nil(),
+            body: None,
+            body_len: 0,
+            label: String::new(),
+            priority: 0,
+            correlation_id: String::new(),
+            app_specific: 0,
+            body_type: 0,
+            delivery: Delivery::Express,
+            sent_time_ms: 0,
+            arrived_time_ms: 0,
+            response_queue: String::new(),
+            reach_queue_by_ms: 0,
+            receive_by_ms: 0,
+            transactional: false,
+            route: None,
+            dead_letter: None,
+            sender: None,
+            move_count: 0,
+            admin_queue: None,
+            acknowledge: 0,
+            class: 0,
+            journal: false,
+        }
+    }
+
     /// Checks a sender's message against the broker's rules and stamps id and arrival time.
     pub fn accept(
         m: v1::OutMessage,

@@ -49,33 +49,8 @@ pub struct Entry {
 /// What a tombstone points at instead of the message it was (one empty message, shared):
 /// nothing reads a tombstone's message, and the taken one's body and header go with it.
 fn tombstone_message() -> Arc<StoredMessage> {
-    static TOMBSTONE: std::sync::LazyLock<Arc<StoredMessage>> = std::sync::LazyLock::new(|| {
-        Arc::new(StoredMessage {
-            id: uuid::Uuid::nil(),
-            body: None,
-            body_len: 0,
-            label: String::new(),
-            priority: 0,
-            correlation_id: String::new(),
-            app_specific: 0,
-            body_type: 0,
-            delivery: crate::message::Delivery::Express,
-            sent_time_ms: 0,
-            arrived_time_ms: 0,
-            response_queue: String::new(),
-            reach_queue_by_ms: 0,
-            receive_by_ms: 0,
-            transactional: false,
-            route: None,
-            dead_letter: None,
-            sender: None,
-            move_count: 0,
-            admin_queue: None,
-            acknowledge: 0,
-            class: 0,
-            journal: false,
-        })
-    });
+    static TOMBSTONE: std::sync::LazyLock<Arc<StoredMessage>> =
+        std::sync::LazyLock::new(|| Arc::new(StoredMessage::empty()));
     TOMBSTONE.clone()
 }
 
@@ -1965,26 +1940,8 @@ mod tests {
             id: uuid::Uuid::now_v7(),
             body: Some(Bytes::copy_from_slice(body.as_bytes())),
             body_len: body.len() as u32,
-            label: String::new(),
             priority,
-            correlation_id: String::new(),
-            app_specific: 0,
-            body_type: 0,
-            delivery: Delivery::Express,
-            sent_time_ms: 0,
-            arrived_time_ms: 0,
-            response_queue: String::new(),
-            reach_queue_by_ms: 0,
-            receive_by_ms: 0,
-            transactional: false,
-            route: None,
-            dead_letter: None,
-            sender: None,
-            move_count: 0,
-            admin_queue: None,
-            acknowledge: 0,
-            class: 0,
-            journal: false,
+            ..StoredMessage::empty()
         })
     }
 

@@ -197,7 +197,7 @@ pub async fn run_with_ready(
         Some((l, path)) => {
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
             let serve = router(None)?.serve_with_incoming_shutdown(
-                crate::flow::accept_local(l, connections.clone()),
+                crate::flow::accept(l, connections.clone()),
                 async {
                     let _ = rx.await;
                 },
