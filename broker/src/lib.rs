@@ -75,6 +75,7 @@ mod message;
 mod metrics;
 mod outcome;
 mod outgoing_admin;
+mod prefault;
 mod preview;
 mod props;
 mod queue;
@@ -113,6 +114,7 @@ pub use memtrim::{
 };
 pub use message::{Delivery, StoredMessage, DEFAULT_PRIORITY, MAX_PRIORITY};
 pub use outcome::{DEFAULT_TX_OUTCOME_MAX, DEFAULT_TX_OUTCOME_RETENTION};
+pub use prefault::{Prefaulting, POPULATE_MAX, POPULATE_MIN};
 pub use queue::{Queue, QueueStats, QueueTotals};
 pub use ready::Readiness;
 pub use server::{run, run_with_ready, RunError};

@@ -8,10 +8,11 @@ use clap::Parser;
 use mq_perf::Cli;
 
 // mimalloc instead of glibc's malloc (feature `mimalloc`), as in mqd: the embedded broker runs
-// on the same allocator as a separate mqd.
+// on the same allocator as a separate mqd (fresh large blocks mapped in one call included).
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: mq_broker::Prefaulting<mimalloc::MiMalloc> =
+    mq_broker::Prefaulting(mimalloc::MiMalloc);
 
 fn main() -> ExitCode {
     mq_broker::tune_allocator();
