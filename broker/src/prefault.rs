@@ -9,7 +9,8 @@
 //! `madvise(MADV_POPULATE_WRITE)` maps the same memory at 1.6-2.1 GB/s (docs/benchmarks.md,
 //! "Express sends into fresh memory").
 //!
-//! [`Prefaulting`] wraps the global allocator of mqd and mqperf: a block of
+//! [`Prefaulting`] wraps mqd's global allocator (not mqperf's: its client's receives of 1 MB
+//! bodies were slower with it, and a client's buffers are short-lived): a block of
 //! [`POPULATE_MIN`]..=[`POPULATE_MAX`] bytes from `alloc` whose last whole page is not
 //! resident (`mincore`) is populated in one call. The last page, not the first: mimalloc writes
 //! its free list into the first word of a free block, so that page is resident already. Warm
