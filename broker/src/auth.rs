@@ -255,6 +255,9 @@ pub enum IdentityKind {
     Password,
     Token,
     Certificate,
+    /// A caller on the Unix socket known by its operating system account
+    /// (`mqd --unix-socket-os-users`).
+    OsUser,
 }
 
 /// Who is calling, established once per connection/stream.
@@ -418,6 +421,8 @@ pub(crate) struct Presented {
     pub authorization: Option<Result<String, ()>>,
     pub peer: Option<SocketAddr>,
     pub cert_name: Option<String>,
+    /// The user id of a caller on the Unix socket (`SO_PEERCRED`).
+    pub local_uid: Option<u32>,
 }
 
 impl std::fmt::Debug for Presented {
@@ -429,6 +434,7 @@ impl std::fmt::Debug for Presented {
             )
             .field("peer", &self.peer)
             .field("cert_name", &self.cert_name)
+            .field("local_uid", &self.local_uid)
             .finish()
     }
 }
@@ -445,6 +451,47 @@ pub struct Auth {
     failures: Mutex<HashMap<IpAddr, (Instant, u32)>>,
     /// Password hashes computed at once (off the async workers), at most one per core.
     hashing: tokio::sync::Semaphore,
+    /// `mqd --unix-socket-os-users`: a Unix socket caller without credentials is its account.
+    os_users: bool,
+    /// User id -> account name (`None`: no passwd entry), at most [`OS_USER_CACHE`] ids.
+    os_names: Mutex<HashMap<u32, Option<String>>>,
+}
+
+/// Account names remembered by user id (a machine has few; when full, the cache starts over).
+const OS_USER_CACHE: usize = 1024;
+
+/// The name of the operating system account `uid` (`getpwuid_r`), if it has a passwd entry.
+/// May block on the name service (NSS): called off the async workers.
+#[allow(unsafe_code)]
+pub fn os_user_name(uid: u32) -> Option<String> {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        // SAFETY: `pwd` and `result` are out-parameters getpwuid_r fills; `buf` is the scratch
+        // space it may use, of the length passed; the strings `pwd` points to live in `buf`,
+        // and are copied out before it goes.
+        unsafe {
+            let mut pwd: libc::passwd = std::mem::zeroed();
+            let mut result: *mut libc::passwd = std::ptr::null_mut();
+            let rc = libc::getpwuid_r(
+                uid,
+                &mut pwd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut result,
+            );
+            if rc == libc::ERANGE && buf.len() < (1 << 20) {
+                buf.resize(buf.len() * 4, 0);
+                continue;
+            }
+            if rc != 0 || result.is_null() || pwd.pw_name.is_null() {
+                return None;
+            }
+            return std::ffi::CStr::from_ptr(pwd.pw_name)
+                .to_str()
+                .ok()
+                .map(str::to_string);
+        }
+    }
 }
 
 /// An argon2id hash of nothing anyone knows, verified for an unknown user so that the answer
@@ -468,7 +515,38 @@ impl Auth {
             refusals: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
             hashing: tokio::sync::Semaphore::new(cores),
+            os_users: false,
+            os_names: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// `on`: a caller on the Unix socket that presents no credentials is the user named as its
+    /// operating system account (`mqd --unix-socket-os-users`).
+    pub fn with_os_users(mut self, on: bool) -> Auth {
+        self.os_users = on;
+        self
+    }
+
+    /// The account name of `uid`, remembered; looked up on a blocking thread.
+    async fn os_name(&self, uid: u32) -> Option<String> {
+        if let Some(hit) = self
+            .os_names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&uid)
+        {
+            return hit.clone();
+        }
+        let name = tokio::task::spawn_blocking(move || os_user_name(uid))
+            .await
+            .ok()
+            .flatten();
+        let mut names = self.os_names.lock().unwrap_or_else(|p| p.into_inner());
+        if names.len() >= OS_USER_CACHE {
+            names.clear();
+        }
+        names.insert(uid, name.clone());
+        name
     }
 
     /// Protected mode: no users file, every caller has every right.
@@ -566,6 +644,26 @@ impl Auth {
                     peer,
                 },
             });
+        }
+        if let (true, Some(uid)) = (self.os_users, p.local_uid) {
+            // An account whose name cannot be a user name (one with ':' in it) stays anonymous.
+            if let Some(name) = self
+                .os_name(uid)
+                .await
+                .filter(|n| check_user_name(n).is_ok())
+            {
+                return Ok(match &users {
+                    Some(u) => u.identity(&name, IdentityKind::OsUser, peer),
+                    None => Identity {
+                        name: Arc::from(name.as_str()),
+                        kind: IdentityKind::OsUser,
+                        anonymous: false,
+                        groups: Arc::from(Vec::new()),
+                        rights: Rights::default(),
+                        peer,
+                    },
+                });
+            }
         }
         Ok(Identity::anonymous(peer))
     }
@@ -1078,5 +1176,90 @@ mod tests {
             }))
             .unwrap();
         assert_eq!(&*ok.name, "app-1");
+    }
+
+    /// The account this test runs as, by `id`.
+    fn current_account() -> (u32, String) {
+        let id = |flag: &str| {
+            let out = std::process::Command::new("id").arg(flag).output().unwrap();
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        };
+        (id("-u").parse().unwrap(), id("-un"))
+    }
+
+    #[test]
+    fn os_user_names_come_from_the_passwd_database() {
+        let (uid, name) = current_account();
+        assert_eq!(os_user_name(uid).as_deref(), Some(name.as_str()));
+        assert_eq!(os_user_name(0).as_deref(), Some("root"));
+        // An id without a passwd entry has no name.
+        assert_eq!(os_user_name(3_999_999_999), None);
+    }
+
+    #[test]
+    fn a_unix_socket_caller_is_its_account_only_when_asked_and_without_credentials() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (uid, name) = current_account();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("users.toml");
+        add_user(
+            &path,
+            &name,
+            Some("pw"),
+            &["ops".into()],
+            &["create-queue".into()],
+            false,
+        )
+        .unwrap();
+        let local = |authorization: Option<&str>| Presented {
+            authorization: authorization.map(|a| Ok(a.to_string())),
+            local_uid: Some(uid),
+            ..Default::default()
+        };
+        // Off (the default): anonymous.
+        let off = Auth::from_file(&path).unwrap();
+        let who = rt.block_on(off.identify(local(None))).unwrap();
+        assert!(who.anonymous);
+        // On: the account, with its groups and rights from the users file.
+        let on = Auth::from_file(&path).unwrap().with_os_users(true);
+        let who = rt.block_on(on.identify(local(None))).unwrap();
+        assert_eq!(
+            (&*who.name, who.kind, who.anonymous),
+            (name.as_str(), IdentityKind::OsUser, false)
+        );
+        assert_eq!(&*who.groups, ["ops".to_string()]);
+        assert!(who.rights.contains(Right::CreateQueue), "{:?}", who.rights);
+        // Credentials still decide: a wrong password is refused, not replaced by the account.
+        let basic = |pw: &str| {
+            format!(
+                "Basic {}",
+                base64::Engine::encode(
+                    &base64::engine::general_purpose::STANDARD,
+                    format!("{name}:{pw}")
+                )
+            )
+        };
+        let r = rt.block_on(on.identify(local(Some(&basic("wrong")))));
+        assert_eq!(r.unwrap_err().code(), tonic::Code::Unauthenticated);
+        let who = rt.block_on(on.identify(local(Some(&basic("pw"))))).unwrap();
+        assert_eq!(who.kind, IdentityKind::Password);
+        // No uid (a TCP caller): anonymous; an id without a passwd entry: anonymous.
+        let who = rt.block_on(on.identify(Presented::default())).unwrap();
+        assert!(who.anonymous);
+        let who = rt
+            .block_on(on.identify(Presented {
+                local_uid: Some(3_999_999_999),
+                ..Default::default()
+            }))
+            .unwrap();
+        assert!(who.anonymous);
+        // Without a users file (every caller has every right) the account still names the
+        // caller (a message's sender).
+        let open = Auth::open().with_os_users(true);
+        let who = rt.block_on(open.identify(local(None))).unwrap();
+        assert_eq!(&*who.name, name.as_str());
     }
 }

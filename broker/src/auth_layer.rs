@@ -41,6 +41,9 @@ fn presented<B>(req: &http::Request<B>) -> Presented {
             ext.get::<crate::flow::LocalConnectInfo>()
                 .map(|_| crate::flow::LocalConnectInfo::ADDR)
         });
+    let local_uid = ext
+        .get::<crate::flow::LocalConnectInfo>()
+        .and_then(|i| i.uid);
     let cert_name = tls
         .and_then(|i| i.peer_certs())
         .and_then(|c| c.first().and_then(|d| crate::auth::cert_name(d.as_ref())));
@@ -51,6 +54,7 @@ fn presented<B>(req: &http::Request<B>) -> Presented {
             .map(|v| v.to_str().map(str::to_string).map_err(|_| ())),
         peer,
         cert_name,
+        local_uid,
     }
 }
 

@@ -154,6 +154,9 @@ pub struct BrokerConfig {
     pub http_insecure: bool,
     /// Also serve gRPC on this Unix socket (clients on this machine: `unix:PATH`).
     pub unix_socket: Option<std::path::PathBuf>,
+    /// A caller on the Unix socket without credentials is the user named as its operating
+    /// system account (`SO_PEERCRED`), not anonymous.
+    pub unix_socket_os_users: bool,
 }
 
 /// Default [`BrokerConfig::queue_header_window`].
@@ -246,6 +249,7 @@ impl BrokerConfig {
             forward_stream_idle: DEFAULT_FORWARD_STREAM_IDLE,
             http_listen: None,
             unix_socket: None,
+            unix_socket_os_users: false,
             http_insecure: false,
         }
     }
@@ -300,6 +304,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("forward_stream_idle", &self.forward_stream_idle)
             .field("http_listen", &self.http_listen)
             .field("unix_socket", &self.unix_socket)
+            .field("unix_socket_os_users", &self.unix_socket_os_users)
             .field("http_insecure", &self.http_insecure)
             .finish()
     }

@@ -30,6 +30,8 @@ pub(crate) enum Peer {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LocalConnectInfo {
     pub(crate) id: u64,
+    /// The connecting process's user id, as the kernel tells it (`SO_PEERCRED`), if it did.
+    pub(crate) uid: Option<u32>,
 }
 
 impl LocalConnectInfo {
@@ -240,7 +242,10 @@ impl Connected for CountedStream<UnixStream> {
     type ConnectInfo = LocalConnectInfo;
     fn connect_info(&self) -> LocalConnectInfo {
         match self.guard.peer {
-            Peer::Local(id) => LocalConnectInfo { id },
+            Peer::Local(id) => LocalConnectInfo {
+                id,
+                uid: self.stream.peer_cred().ok().map(|c| c.uid()),
+            },
             Peer::Tcp(_) => unreachable!("a Unix socket connection is counted as local"),
         }
     }

@@ -176,6 +176,8 @@ impl FromRequestParts<Arc<Api>> for Who {
                 authorization,
                 peer,
                 cert_name: None,
+                // The HTTP server has no Unix socket.
+                local_uid: None,
             })
             .await?;
         Ok(Who(who))

@@ -98,10 +98,13 @@ pub async fn run_with_ready(
         None => None,
     };
     let tls = sec.server_tls().map_err(RunError::Tls)?;
-    let auth = Arc::new(match &sec.users_file {
-        Some(path) => crate::auth::Auth::from_file(path).map_err(RunError::Users)?,
-        None => crate::auth::Auth::open(),
-    });
+    let auth = Arc::new(
+        match &sec.users_file {
+            Some(path) => crate::auth::Auth::from_file(path).map_err(RunError::Users)?,
+            None => crate::auth::Auth::open(),
+        }
+        .with_os_users(config.unix_socket_os_users),
+    );
     ready.set_auth(auth.clone());
     let _lock = lock_data_dir(&config)?;
     let local_listener = match &config.unix_socket {

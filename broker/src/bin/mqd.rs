@@ -269,6 +269,14 @@ struct Args {
     /// one left by a killed mqd is replaced, and it is removed at a clean stop.
     #[arg(long, value_name = "PATH", env = "MQD_UNIX_SOCKET")]
     unix_socket: Option<PathBuf>,
+    /// A caller on --unix-socket that presents no credentials is the user named as its
+    /// operating system account (the kernel's SO_PEERCRED), as MSMQ knows a local application
+    /// by its Windows account and PostgreSQL's "peer" authentication does: that user's groups
+    /// and rights from --users apply (an account not in the file has the rights of `everyone`).
+    /// Credentials, when given, still decide; an account without a name (no passwd entry) is
+    /// anonymous. Off by default; TCP callers are not affected.
+    #[arg(long, requires = "unix_socket", env = "MQD_UNIX_SOCKET_OS_USERS")]
+    unix_socket_os_users: bool,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -447,6 +455,7 @@ async fn run() -> anyhow::Result<()> {
     config.http_listen = args.metrics_listen;
     config.http_insecure = args.http_insecure;
     config.unix_socket = args.unix_socket;
+    config.unix_socket_os_users = args.unix_socket_os_users;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

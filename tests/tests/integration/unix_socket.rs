@@ -1,7 +1,7 @@
 //! `mqd --unix-socket PATH`: clients on the broker's machine connect with `unix:PATH`. The same
 //! services, users and rights as the TCP port; the socket file is 0660, a stale one (a killed
 //! mqd's) is replaced, one in use or a file that is not a socket is refused, and a clean stop
-//! removes it.
+//! removes it. With `--unix-socket-os-users` a caller without credentials is its OS account.
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::time::Duration;
@@ -175,6 +175,77 @@ async fn the_unix_socket_asks_for_the_same_credentials() {
     let q = admin.queue(Q).unwrap();
     q.send(Message::new("x")).await.unwrap();
     assert_eq!(q.receive(WAIT).await.unwrap().unwrap().sender, "admin");
+}
+
+/// The account this test runs as (`id -un`).
+fn os_account() -> String {
+    let out = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_unix_socket_os_users_a_local_caller_is_its_account() {
+    let dir = temp_data_dir("mq-unix-os-");
+    let me = os_account();
+    // The account may create queues; a queue's creator has every right on it.
+    let users = mq_tests::users_file(
+        &dir.path().join("users.toml"),
+        &[(me.as_str(), "pw", &[], &["create-queue"])],
+    );
+    let sock = dir.path().join("mqd.sock");
+    let sock_arg = sock.to_str().unwrap().to_string();
+    let users_arg = users.to_str().unwrap().to_string();
+    let mqd = MqdProcess::launch(
+        &dir.path().join("data"),
+        &[
+            "--users",
+            &users_arg,
+            "--unix-socket",
+            &sock_arg,
+            "--unix-socket-os-users",
+        ],
+    );
+    // No credentials on the socket: the account, with its rights.
+    let local = Client::connect(socket_url(&sock)).await.unwrap();
+    local
+        .create_queue(Q, mq_client::QueueOptions::default())
+        .await
+        .unwrap();
+    let q = local.queue(Q).unwrap();
+    q.send(Message::new("from my account")).await.unwrap();
+    let m = q.receive(WAIT).await.unwrap().unwrap();
+    assert_eq!(
+        (m.sender.as_str(), &m.body[..]),
+        (me.as_str(), &b"from my account"[..])
+    );
+    // The same broker over TCP without credentials: anonymous, no rights.
+    let tcp = Client::connect(mqd.url()).await.unwrap();
+    let r = tcp.queue(Q).unwrap().send(Message::new("x")).await;
+    assert!(matches!(r, Err(Error::PermissionDenied(_))), "{r:?}");
+    // Credentials on the socket still decide: a wrong password is refused.
+    let wrong = Client::builder(socket_url(&sock))
+        .user(&me, "wrong")
+        .connect()
+        .await
+        .unwrap();
+    assert!(matches!(
+        wrong.list_queues().await,
+        Err(Error::Unauthenticated(_))
+    ));
+
+    // The option needs --unix-socket.
+    let out = run_with_timeout(
+        mqd_command(&dir.path().join("other"), &["--unix-socket-os-users"]),
+        None,
+        WAIT * 3,
+    )
+    .expect("mqd exits");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--unix-socket"), "{err}");
 }
 
 #[tokio::test]
