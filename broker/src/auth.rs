@@ -453,7 +453,8 @@ pub struct Auth {
     hashing: tokio::sync::Semaphore,
     /// `mqd --unix-socket-os-users`: a Unix socket caller without credentials is its account.
     os_users: bool,
-    /// User id -> account name (`None`: no passwd entry), at most [`OS_USER_CACHE`] ids.
+    /// User id -> account name (`None`: no passwd entry), at most [`OS_USER_CACHE`] ids;
+    /// forgotten when the users file is reread (SIGHUP).
     os_names: Mutex<HashMap<u32, Option<String>>>,
 }
 
@@ -574,6 +575,8 @@ impl Auth {
         let n = users.file.users.len();
         *self.users.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(users));
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        // Account names are looked up again too (an account renamed since).
+        self.os_names.lock().unwrap_or_else(|p| p.into_inner()).clear();
         Ok(n)
     }
 
