@@ -458,6 +458,27 @@ pub struct Auth {
     os_names: Mutex<HashMap<u32, Option<String>>>,
 }
 
+/// The identity `name` established as `kind` without a password (a certificate, an OS
+/// account): with its groups and rights from the users file, or none of them without one.
+fn named(
+    users: Option<&Users>,
+    name: &str,
+    kind: IdentityKind,
+    peer: Option<SocketAddr>,
+) -> Identity {
+    match users {
+        Some(u) => u.identity(name, kind, peer),
+        None => Identity {
+            name: Arc::from(name),
+            kind,
+            anonymous: false,
+            groups: Arc::from(Vec::new()),
+            rights: Rights::default(),
+            peer,
+        },
+    }
+}
+
 /// Account names remembered by user id (a machine has few; when full, the cache starts over).
 const OS_USER_CACHE: usize = 1024;
 
@@ -576,7 +597,10 @@ impl Auth {
         *self.users.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(users));
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
         // Account names are looked up again too (an account renamed since).
-        self.os_names.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.os_names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         Ok(n)
     }
 
@@ -636,17 +660,12 @@ impl Auth {
                     "the client certificate's subject common name is not a valid identity: {e}"
                 ))
             })?;
-            return Ok(match &users {
-                Some(u) => u.identity(&name, IdentityKind::Certificate, peer),
-                None => Identity {
-                    name: Arc::from(name.as_str()),
-                    kind: IdentityKind::Certificate,
-                    anonymous: false,
-                    groups: Arc::from(Vec::new()),
-                    rights: Rights::default(),
-                    peer,
-                },
-            });
+            return Ok(named(
+                users.as_deref(),
+                &name,
+                IdentityKind::Certificate,
+                peer,
+            ));
         }
         if let (true, Some(uid)) = (self.os_users, p.local_uid) {
             // An account whose name cannot be a user name (one with ':' in it) stays anonymous.
@@ -655,17 +674,7 @@ impl Auth {
                 .await
                 .filter(|n| check_user_name(n).is_ok())
             {
-                return Ok(match &users {
-                    Some(u) => u.identity(&name, IdentityKind::OsUser, peer),
-                    None => Identity {
-                        name: Arc::from(name.as_str()),
-                        kind: IdentityKind::OsUser,
-                        anonymous: false,
-                        groups: Arc::from(Vec::new()),
-                        rights: Rights::default(),
-                        peer,
-                    },
-                });
+                return Ok(named(users.as_deref(), &name, IdentityKind::OsUser, peer));
             }
         }
         Ok(Identity::anonymous(peer))
