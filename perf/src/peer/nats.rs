@@ -56,10 +56,16 @@ impl Nats {
             },
             ..stream::Config::default()
         };
-        self.js
-            .get_or_create_stream(config)
-            .await
-            .with_context(|| format!("cannot create stream {queue}"))
+        match self.js.get_or_create_stream(config).await {
+            Ok(s) => Ok(s),
+            // Two mqperf processes (TX CLIENT and SERVER) may create the same stream at once:
+            // the one that loses the race is told "subjects overlap with an existing stream",
+            // and the stream is there on a second look.
+            Err(e) => match self.js.get_stream(queue).await {
+                Ok(s) => Ok(s),
+                Err(_) => Err(e).with_context(|| format!("cannot create stream {queue}")),
+            },
+        }
     }
 
     /// Creates the stream and its durable consumer.
