@@ -154,15 +154,7 @@ async fn the_unix_socket_asks_for_the_same_credentials() {
         .create_queue(Q, mq_client::QueueOptions::default())
         .await;
     assert!(matches!(r, Err(Error::PermissionDenied(_))), "{r:?}");
-    let wrong = Client::builder(socket_url(&sock))
-        .user("admin", "wrong")
-        .connect()
-        .await
-        .unwrap();
-    assert!(matches!(
-        wrong.list_queues().await,
-        Err(Error::Unauthenticated(_))
-    ));
+    assert_wrong_password_refused(&sock, "admin").await;
     let admin = Client::builder(socket_url(&sock))
         .user("admin", "admin-pw")
         .connect()
@@ -175,6 +167,17 @@ async fn the_unix_socket_asks_for_the_same_credentials() {
     let q = admin.queue(Q).unwrap();
     q.send(Message::new("x")).await.unwrap();
     assert_eq!(q.receive(WAIT).await.unwrap().unwrap().sender, "admin");
+}
+
+/// A client on the socket with `user` and a wrong password is refused with UNAUTHENTICATED.
+async fn assert_wrong_password_refused(sock: &std::path::Path, user: &str) {
+    let wrong = Client::builder(socket_url(sock))
+        .user(user, "wrong")
+        .connect()
+        .await
+        .unwrap();
+    let r = wrong.list_queues().await;
+    assert!(matches!(r, Err(Error::Unauthenticated(_))), "{r:?}");
 }
 
 /// The account this test runs as (`id -un`).
@@ -226,15 +229,7 @@ async fn with_unix_socket_os_users_a_local_caller_is_its_account() {
     let r = tcp.queue(Q).unwrap().send(Message::new("x")).await;
     assert!(matches!(r, Err(Error::PermissionDenied(_))), "{r:?}");
     // Credentials on the socket still decide: a wrong password is refused.
-    let wrong = Client::builder(socket_url(&sock))
-        .user(&me, "wrong")
-        .connect()
-        .await
-        .unwrap();
-    assert!(matches!(
-        wrong.list_queues().await,
-        Err(Error::Unauthenticated(_))
-    ));
+    assert_wrong_password_refused(&sock, &me).await;
 
     // The option needs --unix-socket.
     let out = run_with_timeout(
