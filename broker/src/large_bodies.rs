@@ -242,9 +242,10 @@ pub(crate) const PINNED_SHARE: usize = 16;
 /// than `len / PINNED_SHARE` is copied out, into chunks shared by consecutive such bodies,
 /// each chunk at most `PINNED_SHARE` times the smallest charge among its bodies. One byte sent
 /// with megabytes of padding, or one message left behind by a batch of 512, keeps at most
-/// `PINNED_SHARE` × 129 bytes of buffer while the quotas count 129 (the allocator's page around
-/// a buffer is its own matter). Bodies large beside their request (a 1 MB body alone, ten 100
-/// KB bodies in a 1 MiB batch) stay where they are, uncopied.
+/// `PINNED_SHARE` × 129 bytes of buffer while the quotas count 129. No chunk is over
+/// [`CHUNK_BYTES`], so the allocator page that a chunk keeps resident is a small one (64 KiB
+/// with mimalloc), not the 512 KiB of a medium block. Bodies large beside their request (a 1 MB
+/// body alone, ten 100 KB bodies in a 1 MiB batch) stay where they are, uncopied.
 pub(crate) fn own_small_bodies(messages: &mut [v1::OutMessage], len: usize) {
     own_small(messages, |m| Some(&mut m.body), len);
 }
@@ -290,9 +291,12 @@ fn own_small<M>(items: &mut [M], body: impl FnMut(&mut M) -> Option<&mut Bytes>,
     chunk.copy_out();
 }
 
-/// Most bytes copied into one chunk. Chunks of 16 bodies of 10 KB (162 KB) ran the 10 KB e2e
-/// slower than chunks capped here (medians 81k and 88k msg/s, noisy; docs/benchmarks.md).
-const CHUNK_BYTES: usize = 64 * 1024;
+/// Most bytes copied into one chunk: small enough to be one of mimalloc's small blocks (at most
+/// 10 KiB, kept in 64 KiB pages). A chunk is freed only with the last of its bodies, and a live
+/// block keeps its allocator page resident: a 64 KiB chunk is a medium block of a 512 KiB page,
+/// so 128 bodies left behind by their batches kept +75-80 MiB of RSS with 64 KiB chunks, +21
+/// MiB with these (`large_deliveries::a_body_left_behind_by_its_batch_keeps_little`).
+pub(crate) const CHUNK_BYTES: usize = 8 * 1024;
 
 /// Bodies to be copied together into one allocation of `len` bytes.
 struct Chunk<'a> {
@@ -787,8 +791,14 @@ mod tests {
             runs.iter().map(|r| r.0).sum::<usize>(),
             510 * 1000 + 1 + 64_000
         );
-        // Full chunks of 16 bodies: about 512 / 16 allocations, not one per body.
-        assert!(runs.len() <= 40, "{} chunks", runs.len());
+        // No chunk over CHUNK_BYTES (the 64 KB body is its request's, uncopied); full ones of 8
+        // bodies: about 512 / 8 allocations, not one per body.
+        assert!(
+            runs.iter()
+                .all(|&(len, _)| len <= CHUNK_BYTES || len == 64_000),
+            "{runs:?}"
+        );
+        assert!(runs.len() <= 70, "{} chunks", runs.len());
         // The 1 B body ends a chunk of 1000 B bodies and starts one of 16 × 129 B at most.
         assert!(runs.contains(&(2_001, 129)), "{runs:?}");
 
