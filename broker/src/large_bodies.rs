@@ -296,7 +296,7 @@ fn own_small<M>(items: &mut [M], body: impl FnMut(&mut M) -> Option<&mut Bytes>,
 /// block keeps its allocator page resident: a 64 KiB chunk is a medium block of a 512 KiB page,
 /// so 128 bodies left behind by their batches kept +75-80 MiB of RSS with 64 KiB chunks, +21
 /// MiB with these (`large_deliveries::a_body_left_behind_by_its_batch_keeps_little`).
-pub(crate) const CHUNK_BYTES: usize = 8 * 1024;
+const CHUNK_BYTES: usize = 8 * 1024;
 
 /// Bodies to be copied together into one allocation of `len` bytes.
 struct Chunk<'a> {
