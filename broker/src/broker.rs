@@ -373,6 +373,7 @@ impl Broker {
             truncate_damaged: config.truncate_damaged_journal,
             body_cache_bytes: config.journal_body_cache_bytes,
             idle_spin: config.journal_idle_spin,
+            inline_commits: config.journal_inline_commits,
             // Read below, a batch at a time: never every header at once.
             recover_headers: false,
             ..JournalOptions::default()

@@ -107,6 +107,9 @@ pub struct BrokerConfig {
     /// it sleeps (`JournalOptions::idle_spin`; zero: at once). Default
     /// [`DEFAULT_JOURNAL_IDLE_SPIN`].
     pub journal_idle_spin: std::time::Duration,
+    /// A transaction's commit is written and synced by the task that commits it when the
+    /// journal's writer is idle (`JournalOptions::inline_commits`). Default true.
+    pub journal_inline_commits: bool,
     /// Messages each priority level of an application queue keeps with their headers in
     /// memory; the recoverable messages waiting after them keep only their position, and
     /// their headers are read back from the journal when needed. 0: every header stays in
@@ -229,6 +232,7 @@ impl BrokerConfig {
             journal_segment_bytes: DEFAULT_JOURNAL_SEGMENT_BYTES,
             journal_body_cache_bytes: crate::journal::DEFAULT_BODY_CACHE_BYTES,
             journal_idle_spin: DEFAULT_JOURNAL_IDLE_SPIN,
+            journal_inline_commits: true,
             queue_header_window: DEFAULT_QUEUE_HEADER_WINDOW,
             truncate_damaged_journal: false,
             journal_io: None,
@@ -281,6 +285,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("journal_segment_bytes", &self.journal_segment_bytes)
             .field("journal_body_cache_bytes", &self.journal_body_cache_bytes)
             .field("journal_idle_spin", &self.journal_idle_spin)
+            .field("journal_inline_commits", &self.journal_inline_commits)
             .field("queue_header_window", &self.queue_header_window)
             .field("truncate_damaged_journal", &self.truncate_damaged_journal)
             .field("faulty_journal_io", &self.journal_io.is_some())

@@ -189,6 +189,8 @@ fn scalar(v: &toml::Value) -> Option<String> {
         toml::Value::String(s) => Some(s.clone()),
         toml::Value::Integer(i) => Some(i.to_string()),
         toml::Value::Float(f) => Some(f.to_string()),
+        // An option that takes true or false (not a switch: those are handled above).
+        toml::Value::Boolean(b) => Some(b.to_string()),
         _ => None,
     }
 }
@@ -228,8 +230,10 @@ pub fn print(cmd: &Command, matches: &ArgMatches) -> String {
             .map(|vs| vs.map(|v| v.to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
         let integer = is_integer(arg);
-        let render = |v: &str| match v.parse::<i64>() {
-            Ok(i) if integer => i.to_string(),
+        let boolean = arg.get_value_parser().type_id() == std::any::TypeId::of::<bool>();
+        let render = |v: &str| match (v.parse::<i64>(), v.parse::<bool>()) {
+            (Ok(i), _) if integer => i.to_string(),
+            (_, Ok(b)) if boolean => b.to_string(),
             _ => toml::Value::String(v.to_string()).to_string(),
         };
         if matches!(arg.get_action(), ArgAction::Append) {

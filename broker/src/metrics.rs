@@ -531,6 +531,12 @@ impl prometheus_client::collector::Collector for Collector {
             "Of those, the times a submission arrived during the watch (taken without a wake-up), since mqd started",
             j.idle_spin_catches,
         )?;
+        counter(
+            &mut e,
+            "mq_journal_inline_commits",
+            "Transaction commits written and synced by the committing task because the journal's writer was idle (mqd --journal-inline-commits), since mqd started",
+            j.inline_commits,
+        )?;
         gauge(
             &mut e,
             "mq_journal_poisoned",

@@ -273,7 +273,7 @@ impl Transaction {
         let broker = self.broker.clone();
         // Positions and the journal record, in commit order.
         let (commit, placed, committed_at, copies, acks) = {
-            let _order = broker.commit_order_lock();
+            let order = broker.commit_order_lock();
             let mut placed: Vec<(Arc<Queue>, Entry)> = Vec::with_capacity(self.sends.len());
             let mut ops = Vec::new();
             let mut header_cache: Option<(uuid::Uuid, Bytes)> = None;
@@ -352,7 +352,9 @@ impl Transaction {
             let (outcome_ops, committed_at) = broker.outcomes().commit_ops(self.id);
             ops.extend(outcome_ops);
             (
-                broker.journal().submit(ops),
+                // Written on this thread if the journal's writer is idle; `order` is released
+                // as soon as the record's place in the journal is taken.
+                broker.journal().submit_awaited(ops, order),
                 placed,
                 committed_at,
                 copies,

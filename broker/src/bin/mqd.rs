@@ -98,9 +98,18 @@ struct Args {
     /// gives the CPU away between looks; after 8 looks in a row that found nothing it looks
     /// only after one lone record in 65, so a trickle of unrelated records costs little CPU.
     /// Off by default (it costs CPU; docs/benchmarks.md has the trade-off measured); 200us
-    /// suits clients that await each transaction.
+    /// suits clients that await each transaction with --journal-inline-commits false (with
+    /// inline commits, the default, such a transaction is written by its own task when the
+    /// writer is idle and the writer does not spin for it).
     #[arg(long, default_value = "0s", value_parser = idle_spin, value_name = "DURATION")]
     journal_idle_spin: std::time::Duration,
+    /// Whether a transaction's commit is written and synced by the thread that commits it
+    /// when the journal's writer has nothing else to do, instead of being handed to the
+    /// writer's thread and back: two thread wake-ups fewer per synchronous transaction (a
+    /// client that awaits each commit before the next). Under load the writer is busy and
+    /// every commit goes through it, as with false.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    journal_inline_commits: bool,
     /// Messages each priority level of a queue keeps with their headers in memory; the
     /// recoverable messages waiting after them keep only their position (about 8 bytes each
     /// in the queue), and their headers are read back from the journal when they come to the
@@ -407,6 +416,7 @@ async fn run() -> anyhow::Result<()> {
     config.journal_segment_bytes = args.journal_segment_bytes;
     config.journal_body_cache_bytes = args.journal_body_cache_bytes;
     config.journal_idle_spin = args.journal_idle_spin;
+    config.journal_inline_commits = args.journal_inline_commits;
     config.queue_header_window = args.queue_header_window;
     config.truncate_damaged_journal = args.truncate_damaged_journal;
     config.tx_timeout = std::time::Duration::from_secs(args.tx_timeout_secs);

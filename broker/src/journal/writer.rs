@@ -6,6 +6,15 @@
 //! `fdatasync`, applies the ops to the index, then completes every waiter. There is no timer: a lone submission waits for exactly one sync, and under load
 //! one sync covers every record that queued up during the previous one.
 //!
+//! The writer lives behind a mutex that its thread holds while it works and releases only while
+//! it waits for work (`Writer::run`). While it is released and nothing is queued, a caller of
+//! `Journal::submit_awaited` takes it and commits its one record on its own thread
+//! ([`Writer::commit_inline`]): the same group commit, of a batch of one, with no thread
+//! hand-off to the writer and back. Anything submitted meanwhile waits in the queue, and the
+//! thread, woken by it, waits for the lock: order on disk is submission order as before. An
+//! inline commit that leaves the thread work it would otherwise only find at its next wake-up
+//! (zeros to lay ahead, a sealed or droppable segment) wakes it (`Msg::Wake`).
+//!
 //! After a batch of one small submission with nothing else queued, it watches its queues for
 //! `JournalOptions::idle_spin` before it sleeps (`spin_idle`), so that a caller that awaits each
 //! commit before making the next one finds it awake: no futex wake-up on either side.
@@ -57,7 +66,7 @@ use std::io::IoSlice;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -89,6 +98,45 @@ pub(crate) enum Msg {
         chain: Option<Chain>,
     },
     Shutdown,
+    /// Nothing to write: wakes the thread for its own work after an inline commit
+    /// ([`Writer::commit_inline`]).
+    Wake,
+}
+
+/// What one turn of the writer's loop leaves to do next.
+enum Turn {
+    Continue,
+    Wait(Wait),
+    Stop,
+}
+
+/// What the writer waits for, with its lock released.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// A submission on either queue.
+    Submission,
+    /// A submission, or the deadline (compaction is due then).
+    Until(Instant),
+    /// A submission, or [`DISK_FULL_RETRY`] (then one compaction step, which waits for space).
+    RetryCompaction,
+}
+
+impl Wait {
+    /// Blocks until a queue has something (or is disconnected) or the time is up; returns
+    /// whether the time was up.
+    fn block(self, rx: &Receiver<Msg>, urgent: &Receiver<Msg>) -> bool {
+        let mut sel = crossbeam_channel::Select::new();
+        sel.recv(rx);
+        sel.recv(urgent);
+        match self {
+            Wait::Submission => {
+                sel.ready();
+                false
+            }
+            Wait::Until(due) => sel.ready_deadline(due).is_err(),
+            Wait::RetryCompaction => sel.ready_timeout(DISK_FULL_RETRY).is_err(),
+        }
+    }
 }
 
 /// One submission in a batch.
@@ -336,136 +384,160 @@ impl Writer {
         }
     }
 
-    pub fn run(mut self) {
+    /// The writer thread's loop. The writer lives in `slot`, locked while it works and
+    /// unlocked only while it waits for a submission (or a deadline): that is when a caller
+    /// may take the lock and commit on its own thread ([`Writer::commit_inline`]). When the
+    /// loop ends the slot is emptied, so no inline commit can follow.
+    pub fn run(slot: Arc<Mutex<Option<Writer>>>) {
+        let (rx, urgent) = {
+            let g = slot.lock().unwrap();
+            let w = g.as_ref().expect("a writer in its slot");
+            (w.rx.clone(), w.urgent.clone())
+        };
+        let mut g = slot.lock().unwrap();
         loop {
-            // Only right after the batch that set it (not after compaction steps in between).
-            let lone_commit = std::mem::take(&mut self.lone_commit);
-            // `None`: only urgent submissions are waiting.
-            let first = if self.compaction_target().is_some() {
-                match self.rx.try_recv() {
-                    Ok(m) => Some(m),
-                    Err(TryRecvError::Empty) if !self.urgent.is_empty() => None,
-                    Err(TryRecvError::Empty) => {
-                        self.compact_step();
-                        continue;
-                    }
-                    Err(TryRecvError::Disconnected) => break,
-                }
-            } else {
-                if self.zero_ahead > 0 && self.rx.is_empty() && self.urgent.is_empty() {
-                    // Idle: the next commits' space gets written before they need it.
-                    self.zero_ahead_step();
-                }
-                if lone_commit {
-                    self.spin_idle();
-                }
-                let mut sel = crossbeam_channel::Select::new();
-                let from_rx = sel.recv(&self.rx);
-                sel.recv(&self.urgent);
-                let ready = if self.compact_retry_at.is_some() {
-                    // Compaction waits for space: look again after a while even when idle.
-                    match sel.ready_timeout(DISK_FULL_RETRY) {
-                        Ok(i) => i,
-                        Err(_) => {
-                            self.compact_step();
-                            continue;
-                        }
-                    }
-                } else if let Some(due) = self.compaction_due() {
-                    // The oldest sealed segment's grace ends then: compact it even if idle.
-                    match sel.ready_deadline(due) {
-                        Ok(i) => i,
-                        Err(_) => continue,
-                    }
-                } else {
-                    sel.ready()
-                };
-                if ready == from_rx {
-                    match self.rx.try_recv() {
-                        Ok(m) => Some(m),
-                        Err(TryRecvError::Empty) => None,
-                        Err(TryRecvError::Disconnected) => break,
-                    }
-                } else {
-                    None
-                }
-            };
-            let mut batch: Vec<Sub> = Vec::new();
-            let mut bytes = 0usize;
-            // Urgent removals first: every one waiting rides this batch, whatever its size.
-            loop {
-                match self.urgent.try_recv() {
-                    Ok(Msg::Submit {
-                        ops,
-                        size,
-                        done,
-                        detached,
-                        chain,
-                    }) => {
-                        bytes += size;
-                        batch.push(Sub {
-                            ops,
-                            done,
-                            detached,
-                            chain,
-                        });
-                    }
-                    Ok(Msg::Shutdown) | Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => {
-                        if first.is_none() {
-                            return;
-                        }
-                        break;
+            let w = g.as_mut().expect("a writer in its slot");
+            match w.turn() {
+                Turn::Continue => {}
+                Turn::Stop => break,
+                Turn::Wait(wait) => {
+                    drop(g);
+                    let timed_out = wait.block(&rx, &urgent);
+                    g = slot.lock().unwrap();
+                    let w = g.as_mut().expect("a writer in its slot");
+                    if timed_out && matches!(wait, Wait::RetryCompaction) {
+                        w.compact_step();
                     }
                 }
             }
-            let Some(first) = first else {
-                if !batch.is_empty() {
-                    self.commit(batch);
+        }
+        let w = g.take().expect("a writer in its slot");
+        drop(g);
+        drop((rx, urgent));
+        w.finish();
+    }
+
+    /// One turn of the loop: one batch (or one compaction step), or what to wait for.
+    fn turn(&mut self) -> Turn {
+        // Only right after the batch that set it (not after compaction steps in between).
+        let lone_commit = std::mem::take(&mut self.lone_commit);
+        // `None`: only urgent submissions are waiting.
+        let first = if self.compaction_target().is_some() {
+            match self.rx.try_recv() {
+                Ok(m) => Some(m),
+                Err(TryRecvError::Empty) if !self.urgent.is_empty() => None,
+                Err(TryRecvError::Empty) => {
+                    self.compact_step();
+                    return Turn::Continue;
                 }
-                continue;
-            };
-            let mut stop = false;
-            let mut next = Some(first);
-            while let Some(m) = next.take() {
-                match m {
-                    Msg::Shutdown => {
-                        stop = true;
-                        break;
-                    }
-                    Msg::Submit {
+                Err(TryRecvError::Disconnected) => return Turn::Stop,
+            }
+        } else {
+            if self.zero_ahead_wanted() && self.rx.is_empty() && self.urgent.is_empty() {
+                // Idle: the next commits' space gets written before they need it.
+                self.zero_ahead_step();
+            }
+            if lone_commit {
+                self.spin_idle();
+            }
+            match self.rx.try_recv() {
+                Ok(m) => Some(m),
+                Err(TryRecvError::Disconnected) => return Turn::Stop,
+                Err(TryRecvError::Empty) if !self.urgent.is_empty() => None,
+                Err(TryRecvError::Empty) => {
+                    return Turn::Wait(if self.compact_retry_at.is_some() {
+                        // Compaction waits for space: look again after a while even when idle.
+                        Wait::RetryCompaction
+                    } else if let Some(due) = self.compaction_due() {
+                        // The oldest sealed segment's grace ends then: compact it even if idle.
+                        Wait::Until(due)
+                    } else {
+                        Wait::Submission
+                    });
+                }
+            }
+        };
+        let mut batch: Vec<Sub> = Vec::new();
+        let mut bytes = 0usize;
+        // Urgent removals first: every one waiting rides this batch, whatever its size.
+        loop {
+            match self.urgent.try_recv() {
+                Ok(Msg::Submit {
+                    ops,
+                    size,
+                    done,
+                    detached,
+                    chain,
+                }) => {
+                    bytes += size;
+                    batch.push(Sub {
                         ops,
-                        size,
                         done,
                         detached,
                         chain,
-                    } => {
-                        self.shared.admission.release(size);
-                        bytes += size;
-                        batch.push(Sub {
-                            ops,
-                            done,
-                            detached,
-                            chain,
-                        });
-                    }
+                    });
                 }
-                if bytes < self.opts.max_batch_bytes {
-                    next = self.rx.try_recv().ok();
+                Ok(Msg::Shutdown | Msg::Wake) | Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    if first.is_none() {
+                        return Turn::Stop;
+                    }
+                    break;
                 }
             }
+        }
+        let Some(first) = first else {
             if !batch.is_empty() {
                 self.commit(batch);
             }
-            if stop {
-                break;
+            return Turn::Continue;
+        };
+        let mut stop = false;
+        let mut next = Some(first);
+        while let Some(m) = next.take() {
+            match m {
+                Msg::Shutdown => {
+                    stop = true;
+                    break;
+                }
+                // Only wakes the thread (after an inline commit left it work).
+                Msg::Wake => {}
+                Msg::Submit {
+                    ops,
+                    size,
+                    done,
+                    detached,
+                    chain,
+                } => {
+                    self.shared.admission.release(size);
+                    bytes += size;
+                    batch.push(Sub {
+                        ops,
+                        done,
+                        detached,
+                        chain,
+                    });
+                }
             }
-            if self.compaction_target().is_some() {
-                self.compact_step();
+            if bytes < self.opts.max_batch_bytes {
+                next = self.rx.try_recv().ok();
             }
         }
-        // Nothing is written any more: fail what is still queued, and let submitters that
-        // wait for room through (their send then fails: the channel is closed).
+        if !batch.is_empty() {
+            self.commit(batch);
+        }
+        if stop {
+            return Turn::Stop;
+        }
+        if self.compaction_target().is_some() {
+            self.compact_step();
+        }
+        Turn::Continue
+    }
+
+    /// Nothing is written any more: fails what is still queued, and lets submitters that wait
+    /// for room through (their send then fails: the channel is closed).
+    fn finish(self) {
         self.shared.admission.close();
         while let Ok(m) = self.rx.try_recv() {
             if let Msg::Submit {
@@ -490,6 +562,35 @@ impl Writer {
         tracing::debug!("journal writer stopped");
     }
 
+    /// Nothing queued and nothing broken: a submission made now may be committed by its caller
+    /// ([`Writer::commit_inline`]) without passing anything it must follow.
+    pub fn is_idle(&self) -> bool {
+        self.rx.is_empty() && self.urgent.is_empty() && !self.shared.is_poisoned()
+    }
+
+    /// Commits one submission on the calling thread, while the writer thread waits
+    /// ([`Journal::submit_awaited`](super::Journal::submit_awaited)): the same group commit
+    /// as the thread's, of a batch of one. Returns whether the thread has work to do now that
+    /// it would otherwise only find at its next wake-up (zeros to lay ahead, a segment sealed
+    /// or droppable), so the caller wakes it.
+    pub fn commit_inline(&mut self, ops: Vec<Op>, done: Done) -> bool {
+        let seg = self.active.seg;
+        self.commit(vec![Sub {
+            ops,
+            done,
+            detached: false,
+            chain: None,
+        }]);
+        // The spin is for the thread's own lone commits; this one's caller is not coming back
+        // to the queues.
+        self.lone_commit = false;
+        self.shared
+            .counters
+            .inline_commits
+            .fetch_add(1, Ordering::Relaxed);
+        self.active.seg != seg || self.zero_ahead_wanted() || self.compaction_target().is_some()
+    }
+
     /// Keeps zeros written and synced ahead of the active segment's records
     /// (`JournalOptions::zero_ahead_bytes`), so that a commit writes into space that is
     /// already written on disk: its `fdatasync` then flushes data only, with no extent
@@ -501,13 +602,10 @@ impl Writer {
     /// (unwritten space reads as zeros), and this writes only after `pos`, on this thread,
     /// when no failed write left bytes there (`stale_end`). A failed sync poisons, as any.
     fn zero_ahead_step(&mut self) {
+        if !self.zero_ahead_wanted() {
+            return;
+        }
         let a = &self.active;
-        if self.shared.is_poisoned() || self.disk_full() || a.stale_end != 0 {
-            return;
-        }
-        if a.zeroed.saturating_sub(a.pos) >= self.zero_ahead / 2 {
-            return;
-        }
         let from = a.zeroed.max(a.pos);
         let to = (a.pos + self.zero_ahead).min(a.cap);
         if to <= from {
@@ -527,6 +625,17 @@ impl Writer {
             }
             Err(e) => self.poison(&e),
         }
+    }
+
+    /// Fewer than half of `zero_ahead` bytes of zeros are left ahead of the records, and
+    /// laying more is possible.
+    fn zero_ahead_wanted(&self) -> bool {
+        let a = &self.active;
+        self.zero_ahead > 0
+            && !self.shared.is_poisoned()
+            && !self.disk_full()
+            && a.stale_end == 0
+            && a.zeroed.saturating_sub(a.pos) < self.zero_ahead / 2
     }
 
     /// Watches both queues for up to `idle_spin` before the writer goes to sleep in its select

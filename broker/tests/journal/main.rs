@@ -43,6 +43,7 @@ mod damage;
 mod disk_full;
 mod format_fixture;
 mod idle_spin;
+mod inline;
 mod large_bodies;
 mod poison;
 mod rekey;

@@ -132,7 +132,7 @@ fn command_line_beats_environment_beats_file_beats_default() {
         dir.path(),
         "mqd.toml",
         "name = \"from-file\"\nmax-body-bytes = 1000\ntx-outcome-max = 7\nack-timeout = \"90s\"\n\
-         insecure = true\nalias = [\"x.example\", \"y.example\"]\n",
+         insecure = true\nalias = [\"x.example\", \"y.example\"]\njournal-inline-commits = false\n",
     );
     let f = file.to_str().unwrap();
     let env = [("MQD_NAME", "from-env"), ("MQD_MAX_BODY_BYTES", "2000")];
@@ -142,6 +142,11 @@ fn command_line_beats_environment_beats_file_beats_default() {
     assert_eq!(value_of(&c, "tx-outcome-max"), "7", "file > default");
     assert_eq!(value_of(&c, "ack-timeout"), "\"90s\"");
     assert_eq!(value_of(&c, "insecure"), "true");
+    assert_eq!(
+        value_of(&c, "journal-inline-commits"),
+        "false",
+        "a true-or-false option"
+    );
     assert_eq!(value_of(&c, "alias"), "[\"x.example\", \"y.example\"]");
     assert_eq!(value_of(&c, "max-connections"), "1024", "default");
     let c = print_config(&["--config", f], &env);
@@ -208,6 +213,7 @@ fn a_bad_config_file_is_one_line_naming_the_file_and_the_key() {
     refused("max-connections = 0\n", "`max-connections`");
     refused("ack-timeout = \"soon\"\n", "`ack-timeout`");
     refused("insecure = \"yes\"\n", "`insecure`");
+    refused("journal-inline-commits = 1\n", "`journal-inline-commits`");
     refused("listen = [\"127.0.0.1:0\"]\n", "`listen`");
     refused("log-format = \"xml\"\n", "`log-format`");
     // Keys that are not options of the daemon.

@@ -63,13 +63,22 @@ async fn fdatasyncs(http: &mq_tests::http::Http) -> u64 {
     metric(http, "mq_journal_fdatasync_total").await
 }
 
-/// `mqd --journal-idle-spin` reaches the journal's writer: with it, one-at-a-time transactions
-/// make the writer watch its queues after lone commits (`mq_journal_idle_spins_total`); without
-/// it (the default) it never does. Every transaction commits either way.
+/// `mqd --journal-idle-spin` reaches the journal's writer: with it (and the commits handed to
+/// the writer: `--journal-inline-commits false`), one-at-a-time transactions make the writer
+/// watch its queues after lone commits (`mq_journal_idle_spins_total`); without it (the
+/// default) it never does. Every transaction commits either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_idle_spin_option_reaches_the_journal_writer() {
     for (args, spins) in [
-        (&["--journal-idle-spin", "200us"][..], true),
+        (
+            &[
+                "--journal-idle-spin",
+                "200us",
+                "--journal-inline-commits",
+                "false",
+            ][..],
+            true,
+        ),
         (&[][..], false),
     ] {
         let dir = temp_data_dir("mq-txspin-");
@@ -83,6 +92,47 @@ async fn the_idle_spin_option_reaches_the_journal_writer() {
         assert_eq!(n > 0, spins, "{args:?}: {n} idle spins");
         assert!(metric(&http, "mq_journal_idle_spin_catches_total").await <= n);
         assert_eq!(bodies(&client, Q).await.len(), 20, "{args:?}");
+        drop(mqd);
+    }
+}
+
+/// `mqd --journal-inline-commits` reaches the journal: by default the commits of one-at-a-time
+/// transactions are written by the task that commits them (`mq_journal_inline_commits_total`
+/// counts nearly all of them: the writer is idle between them), with `false` none is; each
+/// costs one fdatasync either way, and every one survives kill -9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inline_commits_option_reaches_the_journal() {
+    for (args, inline) in [
+        (&[][..], true),
+        (&["--journal-inline-commits", "false"][..], false),
+    ] {
+        let dir = temp_data_dir("mq-txinline-");
+        let (mut mqd, http, client) = mqd_with_queue_and(dir.path(), args).await;
+        let syncs = fdatasyncs(&http).await;
+        for i in 0..N {
+            let mut tx = client.begin().await.unwrap();
+            tx.send(Q, Message::new(format!("m{i}"))).unwrap();
+            tx.commit().await.unwrap();
+        }
+        let n = metric(&http, "mq_journal_inline_commits_total").await;
+        if inline {
+            // A commit finds the writer at work only after one that left it zeros to lay.
+            assert!(n >= N / 2, "{args:?}: {n} of {N} commits inline");
+        } else {
+            assert_eq!(n, 0, "{args:?}");
+        }
+        let spent = fdatasyncs(&http).await - syncs;
+        assert!(
+            (N..=N + 5).contains(&spent),
+            "{args:?}: {spent} fdatasyncs for {N} transactions"
+        );
+        mqd.kill9_checked();
+        drop(client);
+        let mqd = MqdProcess::start(dir.path()).expect("mqd restarts");
+        let client = mqd.connect().await;
+        let got = bodies(&client, Q).await;
+        let want: Vec<(String, u32)> = (0..N).map(|i| (format!("m{i}"), 0)).collect();
+        assert_eq!(got, want, "{args:?}: what survived kill -9");
         drop(mqd);
     }
 }

@@ -1,0 +1,209 @@
+//! Commits written by their caller (`Journal::submit_awaited`, `JournalOptions::inline_commits`):
+//! when the writer is idle, an awaited commit is written and synced on the caller's thread. It
+//! is durable like any other, lands in the order the caller's lock gave it, survives a crash at
+//! any sync, and leaves the writer thread its own work (compaction, zeros laid ahead).
+
+use super::common::*;
+use super::crash::{reopen_after_crash, txn};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Submits transactions one at a time through `submit_awaited` until one fails or `limit`;
+/// returns (acked, submitted).
+fn run_awaited_until_crash(j: &Journal, limit: u64) -> (u64, u64) {
+    let (mut acked, mut submitted) = (0, 0);
+    while submitted < limit {
+        submitted += 1;
+        match j.submit_awaited(txn(submitted), ()).wait() {
+            Ok(()) => acked = submitted,
+            Err(_) => break,
+        }
+    }
+    (acked, submitted)
+}
+
+#[test]
+fn an_awaited_commit_of_an_idle_journal_is_written_by_its_caller() {
+    let io = FaultyIo::new(5);
+    let opts = small_opts(1 << 20);
+    let (j, _) =
+        Journal::open_with_io("/fake".as_ref(), opts.clone(), Arc::new(io.clone())).unwrap();
+    for seq in 1..=300u64 {
+        j.submit_awaited(vec![put(1, seq, 300)], ()).wait().unwrap();
+    }
+    let s = j.stats();
+    // The writer thread holds its lock only while it works (here: the first turn after
+    // opening); otherwise every one of these finds it idle.
+    assert!(s.inline_commits >= 250, "{s:?}");
+    assert_eq!(s.records_written, 300, "{s:?}");
+    assert_eq!(j.pending(), 0);
+    drop(j);
+    let (j, r) = Journal::open_with_io("/fake".as_ref(), opts, Arc::new(io.restart())).unwrap();
+    assert_eq!(seqs(&r, 1), (1..=300).collect::<Vec<_>>());
+    check_bodies(&j, &r, 1, |_| 300);
+
+    // Off: every commit goes through the writer thread.
+    let off = JournalOptions {
+        inline_commits: false,
+        ..small_opts(1 << 20)
+    };
+    let io = FaultyIo::new(6);
+    let (j, _) = Journal::open_with_io("/fake".as_ref(), off, Arc::new(io)).unwrap();
+    for seq in 1..=20u64 {
+        j.submit_awaited(vec![put(1, seq, 300)], ()).wait().unwrap();
+    }
+    assert_eq!(j.stats().inline_commits, 0);
+    // A record over the inline limit goes to the writer thread too.
+    let (j2, _) = Journal::open_with_io(
+        "/fake".as_ref(),
+        small_opts(1 << 20),
+        Arc::new(FaultyIo::new(8)),
+    )
+    .unwrap();
+    j2.submit_awaited(vec![put(1, 1, mq_broker::journal::INLINE_MAX_BYTES)], ())
+        .wait()
+        .unwrap();
+    assert_eq!(j2.stats().inline_commits, 0);
+}
+
+#[test]
+fn a_submission_ordered_after_an_inline_one_lands_after_it() {
+    // Threads take turns under one lock (the broker's commit order): turn 2k puts message k,
+    // turn 2k+1 removes it. Each submits under the lock, through `submit_awaited` (which
+    // releases the lock once the record's place is taken) or `submit`. If a removal reached
+    // the disk before its put, recovery would bring the message back.
+    let dir = tempfile::tempdir().unwrap();
+    let opts = JournalOptions {
+        segment_size: 1 << 20,
+        ..JournalOptions::default()
+    };
+    let (j, _) = Journal::open(dir.path(), opts.clone()).unwrap();
+    let turn = Arc::new(Mutex::new(0u64));
+    const TURNS: u64 = 3000;
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (j, turn) = (j.clone(), turn.clone());
+            std::thread::spawn(move || {
+                let mut commits = Vec::new();
+                loop {
+                    let mut g = turn.lock().unwrap();
+                    let n = *g;
+                    if n >= TURNS {
+                        break;
+                    }
+                    *g += 1;
+                    let k = n / 2 + 1;
+                    let op = if n % 2 == 0 {
+                        put(1, k, 100)
+                    } else {
+                        Op::Remove {
+                            queue_id: 1,
+                            seqs: vec![k],
+                        }
+                    };
+                    if (n + t) % 5 == 0 {
+                        let c = j.submit(vec![op]);
+                        drop(g);
+                        commits.push(c);
+                    } else {
+                        commits.push(j.submit_awaited(vec![op], g));
+                    }
+                    // Mostly one at a time (the writer idles), sometimes a few in flight.
+                    if commits.len() > (t as usize % 3) {
+                        for c in commits.drain(..) {
+                            c.wait().unwrap();
+                        }
+                    }
+                }
+                for c in commits {
+                    c.wait().unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = j.stats();
+    assert!(s.inline_commits > 0, "no commit was inline: {s:?}");
+    assert!(
+        s.inline_commits < TURNS,
+        "every commit inline: the queued path was not mixed in: {s:?}"
+    );
+    drop(j);
+    let (_j, r) = Journal::open(dir.path(), opts).unwrap();
+    assert_eq!(
+        seqs(&r, 1),
+        Vec::<u64>::new(),
+        "removals that reached the disk before their put"
+    );
+}
+
+#[test]
+fn crash_at_any_sync_with_inline_commits_keeps_every_acknowledged_transaction() {
+    // Small segments: rolls, compaction and zeros laid ahead happen between the crashes.
+    let opts = JournalOptions {
+        zero_ahead_bytes: 8 << 10,
+        ..small_opts(16 << 10)
+    };
+    let (mut crashes, mut inline) = (0, 0u64);
+    for seed in 0..2u64 {
+        for n in 1..=60u64 {
+            let io = FaultyIo::new(seed * 1000 + n);
+            io.set_zero_ahead(seed == 1);
+            let (j, _) =
+                Journal::open_with_io("/fake".as_ref(), opts.clone(), Arc::new(io.clone()))
+                    .unwrap();
+            io.crash_at_sync(n);
+            let (acked, submitted) = run_awaited_until_crash(&j, 100);
+            inline += j.stats().inline_commits;
+            crashes += u32::from(io.crashed());
+            drop(j);
+            reopen_after_crash(&io, &opts, &format!("seed {seed} n {n}"), acked, submitted);
+        }
+    }
+    assert!(crashes > 60, "most runs should crash mid-way: {crashes}");
+    assert!(inline > 1000, "few commits were inline: {inline}");
+}
+
+#[test]
+fn inline_commits_leave_the_writer_its_compaction_and_zeros() {
+    // Every transaction removes what an earlier one put (`txn`): segments of 16 KiB fill and
+    // die. Only the writer thread compacts and lays zeros; it must be woken for them, since
+    // inline commits never pass through its queue.
+    let io = FaultyIo::new(9);
+    io.set_zero_ahead(true);
+    let opts = JournalOptions {
+        zero_ahead_bytes: 8 << 10,
+        ..small_opts(16 << 10)
+    };
+    let (j, _) =
+        Journal::open_with_io("/fake".as_ref(), opts.clone(), Arc::new(io.clone())).unwrap();
+    let total: u64 = 600;
+    for t in 1..=total {
+        j.submit_awaited(txn(t), ()).wait().unwrap();
+    }
+    let until = Instant::now() + Duration::from_secs(20);
+    let s = loop {
+        let s = j.stats();
+        // About 1.8 MB went through 16 KiB segments; what stays live is the last 13 bodies.
+        // (Never woken, the writer leaves ~110 segments and the first 8 KiB of zeros.)
+        if s.segments <= 8 && s.zeroed_bytes >= 64 << 10 {
+            break s;
+        }
+        assert!(
+            Instant::now() < until,
+            "the writer neither compacted nor laid zeros after {} inline commits: {s:?}",
+            s.inline_commits
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // (Most of these commits find the writer at work: with 16 KiB segments and 8 KiB of zeros,
+    // nearly every commit leaves it a roll, a compaction step or zeros to lay.)
+    assert!(s.inline_commits > 0, "{s:?}");
+    assert!(s.segments_deleted > 50, "{s:?}");
+    drop(j);
+    let (_j, r) = Journal::open_with_io("/fake".as_ref(), opts, Arc::new(io.restart())).unwrap();
+    assert_eq!(seqs(&r, 2), (total - 9..=total).collect::<Vec<_>>());
+    assert_eq!(seqs(&r, 1), (total - 2..=total).collect::<Vec<_>>());
+}
