@@ -4,7 +4,8 @@
 # (docs/benchmarks.md, "The issue's table again").
 # Usage (after `cargo build --release -p mq-broker -p mq-perf`):
 #   perf/scripts/issue_table.sh > OUT.jsonl   (JSON rows of mqperf, each with a "cell" field)
-# Environment: BIN, ROUNDS=2. The first tries of a cell are retried while RabbitMQ starts.
+# Environment: BIN, ROUNDS=2, CELLS (names of the cells to run, space-separated; default all).
+# The first tries of a cell are retried while RabbitMQ starts.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=${BIN:-$ROOT/target/release}
@@ -13,6 +14,7 @@ ROUNDS=${ROUNDS:-2}
 T=(--target mq --broker http://127.0.0.1:18011 --target amqp://guest:guest@127.0.0.1:5672 --target nats://127.0.0.1:4222)
 cell() { # name mqperf-args... (MQ_ONLY=1: mq alone, else all three)
   local name=$1; shift
+  [ -n "${CELLS:-}" ] && [[ " $CELLS " != *" $name "* ]] && return 0
   local targets=("${T[@]}"); [ -n "${MQ_ONLY:-}" ] && targets=(--target mq --broker http://127.0.0.1:18011)
   local out; for a in 1 2 3 4 5; do out=$(timeout 600 $BIN/mqperf "$@" --formatter raw --runs 1 "${targets[@]}" --json 2>$TMP/err) && break; sleep 3; done
   echo "$out" | python3 -c "
