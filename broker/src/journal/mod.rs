@@ -189,7 +189,9 @@ pub struct JournalOptions {
     /// most part of what a synchronous transaction costs besides its `fdatasync` on a small
     /// VM. The same group commit of a batch of one; under load the writer is never idle and
     /// every submission goes through its queue as before. The caller's thread is blocked for
-    /// the write and the sync. Default true.
+    /// the write and the sync. Off while [`JournalOptions::idle_spin`] is set: a spinning
+    /// writer takes such commits itself (faster on a 2-vCPU VM, for ~40% more CPU: see
+    /// docs/benchmarks.md). Default true.
     pub inline_commits: bool,
 }
 
@@ -748,7 +750,8 @@ impl Journal {
                 closed: AtomicBool::new(false),
                 thread: Mutex::new(Some(thread)),
                 writer,
-                inline_commits: opts.inline_commits,
+                // A spinning writer takes lone commits itself (`idle_spin`).
+                inline_commits: opts.inline_commits && opts.idle_spin.is_zero(),
             }),
         };
         Ok((journal, recovery))

@@ -64,6 +64,21 @@ fn an_awaited_commit_of_an_idle_journal_is_written_by_its_caller() {
         .wait()
         .unwrap();
     assert_eq!(j2.stats().inline_commits, 0);
+    // A spinning writer takes them itself (`idle_spin` set): none inline.
+    let spin = JournalOptions {
+        idle_spin: Duration::from_micros(100),
+        ..small_opts(1 << 20)
+    };
+    let (j3, _) =
+        Journal::open_with_io("/fake".as_ref(), spin, Arc::new(FaultyIo::new(10))).unwrap();
+    for seq in 1..=20u64 {
+        j3.submit_awaited(vec![put(1, seq, 300)], ())
+            .wait()
+            .unwrap();
+    }
+    let s = j3.stats();
+    assert_eq!(s.inline_commits, 0, "{s:?}");
+    assert!(s.idle_spins > 0, "{s:?}");
 }
 
 #[test]
