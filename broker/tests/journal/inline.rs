@@ -222,3 +222,57 @@ fn inline_commits_leave_the_writer_its_compaction_and_zeros() {
     assert_eq!(seqs(&r, 2), (total - 9..=total).collect::<Vec<_>>());
     assert_eq!(seqs(&r, 1), (total - 2..=total).collect::<Vec<_>>());
 }
+
+#[test]
+fn an_inline_commit_fails_like_the_writers_on_a_failed_sync_or_a_full_disk() {
+    // A failed fdatasync of an inline commit poisons the journal: that commit and every later
+    // one fail, none inline after it.
+    let io = FaultyIo::new(12);
+    let (j, _) =
+        Journal::open_with_io("/fake".as_ref(), small_opts(1 << 20), Arc::new(io.clone())).unwrap();
+    for seq in 1..=5u64 {
+        j.submit_awaited(vec![put(1, seq, 100)], ()).wait().unwrap();
+    }
+    let before = j.stats();
+    io.fail_sync_at(1);
+    let e = j
+        .submit_awaited(vec![put(1, 6, 100)], ())
+        .wait()
+        .unwrap_err();
+    assert!(j.is_poisoned(), "{e}");
+    let after = j.stats();
+    assert_eq!(after.inline_commits, before.inline_commits + 1, "{after:?}");
+    assert!(j.submit_awaited(vec![put(1, 7, 100)], ()).wait().is_err());
+    assert_eq!(
+        j.stats().inline_commits,
+        after.inline_commits,
+        "none after poison"
+    );
+
+    // A full disk: an inline put is refused with NoSpace (not poisoned), a removal goes through.
+    let io = FaultyIo::new(13);
+    let (j, _) =
+        Journal::open_with_io("/fake".as_ref(), small_opts(8 << 10), Arc::new(io.clone())).unwrap();
+    io.fail_preallocate_with_enospc(true);
+    let mut seq = 1;
+    let err = loop {
+        assert!(seq < 10_000, "the disk never filled up");
+        match j.submit_awaited(vec![put(1, seq, 1000)], ()).wait() {
+            Ok(()) => seq += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, JournalError::NoSpace { .. }), "{err}");
+    assert!(!j.is_poisoned() && j.is_disk_full());
+    assert!(j.stats().inline_commits > 0);
+    j.submit_awaited(
+        vec![Op::Remove {
+            queue_id: 1,
+            seqs: vec![1],
+        }],
+        (),
+    )
+    .wait()
+    .unwrap();
+    assert!(!j.is_poisoned());
+}
