@@ -138,6 +138,13 @@ pub struct PacerHandle {
 }
 
 impl PacerHandle {
+    /// When the schedule started: message `g` is due `g / N` s after this. An open-loop
+    /// phase's rate counts from here, so that it cannot beat N (a clock read after the
+    /// pacer started would shorten the phase by the time in between).
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+
     /// Waits until message `g` is due (returns at once if it is overdue).
     pub async fn wait(&mut self, g: u64) {
         // An error means the pacer thread is gone (it released everything, or was stopped).

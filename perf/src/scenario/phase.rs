@@ -176,9 +176,12 @@ impl SendJob {
         let parts = if job.clients <= 1 {
             let senders = job.open(0, 1, |i| Ok(job.queues[i].clone())).await?;
             let pacer = job.rate.map(|r| Pacer::start(Schedule::new(r), total));
-            let start = Instant::now();
-            let client = job.queues[0].client().clone();
             let handle = pacer.as_ref().map(Pacer::handle);
+            // Open loop: from the schedule's start (see `PacerHandle::start`).
+            let start = handle
+                .as_ref()
+                .map_or_else(Instant::now, PacerHandle::start);
+            let client = job.queues[0].client().clone();
             // --one-at-a-time: on a runtime worker, as a client's task would be (not on
             // block_on's thread, which is not a worker: every answer would cost it one more
             // hand-off), whichever scenario runs the phase.
@@ -221,7 +224,8 @@ impl SendJob {
                     opened_gate.wait().await;
                     start_gate.wait().await;
                     let pacer = pacer_rx.borrow_and_update().clone();
-                    let start = Instant::now();
+                    // Open loop: from the schedule's start (see `PacerHandle::start`).
+                    let start = pacer.as_ref().map_or_else(Instant::now, PacerHandle::start);
                     let (client, senders) = opened?;
                     job.drive(client, senders, k, n, pacer)
                         .await
