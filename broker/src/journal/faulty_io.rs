@@ -43,6 +43,7 @@ struct Ctl {
     syncs: u64,
     fail_sync_at: Option<u64>,
     crash_at_sync: Option<u64>,
+    panic_at_sync: Option<u64>,
     enospc_writes: bool,
     /// The next write stores only this many of its bytes, then fails with ENOSPC (once).
     enospc_write_after: Option<usize>,
@@ -187,6 +188,13 @@ impl FaultyIo {
     pub fn fail_sync_at(&self, n: u64) {
         let mut c = self.fs.ctl.lock().unwrap();
         c.fail_sync_at = Some(c.syncs + n);
+    }
+
+    /// The `n`th file sync from now (1 = the next one) panics, in whichever thread syncs: a bug
+    /// in the journal's own code, for tests of what a panicking writer leaves behind.
+    pub fn panic_at_sync(&self, n: u64) {
+        let mut c = self.fs.ctl.lock().unwrap();
+        c.panic_at_sync = Some(c.syncs + n);
     }
 
     /// The `n`th file sync from now (1 = the next one) crashes the machine: it fails, every
@@ -483,6 +491,10 @@ impl SegmentFile for MemFile {
         }
         if c.fail_sync_at == Some(c.syncs) {
             return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        if c.panic_at_sync == Some(c.syncs) {
+            drop(c);
+            panic!("FaultyIo::panic_at_sync: a simulated bug during fdatasync");
         }
         let mut d = self.data.lock().unwrap();
         let pending = std::mem::take(&mut d.pending);

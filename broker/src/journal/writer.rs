@@ -103,6 +103,32 @@ pub(crate) enum Msg {
     Wake,
 }
 
+/// Empties the writer's slot when its thread's loop ends, also by a panic (which poisons the
+/// slot's mutex): the writer, and with it the receiving ends of its queues, is dropped, so later
+/// submissions fail at once (the channel is closed) instead of waiting in a queue nobody reads,
+/// and no inline commit can take it.
+struct EmptyOnExit(Arc<Mutex<Option<Writer>>>);
+
+impl Drop for EmptyOnExit {
+    fn drop(&mut self) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        // A stop that was not a panic took the writer and finished it already.
+        if let Some(w) = g.take() {
+            // A panic (on this thread, or on a caller's in an inline commit, which left the
+            // mutex poisoned): the writer's state is not to be trusted. Refuse every later
+            // write, and fail what is queued instead of leaving it to wait forever.
+            let e = JournalError::io(
+                "run the writer of",
+                w.shared.dir.clone(),
+                std::io::Error::other("the journal's writer panicked"),
+            );
+            tracing::error!(error = %e, "journal poisoned: refusing all further writes");
+            w.shared.poison(&e);
+            w.fail_queued(&w.shared.poisoned_error().unwrap_or(e));
+        }
+    }
+}
+
 /// What one turn of the writer's loop leaves to do next.
 enum Turn {
     Continue,
@@ -389,12 +415,13 @@ impl Writer {
     /// may take the lock and commit on its own thread ([`Writer::commit_inline`]). When the
     /// loop ends the slot is emptied, so no inline commit can follow.
     pub fn run(slot: Arc<Mutex<Option<Writer>>>) {
+        // Declared before the lock's guard, so dropped after it, even when a panic unwinds.
+        let _empty_on_exit = EmptyOnExit(slot.clone());
+        let mut g = slot.lock().unwrap();
         let (rx, urgent) = {
-            let g = slot.lock().unwrap();
             let w = g.as_ref().expect("a writer in its slot");
             (w.rx.clone(), w.urgent.clone())
         };
-        let mut g = slot.lock().unwrap();
         loop {
             let w = g.as_mut().expect("a writer in its slot");
             match w.turn() {
@@ -403,7 +430,9 @@ impl Writer {
                 Turn::Wait(wait) => {
                     drop(g);
                     let timed_out = wait.block(&rx, &urgent);
-                    g = slot.lock().unwrap();
+                    // Poisoned: an inline commit panicked (`EmptyOnExit` poisons the journal).
+                    let Ok(relocked) = slot.lock() else { return };
+                    g = relocked;
                     let w = g.as_mut().expect("a writer in its slot");
                     if timed_out && matches!(wait, Wait::RetryCompaction) {
                         w.compact_step();
@@ -433,7 +462,7 @@ impl Writer {
                 Err(TryRecvError::Disconnected) => return Turn::Stop,
             }
         } else {
-            if self.zero_ahead_wanted() && self.rx.is_empty() && self.urgent.is_empty() {
+            if self.rx.is_empty() && self.urgent.is_empty() {
                 // Idle: the next commits' space gets written before they need it.
                 self.zero_ahead_step();
             }
@@ -538,28 +567,38 @@ impl Writer {
     /// Nothing is written any more: fails what is still queued, and lets submitters that wait
     /// for room through (their send then fails: the channel is closed).
     fn finish(self) {
+        // Not written because the journal shut down: nothing to poison.
+        self.fail_queued(&JournalError::Closed);
+        tracing::debug!("journal writer stopped");
+    }
+
+    /// Lets submitters that wait for room through and completes every queued submission with
+    /// `e`, unwritten.
+    fn fail_queued(&self, e: &JournalError) {
         self.shared.admission.close();
-        while let Ok(m) = self.rx.try_recv() {
-            if let Msg::Submit {
-                ops,
-                size,
-                done,
-                chain,
-                ..
-            } = m
-            {
-                self.shared.admission.release(size);
-                // Not written because the journal shut down: nothing to poison.
-                let sub = Sub {
+        for (queue, admitted) in [(&self.rx, true), (&self.urgent, false)] {
+            while let Ok(m) = queue.try_recv() {
+                if let Msg::Submit {
                     ops,
+                    size,
                     done,
-                    detached: false,
                     chain,
-                };
-                sub.complete(&self.shared, Err(JournalError::Closed));
+                    ..
+                } = m
+                {
+                    if admitted {
+                        self.shared.admission.release(size);
+                    }
+                    let sub = Sub {
+                        ops,
+                        done,
+                        detached: false,
+                        chain,
+                    };
+                    sub.complete(&self.shared, Err(e.clone()));
+                }
             }
         }
-        tracing::debug!("journal writer stopped");
     }
 
     /// Nothing queued and nothing broken: a submission made now may be committed by its caller

@@ -276,3 +276,58 @@ fn an_inline_commit_fails_like_the_writers_on_a_failed_sync_or_a_full_disk() {
     .unwrap();
     assert!(!j.is_poisoned());
 }
+
+/// Runs `f` in a helper thread and fails the test if it takes longer than 20 s: a journal that
+/// leaves a submission waiting in a queue nobody reads hangs instead of failing.
+fn within_20s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("{what}: no answer within 20 s"))
+}
+
+#[test]
+fn after_a_panic_in_a_commit_later_submissions_fail_instead_of_hanging() {
+    for inline in [true, false] {
+        let io = FaultyIo::new(14);
+        let opts = JournalOptions {
+            inline_commits: inline,
+            ..small_opts(1 << 20)
+        };
+        let (j, _) = Journal::open_with_io("/fake".as_ref(), opts, Arc::new(io.clone())).unwrap();
+        j.submit_awaited(vec![put(1, 1, 100)], ()).wait().unwrap();
+        io.panic_at_sync(1);
+        // Inline: the panic is the caller's (this thread's); otherwise the writer thread's,
+        // and the caller sees its commit dropped.
+        let j2 = j.clone();
+        let first = within_20s("the commit that panics", move || {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                j2.submit_awaited(vec![put(1, 2, 100)], ()).wait()
+            }))
+        });
+        match (&first, inline) {
+            (Err(_), true) | (Ok(Err(_)), false) => {}
+            other => panic!("inline {inline}: {other:?}"),
+        }
+        for seq in 3..=4 {
+            let j2 = j.clone();
+            let r = within_20s("a later submission", move || {
+                j2.submit(vec![put(1, seq, 100)]).wait()
+            });
+            assert!(
+                r.is_err(),
+                "inline {inline}: a write after the panic succeeded"
+            );
+            let j2 = j.clone();
+            let r = within_20s("a later awaited submission", move || {
+                j2.submit_awaited(vec![put(1, seq + 10, 100)], ()).wait()
+            });
+            assert!(
+                r.is_err(),
+                "inline {inline}: a write after the panic succeeded"
+            );
+        }
+    }
+}
