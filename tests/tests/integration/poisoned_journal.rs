@@ -74,6 +74,12 @@ async fn a_poisoned_journal_refuses_every_write_and_keeps_serving_reads() {
         .unwrap();
     held.next(WAIT).await.unwrap().expect("m0");
     held.next(WAIT).await.unwrap().expect("m1");
+    // The acknowledgement of m0 travels on its own (m1 came from the prefetch buffer): wait
+    // until the broker has applied it, or it may arrive after the poison and be refused too.
+    assert!(
+        mq_tests::eventually(WAIT, || async { messages(&client, Q).await == 9 }).await,
+        "the broker never applied the acknowledgement of m0"
+    );
 
     // Poison: the next sync fails, under a recoverable send.
     io.fail_sync_at(1);
