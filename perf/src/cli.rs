@@ -69,6 +69,10 @@ Load shape:
                  the loop runs in a task on a runtime worker, as an application's would.
   --receive-and-commit  with --one-at-a-time: each receive is begin, receive_and_commit (the
                  receive and the commit in one round trip) instead of begin, receive, commit.
+  --send-one     each send is one Queue::send (TX: Queue::send_tx, a single-message
+                 transaction), awaited before the next: an application sending one at a time.
+  --receive-one  each receive is one unary Queue::receive (TX: a single-message transaction),
+                 awaited before the next, instead of a streaming consumer.
   RSS: after each phase the table prints a line `rss ...` with the broker's VmRSS at the end
   of it (embedded broker: mqperf's own process, client included; --broker: only with
   --broker-pid PID); JSON rows carry it as rss_mib.
@@ -90,9 +94,9 @@ Peers (--target, repeatable; run one after another, then a side-by-side table):
                  NATS: file storage, each publish ack awaited before the next, each receive
                  acked synchronously (double ack)
   Peer queues are named mqperf_<last part of QUEUE>_<express|recoverable|tx>. --forward,
-  --clients, --rate, --queues, --consumers, --backlog, --broker-pid, --receive-and-commit are
-  mq-only (a peer's TX receive is what its mapping above says). A peer that
-  cannot be reached fails the run (exit 1) before anything is measured.
+  --clients, --rate, --queues, --consumers, --backlog, --broker-pid, --receive-and-commit,
+  --send-one, --receive-one are mq-only (a peer's TX receive is what its mapping above says).
+  A peer that cannot be reached fails the run (exit 1) before anything is measured.
 
 Files: --csv FILE writes every row (the --json fields) as CSV; --plot FILE.svg|FILE.png draws
   the figures: per delivery mode and op, bars of msgs/s per payload/formatter, one per target,
@@ -214,6 +218,16 @@ pub struct Cli {
     /// takes) instead of begin, receive, commit
     #[arg(long)]
     pub receive_and_commit: bool,
+    /// Every send is one call of the client's one-message send (NOTX: `Queue::send`, TX:
+    /// `Queue::send_tx`, a single-message transaction), awaited before the next: what an
+    /// application that sends one message at a time gets (with --clients N: N such loops)
+    #[arg(long, conflicts_with = "one_at_a_time")]
+    pub send_one: bool,
+    /// Every receive is one unary receive (`Queue::receive`; on a TX queue a single-message
+    /// transaction, on disk before the message is returned), awaited before the next, instead
+    /// of a streaming consumer
+    #[arg(long, conflicts_with_all = ["one_at_a_time", "ack_each"])]
+    pub receive_one: bool,
     /// SENDANDPURGE: leave the last run's messages in the queue(s) instead of purging them
     /// (to look at, or restart the broker with, a known load: e.g. --queues 100000 --count
     /// 100000 leaves one message in each queue)
@@ -333,6 +347,8 @@ impl Cli {
             journal: self.journal,
             one_at_a_time: self.one_at_a_time,
             receive_and_commit: self.receive_and_commit,
+            send_one: self.send_one,
+            receive_one: self.receive_one,
             keep: self.keep,
             targets: self.target,
             csv: self.csv,
@@ -503,6 +519,9 @@ impl Cli {
             ("--consumers", self.consumers.is_some()),
             ("--backlog", self.backlog.is_some()),
             ("--broker-pid", self.broker_pid.is_some()),
+            ("--receive-and-commit", self.receive_and_commit),
+            ("--send-one", self.send_one),
+            ("--receive-one", self.receive_one),
         ];
         if let Some((flag, _)) = mq_only.iter().find(|(_, set)| *set) {
             return Err(usage(

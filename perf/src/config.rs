@@ -143,6 +143,11 @@ pub struct Config {
     /// With `one_at_a_time`: receive transactions end with receive_and_commit (one round
     /// trip) instead of receive, commit (`--receive-and-commit`).
     pub receive_and_commit: bool,
+    /// Every send one `Queue::send` call (TX: `Queue::send_tx`), awaited before the next
+    /// (`--send-one`).
+    pub send_one: bool,
+    /// Every receive one unary `Queue::receive` call (`--receive-one`).
+    pub receive_one: bool,
     /// SENDANDPURGE: the last run's messages stay in the queues (`--keep`).
     pub keep: bool,
     /// `--target`: the systems to run against, one after another (empty: mq only, the
@@ -159,6 +164,17 @@ pub struct Config {
 }
 
 impl Config {
+    /// Sends awaited one by one (`--one-at-a-time`, `--send-one`): the loop runs on a runtime
+    /// worker, as an application's task would.
+    pub fn one_by_one_sends(&self) -> bool {
+        self.one_at_a_time || self.send_one
+    }
+
+    /// Receives awaited one by one (`--one-at-a-time`, `--receive-one`): likewise.
+    pub fn one_by_one_receives(&self) -> bool {
+        self.one_at_a_time || self.receive_one
+    }
+
     /// What the report calls the delivery: `"transactional"` for TX (transactional messages are
     /// always recoverable; `--delivery` does not apply), else `--delivery`.
     pub fn delivery_name(&self) -> &'static str {
@@ -224,6 +240,8 @@ impl Config {
             journal: false,
             one_at_a_time: false,
             receive_and_commit: false,
+            send_one: false,
+            receive_one: false,
             keep: false,
             targets: Vec::new(),
             csv: None,

@@ -285,6 +285,23 @@ pub fn write_banner(w: &mut dyn Write, ctx: &ReportContext) -> io::Result<()> {
     if c.ack_each {
         line("acks", "every message acknowledged on its own".to_string())?;
     }
+    let one_by_one = [
+        (
+            c.one_at_a_time,
+            "sends and receives: explicit transactions, one at a time",
+        ),
+        (
+            c.send_one,
+            "sends: one Queue::send (TX: send_tx) call each, awaited",
+        ),
+        (
+            c.receive_one,
+            "receives: one unary Queue::receive call each, awaited",
+        ),
+    ];
+    for (_, what) in one_by_one.iter().filter(|(on, _)| *on) {
+        line("calls", what.to_string())?;
+    }
     if c.journal {
         line(
             "journal",

@@ -22,7 +22,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use mq_perf::payload::{FormatterKind, PayloadKind};
-use mq_perf::{ComboResult, Config, EmbeddedBroker, Mode, Op, Outcome, Scenario};
+use mq_perf::{ComboResult, Config, DeliveryKind, EmbeddedBroker, Mode, Op, Outcome, Scenario};
 
 const COUNT: u64 = 200;
 const RUNS: u32 = 2;
@@ -262,6 +262,42 @@ async fn tx_one_at_a_time() {
     }
 }
 
+/// `--send-one` and `--receive-one` (every send one `Queue::send` or `Queue::send_tx`, every
+/// receive one unary `Queue::receive`, each awaited) in each delivery: every message arrives
+/// once and decodes equal, and nothing is left in the queue or in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_one_and_receive_one_in_every_delivery() {
+    let broker = EmbeddedBroker::start(0).await.unwrap();
+    let client = mq_client::Client::connect(broker.url()).await.unwrap();
+    for (mode, delivery, queue) in [
+        (Mode::Notx, DeliveryKind::Express, r".\private$\one-express"),
+        (
+            Mode::Notx,
+            DeliveryKind::Recoverable,
+            r".\private$\one-stored",
+        ),
+        (Mode::Tx, DeliveryKind::Express, r".\private$\one-tx"),
+    ] {
+        let mut c = config(Scenario::SendAndReceive, "string:1000", "raw");
+        c.mode = mode;
+        c.delivery = delivery;
+        c.queue = queue.to_string();
+        c.send_one = true;
+        c.receive_one = true;
+        c.broker = Some(broker.url().to_string());
+        let (results, out) = run(&c).await;
+        assert_eq!(measured(&results).len(), 1, "{queue}");
+        check_sane(&results, &[Op::Send, Op::Receive, Op::E2e]);
+        assert!(out.contains("one Queue::send"), "{out}");
+        assert!(out.contains("one unary Queue::receive"), "{out}");
+        let info = client.queue_info(queue).await.unwrap();
+        assert_eq!((info.messages, info.in_flight), (0, 0), "{queue}");
+        // Each run receives COUNT messages in its receive phase and COUNT more in its e2e.
+        assert_eq!(info.received, 2 * u64::from(RUNS) * COUNT, "{queue}");
+    }
+    broker.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tx_concurrent_clients_share_the_count() {
     // 200 over 3 clients: 67 + 67 + 66, every message decoded equal by the one receiver.
@@ -330,6 +366,36 @@ fn usage_errors_exit_2_naming_the_choices() {
         ),
         (vec!["TX", "SENDANDPURGE", q, "--clients", "0"], "clients"),
         (vec!["NOTX", "SENDANDPURGE", q, "--count", "0"], "count"),
+        (
+            vec!["TX", "SENDANDRECEIVE", q, "--send-one", "--one-at-a-time"],
+            "--one-at-a-time",
+        ),
+        (
+            vec!["NOTX", "SENDANDRECEIVE", q, "--receive-one", "--ack-each"],
+            "--ack-each",
+        ),
+        (
+            vec![
+                "NOTX",
+                "SENDANDRECEIVE",
+                q,
+                "--send-one",
+                "--target",
+                "nats://127.0.0.1:4222",
+            ],
+            "--send-one applies to the mq target only",
+        ),
+        (
+            vec![
+                "NOTX",
+                "SENDANDRECEIVE",
+                q,
+                "--receive-one",
+                "--target",
+                "amqp://guest:guest@127.0.0.1:5672",
+            ],
+            "--receive-one applies to the mq target only",
+        ),
         (vec!["NOTX", "SENDANDPURGE", "no such name"], "no such name"),
         (vec!["NOTX"], "Usage"),
     ] {

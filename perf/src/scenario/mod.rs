@@ -197,6 +197,7 @@ impl Ctx {
             delivery: self.config.send_delivery(),
             transactional: self.config.mode == Mode::Tx,
             one_at_a_time: self.config.one_at_a_time,
+            send_one: self.config.send_one,
             clients,
             pool: self.send_pool.clone(),
             label,

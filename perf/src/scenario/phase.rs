@@ -81,6 +81,9 @@ pub(crate) struct SendJob {
     pub transactional: bool,
     /// TX: each message an explicit transaction (begin, send, commit), awaited before the next.
     pub one_at_a_time: bool,
+    /// Each message one `Queue::send` (transactional: `Queue::send_tx`), awaited before the
+    /// next (`--send-one`).
+    pub send_one: bool,
     /// Concurrent senders (1: through `queues`' connection).
     pub clients: u32,
     /// Where each of several clients gets its connection (kept across jobs).
@@ -140,7 +143,7 @@ impl SendJob {
         };
         let q = self.queues.len() as u64;
         let mut senders: Senders = (0..q).map(|_| None).collect();
-        if self.one_at_a_time || self.grouped(k, n) {
+        if self.one_by_one() || self.grouped(k, n) {
             return Ok(senders);
         }
         let share = self.count / n + u64::from(k < self.count % n);
@@ -157,6 +160,11 @@ impl SendJob {
         Ok(senders)
     }
 
+    /// Every message awaited before the next (`--one-at-a-time`, `--send-one`): no senders.
+    fn one_by_one(&self) -> bool {
+        self.one_at_a_time || self.send_one
+    }
+
     /// Client `k` of `n` sends to more queues than it keeps senders open: it sends in groups
     /// ([`MAX_OPEN_SENDERS`]).
     fn grouped(&self, k: u64, n: u64) -> bool {
@@ -165,7 +173,7 @@ impl SendJob {
     }
 
     pub async fn run(self) -> Result<Sent> {
-        if self.rate.is_some() && !self.one_at_a_time && self.grouped(0, u64::from(self.clients)) {
+        if self.rate.is_some() && !self.one_by_one() && self.grouped(0, u64::from(self.clients)) {
             bail!(
                 "{}: --rate needs a sender per queue, and each client keeps at most {MAX_OPEN_SENDERS} open; use fewer --queues or more --clients",
                 self.what()
@@ -182,10 +190,10 @@ impl SendJob {
                 .as_ref()
                 .map_or_else(Instant::now, PacerHandle::start);
             let client = job.queues[0].client().clone();
-            // --one-at-a-time: on a runtime worker, as a client's task would be (not on
-            // block_on's thread, which is not a worker: every answer would cost it one more
-            // hand-off), whichever scenario runs the phase.
-            let part = if job.one_at_a_time {
+            // --one-at-a-time, --send-one: on a runtime worker, as a client's task would be
+            // (not on block_on's thread, which is not a worker: every answer would cost it one
+            // more hand-off), whichever scenario runs the phase.
+            let part = if job.one_by_one() {
                 let job = job.clone();
                 tokio::spawn(async move { job.drive(client, senders, 0, 1, handle).await })
                     .await
@@ -281,7 +289,7 @@ impl SendJob {
         mut pacer: Option<PacerHandle>,
     ) -> Result<Part> {
         let count = self.count / n + u64::from(k < self.count % n);
-        if !self.one_at_a_time && self.grouped(k, n) {
+        if !self.one_by_one() && self.grouped(k, n) {
             return self.drive_grouped(&client, k, n, count).await;
         }
         let what = self.what();
@@ -289,7 +297,7 @@ impl SendJob {
         let (tx, rx) = mpsc::unbounded_channel::<(Instant, Receipt)>();
         let collector = tokio::spawn(collect_receipts(rx));
         let q = self.queues.len() as u64;
-        // --one-at-a-time: every transaction is awaited, so every one is a latency sample.
+        // --one-at-a-time, --send-one: every send is awaited, so every one is a latency sample.
         let mut latency = Latency::new();
         let mut one_at_a_time = 0;
         for j in 0..count {
@@ -302,12 +310,18 @@ impl SendJob {
                 None => (unix_ns(), Instant::now()),
             };
             let m = self.message(stamp).with_context(|| what.clone())?;
-            if self.one_at_a_time {
+            if self.one_by_one() {
                 let t = if pacer.is_some() { t } else { Instant::now() };
-                let mut tx = client.begin().await.with_context(|| what.clone())?;
-                tx.send(self.queues[(g % q) as usize].name(), m)
-                    .with_context(|| what.clone())?;
-                tx.commit().await.with_context(|| what.clone())?;
+                let queue = &self.queues[(g % q) as usize];
+                if self.send_one && self.transactional {
+                    queue.send_tx(m).await.with_context(|| what.clone())?;
+                } else if self.send_one {
+                    queue.send(m).await.with_context(|| what.clone())?;
+                } else {
+                    let mut tx = client.begin().await.with_context(|| what.clone())?;
+                    tx.send(queue.name(), m).with_context(|| what.clone())?;
+                    tx.commit().await.with_context(|| what.clone())?;
+                }
                 latency.record(t.elapsed());
                 one_at_a_time += 1;
                 if (j + 1) % PROGRESS_STEP == 0 {
@@ -494,6 +508,8 @@ pub(crate) struct ReceiveJob {
     pub one_at_a_time: bool,
     /// With `one_at_a_time`: begin, receive_and_commit (one round trip) instead.
     pub receive_and_commit: bool,
+    /// Every receive one unary `Queue::receive`, awaited (`--receive-one`).
+    pub receive_one: bool,
     pub combo: Arc<Combo>,
     pub count: u64,
     /// Longest wait for the next message.
@@ -738,10 +754,15 @@ enum Source {
     Consumer(Box<Consumer>),
     /// With whether each ends with receive_and_commit (`--receive-and-commit`).
     OneAtATime(Box<Queue>, bool),
+    /// `--receive-one`: one unary receive per message.
+    ReceiveOne(Box<Queue>),
 }
 
 impl Source {
     async fn open(job: &ReceiveJob, queue: &Queue, limit: Option<u64>) -> mq_client::Result<Self> {
+        if job.receive_one {
+            return Ok(Source::ReceiveOne(Box::new(queue.clone())));
+        }
         if job.one_at_a_time {
             return Ok(Source::OneAtATime(
                 Box::new(queue.clone()),
@@ -760,6 +781,7 @@ impl Source {
     async fn next(&mut self, timeout: Duration) -> mq_client::Result<Option<ReceivedMessage>> {
         match self {
             Source::Consumer(c) => c.next(timeout).await,
+            Source::ReceiveOne(q) => q.receive(timeout).await,
             Source::OneAtATime(q, true) => {
                 let tx = q.client().begin().await?;
                 Ok(tx
@@ -787,14 +809,14 @@ impl Source {
     async fn ack(&mut self) -> mq_client::Result<()> {
         match self {
             Source::Consumer(c) => c.ack().await,
-            Source::OneAtATime(..) => Ok(()),
+            Source::OneAtATime(..) | Source::ReceiveOne(_) => Ok(()),
         }
     }
 
     async fn close(self) -> mq_client::Result<()> {
         match self {
             Source::Consumer(c) => c.close().await,
-            Source::OneAtATime(..) => Ok(()),
+            Source::OneAtATime(..) | Source::ReceiveOne(_) => Ok(()),
         }
     }
 }

@@ -43,6 +43,7 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
         ack_each: ctx.config.ack_each,
         one_at_a_time: ctx.config.one_at_a_time,
         receive_and_commit: ctx.config.receive_and_commit,
+        receive_one: ctx.config.receive_one,
         combo: combo.clone(),
         count: ctx.config.count,
         timeout: ctx.config.timeout,
@@ -56,7 +57,7 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
         let name = combo.name();
         ctx.progress.set_message(format!("{name} send, run {run}"));
         let cpu = CpuTimes::now();
-        let s = run_job(ctx.config.one_at_a_time, send_job().run(), "sender").await?;
+        let s = run_job(ctx.config.one_by_one_sends(), send_job().run(), "sender").await?;
         send.add_steal(cpu, CpuTimes::now());
         send.add_run(s.acknowledged, s.elapsed, &s.latency);
         send.set_rss(ctx.rss());
@@ -64,7 +65,12 @@ pub(crate) async fn measure(ctx: &Ctx, combo: &Arc<Combo>) -> Result<Vec<OpResul
         ctx.progress
             .set_message(format!("{name} receive, run {run}"));
         let cpu = CpuTimes::now();
-        let r = run_job(ctx.config.one_at_a_time, receive_job().run(), "receiver").await?;
+        let r = run_job(
+            ctx.config.one_by_one_receives(),
+            receive_job().run(),
+            "receiver",
+        )
+        .await?;
         receive.add_steal(cpu, CpuTimes::now());
         receive.add_run(r.verified, r.elapsed, &r.service);
         receive.set_rss(ctx.rss());
@@ -131,6 +137,7 @@ async fn fill_and_drain(ctx: &Ctx, combo: &Arc<Combo>, backlog: u64) -> Result<V
             ack_each: ctx.config.ack_each,
             one_at_a_time: ctx.config.one_at_a_time,
             receive_and_commit: ctx.config.receive_and_commit,
+            receive_one: ctx.config.receive_one,
             combo: combo.clone(),
             count: backlog,
             timeout: ctx.config.timeout,

@@ -43,6 +43,7 @@ pub(crate) async fn measure(
             ack_each: ctx.config.ack_each,
             one_at_a_time: ctx.config.one_at_a_time,
             receive_and_commit: ctx.config.receive_and_commit,
+            receive_one: ctx.config.receive_one,
             combo: combo.clone(),
             count: ctx.config.count,
             timeout: ctx.config.timeout,
