@@ -1732,18 +1732,21 @@ impl Broker {
         }
     }
 
-    /// Removes taken entries for good and waits until their removal is on disk (transactional
-    /// queues: a receive is a committed single-message transaction before the message is
-    /// handed out). If the journal fails, the entries go back to the queue.
-    pub async fn remove_durably(
+    /// Removes taken entries for good, durably (transactional queues: a receive is a committed
+    /// single-message transaction before the message is handed out): submits the removal of
+    /// `entries` (with their journal copies and receive acknowledgements), written on this
+    /// thread if the journal's writer is idle ([`Journal::submit_removal_awaited`]). Whoever
+    /// awaits its outcome hands it to [`Broker::finish_durable_removal`]; if the journal fails,
+    /// the entries go back to the queue.
+    pub(crate) fn start_durable_removal(
         &self,
         queue: &Arc<Queue>,
-        entries: Vec<Entry>,
-    ) -> Result<Vec<Entry>, BrokerError> {
+        entries: &[Entry],
+    ) -> DurableRemoval {
         let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
         // Journal copies (target journaling) and ACK_RECEIVEs go into the removal's record.
-        let mut copies = self.journal_copies(queue, &entries);
-        let mut acks = self.acks_for_entries(queue, &entries, mq_proto::ack::class::ACK_RECEIVE);
+        let mut copies = self.journal_copies(queue, entries);
+        let mut acks = self.acks_for_entries(queue, entries, mq_proto::ack::class::ACK_RECEIVE);
         let mut ops = copies.take_ops();
         ops.append(&mut acks.ops);
         ops.push(Op::Remove {
@@ -1751,12 +1754,24 @@ impl Broker {
             seqs,
         });
         // Copies' and acks' `Put`s must follow their queues' definitions: the normal lane.
-        let commit = if ops.len() == 1 {
-            self.journal.submit_removal(ops)
-        } else {
-            self.journal.submit(ops)
-        };
-        let result = commit.await;
+        let urgent = ops.len() == 1;
+        DurableRemoval {
+            commit: self.journal.submit_removal_awaited(ops, urgent),
+            copies,
+            acks,
+        }
+    }
+
+    /// What follows a [`Broker::start_durable_removal`] once its `result` is known: the
+    /// entries are gone for good, or back in the queue.
+    pub(crate) fn finish_durable_removal(
+        &self,
+        queue: &Arc<Queue>,
+        entries: Vec<Entry>,
+        removal: DurableRemoval,
+        result: Result<(), crate::journal::JournalError>,
+    ) -> Result<Vec<Entry>, BrokerError> {
+        let DurableRemoval { copies, acks, .. } = removal;
         match &result {
             Ok(()) => {
                 copies.stored(self);
@@ -1832,6 +1847,26 @@ impl Broker {
             .collect())
     }
 
+    /// The body of a queued message if it is in memory, recently written (kept by the
+    /// journal), or at most `max` bytes: then read from the journal on this thread (a single
+    /// pread, which mostly finds the page cache). `None` for a larger body not in memory:
+    /// [`Broker::bodies`] reads it on a blocking thread.
+    pub fn body_here(
+        &self,
+        queue: &Queue,
+        entry: &Entry,
+        max: u64,
+    ) -> Option<Result<Bytes, BrokerError>> {
+        if let Some(b) = &entry.msg.body {
+            return Some(Ok(b.clone()));
+        }
+        let cached = self.journal.cached_bodies(queue.def().id, &[entry.seq]);
+        if let Some(Some(b)) = cached.into_iter().next() {
+            return Some(Ok(b));
+        }
+        (u64::from(entry.msg.body_len) <= max).then(|| self.body(queue, entry))
+    }
+
     /// The body of a queued message: in memory, or read from the journal.
     pub fn body(&self, queue: &Queue, entry: &Entry) -> Result<Bytes, BrokerError> {
         match &entry.msg.body {
@@ -1848,6 +1883,13 @@ impl Broker {
                 }),
         }
     }
+}
+
+/// A removal submitted by [`Broker::start_durable_removal`], with what follows its outcome.
+pub(crate) struct DurableRemoval {
+    pub(crate) commit: crate::journal::Commit,
+    copies: crate::journal_queue::Copies,
+    acks: crate::acks::Prepared,
 }
 
 /// `host:port` of the broker a remote queue lives on (the outgoing queue's destination).

@@ -566,6 +566,10 @@ where
     Response::new(Box::pin(ReceiverStream::new(rx)))
 }
 
+/// The largest body a one-shot receive reads from the journal on its own worker thread
+/// ([`hand_out`]); larger ones are read on a blocking thread.
+const READ_HERE_MAX_BYTES: u64 = 64 << 10;
+
 /// Removes a message taken for a one-shot receive (at most one in `found`) and returns it:
 /// recoverable ones with their removal journaled; from a transactional queue as a committed
 /// single-message transaction, on disk before it is handed out.
@@ -579,7 +583,13 @@ pub(crate) async fn hand_out(
         return Ok(None);
     };
     let dest = queue.info().format_name;
-    let wire = match broker.bodies(queue, std::slice::from_ref(e)).await {
+    // A small body not in memory is read right here (one pread, mostly from the page cache),
+    // not on a blocking thread: the hand-off would cost more than the read.
+    let body = match broker.body_here(queue, e, READ_HERE_MAX_BYTES) {
+        Some(b) => b.map(|b| vec![b]),
+        None => broker.bodies(queue, std::slice::from_ref(e)).await,
+    };
+    let wire = match body {
         Ok(mut body) => e
             .msg
             .to_wire(&dest, body.pop().unwrap_or_default(), e.aborts),
@@ -590,13 +600,25 @@ pub(crate) async fn hand_out(
         }
     };
     if queue.def().transactional {
-        // A committed single-message transaction before the message is handed out. In its own
-        // task, so a client that gives up meanwhile cannot leave the message taken but neither
-        // removed nor given back.
-        let (broker, q) = (broker.clone(), queue.clone());
-        tokio::spawn(async move { broker.remove_durably(&q, found).await })
-            .await
-            .map_err(|e| BrokerError::Internal(format!("the removal task failed: {e}")))??;
+        // A committed single-message transaction before the message is handed out: written on
+        // this thread if the journal's writer is idle. Otherwise its outcome is awaited in a
+        // task of its own, so a client that gives up meanwhile cannot leave the message taken
+        // but neither removed nor given back.
+        let mut removal = broker.start_durable_removal(queue, &found);
+        match removal.commit.try_outcome() {
+            Some(r) => {
+                broker.finish_durable_removal(queue, found, removal, r)?;
+            }
+            None => {
+                let (broker, q) = (broker.clone(), queue.clone());
+                tokio::spawn(async move {
+                    let r = (&mut removal.commit).await;
+                    broker.finish_durable_removal(&q, found, removal, r)
+                })
+                .await
+                .map_err(|e| BrokerError::Internal(format!("the removal task failed: {e}")))??;
+            }
+        }
     } else {
         queue.complete(&found);
         broker.forget_received_acked(queue, &found);

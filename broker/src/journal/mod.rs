@@ -786,6 +786,28 @@ impl Journal {
             Ok(p) => p,
             Err(failed) => return failed,
         };
+        self.send_urgent(msg, rx)
+    }
+
+    /// Like [`Journal::submit_removal`] (`urgent`) or [`Journal::submit`] (not), for a removal
+    /// its caller awaits before it answers (a receive from a transactional queue, a committed
+    /// single-message transaction): if the writer is idle, the record is written and synced
+    /// right here, as with [`Journal::submit_awaited`], and the returned commit is complete
+    /// ([`Commit::try_outcome`] tells).
+    pub fn submit_removal_awaited(&self, ops: Vec<Op>, urgent: bool) -> Commit {
+        let (msg, size, rx) = match self.prepare(ops, false, None) {
+            Ok(p) => p,
+            Err(failed) => return failed,
+        };
+        match self.try_inline(msg, size, rx, ()) {
+            Ok(done) => done,
+            Err((msg, rx, ())) if urgent => self.send_urgent(msg, rx),
+            Err((msg, rx, ())) => self.enqueue(msg, size, rx, None),
+        }
+    }
+
+    /// Hands a prepared removal to the writer's urgent lane (see [`Journal::submit_removal`]).
+    fn send_urgent(&self, msg: Msg, rx: Completion) -> Commit {
         let shared = &self.inner.shared;
         // Counted like every submission: the writer's completion takes it off again.
         shared.pending.fetch_add(1, Ordering::AcqRel);
@@ -809,28 +831,51 @@ impl Journal {
             Ok(p) => p,
             Err(failed) => return failed,
         };
-        if self.inner.inline_commits && size <= INLINE_MAX_BYTES {
-            if let Ok(mut slot) = self.inner.writer.try_lock() {
-                if let Some(w) = slot.as_mut().filter(|w| w.is_idle()) {
-                    drop(held);
-                    let Msg::Submit { ops, done, .. } = msg else {
-                        unreachable!("prepare makes a submission")
-                    };
-                    // Counted like every submission: the completion takes it off again.
-                    self.inner.shared.pending.fetch_add(1, Ordering::AcqRel);
-                    let wake = w.commit_inline(ops, done);
-                    drop(slot);
-                    if wake {
-                        // Full: the writer has work queued and wakes for it anyway.
-                        let _ = self.inner.tx.try_send(Msg::Wake);
-                    }
-                    return self.pending_commit(rx);
-                }
-            }
-        }
+        let (msg, rx, held) = match self.try_inline(msg, size, rx, held) {
+            Ok(done) => return done,
+            Err(p) => p,
+        };
         let commit = self.enqueue(msg, size, rx, None);
         drop(held);
         commit
+    }
+
+    /// Commits a prepared submission on the caller's thread if inline commits are on, the
+    /// record is at most [`INLINE_MAX_BYTES`] and the writer is idle (its lock free, both of
+    /// its queues empty, not poisoned): then `held` is dropped as soon as the writer's lock is
+    /// taken and the commit returned is complete. Otherwise the submission (and `held`) comes
+    /// back.
+    #[allow(clippy::type_complexity)]
+    fn try_inline<G>(
+        &self,
+        msg: Msg,
+        size: usize,
+        rx: Completion,
+        held: G,
+    ) -> Result<Commit, (Msg, Completion, G)> {
+        if !self.inner.inline_commits || size > INLINE_MAX_BYTES {
+            return Err((msg, rx, held));
+        }
+        let Ok(mut slot) = self.inner.writer.try_lock() else {
+            return Err((msg, rx, held));
+        };
+        let Some(w) = slot.as_mut().filter(|w| w.is_idle()) else {
+            drop(slot);
+            return Err((msg, rx, held));
+        };
+        drop(held);
+        let Msg::Submit { ops, done, .. } = msg else {
+            unreachable!("prepare makes a submission")
+        };
+        // Counted like every submission: the completion takes it off again.
+        self.inner.shared.pending.fetch_add(1, Ordering::AcqRel);
+        let wake = w.commit_inline(ops, done);
+        drop(slot);
+        if wake {
+            // Full: the writer has work queued and wakes for it anyway.
+            let _ = self.inner.tx.try_send(Msg::Wake);
+        }
+        Ok(self.pending_commit(rx))
     }
 
     fn submit_inner(&self, ops: Vec<Op>, detached: bool, chain: Option<Chain>) -> Commit {
@@ -1223,6 +1268,20 @@ impl Commit {
     fn ready(r: Result<(), JournalError>) -> Self {
         Commit {
             state: CommitState::Ready(Some(r)),
+        }
+    }
+
+    /// The outcome if it is known now (an inline commit, a failed submission, a completion
+    /// that came), without waiting; `None` while the writer has not answered. After `Some`,
+    /// the commit must not be awaited again.
+    pub fn try_outcome(&mut self) -> Option<Result<(), JournalError>> {
+        match &mut self.state {
+            CommitState::Ready(r) => r.take(),
+            CommitState::Pending { rx, shared } => match rx.try_recv() {
+                Ok(r) => Some(r),
+                Err(oneshot::error::TryRecvError::Empty) => None,
+                Err(oneshot::error::TryRecvError::Closed) => Some(Err(shared.dropped_error())),
+            },
         }
     }
 

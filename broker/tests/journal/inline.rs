@@ -331,3 +331,74 @@ fn after_a_panic_in_a_commit_later_submissions_fail_instead_of_hanging() {
         }
     }
 }
+
+#[test]
+fn an_awaited_removal_is_written_by_its_caller_when_the_writer_is_idle() {
+    // `submit_removal_awaited` (a receive from a transactional queue): inline when the writer
+    // is idle, its outcome known at once (`Commit::try_outcome`); durable either way, urgent
+    // lane or normal, and with inline commits off it goes through the writer thread.
+    for inline in [true, false] {
+        let io = FaultyIo::new(14);
+        let opts = JournalOptions {
+            inline_commits: inline,
+            ..small_opts(1 << 20)
+        };
+        let (j, _) =
+            Journal::open_with_io("/fake".as_ref(), opts.clone(), Arc::new(io.clone())).unwrap();
+        // Awaited puts (inline when on): the writer thread stays asleep, as it is when
+        // requests come one round trip apart. (Right after a commit of its own it may still
+        // hold its lock, and an awaited submission made at once finds it busy.)
+        for seq in 1..=100u64 {
+            j.submit_awaited(vec![put(1, seq, 200)], ()).wait().unwrap();
+        }
+        let before = j.stats().inline_commits;
+        let mut known_at_once = 0;
+        for seq in 1..=60u64 {
+            let op = Op::Remove {
+                queue_id: 1,
+                seqs: vec![seq],
+            };
+            let mut c = j.submit_removal_awaited(vec![op], seq % 2 == 0);
+            match c.try_outcome() {
+                Some(r) => {
+                    r.unwrap();
+                    known_at_once += 1;
+                }
+                None => c.wait().unwrap(),
+            }
+        }
+        let inline_removals = j.stats().inline_commits - before;
+        if inline {
+            assert!(inline_removals >= 50, "{inline_removals} of 60 inline");
+            assert!(known_at_once >= inline_removals, "{known_at_once}");
+        } else {
+            assert_eq!(inline_removals, 0);
+        }
+        assert_eq!(j.pending(), 0);
+        drop(j);
+        let (_j, r) =
+            Journal::open_with_io("/fake".as_ref(), opts, Arc::new(io.restart())).unwrap();
+        assert_eq!(
+            seqs(&r, 1),
+            (61..=100).collect::<Vec<_>>(),
+            "inline {inline}"
+        );
+    }
+}
+
+#[test]
+fn an_awaited_removal_of_a_poisoned_journal_fails_at_once() {
+    let io = FaultyIo::new(15);
+    let (j, _) =
+        Journal::open_with_io("/fake".as_ref(), small_opts(1 << 20), Arc::new(io.clone())).unwrap();
+    j.submit(vec![put(1, 1, 100)]).wait().unwrap();
+    io.fail_sync_at(1);
+    assert!(j.submit(vec![put(1, 2, 100)]).wait().is_err());
+    let op = Op::Remove {
+        queue_id: 1,
+        seqs: vec![1],
+    };
+    let mut c = j.submit_removal_awaited(vec![op], true);
+    let e = c.try_outcome().expect("a poisoned journal answers at once");
+    assert!(e.unwrap_err().is_poisoned());
+}
