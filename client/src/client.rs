@@ -26,6 +26,8 @@ pub struct Client {
     pub(crate) options: ClientOptions,
     /// Idle `Transact` streams for the next transaction.
     pub(crate) tx_pool: crate::tx_pool::TxPool,
+    /// The send streams `Queue::send` keeps, one per queue.
+    pub(crate) send_pool: crate::send_pool::SendPool,
 }
 
 /// Properties of a new queue.
@@ -177,6 +179,7 @@ impl Client {
             url,
             options,
             tx_pool: Default::default(),
+            send_pool: Default::default(),
         }
     }
 
@@ -565,6 +568,14 @@ impl Client {
             }
         })
         .await
+    }
+
+    /// Send streams [`Queue::send`] has opened on this connection (shared by the client's
+    /// clones). It keeps one per queue (for the 8 queues sent to most recently) and opens
+    /// another only for a new queue or when the broker ended the kept one, so a loop of
+    /// one-message sends to one queue opens one.
+    pub fn one_shot_senders_opened(&self) -> u64 {
+        self.send_pool.opened()
     }
 
     /// A pipelining sender to `destination` (a queue or a multiple-element format name).

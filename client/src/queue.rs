@@ -11,6 +11,10 @@ use crate::error::{Error, Result};
 use crate::message::{Message, MessageId, ReceivedMessage};
 use crate::sender::{Sender, SenderOptions};
 
+/// The largest body [`Queue::send_tx`] sends as a transaction on a kept `Transact` stream;
+/// larger ones go on a send stream of their own (not held in a transaction's requests).
+pub const SEND_TX_IN_TRANSACTION_MAX_BYTES: usize = 64 << 10;
+
 /// A handle to a queue, from [`Client::queue`].
 #[derive(Debug, Clone)]
 pub struct Queue {
@@ -48,19 +52,40 @@ impl Queue {
         Ok(())
     }
 
-    /// Sends one message and waits for the broker's acknowledgement. For many messages use
-    /// [`Queue::sender`], which pipelines.
+    /// Sends one message and waits for the broker's acknowledgement (for a recoverable
+    /// message: once it is on disk). The client keeps the send stream it opened for this queue
+    /// (see [`Client::one_shot_senders_opened`]), so one message at a time costs one round
+    /// trip. Concurrent calls share it and are pipelined. For many messages from one task use
+    /// [`Queue::sender`], which pipelines without waiting for each.
     pub async fn send(&self, message: Message) -> Result<MessageId> {
-        let sender = self.sender(SenderOptions::default()).await?;
-        let receipt = sender.send_with_receipt(message).await?;
-        let id = receipt.await?;
-        sender.close().await?;
-        Ok(id)
+        let pool = &self.client.send_pool;
+        if let Some(sender) = pool.get(&self.name) {
+            match sender.send_with_receipt(message.clone()).await {
+                Ok(receipt) => return receipt.await,
+                // Refused before it was handed to the stream (the stream ended meanwhile):
+                // nothing was sent; once more on a new stream.
+                Err(_) => pool.forget(&sender),
+            }
+        }
+        let sender = pool.open(&self.client, &self.name).await?;
+        sender.send_with_receipt(message).await?.await
     }
 
     /// Sends one message as a single-message transaction (MSMQ's `MQ_SINGLE_MESSAGE`), for
-    /// transactional queues: returns once committed.
+    /// transactional queues: returns once committed (on disk). A body of up to 64 KiB goes as
+    /// a transaction of one send on a `Transact` stream the client keeps between transactions
+    /// (one round trip); a larger one on a transactional send stream of its own. If the answer
+    /// is lost, the error is [`Error::InDoubt`] with the transaction's id:
+    /// [`Client::transaction_outcome`] tells whether it committed.
     pub async fn send_tx(&self, message: Message) -> Result<MessageId> {
+        if message.body().len() <= SEND_TX_IN_TRANSACTION_MAX_BYTES {
+            let mut tx = self.client.begin().await?;
+            tx.send(&self.name, message)?;
+            let ids = tx.commit().await?;
+            return ids.into_iter().next().ok_or_else(|| {
+                Error::Internal("the broker committed the send without the message's id".into())
+            });
+        }
         let options = SenderOptions {
             transactional: true,
             ..SenderOptions::default()

@@ -290,6 +290,12 @@ impl Sender {
         Ok(())
     }
 
+    /// Whether the stream has ended (the broker closed it, the connection broke): nothing more
+    /// can be sent on it.
+    pub fn is_dead(&self) -> bool {
+        self.shared.dead().is_some()
+    }
+
     /// Messages acknowledged so far.
     pub fn acknowledged(&self) -> u64 {
         self.shared.acknowledged.load(Ordering::Acquire)

@@ -112,6 +112,7 @@ mod in_doubt;
 mod in_doubt_pipelined;
 mod journal_disk;
 mod journals;
+mod kept_senders;
 mod large_deliveries;
 mod memory_returns;
 mod message_lookup;

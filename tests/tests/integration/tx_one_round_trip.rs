@@ -312,3 +312,71 @@ async fn a_failed_or_empty_receive_and_commit_changes_nothing() {
     assert!(bodies(&client, Q).await.is_empty());
     drop(mqd);
 }
+
+/// `Queue::send_tx` of a body up to 64 KiB is a transaction of one send on the client's kept
+/// `Transact` stream (one batch of requests, one fdatasync), and `Queue::receive` from a
+/// transactional queue one removal on disk before the answer (inline when the journal's writer
+/// is idle); a larger body goes on a send stream of its own. Everything arrives in order, once,
+/// and survives kill -9; what was received stays received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_tx_of_a_small_body_is_one_kept_stream_transaction() {
+    let dir = temp_data_dir("mq-sendtx-");
+    let (mut mqd, http, client) = mqd_with_queue(dir.path()).await;
+    let q = client.queue(Q).unwrap();
+    q.send_tx(Message::new("warm-up")).await.unwrap();
+    let batches = client.transaction_batches();
+    let syncs = fdatasyncs(&http).await;
+    let inline = metric(&http, "mq_journal_inline_commits_total").await;
+    for i in 0..N {
+        q.send_tx(Message::new(format!("m{i}"))).await.unwrap();
+    }
+    assert_eq!(
+        client.transaction_batches() - batches,
+        N,
+        "one batch per send_tx"
+    );
+    let spent = fdatasyncs(&http).await - syncs;
+    assert!(spent <= N + N / 4, "{spent} fdatasyncs for {N} send_tx");
+    // A body over 64 KiB: its own send stream, not a transaction's requests.
+    let big = vec![7u8; (64 << 10) + 1];
+    let batches = client.transaction_batches();
+    q.send_tx(Message::new(big.clone())).await.unwrap();
+    assert_eq!(client.transaction_batches(), batches);
+
+    // Unary receives: each removal on disk before the answer, most written inline.
+    let syncs = fdatasyncs(&http).await;
+    let inline_before = metric(&http, "mq_journal_inline_commits_total").await;
+    assert!(
+        inline_before > inline,
+        "send_tx commits are written inline too"
+    );
+    let first = q.receive(WAIT).await.unwrap().expect("warm-up");
+    assert_eq!(first.body, "warm-up".as_bytes());
+    for i in 0..N / 2 {
+        let m = q.receive(WAIT).await.unwrap().expect("a message");
+        assert_eq!(m.body, format!("m{i}").as_bytes(), "in order, once each");
+    }
+    let spent = fdatasyncs(&http).await - syncs;
+    assert!(
+        spent <= N / 2 + 1 + N / 4,
+        "{spent} fdatasyncs for {} receives",
+        N / 2 + 1
+    );
+    let inline_receives = metric(&http, "mq_journal_inline_commits_total").await - inline_before;
+    assert!(
+        inline_receives >= N / 4,
+        "{inline_receives} of {} receives written inline",
+        N / 2 + 1
+    );
+
+    // kill -9: the received ones stay gone, the rest (and the big one, last) are there.
+    mqd.kill9_checked();
+    let mqd = MqdProcess::launch_on(dir.path(), mqd.addr(), &[]);
+    let client = mqd.connect().await;
+    let got = bodies(&client, Q).await;
+    assert_eq!(got.len() as u64, N / 2 + 1);
+    let want: Vec<(String, u32)> = (N / 2..N).map(|i| (format!("m{i}"), 0)).collect();
+    assert_eq!(&got[..got.len() - 1], &want[..]);
+    assert_eq!(got.last().unwrap().0.len(), big.len());
+    drop(mqd);
+}
