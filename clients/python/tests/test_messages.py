@@ -228,3 +228,44 @@ def test_acknowledgements_show_their_class(client: Client, qname: str) -> None:
     assert received.message_class == 0x4000  # MQMSG_CLASS_ACK_RECEIVE
     assert received.correlation_id == str(sent)
     client.delete_queue(aq)
+
+
+def test_one_at_a_time_sends_keep_one_stream_per_queue(client: Client, qname: str) -> None:
+    """Queue.send keeps the send stream it opened for the queue: 50 sends open one stream,
+    threads share it, a refused message leaves it usable, and every message arrives in order."""
+    q = client.queue(qname)
+    opened = client.one_shot_senders_opened
+    ids = [q.send(f"m{i}", recoverable=i % 2 == 0) for i in range(50)]
+    assert len(set(ids)) == 50
+    assert client.one_shot_senders_opened == opened + 1
+
+    def work(t: int) -> None:
+        for i in range(25):
+            q.send(f"t{t}:{i}")
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert client.one_shot_senders_opened == opened + 1
+    with pytest.raises(mq_client.MqError):
+        q.send("x", label="l" * 100_000)  # over the label limit: refused
+    q.send("after")
+    assert client.one_shot_senders_opened == opened + 1
+    bodies = [m.text for m in q.receive(timeout=30.0, max_messages=151, auto_ack=True)]
+    assert bodies[:50] == [f"m{i}" for i in range(50)]
+    assert bodies[-1] == "after" and len(bodies) == 151
+    for t in range(4):
+        assert [b for b in bodies if b.startswith(f"t{t}:")] == [f"t{t}:{i}" for i in range(25)]
+    # Another queue gets its own stream.
+    other = client.queue(qname + "-b")
+    client.create_queue(other.name)
+    try:
+        other.send("b")
+        assert client.one_shot_senders_opened == opened + 2
+        assert [m.text for m in other.receive(timeout=30.0, max_messages=1, auto_ack=True)] == [
+            "b"
+        ]
+    finally:
+        client.delete_queue(other.name)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import os
+import threading
 import uuid
-from typing import Any, Callable, List, Optional, Sequence, Type, TypeVar, Union
+from collections import OrderedDict
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 from urllib.parse import urlsplit
 
 import grpc
@@ -19,6 +21,7 @@ from ._errors import (
     NotFound,
     QueueExists,
     QueueNotFound,
+    Unavailable,
     from_rpc_error,
 )
 from ._message import (
@@ -31,6 +34,9 @@ from ._message import (
 )
 
 T = TypeVar("T")
+
+#: Queues whose send streams a client keeps for :meth:`Queue.send` at most.
+_MAX_KEPT = 8
 
 #: The broker URL used when none is given and ``MQ_BROKER`` is not set.
 DEFAULT_BROKER_URL = "http://127.0.0.1:1801"
@@ -103,6 +109,10 @@ class Client:
             ) from None
         self._stubs = _wire.Stubs(self._channel)
         self._broker_info: Optional[BrokerInfo] = None
+        # Queue.send's kept senders, most recently used last (see _send_one).
+        self._kept_lock = threading.Lock()
+        self._kept: "OrderedDict[Tuple[str, bool], Any]" = OrderedDict()
+        self._one_shot_opened = 0
         if check_version:
             try:
                 self._check_version(min_protocol_version)
@@ -210,7 +220,55 @@ class Client:
 
     def close(self) -> None:
         """Closes the connection; streams still open on it end."""
+        with self._kept_lock:
+            kept = list(self._kept.values())
+            self._kept.clear()
+        for s in kept:
+            s._retire()
         self._channel.close()
+
+    @property
+    def one_shot_senders_opened(self) -> int:
+        """Send streams :meth:`Queue.send` has opened on this client. It keeps one per queue
+        (and per ``transactional``), for the 8 queues sent to most recently, and opens another
+        only for a new queue or when the broker ended the kept one."""
+        with self._kept_lock:
+            return self._one_shot_opened
+
+    def _send_one(self, destination: str, transactional: bool, m: Any) -> uuid.UUID:
+        """Sends the wire message ``m`` on the kept sender for ``destination`` (opening one if
+        there is none, or if the kept one had ended before ``m`` was offered) and waits for its
+        answer."""
+        from ._sender import NotSent, Sender
+
+        key = (destination, transactional)
+        with self._kept_lock:
+            kept = self._kept.get(key)
+            if kept is not None:
+                self._kept.move_to_end(key)
+        if kept is not None:
+            try:
+                return kept._send_one(m)
+            except NotSent:
+                with self._kept_lock:
+                    if self._kept.get(key) is kept:
+                        del self._kept[key]
+        s = Sender(self, destination, transactional=transactional)
+        retired = []
+        with self._kept_lock:
+            self._one_shot_opened += 1
+            old = self._kept.pop(key, None)
+            if old is not None:
+                retired.append(old)
+            self._kept[key] = s
+            while len(self._kept) > _MAX_KEPT:
+                retired.append(self._kept.popitem(last=False)[1])
+        for r in retired:
+            r._retire()
+        try:
+            return s._send_one(m)
+        except NotSent:
+            raise Unavailable(f"the send stream to {destination} ended at once") from None
 
     def __enter__(self) -> "Client":
         return self

@@ -6,8 +6,8 @@ import uuid
 from typing import TYPE_CHECKING, List, Optional, Union
 
 from . import _wire
-from ._errors import MessageNotFound, QueueNotFound, SendFailed
-from ._message import BODY_TYPE_RAW, Body, Message, QueueInfo, id_bytes
+from ._errors import MessageNotFound, QueueNotFound
+from ._message import BODY_TYPE_RAW, Body, Message, QueueInfo, id_bytes, out_message
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._client import Client
@@ -53,29 +53,26 @@ class Queue:
         transactional queue requires. For many messages use :meth:`sender`, which pipelines.
         ``admin_queue`` and ``acknowledge`` (bits: 1 positive arrival, 2 positive receive, 4
         negative arrival, 8 negative receive) ask the broker to post acknowledgements there;
-        each has ``message_class`` set and the original's id as ``correlation_id``."""
-        s = self.sender(transactional=transactional, max_batch=1)
-        try:
-            s.send(
-                body,
-                label=label,
-                priority=priority,
-                recoverable=recoverable,
-                correlation_id=correlation_id,
-                app_specific=app_specific,
-                body_type=body_type,
-                response_queue=response_queue,
-                time_to_reach_queue=time_to_reach_queue,
-                time_to_be_received=time_to_be_received,
-                admin_queue=admin_queue,
-                acknowledge=acknowledge,
-            )
-            return s.close()[0]
-        except SendFailed as e:
-            # One message: its own error says it best (QueueNotFound, QuotaExceeded, ...).
-            raise e.failures[0][1] from None
-        finally:
-            s.cancel()
+        each has ``message_class`` set and the original's id as ``correlation_id``.
+
+        The client keeps the send stream it opened for this queue (for the 8 queues sent to
+        most recently; see :attr:`Client.one_shot_senders_opened`), so one message at a time
+        costs one round trip; threads sending at once share it."""
+        m = out_message(
+            body,
+            label=label,
+            priority=priority,
+            recoverable=recoverable,
+            correlation_id=correlation_id,
+            app_specific=app_specific,
+            body_type=body_type,
+            response_queue=response_queue,
+            time_to_reach_queue=time_to_reach_queue,
+            time_to_be_received=time_to_be_received,
+            admin_queue=admin_queue,
+            acknowledge=acknowledge,
+        )
+        return self.client._send_one(self.name, transactional, m)
 
     def sender(self, **options: object) -> "Sender":
         """A pipelining sender to this queue (options as :meth:`Client.sender`)."""

@@ -50,6 +50,11 @@ def _new_tx_stream() -> int:
     )
 
 
+class NotSent(Exception):
+    """The stream had already ended when a message was offered to it: nothing was sent (the
+    caller may send it on another stream). Internal to :meth:`Queue.send`."""
+
+
 class Sender:
     """A pipelining sender, from :meth:`Client.sender` or :meth:`Queue.sender`.
 
@@ -217,6 +222,44 @@ class Sender:
             if self._batcher_waiting:
                 self._cond.notify_all()
             return self._submitted
+
+    def _send_one(self, m: Any) -> uuid.UUID:
+        """Sends the wire message ``m`` and waits for its own answer (what :meth:`Queue.send`
+        does on a kept sender; several threads may wait at once, each for its message). Raises
+        :class:`NotSent` if the stream had ended before ``m`` was queued; the refusal of ``m``
+        or, if the stream ends before ``m`` is answered, the error that ended it."""
+        with self._cond:
+            while self._dead is None and self._submitted - self._answered >= self._window:
+                self._cond.wait()
+            if self._dead is not None or self._closing:
+                raise NotSent()
+            self._pending.append(m)
+            self._submitted += 1
+            seq = self._submitted
+            if self._batcher_waiting:
+                self._cond.notify_all()
+            while self._answered < seq and self._dead is None:
+                self._cond.wait()
+            r = self._results.pop(seq, None)
+            if r is None:
+                # Unanswered, the stream ended: what ended it says it best (a refusal of the
+                # whole stream, a lost connection).
+                raise self._dead if self._dead is not None else self._unanswered(seq)
+        if isinstance(r, MqError):
+            raise r
+        return r
+
+    def _retire(self) -> None:
+        """Ends the stream once what was queued is sent (a kept sender no longer kept); threads
+        waiting for their answers still get them."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+
+    @property
+    def _ended(self) -> bool:
+        with self._cond:
+            return self._dead is not None or self._closing
 
     def flush(self, timeout: Optional[float] = None) -> List[uuid.UUID]:
         """Waits until the broker has answered every message sent so far and returns their ids,
