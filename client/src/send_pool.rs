@@ -14,11 +14,14 @@ use crate::sender::{Sender, SenderOptions};
 /// connection, counted against the broker's `--max-streams-per-connection`).
 pub(crate) const MAX_KEPT: usize = 8;
 
+/// A kept sender and the queue it sends to.
+type Kept = (String, Arc<Sender>);
+
 /// The kept senders of a client (shared by its clones), most recently used last, and how many
 /// it has opened.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SendPool {
-    kept: Arc<Mutex<Vec<(String, Arc<Sender>)>>>,
+    kept: Arc<Mutex<Vec<Kept>>>,
     opened: Arc<AtomicU64>,
 }
 
