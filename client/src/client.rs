@@ -28,6 +28,8 @@ pub struct Client {
     pub(crate) tx_pool: crate::tx_pool::TxPool,
     /// The send streams `Queue::send` keeps, one per queue.
     pub(crate) send_pool: crate::send_pool::SendPool,
+    /// Which queues `Queue::receive` found transactional.
+    pub(crate) queue_kinds: crate::queue_kinds::QueueKinds,
 }
 
 /// Properties of a new queue.
@@ -180,6 +182,7 @@ impl Client {
             options,
             tx_pool: Default::default(),
             send_pool: Default::default(),
+            queue_kinds: Default::default(),
         }
     }
 

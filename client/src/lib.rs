@@ -46,6 +46,7 @@ mod large_sends;
 mod message;
 mod outgoing;
 mod queue;
+mod queue_kinds;
 mod send_pool;
 mod sender;
 pub mod stats;

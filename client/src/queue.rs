@@ -15,6 +15,10 @@ use crate::sender::{Sender, SenderOptions};
 /// larger ones go on a send stream of their own (not held in a transaction's requests).
 pub const SEND_TX_IN_TRANSACTION_MAX_BYTES: usize = 64 << 10;
 
+/// What the broker says when a transactional receive names a queue that is not
+/// transactional.
+const NOT_TRANSACTIONAL: &str = "a transactional receive needs a transactional queue";
+
 /// A handle to a queue, from [`Client::queue`].
 #[derive(Debug, Clone)]
 pub struct Queue {
@@ -105,8 +109,32 @@ impl Queue {
     /// Receives (removes) one message, waiting up to `timeout`. `None` if none arrived. On a
     /// transactional queue this is a single-message transaction: the removal is on disk before
     /// the message is returned.
+    ///
+    /// Once a receive from a queue has returned a transactional message, the client knows the
+    /// queue is transactional and receives from it as a transaction of one
+    /// [`Transaction::receive_and_commit`](crate::Transaction::receive_and_commit) on a
+    /// `Transact` stream it keeps (one round trip on an open stream instead of a call of its
+    /// own); if that answer is lost the error is [`Error::InDoubt`] (with the transaction's
+    /// id; [`Client::transaction_outcome`] tells whether the message was taken).
     pub async fn receive(&self, timeout: Duration) -> Result<Option<ReceivedMessage>> {
-        self.one(timeout, false).await
+        self.receivable()?;
+        let kinds = &self.client.queue_kinds;
+        if kinds.is_transactional(&self.name) {
+            let tx = self.client.begin().await?;
+            match tx.receive_and_commit(&self.name, timeout).await {
+                Ok(got) => return Ok(got.map(|(m, _)| m)),
+                // Not (or no longer) transactional: nothing was taken; a plain receive.
+                Err(Error::FailedPrecondition(m)) if m.contains(NOT_TRANSACTIONAL) => {
+                    kinds.not_transactional(&self.name)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let got = self.one(timeout, false).await?;
+        if got.as_ref().is_some_and(|m| m.transactional) {
+            kinds.saw_transactional(&self.name);
+        }
+        Ok(got)
     }
 
     /// Looks at the message a receive would get, without removing it, waiting up to `timeout`.

@@ -380,3 +380,61 @@ async fn send_tx_of_a_small_body_is_one_kept_stream_transaction() {
     assert_eq!(got.last().unwrap().0.len(), big.len());
     drop(mqd);
 }
+
+/// `Queue::receive` from a queue it has seen a transactional message come from goes as a
+/// `receive_and_commit` on the kept `Transact` stream (one batch of requests each), in order
+/// and once each; a queue of that name created again without transactions is refused that way
+/// once, received from plainly, and remembered as not transactional.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receives_from_a_known_transactional_queue_go_on_the_kept_stream() {
+    let broker = mq_tests::InProcessBroker::start().await;
+    let client = broker.client().await;
+    create_tx_queue(&client, Q).await;
+    let q = client.queue(Q).unwrap();
+    for i in 0..5 {
+        q.send_tx(Message::new(format!("m{i}"))).await.unwrap();
+    }
+    let batches = client.transaction_batches();
+    let first = q.receive(WAIT).await.unwrap().expect("m0");
+    assert_eq!(
+        (first.body.as_ref(), first.transactional),
+        (&b"m0"[..], true)
+    );
+    assert_eq!(
+        client.transaction_batches(),
+        batches,
+        "the first receive is a unary call"
+    );
+    for i in 1..5 {
+        let m = q.receive(WAIT).await.unwrap().expect("a message");
+        assert_eq!(m.body, format!("m{i}").as_bytes(), "in order, once each");
+    }
+    assert!(q.receive(Duration::ZERO).await.unwrap().is_none());
+    assert_eq!(
+        client.transaction_batches() - batches,
+        5,
+        "one transaction per later receive"
+    );
+    assert_eq!(client.queue_info(Q).await.unwrap().messages, 0);
+
+    // The same name, not transactional now.
+    client.delete_queue(Q).await.unwrap();
+    client
+        .create_queue(Q, QueueOptions::default())
+        .await
+        .unwrap();
+    q.send(Message::new("plain")).await.unwrap();
+    let batches = client.transaction_batches();
+    let m = q.receive(WAIT).await.unwrap().expect("plain");
+    assert_eq!((m.body.as_ref(), m.transactional), (&b"plain"[..], false));
+    assert_eq!(client.transaction_batches() - batches, 1, "refused once");
+    q.send(Message::new("plain2")).await.unwrap();
+    let m = q.receive(WAIT).await.unwrap().expect("plain2");
+    assert_eq!(m.body, "plain2".as_bytes());
+    assert_eq!(
+        client.transaction_batches() - batches,
+        1,
+        "then plain receives only"
+    );
+    broker.stop().await.unwrap();
+}
