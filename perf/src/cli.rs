@@ -95,7 +95,9 @@ Peers (--target, repeatable; run one after another, then a side-by-side table):
                  acked synchronously (double ack)
   Peer queues are named mqperf_<last part of QUEUE>_<express|recoverable|tx>. --forward,
   --clients, --rate, --queues, --consumers, --backlog, --broker-pid, --receive-and-commit,
-  --send-one, --receive-one are mq-only (a peer's TX receive is what its mapping above says).
+  --receive-one are mq-only (a peer's TX receive is what its mapping above says). --send-one
+  with a peer: each publisher confirm (RabbitMQ) or publish ack (NATS) awaited before the next
+  publish (TX sends are one at a time anyway).
   A peer that cannot be reached fails the run (exit 1) before anything is measured.
 
 Files: --csv FILE writes every row (the --json fields) as CSV; --plot FILE.svg|FILE.png draws
@@ -520,7 +522,6 @@ impl Cli {
             ("--backlog", self.backlog.is_some()),
             ("--broker-pid", self.broker_pid.is_some()),
             ("--receive-and-commit", self.receive_and_commit),
-            ("--send-one", self.send_one),
             ("--receive-one", self.receive_one),
         ];
         if let Some((flag, _)) = mq_only.iter().find(|(_, set)| *set) {

@@ -147,10 +147,19 @@ impl TargetInfo {
                 "tx.commit of persistent messages to a durable queue returns after the fsync",
             ),
         };
+        let mapping = if config.send_one && config.mode == Mode::Notx {
+            mapping.replacen(
+                "publisher confirms",
+                "publisher confirms, each awaited before the next publish (--send-one)",
+                1,
+            )
+        } else {
+            mapping.to_string()
+        };
         TargetInfo {
             kind: "rabbitmq",
             version,
-            mapping: mapping.to_string(),
+            mapping,
             fsync_before_ack: fsync,
             fsync_note: note.to_string(),
         }
@@ -172,10 +181,19 @@ impl TargetInfo {
                 "JetStream acknowledges a publish (and a double ack) once written to its file store, before any fsync (nats-server 2.9 has no option to fsync every write)",
             ),
         };
+        let mapping = if config.send_one && config.mode == Mode::Notx {
+            mapping.replacen(
+                "publish acks awaited (pipelined)",
+                "each publish ack awaited before the next publish (--send-one)",
+                1,
+            )
+        } else {
+            mapping.to_string()
+        };
         TargetInfo {
             kind: "nats",
             version,
-            mapping: mapping.to_string(),
+            mapping,
             fsync_before_ack: false,
             fsync_note: note.to_string(),
         }

@@ -379,11 +379,11 @@ fn usage_errors_exit_2_naming_the_choices() {
                 "NOTX",
                 "SENDANDRECEIVE",
                 q,
-                "--send-one",
+                "--receive-one",
                 "--target",
                 "nats://127.0.0.1:4222",
             ],
-            "--send-one applies to the mq target only",
+            "--receive-one applies to the mq target only",
         ),
         (
             vec![

@@ -313,6 +313,16 @@ async fn peers_run_the_scenarios() {
         }
     }
 
+    // --send-one: every confirm or publish ack awaited before the next publish; said so.
+    let mut c = config(Mode::Notx, Scenario::SendAndReceive, targets.clone());
+    c.send_one = true;
+    let rows = run(&c).await;
+    for t in &targets {
+        check_rows(&rows, t.kind(), &["send", "receive", "e2e"], false);
+        let r = rows.iter().find(|r| r.target == t.kind()).unwrap();
+        assert!(r.mapping.contains("(--send-one)"), "{}", r.mapping);
+    }
+
     // SERVER and CLIENT, one peer at a time, in two tasks.
     for t in &targets {
         let mut server = config(Mode::Tx, Scenario::Server, vec![t.clone()]);

@@ -97,6 +97,7 @@ impl Amqp {
         count: u64,
         label: Option<&str>,
         sample: u64,
+        awaited: bool,
         body: &(dyn Fn() -> Result<(i64, bytes::Bytes)> + Send + Sync),
         latency: &mut crate::stats::Latency,
         on_progress: &(dyn Fn(u64) + Send + Sync),
@@ -133,8 +134,8 @@ impl Amqp {
                 }
             } else {
                 pending.push_back((confirm, sampled.then_some(t0)));
-                // Bound the confirms in flight; await them in order.
-                while pending.len() > 4096 {
+                // Bound the confirms in flight (none with `awaited`); await them in order.
+                while pending.len() > if awaited { 0 } else { 4096 } {
                     settle(pending.pop_front(), latency).await?;
                 }
             }

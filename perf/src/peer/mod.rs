@@ -158,12 +158,14 @@ impl Conn {
 
     /// Sends `count` messages of `combo` (each encoded after taking the sender's clock);
     /// returns the time until the last acknowledgement and the sampled send-to-ack latencies.
+    /// `awaited` (`--send-one`): each acknowledgement awaited before the next send.
     async fn send(
         &self,
         queue: &str,
         combo: &Combo,
         count: u64,
         label: Option<&str>,
+        awaited: bool,
         progress: &Progress,
     ) -> Result<(Duration, Latency)> {
         let body = || -> Result<(i64, bytes::Bytes)> {
@@ -174,7 +176,8 @@ impl Conn {
         let on_progress = |n: u64| progress.inc(n);
         let mut latency = Latency::new();
         let sample = sample_every(count);
-        let elapsed = dispatch!(self, c => c.send(queue, count, label, sample, &body, &mut latency, &on_progress).await)
+        let sample = if awaited { 1 } else { sample };
+        let elapsed = dispatch!(self, c => c.send(queue, count, label, sample, awaited, &body, &mut latency, &on_progress).await)
             .with_context(|| format!("sending {} to {queue}", combo.name()))?;
         Ok((elapsed, latency))
     }
@@ -249,7 +252,7 @@ impl Conn {
         let body = bytes::Bytes::from(body);
         let make = || Ok((unix_ns(), body.clone()));
         let mut ignored = Latency::new();
-        dispatch!(self, c => c.send(queue, 1, Some(label), 1, &make, &mut ignored, &|_| {}).await)
+        dispatch!(self, c => c.send(queue, 1, Some(label), 1, true, &make, &mut ignored, &|_| {}).await)
             .with_context(|| format!("cannot send the reply to {queue}"))?;
         Ok(())
     }
@@ -470,6 +473,7 @@ async fn measure(
     server_started: &mut bool,
 ) -> Result<Vec<OpResult>> {
     let count = config.count;
+    let awaited = config.send_one;
     let spec = |clock_from_first, wait_forever_for_first| ReceiveSpec {
         combo,
         count,
@@ -489,14 +493,18 @@ async fn measure(
         match config.scenario {
             Scenario::SendAndPurge => {
                 let cpu = CpuTimes::now();
-                let (elapsed, l) = conn.send(queue, combo, count, None, progress).await?;
+                let (elapsed, l) = conn
+                    .send(queue, combo, count, None, awaited, progress)
+                    .await?;
                 send.add_steal(cpu, CpuTimes::now());
                 send.add_run(count, elapsed, &l);
                 conn.purge(queue).await?;
             }
             Scenario::SendAndReceive => {
                 let cpu = CpuTimes::now();
-                let (elapsed, l) = conn.send(queue, combo, count, None, progress).await?;
+                let (elapsed, l) = conn
+                    .send(queue, combo, count, None, awaited, progress)
+                    .await?;
                 send.add_steal(cpu, CpuTimes::now());
                 send.add_run(count, elapsed, &l);
                 let cpu = CpuTimes::now();
@@ -515,6 +523,7 @@ async fn measure(
                 let (cb1, cb2) = (combo.clone(), combo.clone());
                 let (p1, p2) = (progress.clone(), progress.clone());
                 let (timeout, ack_each) = (config.timeout, config.ack_each);
+                let awaited = config.send_one;
                 let receiver = tokio::spawn(async move {
                     let spec = ReceiveSpec {
                         combo: &cb1,
@@ -529,7 +538,9 @@ async fn measure(
                     c1.receive(&q1, &spec).await
                 });
                 let sender =
-                    tokio::spawn(async move { c2.send(&q2, &cb2, count, None, &p2).await });
+                    tokio::spawn(
+                        async move { c2.send(&q2, &cb2, count, None, awaited, &p2).await },
+                    );
                 let (r, s) = tokio::join!(receiver, sender);
                 let elapsed = start.elapsed();
                 e2e.add_steal(cpu, CpuTimes::now());
@@ -544,7 +555,7 @@ async fn measure(
                 let start = Instant::now();
                 let label = message_label(run);
                 let (elapsed, l) = conn
-                    .send(queue, combo, count, Some(&label), progress)
+                    .send(queue, combo, count, Some(&label), config.send_one, progress)
                     .await?;
                 send.add_run(count, elapsed, &l);
                 let (verified, transit) = conn

@@ -104,6 +104,7 @@ impl Nats {
         count: u64,
         label: Option<&str>,
         sample: u64,
+        awaited: bool,
         body: &(dyn Fn() -> Result<(i64, bytes::Bytes)> + Send + Sync),
         latency: &mut crate::stats::Latency,
         on_progress: &(dyn Fn(u64) + Send + Sync),
@@ -126,7 +127,7 @@ impl Nats {
                 .with_context(|| format!("cannot publish to {queue}"))?;
             let sampled = ((i + 1).is_multiple_of(sample) || i + 1 == count).then_some(t0);
             pending.push_back((ack, sampled));
-            while pending.len() > if tx { 0 } else { IN_FLIGHT } {
+            while pending.len() > if tx || awaited { 0 } else { IN_FLIGHT } {
                 settle(pending.pop_front(), latency).await?;
             }
             if (i + 1).is_multiple_of(64) {
