@@ -34,4 +34,6 @@ for r in $(seq $ROUNDS); do
   cell tx-one-at-a-time TX SENDANDRECEIVE '.\private$\itx' --payload string:1000 --count 3000 --one-at-a-time
   MQ_ONLY=1 cell tx-one-at-a-time-rac TX SENDANDRECEIVE '.\private$\itx' --payload string:1000 --count 3000 --one-at-a-time --receive-and-commit
   MQ_ONLY=1 cell tx-send-one TX SENDANDRECEIVE '.\private$\itx' --payload string:1000 --count 3000 --send-one --receive-one
+  cell send-one-express NOTX SENDANDPURGE '.\private$\it' --payload string:1000 --count 3000 --delivery express --send-one
+  cell send-one-recoverable NOTX SENDANDPURGE '.\private$\it' --payload string:1000 --count 3000 --delivery recoverable --send-one
 done
