@@ -269,3 +269,34 @@ def test_one_at_a_time_sends_keep_one_stream_per_queue(client: Client, qname: st
         ]
     finally:
         client.delete_queue(other.name)
+
+
+def test_first_sends_from_many_threads_at_once_all_arrive(client: Client, qname: str) -> None:
+    """Threads that send the first message to a queue at the same moment may each open a
+    stream; one is kept, the others are ended, and every message is stored once."""
+    q = client.queue(qname)
+    opened = client.one_shot_senders_opened
+    barrier = threading.Barrier(8)
+    errors: list = []
+
+    def work(t: int) -> None:
+        barrier.wait()
+        try:
+            for i in range(10):
+                q.send(f"t{t}:{i}")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert errors == []
+    assert 1 <= client.one_shot_senders_opened - opened <= 8
+    bodies = [m.text for m in q.receive(timeout=30.0, max_messages=80, auto_ack=True)]
+    assert sorted(bodies) == sorted(f"t{t}:{i}" for t in range(8) for i in range(10))
+    # One stream is kept: the next send opens none.
+    before = client.one_shot_senders_opened
+    q.send("after")
+    assert client.one_shot_senders_opened == before

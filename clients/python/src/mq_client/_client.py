@@ -242,33 +242,40 @@ class Client:
         from ._sender import NotSent, Sender
 
         key = (destination, transactional)
-        with self._kept_lock:
-            kept = self._kept.get(key)
-            if kept is not None:
-                self._kept.move_to_end(key)
-        if kept is not None:
+        why: Optional[MqError] = None
+        for _ in range(3):
+            with self._kept_lock:
+                kept = self._kept.get(key)
+                if kept is not None:
+                    self._kept.move_to_end(key)
+            if kept is None:
+                new = Sender(self, destination, transactional=transactional)
+                retired = []
+                with self._kept_lock:
+                    self._one_shot_opened += 1
+                    other = self._kept.get(key)
+                    if other is not None and not other._ended:
+                        # Another thread kept one meanwhile: use it.
+                        kept = other
+                        retired.append(new)
+                    else:
+                        kept = new
+                        self._kept[key] = new
+                        self._kept.move_to_end(key)
+                        while len(self._kept) > _MAX_KEPT:
+                            retired.append(self._kept.popitem(last=False)[1])
+                for r in retired:
+                    r._retire()
             try:
                 return kept._send_one(m)
-            except NotSent:
+            except NotSent as e:
+                why = e.args[0] if e.args else None
                 with self._kept_lock:
                     if self._kept.get(key) is kept:
                         del self._kept[key]
-        s = Sender(self, destination, transactional=transactional)
-        retired = []
-        with self._kept_lock:
-            self._one_shot_opened += 1
-            old = self._kept.pop(key, None)
-            if old is not None:
-                retired.append(old)
-            self._kept[key] = s
-            while len(self._kept) > _MAX_KEPT:
-                retired.append(self._kept.popitem(last=False)[1])
-        for r in retired:
-            r._retire()
-        try:
-            return s._send_one(m)
-        except NotSent:
-            raise Unavailable(f"the send stream to {destination} ended at once") from None
+        if why is not None:
+            raise why
+        raise Unavailable(f"the send stream to {destination} ended before it took the message")
 
     def __enter__(self) -> "Client":
         return self

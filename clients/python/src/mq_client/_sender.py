@@ -232,7 +232,7 @@ class Sender:
             while self._dead is None and self._submitted - self._answered >= self._window:
                 self._cond.wait()
             if self._dead is not None or self._closing:
-                raise NotSent()
+                raise NotSent(self._dead)
             self._pending.append(m)
             self._submitted += 1
             seq = self._submitted
@@ -242,9 +242,12 @@ class Sender:
                 self._cond.wait()
             r = self._results.pop(seq, None)
             if r is None:
-                # Unanswered, the stream ended: what ended it says it best (a refusal of the
-                # whole stream, a lost connection).
-                raise self._dead if self._dead is not None else self._unanswered(seq)
+                # Unanswered, the stream ended. A transactional message it had taken is in
+                # doubt (with its transaction's id); otherwise what ended the stream says it
+                # best (a refusal of the whole stream, a lost connection).
+                if self._dead is None or (self._transactional and seq < self._next_seq):
+                    raise self._unanswered(seq)
+                raise self._dead
         if isinstance(r, MqError):
             raise r
         return r
