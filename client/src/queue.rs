@@ -19,6 +19,10 @@ pub const SEND_TX_IN_TRANSACTION_MAX_BYTES: usize = 64 << 10;
 /// transactional.
 const NOT_TRANSACTIONAL: &str = "a transactional receive needs a transactional queue";
 
+/// The longest one transaction of [`Queue::receive`] from a transactional queue waits for a
+/// message; a longer wait is several transactions one after another.
+const TX_RECEIVE_SLICE: Duration = Duration::from_secs(5);
+
 /// A handle to a queue, from [`Client::queue`].
 #[derive(Debug, Clone)]
 pub struct Queue {
@@ -119,15 +123,30 @@ impl Queue {
     pub async fn receive(&self, timeout: Duration) -> Result<Option<ReceivedMessage>> {
         self.receivable()?;
         let kinds = &self.client.queue_kinds;
+        let mut timeout = timeout;
         if kinds.is_transactional(&self.name) {
-            let tx = self.client.begin().await?;
-            match tx.receive_and_commit(&self.name, timeout).await {
-                Ok(got) => return Ok(got.map(|(m, _)| m)),
-                // Not (or no longer) transactional: nothing was taken; a plain receive.
-                Err(Error::FailedPrecondition(m)) if m.contains(NOT_TRANSACTIONAL) => {
-                    kinds.not_transactional(&self.name)
+            // A transaction waits at most TX_RECEIVE_SLICE (the broker aborts one that stays
+            // open past its transaction timeout); a longer wait is several.
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let wait = left.min(TX_RECEIVE_SLICE);
+                let tx = self.client.begin().await?;
+                match tx.receive_and_commit(&self.name, wait).await {
+                    Ok(Some((m, _))) => return Ok(Some(m)),
+                    Ok(None) if wait >= left => return Ok(None),
+                    Ok(None) => continue,
+                    // Not (or no longer) transactional: nothing was taken; a plain receive.
+                    Err(Error::FailedPrecondition(m)) if m.contains(NOT_TRANSACTIONAL) => {
+                        kinds.not_transactional(&self.name);
+                    }
+                    // The broker aborted it (a transaction timeout shorter than the wait):
+                    // nothing was taken; a plain receive for the rest of the wait.
+                    Err(Error::Aborted(_)) => {}
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
+                timeout = deadline.saturating_duration_since(tokio::time::Instant::now());
+                break;
             }
         }
         let got = self.one(timeout, false).await?;

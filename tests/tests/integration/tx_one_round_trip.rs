@@ -438,3 +438,39 @@ async fn receives_from_a_known_transactional_queue_go_on_the_kept_stream() {
     );
     broker.stop().await.unwrap();
 }
+
+/// A `Queue::receive` from a known transactional queue that waits longer than the broker's
+/// transaction timeout is not aborted by it: it ends with `None` after its own timeout, and a
+/// message sent while it waits is received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_waiting_past_the_transaction_timeout_is_not_aborted() {
+    let broker = mq_tests::InProcessBroker::start_with(|c| {
+        c.tx_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let client = broker.client().await;
+    create_tx_queue(&client, Q).await;
+    let q = client.queue(Q).unwrap();
+    q.send_tx(Message::new("m0")).await.unwrap();
+    assert!(
+        q.receive(WAIT).await.unwrap().is_some(),
+        "m0: now known transactional"
+    );
+    let started = std::time::Instant::now();
+    let got = q.receive(Duration::from_secs(1)).await.unwrap();
+    assert!(got.is_none());
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    let waiting = {
+        let q = q.clone();
+        tokio::spawn(async move { q.receive(Duration::from_secs(10)).await })
+    };
+    q.send_tx(Message::new("m1")).await.unwrap();
+    let got = waiting.await.unwrap().unwrap().expect("m1");
+    assert_eq!(got.body, "m1".as_bytes());
+    assert_eq!(client.queue_info(Q).await.unwrap().messages, 0);
+    broker.stop().await.unwrap();
+}
