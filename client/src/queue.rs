@@ -118,8 +118,10 @@ impl Queue {
     /// queue is transactional and receives from it as a transaction of one
     /// [`Transaction::receive_and_commit`](crate::Transaction::receive_and_commit) on a
     /// `Transact` stream it keeps (one round trip on an open stream instead of a call of its
-    /// own); if that answer is lost the error is [`Error::InDoubt`] (with the transaction's
-    /// id; [`Client::transaction_outcome`] tells whether the message was taken).
+    /// own; a wait longer than 5 s is several such transactions, so none outlives the
+    /// broker's transaction timeout); if that answer is lost the error is [`Error::InDoubt`]
+    /// (with the transaction's id; [`Client::transaction_outcome`] tells whether the message
+    /// was taken).
     pub async fn receive(&self, timeout: Duration) -> Result<Option<ReceivedMessage>> {
         self.receivable()?;
         let kinds = &self.client.queue_kinds;
