@@ -8,6 +8,21 @@ use super::crash::{reopen_after_crash, txn};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// Submits awaited puts to queue 99 until one is written inline (at most 1,000): then the
+/// writer thread is asleep with nothing queued, and an awaited submission made at once is
+/// written inline too. (Right after a commit of its own, or its first turn after opening, the
+/// writer may still hold its lock, and a submission made then goes to it.)
+fn until_the_writer_sleeps(j: &Journal) {
+    for seq in 1..=1000u64 {
+        let before = j.stats().inline_commits;
+        j.submit_awaited(vec![put(99, seq, 10)], ()).wait().unwrap();
+        if j.stats().inline_commits > before {
+            return;
+        }
+    }
+    panic!("no awaited submission of 1,000 was written inline");
+}
+
 /// Submits transactions one at a time through `submit_awaited` until one fails or `limit`;
 /// returns (acked, submitted).
 fn run_awaited_until_crash(j: &Journal, limit: u64) -> (u64, u64) {
@@ -246,6 +261,7 @@ fn an_inline_commit_fails_like_the_writers_on_a_failed_sync_or_a_full_disk() {
     for seq in 1..=5u64 {
         j.submit_awaited(vec![put(1, seq, 100)], ()).wait().unwrap();
     }
+    until_the_writer_sleeps(&j);
     let before = j.stats();
     io.fail_sync_at(1);
     let e = j
@@ -311,6 +327,9 @@ fn after_a_panic_in_a_commit_later_submissions_fail_instead_of_hanging() {
         };
         let (j, _) = Journal::open_with_io("/fake".as_ref(), opts, Arc::new(io.clone())).unwrap();
         j.submit_awaited(vec![put(1, 1, 100)], ()).wait().unwrap();
+        if inline {
+            until_the_writer_sleeps(&j);
+        }
         io.panic_at_sync(1);
         // Inline: the panic is the caller's (this thread's); otherwise the writer thread's,
         // and the caller sees its commit dropped.
