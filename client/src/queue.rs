@@ -131,13 +131,18 @@ impl Queue {
             // open past its transaction timeout); a longer wait is several.
             let deadline = tokio::time::Instant::now() + timeout;
             loop {
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let started = tokio::time::Instant::now();
+                let left = deadline.saturating_duration_since(started);
                 let wait = left.min(TX_RECEIVE_SLICE);
                 let tx = self.client.begin().await?;
                 match tx.receive_and_commit(&self.name, wait).await {
                     Ok(Some((m, _))) => return Ok(Some(m)),
-                    Ok(None) if wait >= left => return Ok(None),
-                    Ok(None) => continue,
+                    Ok(None) if tokio::time::Instant::now() >= deadline => return Ok(None),
+                    // Its whole wait passed (sent in whole milliseconds): the next slice.
+                    Ok(None) if started.elapsed() + Duration::from_millis(2) >= wait => continue,
+                    // Nothing, sooner than its wait: the broker ended the transaction (a
+                    // transaction timeout shorter than the wait). A plain receive for the rest.
+                    Ok(None) => {}
                     // Not (or no longer) transactional: nothing was taken; a plain receive.
                     Err(Error::FailedPrecondition(m)) if m.contains(NOT_TRANSACTIONAL) => {
                         kinds.not_transactional(&self.name);
