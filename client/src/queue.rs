@@ -13,7 +13,7 @@ use crate::sender::{Sender, SenderOptions};
 
 /// The largest body [`Queue::send_tx`] sends as a transaction on a kept `Transact` stream;
 /// larger ones go on a send stream of their own (not held in a transaction's requests).
-pub const SEND_TX_IN_TRANSACTION_MAX_BYTES: usize = 64 << 10;
+const SEND_TX_IN_TRANSACTION_MAX_BYTES: usize = 64 << 10;
 
 /// What the broker says when a transactional receive names a queue that is not
 /// transactional.

@@ -28,19 +28,26 @@ impl QueueKinds {
     /// A unary receive from `queue` returned a transactional message: it is transactional,
     /// unless the broker has said otherwise.
     pub(crate) fn saw_transactional(&self, queue: &str) {
-        let mut kinds = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if kinds.len() >= MAX_REMEMBERED && !kinds.contains_key(queue) {
-            kinds.clear();
-        }
-        kinds.entry(queue.to_string()).or_insert(true);
+        self.remember(queue, |kind| {
+            kind.get_or_insert(true);
+        });
     }
 
     /// The broker refused a transactional receive from `queue`: it is not transactional.
     pub(crate) fn not_transactional(&self, queue: &str) {
+        self.remember(queue, |kind| *kind = Some(false));
+    }
+
+    /// Changes what is known of `queue` (`None`: nothing yet), within [`MAX_REMEMBERED`].
+    fn remember(&self, queue: &str, change: impl FnOnce(&mut Option<bool>)) {
         let mut kinds = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if kinds.len() >= MAX_REMEMBERED && !kinds.contains_key(queue) {
-            kinds.clear();
+        let mut kind = kinds.get(queue).copied();
+        change(&mut kind);
+        if let Some(k) = kind {
+            if kinds.len() >= MAX_REMEMBERED && !kinds.contains_key(queue) {
+                kinds.clear();
+            }
+            kinds.insert(queue.to_string(), k);
         }
-        kinds.insert(queue.to_string(), false);
     }
 }

@@ -147,15 +147,12 @@ impl TargetInfo {
                 "tx.commit of persistent messages to a durable queue returns after the fsync",
             ),
         };
-        let mapping = if config.send_one && config.mode == Mode::Notx {
-            mapping.replacen(
-                "publisher confirms",
-                "publisher confirms, each awaited before the next publish (--send-one)",
-                1,
-            )
-        } else {
-            mapping.to_string()
-        };
+        let mapping = send_one_mapping(
+            config,
+            mapping,
+            "publisher confirms",
+            "publisher confirms, each awaited before the next publish (--send-one)",
+        );
         TargetInfo {
             kind: "rabbitmq",
             version,
@@ -181,15 +178,12 @@ impl TargetInfo {
                 "JetStream acknowledges a publish (and a double ack) once written to its file store, before any fsync (nats-server 2.9 has no option to fsync every write)",
             ),
         };
-        let mapping = if config.send_one && config.mode == Mode::Notx {
-            mapping.replacen(
-                "publish acks awaited (pipelined)",
-                "each publish ack awaited before the next publish (--send-one)",
-                1,
-            )
-        } else {
-            mapping.to_string()
-        };
+        let mapping = send_one_mapping(
+            config,
+            mapping,
+            "publish acks awaited (pipelined)",
+            "each publish ack awaited before the next publish (--send-one)",
+        );
         TargetInfo {
             kind: "nats",
             version,
@@ -198,6 +192,16 @@ impl TargetInfo {
             fsync_note: note.to_string(),
         }
     }
+}
+
+/// A peer's `mapping` with its pipelined acknowledgements (`pipelined`, which it must contain)
+/// said as `awaited` when `--send-one` applies (NOTX; a TX send is one at a time anyway).
+fn send_one_mapping(config: &Config, mapping: &str, pipelined: &str, awaited: &str) -> String {
+    if !config.send_one || config.mode != Mode::Notx {
+        return mapping.to_string();
+    }
+    debug_assert!(mapping.contains(pipelined), "{mapping}");
+    mapping.replacen(pipelined, awaited, 1)
 }
 
 #[cfg(test)]

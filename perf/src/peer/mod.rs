@@ -523,7 +523,6 @@ async fn measure(
                 let (cb1, cb2) = (combo.clone(), combo.clone());
                 let (p1, p2) = (progress.clone(), progress.clone());
                 let (timeout, ack_each) = (config.timeout, config.ack_each);
-                let awaited = config.send_one;
                 let receiver = tokio::spawn(async move {
                     let spec = ReceiveSpec {
                         combo: &cb1,
@@ -555,7 +554,7 @@ async fn measure(
                 let start = Instant::now();
                 let label = message_label(run);
                 let (elapsed, l) = conn
-                    .send(queue, combo, count, Some(&label), config.send_one, progress)
+                    .send(queue, combo, count, Some(&label), awaited, progress)
                     .await?;
                 send.add_run(count, elapsed, &l);
                 let (verified, transit) = conn
