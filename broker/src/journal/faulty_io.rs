@@ -16,6 +16,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::io::{Io, SegmentFile};
@@ -56,6 +57,10 @@ struct Ctl {
     syncs_paused: bool,
     /// Syncs blocked by `syncs_paused` right now.
     syncs_waiting: u64,
+    /// [`Io::retire`] waits while set, unless hurried (a slow unlink thread).
+    retires_held: bool,
+    /// Retires that were held and then hurried by the journal.
+    retires_hurried: u64,
     /// Set once crashed: the disk as it will be found after the reboot.
     crashed: Option<BTreeMap<u64, Vec<u8>>>,
     /// What [`Io::zero_ahead`] answers (off unless a test asks: it adds syncs).
@@ -259,6 +264,18 @@ impl FaultyIo {
         self.fs.resumed.notify_all();
     }
 
+    /// While on, segments handed to the journal's unlink thread stay on the disk (their space
+    /// taken) until the journal hurries it ([`Io::retire`]'s `hurry`) or this is turned off.
+    pub fn hold_retires(&self, on: bool) {
+        self.fs.ctl.lock().unwrap().retires_held = on;
+        self.fs.resumed.notify_all();
+    }
+
+    /// Retires held by [`FaultyIo::hold_retires`] that the journal hurried.
+    pub fn retires_hurried(&self) -> u64 {
+        self.fs.ctl.lock().unwrap().retires_hurried
+    }
+
     /// Whether a sync is held by [`FaultyIo::pause_syncs`] right now (its write was made).
     pub fn sync_held(&self) -> bool {
         self.fs.ctl.lock().unwrap().syncs_waiting > 0
@@ -370,6 +387,27 @@ impl Io for FaultyIo {
             .remove(&segment)
             .map(|_| ())
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+    }
+
+    fn retire(&self, dir: &Path, segment: u64, hurry: &AtomicBool) -> io::Result<()> {
+        {
+            let mut c = self.fs.ctl.lock().unwrap();
+            let mut held = false;
+            while c.retires_held && !hurry.load(Ordering::Acquire) {
+                held = true;
+                c = self
+                    .fs
+                    .resumed
+                    .wait_timeout(c, std::time::Duration::from_millis(1))
+                    .unwrap()
+                    .0;
+            }
+            if held && hurry.load(Ordering::Acquire) {
+                c.retires_hurried += 1;
+            }
+        }
+        self.remove(dir, segment)?;
+        self.sync_dir(dir)
     }
 
     fn create_reserve(&self, _dir: &Path, len: u64) -> io::Result<()> {

@@ -9,6 +9,7 @@ use std::io::{self, IoSlice};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::segment::{parse_segment_file_name, segment_path};
@@ -32,8 +33,10 @@ pub trait Io: Send + Sync + 'static {
     /// caller that is not in a hurry for the space (the unlink thread, `unlink.rs`). Once it
     /// returns Ok the segment is gone from [`Io::list`] for good; a crash in between leaves
     /// either the segment as it was or nothing. The default is exactly `remove` + `sync_dir`;
-    /// [`FileIo`] frees the space a step at a time (see [`RETIRE_STEP`]).
-    fn retire(&self, dir: &Path, segment: u64) -> io::Result<()> {
+    /// [`FileIo`] frees the space a step at a time (see [`RETIRE_STEP`]) until `hurry` is set
+    /// (the writer wants the space now), then the rest at once.
+    fn retire(&self, dir: &Path, segment: u64, hurry: &AtomicBool) -> io::Result<()> {
+        let _ = hurry;
         self.remove(dir, segment)?;
         self.sync_dir(dir)
     }
@@ -202,9 +205,10 @@ impl Io for FileIo {
 
     /// Renames the segment out of the journal's sight and makes that durable (from then on
     /// it is removed as far as recovery is concerned: `init` deletes the leftover), then
-    /// shortens it [`RETIRE_STEP`] at a time and unlinks the rest. Truncating the renamed
-    /// file cannot damage the journal: a crash mid-way leaves a file no one reads.
-    fn retire(&self, dir: &Path, segment: u64) -> io::Result<()> {
+    /// shortens it [`RETIRE_STEP`] at a time and unlinks the rest (at once when `hurry` is
+    /// set). Truncating the renamed file cannot damage the journal: a crash mid-way leaves a
+    /// file no one reads.
+    fn retire(&self, dir: &Path, segment: u64, hurry: &AtomicBool) -> io::Result<()> {
         let path = segment_path(dir, segment);
         let mut retired = path.clone().into_os_string();
         retired.push(RETIRED_SUFFIX);
@@ -213,7 +217,7 @@ impl Io for FileIo {
         let shrink = || -> io::Result<()> {
             let f = OpenOptions::new().write(true).open(&retired)?;
             let mut len = f.metadata()?.len();
-            while len > RETIRE_STEP {
+            while len > RETIRE_STEP && !hurry.load(Ordering::Acquire) {
                 len -= RETIRE_STEP;
                 f.set_len(len)?;
                 std::thread::sleep(RETIRE_PAUSE);
@@ -452,7 +456,7 @@ mod tests {
             f.preallocate(3 * RETIRE_STEP + 12345).unwrap();
             f.write_at(b"records", 100).unwrap();
         }
-        FileIo.retire(d, 1).unwrap();
+        FileIo.retire(d, 1, &AtomicBool::new(false)).unwrap();
         assert_eq!(FileIo.list(d).unwrap(), vec![2, 3]);
         let names = |d: &Path| -> Vec<String> {
             let mut v: Vec<String> = fs::read_dir(d)

@@ -20,8 +20,13 @@
 //! kills an older one's records), so there is one helper thread and it takes them in order,
 //! and the writer's in-line path ([`Unlinker::remove_now`], used in disk-full mode, where the
 //! space is wanted at once) first waits for the ones handed over before.
+//!
+//! When the writer wants the space now ([`Unlinker::flush`]: disk-full mode, or a new segment
+//! that did not fit, [`Unlinker::free_pending`]), the helper is told to hurry: the segment it
+//! is retiring and the ones queued behind it are freed at once, without the pauses.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -42,16 +47,27 @@ pub(crate) struct Unlinker {
     io: Arc<dyn Io>,
     tx: Option<Sender<Job>>,
     thread: Option<JoinHandle<()>>,
+    state: Arc<State>,
+}
+
+/// What the writer and the helper share.
+#[derive(Default)]
+struct State {
+    /// Segments handed to the helper and not yet removed.
+    pending: AtomicUsize,
+    /// Set while the writer waits for the space ([`Unlinker::flush`]): no pauses.
+    hurry: AtomicBool,
 }
 
 impl Unlinker {
     /// Starts the helper thread; without one (the spawn failed) every unlink is in-line.
     pub fn start(dir: PathBuf, io: Arc<dyn Io>) -> Self {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let (d, i) = (dir.clone(), io.clone());
+        let state = Arc::new(State::default());
+        let (d, i, st) = (dir.clone(), io.clone(), state.clone());
         let thread = std::thread::Builder::new()
             .name("mq-journal-unlink".into())
-            .spawn(move || run(&d, &*i, &rx))
+            .spawn(move || run(&d, &*i, &rx, &st))
             .map_err(|e| tracing::warn!(error = %e, "journal: no unlink thread; unlinking in line"))
             .ok();
         Unlinker {
@@ -59,15 +75,30 @@ impl Unlinker {
             io,
             tx: thread.as_ref().map(|_| tx),
             thread,
+            state,
         }
     }
 
     /// Unlinks `segment` on the helper thread, after the ones handed over before.
     pub fn remove(&self, segment: u64) {
-        match &self.tx {
-            Some(tx) if tx.send(Job::Remove(segment)).is_ok() => {}
-            _ => remove_now(&self.dir, &*self.io, segment),
+        if let Some(tx) = &self.tx {
+            self.state.pending.fetch_add(1, Ordering::AcqRel);
+            if tx.send(Job::Remove(segment)).is_ok() {
+                return;
+            }
+            self.state.pending.fetch_sub(1, Ordering::AcqRel);
         }
+        remove_now(&self.dir, &*self.io, segment);
+    }
+
+    /// If segments handed over are still being freed, waits until they are (hurrying the
+    /// helper) and returns true: space that was on its way back is there now.
+    pub fn free_pending(&self) -> bool {
+        if self.state.pending.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        self.flush();
+        true
     }
 
     /// Unlinks `segment` before returning, after the ones handed over before.
@@ -76,13 +107,16 @@ impl Unlinker {
         remove_now(&self.dir, &*self.io, segment);
     }
 
-    /// Waits until every segment handed over is unlinked.
+    /// Waits until every segment handed over is unlinked, the helper freeing them without its
+    /// pauses meanwhile (the space is wanted now).
     pub fn flush(&self) {
         if let Some(tx) = &self.tx {
             let (done, wait) = crossbeam_channel::bounded(1);
+            self.state.hurry.store(true, Ordering::Release);
             if tx.send(Job::Flush(done)).is_ok() {
                 let _ = wait.recv();
             }
+            self.state.hurry.store(false, Ordering::Release);
         }
     }
 }
@@ -100,10 +134,13 @@ impl Drop for Unlinker {
     }
 }
 
-fn run(dir: &std::path::Path, io: &dyn Io, rx: &Receiver<Job>) {
+fn run(dir: &std::path::Path, io: &dyn Io, rx: &Receiver<Job>, state: &State) {
     for job in rx {
         match job {
-            Job::Remove(segment) => retire(dir, io, segment),
+            Job::Remove(segment) => {
+                retire(dir, io, segment, &state.hurry);
+                state.pending.fetch_sub(1, Ordering::AcqRel);
+            }
             Job::Flush(done) => {
                 let _ = done.send(());
             }
@@ -112,8 +149,8 @@ fn run(dir: &std::path::Path, io: &dyn Io, rx: &Receiver<Job>) {
 }
 
 /// On the helper thread: [`Io::retire`], which frees the space a step at a time.
-fn retire(dir: &std::path::Path, io: &dyn Io, segment: u64) {
-    if let Err(e) = io.retire(dir, segment) {
+fn retire(dir: &std::path::Path, io: &dyn Io, segment: u64, hurry: &AtomicBool) {
+    if let Err(e) = io.retire(dir, segment, hurry) {
         // Harmless for correctness, as in `remove_now`.
         tracing::warn!(path = %segment_path(dir, segment).display(), error = %e,
             "journal: could not remove segment");

@@ -1073,7 +1073,13 @@ impl Writer {
         let cap = self.opts.segment_size.max(HEADER_LEN + need);
         let dir = &self.shared.dir;
         let io = &*self.shared.io;
-        let file = match create_segment(dir, io, seg, cap, Some(&self.shared)) {
+        let mut made = create_segment(dir, io, seg, cap, Some(&self.shared));
+        if matches!(made, Err(JournalError::NoSpace { .. })) && self.unlinker.free_pending() {
+            // Dropped segments were still being freed on the unlink thread: their space is
+            // back now, so try once more before refusing anything.
+            made = create_segment(dir, io, seg, cap, Some(&self.shared));
+        }
+        let file = match made {
             Ok(f) => f,
             Err(e @ JournalError::NoSpace { .. }) => {
                 self.retry_at = Instant::now() + DISK_FULL_RETRY;

@@ -176,6 +176,55 @@ fn full_disk_removals_use_the_reserve_and_space_comes_back_by_itself() {
     assert!(used <= io.used().max(used), "sanity");
 }
 
+/// Segments dropped a moment ago are freed on the unlink thread, a step at a time: a new
+/// segment that does not fit yet waits for that space (hurrying the thread) instead of
+/// refusing the records with NoSpace. (Found under load: a put right after disk-full mode
+/// ended was refused while the space was on its way back.)
+#[test]
+fn a_new_segment_waits_for_the_space_the_unlink_thread_is_freeing() {
+    const SEG: u64 = 16 << 10;
+    let io = FaultyIo::new(8);
+    let (j, _) = open(&io, small_opts(SEG));
+    io.set_capacity(Some(io.used() + 6 * SEG));
+    // The unlink thread frees nothing until the journal hurries it.
+    io.hold_retires(true);
+    let n = 100u64;
+    for s in 1..=n {
+        j.submit(vec![put(1, s, 500)]).wait().unwrap();
+    }
+    for s in 1..=n {
+        j.submit(vec![Op::Remove {
+            queue_id: 1,
+            seqs: vec![s],
+        }])
+        .wait()
+        .unwrap();
+    }
+    // The dead segments are dropped by compaction when the writer is idle (bounded wait).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while j.stats().segments_deleted < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "no segment dropped: {:?}",
+            j.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Their space is still taken: the next segments fit only once the thread frees it.
+    for s in n + 1..=2 * n {
+        j.submit(vec![put(1, s, 500)])
+            .wait()
+            .unwrap_or_else(|e| panic!("put {s} refused while space was being freed: {e}"));
+    }
+    assert!(io.retires_hurried() > 0, "the space was never waited for");
+    assert!(!j.is_disk_full());
+    io.hold_retires(false);
+    drop(j);
+    let (j, r) = open(&io.restart(), small_opts(SEG));
+    assert_eq!(seqs(&r, 1), (n + 1..=2 * n).collect::<Vec<_>>());
+    check_bodies(&j, &r, 1, |_| 500);
+}
+
 /// Without a reserve the same removals fail once the active segment is full: the reserve is
 /// what keeps receives working.
 #[test]
