@@ -699,16 +699,20 @@ impl Writer {
         c.idle_spins.fetch_add(1, Ordering::Relaxed);
         let until = Instant::now() + spin;
         loop {
-            if !self.rx.is_empty() || !self.urgent.is_empty() {
-                c.idle_spin_catches.fetch_add(1, Ordering::Relaxed);
-                self.spin_misses = 0;
-                return;
-            }
+            // The clock first: a spin that overran its time (the thread was not scheduled
+            // for a while, on a busy machine) counts as a miss even if a submission came
+            // meanwhile (the select takes it at once), so that the back-off also works when
+            // the cores are busy.
             if Instant::now() >= until {
                 self.spin_misses += 1;
                 if self.spin_misses >= SPIN_MISS_LIMIT {
                     self.spin_backoff = SPIN_BACKOFF;
                 }
+                return;
+            }
+            if !self.rx.is_empty() || !self.urgent.is_empty() {
+                c.idle_spin_catches.fetch_add(1, Ordering::Relaxed);
+                self.spin_misses = 0;
                 return;
             }
             for _ in 0..16 {
