@@ -393,7 +393,7 @@ impl Io for FaultyIo {
         {
             let mut c = self.fs.ctl.lock().unwrap();
             let mut held = false;
-            while c.retires_held && !hurry.load(Ordering::Acquire) {
+            while c.retires_held && c.crashed.is_none() && !hurry.load(Ordering::Acquire) {
                 held = true;
                 c = self
                     .fs

@@ -453,8 +453,7 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
     }
 
-    /// Retiring takes a segment out of the listing for good and leaves no file; a retired file
-    /// left by a crash (renamed, not yet unlinked) is not listed and goes at the next `init`.
+    /// A hurried retire takes no step: the rest goes with the unlink, at once.
     #[test]
     fn a_hurried_retire_frees_the_rest_at_once() {
         let dir = tempfile::tempdir().unwrap();
@@ -473,6 +472,8 @@ mod tests {
         assert_eq!(f.metadata().unwrap().len(), 5);
     }
 
+    /// Retiring takes a segment out of the listing for good and leaves no file; a retired file
+    /// left by a crash (renamed, not yet unlinked) is not listed and goes at the next `init`.
     #[test]
     fn a_retired_segment_is_gone_and_leftovers_go_at_init() {
         let dir = tempfile::tempdir().unwrap();
