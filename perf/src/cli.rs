@@ -94,10 +94,12 @@ Peers (--target, repeatable; run one after another, then a side-by-side table):
                  NATS: file storage, each publish ack awaited before the next, each receive
                  acked synchronously (double ack)
   Peer queues are named mqperf_<last part of QUEUE>_<express|recoverable|tx>. --forward,
-  --clients, --rate, --queues, --consumers, --backlog, --broker-pid, --receive-and-commit,
-  --receive-one are mq-only (a peer's TX receive is what its mapping above says). --send-one
-  with a peer: each publisher confirm (RabbitMQ) or publish ack (NATS) awaited before the next
-  publish (TX sends are one at a time anyway).
+  --clients, --rate, --queues, --consumers, --backlog, --broker-pid, --receive-and-commit are
+  mq-only (a peer's TX receive is what its mapping above says). --send-one with a peer: each
+  publisher confirm (RabbitMQ) or publish ack (NATS) awaited before the next publish (TX sends
+  are one at a time anyway). --receive-one with a peer: every receive a basic.get (RabbitMQ; an
+  empty queue is asked again after 1 ms) or a pull request of one message (NATS), acknowledged
+  (TX: committed) before the next.
   A peer that cannot be reached fails the run (exit 1) before anything is measured.
 
 Files: --csv FILE writes every row (the --json fields) as CSV; --plot FILE.svg|FILE.png draws
@@ -522,7 +524,6 @@ impl Cli {
             ("--backlog", self.backlog.is_some()),
             ("--broker-pid", self.broker_pid.is_some()),
             ("--receive-and-commit", self.receive_and_commit),
-            ("--receive-one", self.receive_one),
         ];
         if let Some((flag, _)) = mq_only.iter().find(|(_, set)| *set) {
             return Err(usage(

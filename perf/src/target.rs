@@ -153,6 +153,20 @@ impl TargetInfo {
             "publisher confirms",
             "publisher confirms, each awaited before the next publish (--send-one)",
         );
+        let mapping = match config.mode {
+            Mode::Notx => one_mapping(
+                config.receive_one,
+                mapping,
+                "consumer with prefetch, acks in batches",
+                "every receive a basic.get (an empty queue asked again after 1 ms), acked before the next (--receive-one)",
+            ),
+            Mode::Tx => one_mapping(
+                config.receive_one,
+                mapping,
+                "every receive basic.ack + tx.commit",
+                "every receive basic.get (an empty queue asked again after 1 ms), basic.ack + tx.commit (--receive-one)",
+            ),
+        };
         TargetInfo {
             kind: "rabbitmq",
             version,
@@ -184,6 +198,20 @@ impl TargetInfo {
             "publish acks awaited (pipelined)",
             "each publish ack awaited before the next publish (--send-one)",
         );
+        let mapping = match config.mode {
+            Mode::Notx => one_mapping(
+                config.receive_one,
+                mapping,
+                "durable pull consumer,",
+                "durable pull consumer, one message per pull request (--receive-one),",
+            ),
+            Mode::Tx => one_mapping(
+                config.receive_one,
+                mapping,
+                "every receive an explicit ack",
+                "every receive one pull request of one message (--receive-one) and an explicit ack",
+            ),
+        };
         TargetInfo {
             kind: "nats",
             version,
@@ -197,11 +225,22 @@ impl TargetInfo {
 /// A peer's `mapping` with its pipelined acknowledgements (`pipelined`, which it must contain)
 /// said as `awaited` when `--send-one` applies (NOTX; a TX send is one at a time anyway).
 fn send_one_mapping(config: &Config, mapping: &str, pipelined: &str, awaited: &str) -> String {
-    if !config.send_one || config.mode != Mode::Notx {
-        return mapping.to_string();
+    one_mapping(
+        config.send_one && config.mode == Mode::Notx,
+        mapping.to_string(),
+        pipelined,
+        awaited,
+    )
+}
+
+/// `mapping` with `from` (which it must contain) said as `to` when `on` (a one-at-a-time
+/// flag applies).
+fn one_mapping(on: bool, mapping: String, from: &str, to: &str) -> String {
+    if !on {
+        return mapping;
     }
-    debug_assert!(mapping.contains(pipelined), "{mapping}");
-    mapping.replacen(pipelined, awaited, 1)
+    debug_assert!(mapping.contains(from), "{mapping}");
+    mapping.replacen(from, to, 1)
 }
 
 #[cfg(test)]

@@ -323,6 +323,20 @@ async fn peers_run_the_scenarios() {
         assert!(r.mapping.contains("(--send-one)"), "{}", r.mapping);
     }
 
+    // --receive-one: a basic.get or a pull request of one message per receive; said so. NOTX
+    // express and TX (where RabbitMQ commits each get's ack).
+    for mode in [Mode::Notx, Mode::Tx] {
+        let mut c = config(mode, Scenario::SendAndReceive, targets.clone());
+        c.receive_one = true;
+        let rows = run(&c).await;
+        for t in &targets {
+            let fsync = mode == Mode::Tx && t.kind() == "rabbitmq";
+            check_rows(&rows, t.kind(), &["send", "receive", "e2e"], fsync);
+            let r = rows.iter().find(|r| r.target == t.kind()).unwrap();
+            assert!(r.mapping.contains("(--receive-one)"), "{}", r.mapping);
+        }
+    }
+
     // SERVER and CLIENT, one peer at a time, in two tasks.
     for t in &targets {
         let mut server = config(Mode::Tx, Scenario::Server, vec![t.clone()]);

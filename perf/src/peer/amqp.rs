@@ -2,16 +2,19 @@
 //! durable for recoverable and TX; sends go through one channel with publisher confirms
 //! (pipelined, timed until the last confirm) or, for TX, `tx.select` and one `tx.commit` per
 //! message; receives through a consumer with prefetch (`basic.qos`), acknowledged in batches
-//! (`multiple`), one by one with `--ack-each`, or `basic.ack` + `tx.commit` per message (TX).
-//! Every message carries the sender's clock (ns) and its label in AMQP headers.
+//! (`multiple`), one by one with `--ack-each`, or `basic.ack` + `tx.commit` per message (TX);
+//! with `--receive-one` every receive is a `basic.get` (retried after 1 ms while the queue is
+//! empty), acknowledged before the next (and committed, TX). Every message carries the
+//! sender's clock (ns) and its label in AMQP headers.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use futures::StreamExt;
+use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    ConfirmSelectOptions, QueueDeclareOptions, QueuePurgeOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
+    BasicQosOptions, ConfirmSelectOptions, QueueDeclareOptions, QueuePurgeOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
@@ -153,6 +156,7 @@ impl Amqp {
     }
 
     /// Receives `count` messages, handing each to `check`; acknowledges as the mode says.
+    /// `one`: every receive a `basic.get`, acknowledged (TX: and committed) before the next.
     #[allow(clippy::too_many_arguments)]
     pub async fn receive(
         &self,
@@ -160,6 +164,7 @@ impl Amqp {
         count: u64,
         prefetch: u32,
         ack_each: bool,
+        one: bool,
         timeout: Duration,
         wait_forever_for_first: bool,
         check: &mut (dyn FnMut(u64, Incoming<'_>) -> Result<()> + Send),
@@ -168,6 +173,20 @@ impl Amqp {
         let tx = self.kind == Kind::Tx;
         if tx {
             ch.tx_select().await.context("tx.select")?;
+        }
+        if one {
+            let r = get_each(
+                &ch,
+                queue,
+                count,
+                tx,
+                timeout,
+                wait_forever_for_first,
+                check,
+            )
+            .await;
+            let _ = ch.close(200, "OK".into()).await;
+            return r;
         }
         let prefetch = prefetch.clamp(1, u16::MAX as u32) as u16;
         ch.basic_qos(prefetch, BasicQosOptions::default()).await?;
@@ -194,17 +213,7 @@ impl Amqp {
                     ),
                 }
             };
-            let headers = d.properties.headers().as_ref();
-            let ns = match headers.and_then(|h| h.inner().get(NS_HEADER)) {
-                Some(AMQPValue::LongLongInt(n)) => *n,
-                _ => 0,
-            };
-            let label = match headers.and_then(|h| h.inner().get(LABEL_HEADER)) {
-                Some(AMQPValue::LongString(s)) => {
-                    String::from_utf8_lossy(s.as_bytes()).into_owned()
-                }
-                _ => String::new(),
-            };
+            let (ns, label) = stamps(&d);
             check(
                 i,
                 Incoming {
@@ -236,6 +245,66 @@ impl Amqp {
     pub async fn close(&self) {
         let _ = self.conn.close(200, "OK".into()).await;
     }
+}
+
+/// The sender's clock (ns, 0 if absent) and label a delivery carries in its headers.
+fn stamps(d: &Delivery) -> (i64, String) {
+    let headers = d.properties.headers().as_ref();
+    let ns = match headers.and_then(|h| h.inner().get(NS_HEADER)) {
+        Some(AMQPValue::LongLongInt(n)) => *n,
+        _ => 0,
+    };
+    let label = match headers.and_then(|h| h.inner().get(LABEL_HEADER)) {
+        Some(AMQPValue::LongString(s)) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        _ => String::new(),
+    };
+    (ns, label)
+}
+
+/// `--receive-one`: `count` messages, each a `basic.get` (an empty queue answers at once, so it
+/// is asked again after 1 ms, until `timeout` passes without a message), acknowledged (TX: and
+/// committed) before the next.
+async fn get_each(
+    ch: &Channel,
+    queue: &str,
+    count: u64,
+    tx: bool,
+    timeout: Duration,
+    wait_forever_for_first: bool,
+    check: &mut (dyn FnMut(u64, Incoming<'_>) -> Result<()> + Send),
+) -> Result<()> {
+    for i in 0..count {
+        let since = Instant::now();
+        let m = loop {
+            let got = ch
+                .basic_get(queue.into(), BasicGetOptions::default())
+                .await
+                .with_context(|| format!("basic.get from {queue}"))?;
+            match got {
+                Some(m) => break m,
+                None if i == 0 && wait_forever_for_first => {}
+                None if since.elapsed() >= timeout => bail!(
+                    "got {i} of {count} messages from {queue}; nothing more arrived within {timeout:?}"
+                ),
+                None => {}
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        let (ns, label) = stamps(&m.delivery);
+        check(
+            i,
+            Incoming {
+                body: &m.delivery.data,
+                sent_ns: ns,
+                label: &label,
+            },
+        )?;
+        m.delivery.ack(BasicAckOptions::default()).await?;
+        if tx {
+            ch.tx_commit().await.context("tx.commit")?;
+        }
+    }
+    Ok(())
 }
 
 async fn settle(

@@ -228,7 +228,7 @@ impl Conn {
             Ok(())
         };
         let prefetch = prefetch_for(combo.body_bytes);
-        dispatch!(self, c => c.receive(queue, job.count, prefetch, job.ack_each, job.timeout, job.wait_forever_for_first, &mut check).await)
+        dispatch!(self, c => c.receive(queue, job.count, prefetch, job.ack_each, job.one, job.timeout, job.wait_forever_for_first, &mut check).await)
             .with_context(|| format!("receiving {} from {queue}", combo.name()))?;
         let end = Instant::now();
         job.progress.inc(job.count % 64);
@@ -282,7 +282,7 @@ impl Conn {
             reply = Some((verified, l));
             Ok(())
         };
-        dispatch!(self, c => c.receive(queue, 1, 1, true, timeout, false, &mut check).await)
+        dispatch!(self, c => c.receive(queue, 1, 1, true, false, timeout, false, &mut check).await)
             .with_context(|| format!("no reply from the SERVER on {queue} within {timeout:?}; is `mqperf SERVER` running against the same peer with the same --payload, --formatter, --count and --runs?"))?;
         reply.context("no reply")
     }
@@ -295,6 +295,8 @@ struct ReceiveSpec<'a> {
     count: u64,
     timeout: Duration,
     ack_each: bool,
+    /// `--receive-one`: one synchronous receive per message.
+    one: bool,
     clock_from_first: bool,
     wait_forever_for_first: bool,
     expect_label: Option<&'a str>,
@@ -479,6 +481,7 @@ async fn measure(
         count,
         timeout: config.timeout,
         ack_each: config.ack_each,
+        one: config.receive_one,
         clock_from_first,
         wait_forever_for_first,
         expect_label: None,
@@ -522,13 +525,15 @@ async fn measure(
                 );
                 let (cb1, cb2) = (combo.clone(), combo.clone());
                 let (p1, p2) = (progress.clone(), progress.clone());
-                let (timeout, ack_each) = (config.timeout, config.ack_each);
+                let (timeout, ack_each, one) =
+                    (config.timeout, config.ack_each, config.receive_one);
                 let receiver = tokio::spawn(async move {
                     let spec = ReceiveSpec {
                         combo: &cb1,
                         count,
                         timeout,
                         ack_each,
+                        one,
                         clock_from_first: false,
                         wait_forever_for_first: false,
                         expect_label: None,

@@ -142,7 +142,8 @@ impl Nats {
     }
 
     /// As [`super::amqp::Amqp::receive`]; `ack_each` changes nothing (explicit acks are
-    /// always per message in a work-queue stream).
+    /// always per message in a work-queue stream); `one`: every pull request asks for one
+    /// message (waiting for it up to 1 s on the server), acknowledged before the next.
     #[allow(clippy::too_many_arguments)]
     pub async fn receive(
         &self,
@@ -150,12 +151,14 @@ impl Nats {
         count: u64,
         prefetch: u32,
         _ack_each: bool,
+        one: bool,
         timeout: Duration,
         wait_forever_for_first: bool,
         check: &mut (dyn FnMut(u64, Incoming<'_>) -> Result<()> + Send),
     ) -> Result<()> {
         let consumer = self.consumer(queue).await?;
         let tx = self.kind == Kind::Tx;
+        let prefetch = if one { 1 } else { prefetch };
         let mut got = 0u64;
         let mut last = Instant::now();
         while got < count {
