@@ -153,20 +153,17 @@ impl TargetInfo {
             "publisher confirms",
             "publisher confirms, each awaited before the next publish (--send-one)",
         );
-        let mapping = match config.mode {
-            Mode::Notx => one_mapping(
-                config.receive_one,
-                mapping,
+        let (consumed, got) = match config.mode {
+            Mode::Notx => (
                 "consumer with prefetch, acks in batches",
                 "every receive a basic.get (an empty queue asked again after 1 ms), acked before the next (--receive-one)",
             ),
-            Mode::Tx => one_mapping(
-                config.receive_one,
-                mapping,
+            Mode::Tx => (
                 "every receive basic.ack + tx.commit",
                 "every receive basic.get (an empty queue asked again after 1 ms), basic.ack + tx.commit (--receive-one)",
             ),
         };
+        let mapping = one_mapping(config.receive_one, mapping, consumed, got);
         TargetInfo {
             kind: "rabbitmq",
             version,
@@ -198,20 +195,17 @@ impl TargetInfo {
             "publish acks awaited (pipelined)",
             "each publish ack awaited before the next publish (--send-one)",
         );
-        let mapping = match config.mode {
-            Mode::Notx => one_mapping(
-                config.receive_one,
-                mapping,
+        let (pulled, one) = match config.mode {
+            Mode::Notx => (
                 "durable pull consumer,",
                 "durable pull consumer, one message per pull request (--receive-one),",
             ),
-            Mode::Tx => one_mapping(
-                config.receive_one,
-                mapping,
+            Mode::Tx => (
                 "every receive an explicit ack",
                 "every receive one pull request of one message (--receive-one) and an explicit ack",
             ),
         };
+        let mapping = one_mapping(config.receive_one, mapping, pulled, one);
         TargetInfo {
             kind: "nats",
             version,
