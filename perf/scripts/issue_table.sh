@@ -33,7 +33,9 @@ for r in $(seq $ROUNDS); do
   cell recoverable-1MB NOTX SENDANDRECEIVE '.\private$\it' --payload string:1000000 --count 1000 --delivery recoverable
   cell tx-one-at-a-time TX SENDANDRECEIVE '.\private$\itx' --payload string:1000 --count 3000 --one-at-a-time
   MQ_ONLY=1 cell tx-one-at-a-time-rac TX SENDANDRECEIVE '.\private$\itx' --payload string:1000 --count 3000 --one-at-a-time --receive-and-commit
-  MQ_ONLY=1 cell tx-send-one TX SENDANDRECEIVE '.\private$\itx' --payload string:1000 --count 3000 --send-one --receive-one
+  cell tx-send-one TX SENDANDRECEIVE '.\private$\itx' --payload string:1000 --count 3000 --send-one --receive-one
   cell send-one-express NOTX SENDANDPURGE '.\private$\it' --payload string:1000 --count 3000 --delivery express --send-one
   cell send-one-recoverable NOTX SENDANDPURGE '.\private$\it' --payload string:1000 --count 3000 --delivery recoverable --send-one
+  cell receive-one-express NOTX SENDANDRECEIVE '.\private$\it' --payload string:1000 --count 3000 --delivery express --receive-one
+  cell receive-one-recoverable NOTX SENDANDRECEIVE '.\private$\it' --payload string:1000 --count 3000 --delivery recoverable --receive-one
 done
