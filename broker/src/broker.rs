@@ -1847,24 +1847,18 @@ impl Broker {
             .collect())
     }
 
-    /// The body of a queued message if it is in memory, recently written (kept by the
-    /// journal), or at most `max` bytes: then read from the journal on this thread (a single
-    /// pread, which mostly finds the page cache). `None` for a larger body not in memory:
-    /// [`Broker::bodies`] reads it on a blocking thread.
+    /// The body of a queued message if it is in memory or at most `max` bytes: then
+    /// [`Broker::body`] on this thread (the journal's read finds a recently written body in
+    /// its cache, or reads it with a single pread, which mostly finds the page cache). `None`
+    /// for a larger body not in memory: [`Broker::bodies`] reads it on a blocking thread.
     pub fn body_here(
         &self,
         queue: &Queue,
         entry: &Entry,
         max: u64,
     ) -> Option<Result<Bytes, BrokerError>> {
-        if let Some(b) = &entry.msg.body {
-            return Some(Ok(b.clone()));
-        }
-        let cached = self.journal.cached_bodies(queue.def().id, &[entry.seq]);
-        if let Some(Some(b)) = cached.into_iter().next() {
-            return Some(Ok(b));
-        }
-        (u64::from(entry.msg.body_len) <= max).then(|| self.body(queue, entry))
+        (entry.msg.body.is_some() || u64::from(entry.msg.body_len) <= max)
+            .then(|| self.body(queue, entry))
     }
 
     /// The body of a queued message: in memory, or read from the journal.

@@ -586,13 +586,14 @@ pub(crate) async fn hand_out(
     // A small body not in memory is read right here (one pread, mostly from the page cache),
     // not on a blocking thread: the hand-off would cost more than the read.
     let body = match broker.body_here(queue, e, READ_HERE_MAX_BYTES) {
-        Some(b) => b.map(|b| vec![b]),
-        None => broker.bodies(queue, std::slice::from_ref(e)).await,
+        Some(b) => b,
+        None => broker
+            .bodies(queue, std::slice::from_ref(e))
+            .await
+            .map(|mut b| b.pop().unwrap_or_default()),
     };
     let wire = match body {
-        Ok(mut body) => e
-            .msg
-            .to_wire(&dest, body.pop().unwrap_or_default(), e.aborts),
+        Ok(body) => e.msg.to_wire(&dest, body, e.aborts),
         Err(err) => {
             let gone = queue.restore(found);
             broker.forget(queue, &gone);
