@@ -7,7 +7,8 @@
 //! Index:
 //! - `peers_run_the_scenarios`: NOTX express SENDANDRECEIVE against both side by side
 //!   (messages, mapping, versions), recoverable and TX SENDANDPURGE (fsync flags), and a
-//!   SERVER/CLIENT pair against each.
+//!   SERVER/CLIENT pair against each; a SERVER that gets 10 of 30 messages gives up after
+//!   --timeout, through the consumer and through --receive-one.
 //! - `unreachable_peer_is_one_line`: the binary against closed ports: exit 1, one line naming
 //!   the URL (no server needed).
 
@@ -353,6 +354,46 @@ async fn peers_run_the_scenarios() {
             t.kind() == "rabbitmq",
         );
         check_rows(&server_rows, t.kind(), &["receive"], t.kind() == "rabbitmq");
+    }
+
+    // A receiver that stops getting messages gives up after --timeout with the count it got,
+    // through the consumer (RabbitMQ basic.consume, NATS pull batches) and through --receive-one
+    // (basic.get asked again every 1 ms, NATS pull of one). The SERVER waits for 30 messages, the
+    // CLIENT sends 10 (and gets no reply).
+    for t in &targets {
+        for one in [false, true] {
+            let timeout = Duration::from_secs(2);
+            let mut server = config(Mode::Notx, Scenario::Server, vec![t.clone()]);
+            server.queue = format!(r".\private$\peerstall{}", u8::from(one));
+            server.response_queue = Some(r".\private$\peerstallreply".to_string());
+            server.payloads = PayloadKind::parse_list("int").unwrap();
+            server.formatters = FormatterKind::parse_list("raw").unwrap();
+            server.timeout = timeout;
+            server.receive_one = one;
+            let mut client = server.clone();
+            client.scenario = Scenario::Client;
+            client.count = 10;
+            let s = tokio::spawn(async move {
+                let (mut out, mut err) = (Vec::new(), Vec::new());
+                let start = Instant::now();
+                let r = mq_perf::run_all(&server, &mut out, &mut err).await;
+                (r.map(|_| ()), start.elapsed())
+            });
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            let c = mq_perf::run_all(&client, &mut out, &mut err).await;
+            let c = format!("{:#}", c.expect_err("the CLIENT gets no reply"));
+            assert!(c.contains("no reply from the SERVER"), "{}: {c}", t.kind());
+            let (r, elapsed) = s.await.unwrap();
+            let e = format!("{:#}", r.expect_err("the SERVER got 10 of 30"));
+            assert!(
+                e.contains("got 10 of 30 messages") && e.contains("nothing more arrived within 2s"),
+                "{} (receive_one {one}): {e}",
+                t.kind()
+            );
+            // The SERVER waited for its first message for ever, then gave up one --timeout
+            // after the last: well under this bound even on a loaded machine.
+            assert!(elapsed < Duration::from_secs(60), "{elapsed:?}");
+        }
     }
     drop(servers);
 }
