@@ -94,8 +94,12 @@ Peers (--target, repeatable; run one after another, then a side-by-side table):
                  NATS: file storage, each publish ack awaited before the next, each receive
                  acked synchronously (double ack)
   Peer queues are named mqperf_<last part of QUEUE>_<express|recoverable|tx>. --forward,
-  --clients, --rate, --queues, --consumers, --backlog, --broker-pid, --receive-and-commit are
-  mq-only (a peer's TX receive is what its mapping above says). --send-one with a peer: each
+  --rate, --backlog, --broker-pid, --receive-and-commit are mq-only (a peer's TX receive is
+  what its mapping above says). --clients N, --queues N and --consumers N (= --queues) work
+  with a peer in NOTX SENDANDRECEIVE, shaped as mq's: N connections (message g from sender
+  g mod N, each sender's share of each queue published from a task and a channel of its own),
+  queues mqperf_<QUEUE part>-<k>_<mode>, one consumer per queue, 100 on a connection; all
+  connections opened and queues declared before the clock starts. --send-one with a peer: each
   publisher confirm (RabbitMQ) or publish ack (NATS) awaited before the next publish (TX sends
   are one at a time anyway). --receive-one with a peer: every receive a basic.get (RabbitMQ; an
   empty queue is asked again after 1 ms) or a pull request of one message (NATS), acknowledged
@@ -515,12 +519,37 @@ impl Cli {
         let Some(peer) = self.target.iter().find(|t| **t != Target::Mq) else {
             return Ok(());
         };
-        let mq_only = [
-            ("--forward", self.forward),
+        let spread = [
             ("--clients", self.clients > 1),
-            ("--rate", self.rate.is_some()),
             ("--queues", self.queues > 1),
             ("--consumers", self.consumers.is_some()),
+        ];
+        if let Some((flag, _)) = spread.iter().find(|(_, set)| *set) {
+            if self.scenario != Scenario::SendAndReceive || self.mode != crate::config::Mode::Notx {
+                return Err(usage(
+                    ErrorKind::ArgumentConflict,
+                    format!(
+                        "{flag} with --target {} applies to NOTX SENDANDRECEIVE only",
+                        peer.display_url()
+                    ),
+                ));
+            }
+            if let Some(c) = self.consumers {
+                if c != self.queues {
+                    return Err(usage(
+                        ErrorKind::ArgumentConflict,
+                        format!(
+                            "--consumers {c} with --target {}: a peer's run has one consumer per queue (--consumers {})",
+                            peer.display_url(),
+                            self.queues
+                        ),
+                    ));
+                }
+            }
+        }
+        let mq_only = [
+            ("--forward", self.forward),
+            ("--rate", self.rate.is_some()),
             ("--backlog", self.backlog.is_some()),
             ("--broker-pid", self.broker_pid.is_some()),
             ("--receive-and-commit", self.receive_and_commit),

@@ -386,6 +386,57 @@ fn usage_errors_exit_2_naming_the_choices() {
             ],
             "--receive-and-commit applies to the mq target only",
         ),
+        (
+            vec![
+                "NOTX",
+                "SENDANDRECEIVE",
+                q,
+                "--rate",
+                "1000",
+                "--target",
+                "nats://127.0.0.1:4222",
+            ],
+            "--rate applies to the mq target only",
+        ),
+        // The spread shape works with a peer in NOTX SENDANDRECEIVE only, one consumer a queue.
+        (
+            vec![
+                "TX",
+                "SENDANDRECEIVE",
+                q,
+                "--queues",
+                "4",
+                "--target",
+                "nats://127.0.0.1:4222",
+            ],
+            "--queues with --target nats://127.0.0.1:4222 applies to NOTX SENDANDRECEIVE only",
+        ),
+        (
+            vec![
+                "NOTX",
+                "SENDANDPURGE",
+                q,
+                "--clients",
+                "4",
+                "--target",
+                "amqp://guest:guest@127.0.0.1:5672",
+            ],
+            "--clients with --target amqp://guest:***@127.0.0.1:5672 applies to NOTX SENDANDRECEIVE only",
+        ),
+        (
+            vec![
+                "NOTX",
+                "SENDANDRECEIVE",
+                q,
+                "--queues",
+                "2",
+                "--consumers",
+                "4",
+                "--target",
+                "nats://127.0.0.1:4222",
+            ],
+            "one consumer per queue (--consumers 2)",
+        ),
         (vec!["NOTX", "SENDANDPURGE", "no such name"], "no such name"),
         (vec!["NOTX"], "Usage"),
     ] {

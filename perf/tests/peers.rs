@@ -7,7 +7,8 @@
 //! Index:
 //! - `peers_run_the_scenarios`: NOTX express SENDANDRECEIVE against both side by side
 //!   (messages, mapping, versions), recoverable and TX SENDANDPURGE (fsync flags), and a
-//!   SERVER/CLIENT pair against each; a SERVER that gets 10 of 30 messages gives up after
+//!   SERVER/CLIENT pair against each; the spread shape (--clients 3 --queues 4 --consumers 4)
+//!   with its per-consumer counts; a SERVER that gets 10 of 30 messages gives up after
 //!   --timeout, through the consumer and through --receive-one.
 //! - `unreachable_peer_is_one_line`: the binary against closed ports: exit 1, one line naming
 //!   the URL (no server needed).
@@ -355,6 +356,38 @@ async fn peers_run_the_scenarios() {
         );
         check_rows(&server_rows, t.kind(), &["receive"], t.kind() == "rabbitmq");
     }
+
+    // The spread shape: 3 senders (connections), 4 queues, one consumer each; every consumer
+    // gets its queue's share (30 messages: 8, 8, 7, 7) in the receive and e2e phases.
+    let mut c = config(Mode::Notx, Scenario::SendAndReceive, targets.clone());
+    c.queue = r".\private$\peerspread".to_string();
+    c.clients = 3;
+    c.queues = 4;
+    c.consumers = Some(4);
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let rows = mq_perf::run_all(&c, &mut out, &mut err)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", String::from_utf8_lossy(&err)));
+    // The banner (stderr with --json) names the queues and connections of each peer.
+    let banner = String::from_utf8_lossy(&err);
+    for t in &targets {
+        check_rows(&rows, t.kind(), &["send", "receive", "e2e"], false);
+        for r in rows
+            .iter()
+            .filter(|r| r.target == t.kind() && r.op != "send")
+        {
+            assert_eq!(
+                (r.consumer_min, r.consumer_max),
+                (Some(7), Some(8)),
+                "{} {}",
+                t.kind(),
+                r.op
+            );
+        }
+    }
+    let shape =
+        "(queues mqperf_peerspread-0_express ... mqperf_peerspread-3_express, 3 connections)";
+    assert_eq!(banner.matches(shape).count(), targets.len(), "{banner}");
 
     // A receiver that stops getting messages gives up after --timeout with the count it got,
     // through the consumer (RabbitMQ basic.consume, NATS pull batches) and through --receive-one

@@ -338,6 +338,13 @@ pub(crate) async fn run(
         .await
         .with_context(|| format!("cannot connect to {url}"))?;
     let conn = Arc::new(conn);
+    let shape = match Shape::connect(config, target, kind, conn.clone()).await {
+        Ok(s) => s,
+        Err(e) => {
+            conn.close().await;
+            return Err(e);
+        }
+    };
     let info = match target {
         Target::Nats(_) => TargetInfo::nats(config, version),
         _ => TargetInfo::rabbitmq(config, version),
@@ -350,22 +357,30 @@ pub(crate) async fn run(
     let ctx = ReportContext {
         config: config.clone(),
         broker: url.clone(),
-        broker_detail: format!(
-            "(queue {queue}{})",
-            response
-                .as_deref()
-                .map(|r| format!(", response queue {r}"))
-                .unwrap_or_default()
-        ),
+        broker_detail: if shape.is_spread() {
+            format!(
+                "(queues {} ... {}, {} connections)",
+                shape.queues[0],
+                shape.queues[shape.queues.len() - 1],
+                shape.conns.len()
+            )
+        } else {
+            format!(
+                "(queue {queue}{})",
+                response
+                    .as_deref()
+                    .map(|r| format!(", response queue {r}"))
+                    .unwrap_or_default()
+            )
+        },
         forward: None,
         machine: Machine::detect(),
         target: info,
     };
     let result = run_plan(
         config,
-        &conn,
+        &shape,
         &ctx,
-        &queue,
         response.as_deref(),
         plan,
         out,
@@ -373,16 +388,213 @@ pub(crate) async fn run(
         rows_out,
     )
     .await;
-    conn.close().await;
+    for c in &shape.conns {
+        c.close().await;
+    }
     result
+}
+
+/// Consumers that share one connection, as mq's runs do (`scenario::phase`).
+const CONSUMERS_PER_CONNECTION: usize = 100;
+/// Queues prepared (declared or created, and purged) at once.
+const PREPARE_AT_ONCE: usize = 16;
+
+/// The queues and connections of a run against a peer: one queue and one connection, or with
+/// `--queues N` the queues `QUEUE-0` ... `QUEUE-<N-1>` (by the peer's names) and with
+/// `--clients M` M connections, the first the run's own. As in mq's runs, message `g` goes
+/// from sender `g mod M` (on connection `g mod M`) to queue `g mod N`, and consumer `k` reads
+/// queue `k`, on connection `k / 100`.
+#[derive(Debug)]
+struct Shape {
+    queues: Vec<String>,
+    conns: Vec<Arc<Conn>>,
+    senders: usize,
+}
+
+impl Shape {
+    async fn connect(
+        config: &Config,
+        target: &Target,
+        kind: Kind,
+        first: Arc<Conn>,
+    ) -> Result<Shape> {
+        let queues: Vec<String> = if config.queues > 1 {
+            (0..config.queues)
+                .map(|k| {
+                    peer_queue(
+                        &format!("{}-{k}", config.queue),
+                        config.mode,
+                        config.delivery,
+                    )
+                })
+                .collect()
+        } else {
+            vec![peer_queue(&config.queue, config.mode, config.delivery)]
+        };
+        let senders = config.clients.max(1) as usize;
+        let wanted = senders.max(queues.len().div_ceil(CONSUMERS_PER_CONNECTION));
+        let mut conns = vec![first];
+        let mut failed = None;
+        let mut left = wanted - 1;
+        while left > 0 && failed.is_none() {
+            let n = left.min(PREPARE_AT_ONCE);
+            left -= n;
+            let opened =
+                futures::future::join_all((0..n).map(|_| Conn::connect(target, kind))).await;
+            for c in opened {
+                match c {
+                    Ok((c, _)) => conns.push(Arc::new(c)),
+                    Err(e) => failed = Some(e),
+                }
+            }
+        }
+        if let Some(e) = failed {
+            for c in &conns[1..] {
+                c.close().await;
+            }
+            return Err(e.context(format!("another connection to {}", target.display_url())));
+        }
+        Ok(Shape {
+            queues,
+            conns,
+            senders,
+        })
+    }
+
+    fn is_spread(&self) -> bool {
+        self.queues.len() > 1 || self.conns.len() > 1
+    }
+
+    /// The run's own connection.
+    fn conn(&self) -> &Arc<Conn> {
+        &self.conns[0]
+    }
+
+    /// The one queue of a run without `--queues`.
+    fn queue(&self) -> &str {
+        &self.queues[0]
+    }
+
+    /// Declares (creates) every queue, and purges it with `purge`, a few at a time.
+    async fn prepare(&self, purge: bool) -> Result<()> {
+        for (i, chunk) in self.queues.chunks(PREPARE_AT_ONCE).enumerate() {
+            futures::future::try_join_all(chunk.iter().enumerate().map(|(j, q)| {
+                let c = self.conns[(i * PREPARE_AT_ONCE + j) % self.conns.len()].clone();
+                let q = q.clone();
+                async move {
+                    c.prepare(&q).await?;
+                    if purge {
+                        c.purge(&q).await?;
+                    }
+                    Ok::<_, anyhow::Error>(())
+                }
+            }))
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Per sender, the messages it sends to each queue (queue index, count; none empty).
+    fn sender_shares(&self, count: u64) -> Vec<Vec<(usize, u64)>> {
+        let (s, q) = (self.senders as u64, self.queues.len() as u64);
+        let mut shares = vec![vec![0u64; self.queues.len()]; self.senders];
+        for g in 0..count {
+            shares[(g % s) as usize][(g % q) as usize] += 1;
+        }
+        shares
+            .into_iter()
+            .map(|per_queue| {
+                per_queue
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(_, n)| *n > 0)
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Messages queue `k` receives of `count`.
+    fn queue_share(&self, count: u64, k: usize) -> u64 {
+        let q = self.queues.len() as u64;
+        count / q + u64::from((k as u64) < count % q)
+    }
+
+    /// Every sender's share sent at once, each (sender, queue) pair from a task of its own;
+    /// the time until the last is acknowledged, and all sampled latencies.
+    async fn send_all(
+        &self,
+        combo: &Arc<Combo>,
+        count: u64,
+        awaited: bool,
+        progress: &Progress,
+    ) -> Result<(Duration, Latency)> {
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for (s, share) in self.sender_shares(count).into_iter().enumerate() {
+            for (k, n) in share {
+                let conn = self.conns[s].clone();
+                let (queue, combo, progress) =
+                    (self.queues[k].clone(), combo.clone(), progress.clone());
+                tasks.push(tokio::spawn(async move {
+                    conn.send(&queue, &combo, n, None, awaited, &progress).await
+                }));
+            }
+        }
+        let mut latency = Latency::new();
+        for t in tasks {
+            let (_, l) = t.await.context("a sender task panicked")??;
+            latency.merge(&l);
+        }
+        Ok((start.elapsed(), latency))
+    }
+
+    /// One consumer per queue, all at once, each receiving its queue's share; the time until
+    /// the last is done, messages per consumer, and the merged latencies.
+    async fn receive_all(
+        &self,
+        combo: &Arc<Combo>,
+        count: u64,
+        config: &Config,
+        progress: &Progress,
+    ) -> Result<(Duration, Vec<u64>, Latency, Latency)> {
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for (k, queue) in self.queues.iter().enumerate() {
+            let conn = self.conns[(k / CONSUMERS_PER_CONNECTION) % self.conns.len()].clone();
+            let (queue, combo, progress) = (queue.clone(), combo.clone(), progress.clone());
+            let n = self.queue_share(count, k);
+            let (timeout, ack_each, one) = (config.timeout, config.ack_each, config.receive_one);
+            tasks.push(tokio::spawn(async move {
+                let spec = ReceiveSpec {
+                    combo: &combo,
+                    count: n,
+                    timeout,
+                    ack_each,
+                    one,
+                    clock_from_first: false,
+                    wait_forever_for_first: false,
+                    expect_label: None,
+                    progress,
+                };
+                conn.receive(&queue, &spec).await
+            }));
+        }
+        let (mut counts, mut service, mut transit) = (Vec::new(), Latency::new(), Latency::new());
+        for t in tasks {
+            let r = t.await.context("a consumer task panicked")??;
+            counts.push(r.verified);
+            service.merge(&r.service);
+            transit.merge(&r.transit);
+        }
+        Ok((start.elapsed(), counts, service, transit))
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
 async fn run_plan(
     config: &Config,
-    conn: &Arc<Conn>,
+    shape: &Shape,
     ctx: &ReportContext,
-    queue: &str,
     response: Option<&str>,
     plan: Vec<Planned>,
     out: &mut (dyn Write + Send),
@@ -397,14 +609,18 @@ async fn run_plan(
         report::write_table_header(out)?;
         out.flush()?;
     }
-    conn.prepare(queue).await?;
+    let conn = shape.conn();
+    shape
+        .prepare(matches!(
+            config.scenario,
+            Scenario::SendAndPurge | Scenario::SendAndReceive
+        ))
+        .await?;
     if let Some(r) = response {
         conn.prepare(r).await?;
-    }
-    match (config.scenario, response) {
-        (Scenario::SendAndPurge | Scenario::SendAndReceive, _) => conn.purge(queue).await?,
-        (Scenario::Client, Some(r)) => conn.purge(r).await?,
-        _ => {}
+        if config.scenario == Scenario::Client {
+            conn.purge(r).await?;
+        }
     }
     let progress = if config.progress {
         Progress::bar(progress_per_run(config) * config.runs as u64 * plan.len() as u64)
@@ -432,8 +648,7 @@ async fn run_plan(
             Planned::Run(combo) => {
                 let measured = measure(
                     config,
-                    conn,
-                    queue,
+                    shape,
                     response,
                     &combo,
                     &progress,
@@ -467,8 +682,7 @@ async fn run_plan(
 
 async fn measure(
     config: &Config,
-    conn: &Arc<Conn>,
-    queue: &str,
+    shape: &Shape,
     response: Option<&str>,
     combo: &Arc<Combo>,
     progress: &Progress,
@@ -492,8 +706,34 @@ async fn measure(
     let mut send = OpResult::new(Op::Send);
     let mut receive = OpResult::new(Op::Receive);
     let mut e2e = OpResult::new(Op::E2e);
+    let (conn, queue) = (shape.conn(), shape.queue());
     for run in 1..=config.runs {
         match config.scenario {
+            Scenario::SendAndReceive if shape.is_spread() => {
+                let cpu = CpuTimes::now();
+                let (elapsed, l) = shape.send_all(combo, count, awaited, progress).await?;
+                send.add_steal(cpu, CpuTimes::now());
+                send.add_run(count, elapsed, &l);
+                let cpu = CpuTimes::now();
+                let (elapsed, counts, service, _) =
+                    shape.receive_all(combo, count, config, progress).await?;
+                receive.add_steal(cpu, CpuTimes::now());
+                receive.add_per_consumer(&counts);
+                receive.add_run(count, elapsed, &service);
+
+                let cpu = CpuTimes::now();
+                let start = Instant::now();
+                let (r, s) = tokio::join!(
+                    shape.receive_all(combo, count, config, progress),
+                    shape.send_all(combo, count, awaited, progress)
+                );
+                let elapsed = start.elapsed();
+                e2e.add_steal(cpu, CpuTimes::now());
+                let (_, counts, _, transit) = r?;
+                s?;
+                e2e.add_per_consumer(&counts);
+                e2e.add_run(count, elapsed, &transit);
+            }
             Scenario::SendAndPurge => {
                 let cpu = CpuTimes::now();
                 let (elapsed, l) = conn
@@ -598,6 +838,49 @@ async fn measure(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn shape(senders: usize, queues: usize) -> Shape {
+        Shape {
+            queues: (0..queues).map(|k| format!("q{k}")).collect(),
+            conns: Vec::new(),
+            senders,
+        }
+    }
+
+    #[test]
+    fn senders_and_queues_share_the_count_as_mq_does() {
+        // The fan-out shape: each of 200 senders sends to 5 queues, 200 messages each.
+        let s = shape(200, 1000);
+        let shares = s.sender_shares(200_000);
+        assert_eq!(shares.len(), 200);
+        for (i, share) in shares.iter().enumerate() {
+            let queues: Vec<usize> = share.iter().map(|(k, _)| *k).collect();
+            assert_eq!(queues, (0..5).map(|j| i + 200 * j).collect::<Vec<_>>());
+            assert!(share.iter().all(|(_, n)| *n == 200));
+        }
+        assert!((0..1000).all(|k| s.queue_share(200_000, k) == 200));
+        // Uneven: message g from sender g mod 3 to queue g mod 4; every message once.
+        let s = shape(3, 4);
+        let shares = s.sender_shares(30);
+        let mut per_queue = [0u64; 4];
+        for share in &shares {
+            for (k, n) in share {
+                per_queue[*k] += n;
+            }
+        }
+        assert_eq!(per_queue, [8, 8, 7, 7]);
+        assert_eq!(
+            (0..4).map(|k| s.queue_share(30, k)).collect::<Vec<_>>(),
+            per_queue
+        );
+        assert_eq!(shares.iter().flatten().map(|(_, n)| n).sum::<u64>(), 30);
+        // More senders than messages: the idle ones send nothing.
+        let s = shape(5, 1);
+        assert_eq!(
+            s.sender_shares(3),
+            vec![vec![(0, 1)], vec![(0, 1)], vec![(0, 1)], vec![], vec![]]
+        );
+    }
 
     #[test]
     fn peer_queue_names() {
