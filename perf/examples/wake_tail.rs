@@ -28,6 +28,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 
+/// The most messages one invocation measures.
+const MAX_MESSAGES: u64 = 20_000_000;
+
 struct Args {
     rate: u64,
     hops: usize,
@@ -70,6 +73,10 @@ fn args() -> Result<Args> {
     }
     if a.seconds == 0 || a.seconds > 600 {
         bail!("--seconds must be 1..=600");
+    }
+    // Every latency is kept (8 bytes each) to sort at the end.
+    if a.rate * a.seconds > MAX_MESSAGES {
+        bail!("--rate × --seconds must be at most {MAX_MESSAGES} messages");
     }
     Ok(a)
 }
