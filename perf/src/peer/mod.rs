@@ -303,6 +303,41 @@ struct ReceiveSpec<'a> {
     progress: Progress,
 }
 
+/// How a run's receives wait and acknowledge (`--timeout`, `--ack-each`, `--receive-one`).
+#[derive(Debug, Clone, Copy)]
+struct ReceiveOptions {
+    timeout: Duration,
+    ack_each: bool,
+    one: bool,
+}
+
+impl ReceiveOptions {
+    fn of(config: &Config) -> ReceiveOptions {
+        ReceiveOptions {
+            timeout: config.timeout,
+            ack_each: config.ack_each,
+            one: config.receive_one,
+        }
+    }
+}
+
+impl<'a> ReceiveSpec<'a> {
+    /// `count` messages of `combo` with any label, timed from the start of the receive.
+    fn new(combo: &'a Combo, count: u64, o: ReceiveOptions, progress: Progress) -> ReceiveSpec<'a> {
+        ReceiveSpec {
+            combo,
+            count,
+            timeout: o.timeout,
+            ack_each: o.ack_each,
+            one: o.one,
+            clock_from_first: false,
+            wait_forever_for_first: false,
+            expect_label: None,
+            progress,
+        }
+    }
+}
+
 /// What a receive measured.
 #[derive(Debug)]
 struct Received {
@@ -562,20 +597,9 @@ impl Shape {
         for (k, queue) in self.queues.iter().enumerate() {
             let conn = self.conns[(k / CONSUMERS_PER_CONNECTION) % self.conns.len()].clone();
             let (queue, combo, progress) = (queue.clone(), combo.clone(), progress.clone());
-            let n = self.queue_share(count, k);
-            let (timeout, ack_each, one) = (config.timeout, config.ack_each, config.receive_one);
+            let (n, options) = (self.queue_share(count, k), ReceiveOptions::of(config));
             tasks.push(tokio::spawn(async move {
-                let spec = ReceiveSpec {
-                    combo: &combo,
-                    count: n,
-                    timeout,
-                    ack_each,
-                    one,
-                    clock_from_first: false,
-                    wait_forever_for_first: false,
-                    expect_label: None,
-                    progress,
-                };
+                let spec = ReceiveSpec::new(&combo, n, options, progress);
                 conn.receive(&queue, &spec).await
             }));
         }
@@ -765,20 +789,9 @@ async fn measure(
                 );
                 let (cb1, cb2) = (combo.clone(), combo.clone());
                 let (p1, p2) = (progress.clone(), progress.clone());
-                let (timeout, ack_each, one) =
-                    (config.timeout, config.ack_each, config.receive_one);
+                let options = ReceiveOptions::of(config);
                 let receiver = tokio::spawn(async move {
-                    let spec = ReceiveSpec {
-                        combo: &cb1,
-                        count,
-                        timeout,
-                        ack_each,
-                        one,
-                        clock_from_first: false,
-                        wait_forever_for_first: false,
-                        expect_label: None,
-                        progress: p1,
-                    };
+                    let spec = ReceiveSpec::new(&cb1, count, options, p1);
                     c1.receive(&q1, &spec).await
                 });
                 let sender =
