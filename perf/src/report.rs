@@ -335,7 +335,16 @@ pub fn write_banner(w: &mut dyn Write, ctx: &ReportContext) -> io::Result<()> {
     )?;
     line(
         "machine",
-        format!("{} cores, {}", ctx.machine.cores, ctx.machine.cpu),
+        format!(
+            "{} cores, {}{}",
+            ctx.machine.cores,
+            ctx.machine.cpu,
+            ctx.machine
+                .idle
+                .as_deref()
+                .map(|i| format!("; {i}"))
+                .unwrap_or_default()
+        ),
     )?;
     line(
         "latency",
@@ -538,6 +547,7 @@ mod tests {
             machine: Machine {
                 cores: 2,
                 cpu: "Test CPU".into(),
+                idle: Some("cpuidle haltpoll, guest_halt_poll_ns 0".into()),
             },
             target: TargetInfo::mq(&Config::new(
                 Mode::Notx,
@@ -625,7 +635,7 @@ mod tests {
             "express",
             "NOTX",
             "SENDANDRECEIVE",
-            "2 cores, Test CPU",
+            "2 cores, Test CPU; cpuidle haltpoll, guest_halt_poll_ns 0",
         ] {
             assert!(banner.contains(word), "{word}: {banner}");
         }
