@@ -384,7 +384,6 @@ pub(crate) async fn run(
         Target::Nats(_) => TargetInfo::nats(config, version),
         _ => TargetInfo::rabbitmq(config, version),
     };
-    let queue = peer_queue(&config.queue, config.mode, config.delivery);
     let response = config
         .response_queue
         .as_deref()
@@ -401,7 +400,8 @@ pub(crate) async fn run(
             )
         } else {
             format!(
-                "(queue {queue}{})",
+                "(queue {}{})",
+                shape.queue(),
                 response
                     .as_deref()
                     .map(|r| format!(", response queue {r}"))
@@ -733,31 +733,6 @@ async fn measure(
     let (conn, queue) = (shape.conn(), shape.queue());
     for run in 1..=config.runs {
         match config.scenario {
-            Scenario::SendAndReceive if shape.is_spread() => {
-                let cpu = CpuTimes::now();
-                let (elapsed, l) = shape.send_all(combo, count, awaited, progress).await?;
-                send.add_steal(cpu, CpuTimes::now());
-                send.add_run(count, elapsed, &l);
-                let cpu = CpuTimes::now();
-                let (elapsed, counts, service, _) =
-                    shape.receive_all(combo, count, config, progress).await?;
-                receive.add_steal(cpu, CpuTimes::now());
-                receive.add_per_consumer(&counts);
-                receive.add_run(count, elapsed, &service);
-
-                let cpu = CpuTimes::now();
-                let start = Instant::now();
-                let (r, s) = tokio::join!(
-                    shape.receive_all(combo, count, config, progress),
-                    shape.send_all(combo, count, awaited, progress)
-                );
-                let elapsed = start.elapsed();
-                e2e.add_steal(cpu, CpuTimes::now());
-                let (_, counts, _, transit) = r?;
-                s?;
-                e2e.add_per_consumer(&counts);
-                e2e.add_run(count, elapsed, &transit);
-            }
             Scenario::SendAndPurge => {
                 let cpu = CpuTimes::now();
                 let (elapsed, l) = conn
@@ -769,41 +744,42 @@ async fn measure(
             }
             Scenario::SendAndReceive => {
                 let cpu = CpuTimes::now();
-                let (elapsed, l) = conn
-                    .send(queue, combo, count, None, awaited, progress)
-                    .await?;
+                let (elapsed, l) = if shape.is_spread() {
+                    shape.send_all(combo, count, awaited, progress).await?
+                } else {
+                    conn.send(queue, combo, count, None, awaited, progress)
+                        .await?
+                };
                 send.add_steal(cpu, CpuTimes::now());
                 send.add_run(count, elapsed, &l);
                 let cpu = CpuTimes::now();
-                let r = conn.receive(queue, &spec(false, false)).await?;
-                receive.add_steal(cpu, CpuTimes::now());
-                receive.add_run(r.verified, r.elapsed, &r.service);
+                if shape.is_spread() {
+                    let (elapsed, counts, service, _) =
+                        shape.receive_all(combo, count, config, progress).await?;
+                    receive.add_steal(cpu, CpuTimes::now());
+                    receive.add_per_consumer(&counts);
+                    receive.add_run(count, elapsed, &service);
+                } else {
+                    let r = conn.receive(queue, &spec(false, false)).await?;
+                    receive.add_steal(cpu, CpuTimes::now());
+                    receive.add_run(r.verified, r.elapsed, &r.service);
+                }
 
+                // End to end: every consumer and every sender at once, each a task of its own.
                 let cpu = CpuTimes::now();
                 let start = Instant::now();
-                let (c1, c2, q1, q2) = (
-                    conn.clone(),
-                    conn.clone(),
-                    queue.to_string(),
-                    queue.to_string(),
+                let (r, s) = tokio::join!(
+                    shape.receive_all(combo, count, config, progress),
+                    shape.send_all(combo, count, awaited, progress)
                 );
-                let (cb1, cb2) = (combo.clone(), combo.clone());
-                let (p1, p2) = (progress.clone(), progress.clone());
-                let options = ReceiveOptions::of(config);
-                let receiver = tokio::spawn(async move {
-                    let spec = ReceiveSpec::new(&cb1, count, options, p1);
-                    c1.receive(&q1, &spec).await
-                });
-                let sender =
-                    tokio::spawn(
-                        async move { c2.send(&q2, &cb2, count, None, awaited, &p2).await },
-                    );
-                let (r, s) = tokio::join!(receiver, sender);
                 let elapsed = start.elapsed();
                 e2e.add_steal(cpu, CpuTimes::now());
-                let r = r.context("the e2e receiver task panicked")??;
-                s.context("the e2e sender task panicked")??;
-                e2e.add_run(r.verified, elapsed, &r.transit);
+                let (_, counts, _, transit) = r?;
+                s?;
+                if shape.is_spread() {
+                    e2e.add_per_consumer(&counts);
+                }
+                e2e.add_run(count, elapsed, &transit);
             }
             Scenario::Client => {
                 let Some(response) = response else {
