@@ -878,6 +878,21 @@ impl crate::broker::Broker {
         grant: bool,
     ) -> Result<Acl, crate::error::BrokerError> {
         use crate::error::BrokerError;
+        // Queues whose ACL is not their own: a change would be journaled and answered, and
+        // count for nothing.
+        if let Some(owner) = q.rights_owner() {
+            return Err(BrokerError::FailedPrecondition(format!(
+                "\"{}\" has the rights of queue \"{}\"; change that queue's ACL",
+                q.def().name,
+                owner.def().name
+            )));
+        }
+        if matches!(q.def().role, QueueRole::DeadLetter | QueueRole::DeadXact) {
+            return Err(BrokerError::FailedPrecondition(format!(
+                "\"{}\" is a dead-letter queue: who may read it is the broker-wide right \"dead-letter\" (mqd user add --rights dead-letter), not an ACL",
+                q.def().name
+            )));
+        }
         // In force only once journaled: a refused change leaves the ACL as it was.
         let _one = self.redefinitions.lock().await;
         let mut acl = (**q.acl_lock()).clone();

@@ -955,6 +955,27 @@ impl Broker {
         self.local_queue(name, &addr)
     }
 
+    /// The queue `name` names, once `allow` passes on it. A subqueue or queue journal not opened
+    /// yet is created (journaled) only after `allow` passes on its main queue, whose rights it
+    /// has: a caller without rights creates nothing (subqueues count against a queue's limit of
+    /// 64 and every queue against `mqd --max-queues`).
+    pub fn queue_allowed<E: From<BrokerError>>(
+        &self,
+        name: &str,
+        allow: impl Fn(&Arc<Queue>) -> Result<(), E>,
+    ) -> Result<Arc<Queue>, E> {
+        let addr = self.resolve(name)?;
+        if matches!(addr.kind, QueueKind::Subqueue | QueueKind::Journal) {
+            let key = self.normal_queue_key(name, &addr)?;
+            if self.queue_by_key(&key).is_none() {
+                allow(&self.local_queue(name, &addr.main_queue())?)?;
+            }
+        }
+        let q = self.local_queue(name, &addr)?;
+        allow(&q)?;
+        Ok(q)
+    }
+
     /// The queue an address already known to be local names (`name` as written, for errors).
     pub(crate) fn local_queue(
         &self,

@@ -232,8 +232,10 @@ pub(crate) fn queue_for(
 ) -> ApiResult<(Arc<Broker>, Arc<Queue>)> {
     check_name("queue name", name)?;
     let broker = api.broker()?.clone();
-    let q = broker.queue(name)?;
-    api.auth()?.authorize(who, right, Some(&q))?;
+    let auth = api.auth()?;
+    let q = broker.queue_allowed(name, |q| {
+        auth.authorize(who, right, Some(q)).map_err(ApiError::from)
+    })?;
     Ok((broker, q))
 }
 
@@ -898,6 +900,16 @@ fn answer(key: &str, v: impl Into<Value>) -> Answer {
 }
 
 async fn get_broker(c: Caller) -> Answer {
+    if c.who.anonymous && c.api.auth()?.has_users() {
+        // As GetBrokerInfo answers an anonymous caller: what a client checks, nothing more.
+        let i = crate::info::public_broker_info(c.api.broker()?, Some(&c.api.ready));
+        return Ok(Json(json!({
+            "name": i.name,
+            "version": i.version,
+            "protocol_version": i.protocol_version,
+            "ready": i.ready,
+        })));
+    }
     Ok(Json(overview(&c.api)?))
 }
 
@@ -926,11 +938,14 @@ async fn post_queue(c: Caller, body: axum::body::Body) -> ApiResult<(StatusCode,
 
 async fn get_queue(Caller { api, who }: Caller, Args(name): Args<String>) -> Answer {
     check_name("queue name", &name)?;
-    let q = api.broker()?.queue(&name)?;
     let auth = api.auth()?;
-    if !auth.sees(&who, &q) {
-        auth.authorize(&who, Right::Peek, Some(&q))?;
-    }
+    let q = api.broker()?.queue_allowed(&name, |q| {
+        if auth.sees(&who, q) {
+            return Ok(());
+        }
+        auth.authorize(&who, Right::Peek, Some(q))
+            .map_err(ApiError::from)
+    })?;
     Ok(Json(queue_json(&q, api.rates_of(&q))))
 }
 

@@ -72,3 +72,16 @@ pub(crate) fn broker_info(b: &Broker, ready: Option<&Readiness>) -> v1::BrokerIn
         ready: ready.is_some_and(|r| r.check().is_ok()),
     }
 }
+
+/// What an anonymous caller learns when mqd has a users file: only what a client checks at
+/// connect (name, versions, ready); not the data directory, addresses, limits or counts, and
+/// without walking the queues.
+pub(crate) fn public_broker_info(b: &Broker, ready: Option<&Readiness>) -> v1::BrokerInfo {
+    v1::BrokerInfo {
+        name: b.config().name.clone(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        protocol_version: mq_proto::PROTOCOL_VERSION,
+        ready: ready.is_some_and(|r| r.check().is_ok()),
+        ..Default::default()
+    }
+}

@@ -223,6 +223,14 @@ impl StoredMessage {
                 m.id.len()
             ))
         })?;
+        // Not charged against a quota (an identity name): bounded instead.
+        if m.sender.len() > mq_proto::limits::MAX_SENDER_BYTES {
+            return Err(BrokerError::InvalidArgument(format!(
+                "a forwarded message's sender is {} bytes; the limit is {} (an identity name)",
+                m.sender.len(),
+                mq_proto::limits::MAX_SENDER_BYTES
+            )));
+        }
         let out = v1::OutMessage {
             body: m.body,
             label: m.label,

@@ -472,13 +472,18 @@ impl Queue {
 
     /// Who may do what with the queue now.
     pub fn acl(&self) -> Arc<crate::auth::Acl> {
-        if let Some(p) = self.parent.get() {
-            return p.acl();
-        }
-        if let Some(owner) = self.journaling.owner() {
+        if let Some(owner) = self.rights_owner() {
             return owner.acl();
         }
         self.acl.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The queue whose ACL this one has: a subqueue's main queue, a queue journal's queue.
+    pub(crate) fn rights_owner(&self) -> Option<Arc<Queue>> {
+        self.parent
+            .get()
+            .cloned()
+            .or_else(|| self.journaling.owner())
     }
 
     /// The live ACL, locked for a change (the caller journals it before releasing).

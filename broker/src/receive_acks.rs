@@ -11,21 +11,23 @@ pub const MAX_COALESCED: usize = 1024;
 
 /// `first` merged with every request already received on `inbound` (without waiting): the
 /// highest `ack_through` (acknowledgements are cumulative) and the sum of the credits. The
-/// `bool` is true when the stream ended (or failed) meanwhile: the merged request is still to
-/// be applied, then the stream is over.
+/// second value is `Some` when the stream ended meanwhile: the merged request is still to be
+/// applied, then the stream is over, with the status to end it with (a request above the size
+/// limit, as [`crate::service::refused_input`] says) or none (the client ended it or is gone).
 pub fn coalesce(
     first: v1::ReceiveRequest,
     inbound: &mut Streaming<v1::ReceiveRequest>,
-) -> (v1::ReceiveRequest, bool) {
+) -> (v1::ReceiveRequest, Option<Option<tonic::Status>>) {
     let mut merged = first;
     for _ in 1..MAX_COALESCED {
         match inbound.message().now_or_never() {
             Some(Ok(Some(r))) => merge(&mut merged, &r),
-            Some(_) => return (merged, true),
+            Some(Ok(None)) => return (merged, Some(None)),
+            Some(Err(status)) => return (merged, Some(crate::service::refused_input(status))),
             None => break,
         }
     }
-    (merged, false)
+    (merged, None)
 }
 
 /// Adds `r` to `into`.

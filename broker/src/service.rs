@@ -102,9 +102,8 @@ impl Service {
     /// The local queue `name` names, if `who` holds `right` on it.
     #[allow(clippy::result_large_err)]
     fn queue_for(&self, who: &Identity, right: Right, name: &str) -> Result<Arc<Queue>, Status> {
-        let q = self.broker.queue(name)?;
-        self.auth.authorize(who, right, Some(&q))?;
-        Ok(q)
+        self.broker
+            .queue_allowed(name, |q| self.auth.authorize(who, right, Some(q)))
     }
 }
 
@@ -334,11 +333,14 @@ impl MessageQueueService for Service {
         }))
     }
 
-    async fn get_broker_info(&self, _req: Request<()>) -> Result<Response<v1::BrokerInfo>, Status> {
-        Ok(Response::new(crate::info::broker_info(
-            &self.broker,
-            self.ready.as_deref(),
-        )))
+    async fn get_broker_info(&self, req: Request<()>) -> Result<Response<v1::BrokerInfo>, Status> {
+        let who = Identity::of(&req);
+        let info = if who.anonymous && self.auth.has_users() {
+            crate::info::public_broker_info(&self.broker, self.ready.as_deref())
+        } else {
+            crate::info::broker_info(&self.broker, self.ready.as_deref())
+        };
+        Ok(Response::new(info))
     }
 }
 
@@ -373,10 +375,12 @@ impl AdminService for Service {
         req: Request<v1::GetQueueInfoRequest>,
     ) -> Result<Response<v1::QueueInfo>, Status> {
         let who = Identity::of(&req);
-        let q = self.broker.queue(&req.into_inner().name)?;
-        if !self.auth.sees(&who, &q) {
-            self.auth.authorize(&who, Right::Peek, Some(&q))?;
-        }
+        let q = self.broker.queue_allowed(&req.into_inner().name, |q| {
+            if self.auth.sees(&who, q) {
+                return Ok(());
+            }
+            self.auth.authorize(&who, Right::Peek, Some(q))
+        })?;
         Ok(Response::new(q.info()))
     }
 
@@ -695,7 +699,9 @@ async fn send_stream(
                 break;
             }
         };
-        if let Err(status) = check_batch(&broker, batch.messages.len(), "a send batch") {
+        if let Err(status) = check_batch(&broker, batch.messages.len(), "a send batch")
+            .and_then(|()| check_seqs(batch.first_seq, batch.messages.len()))
+        {
             refused = Some(status);
             break;
         }
@@ -768,6 +774,19 @@ pub(crate) fn check_batch(broker: &Broker, n: usize, what: &str) -> Result<(), S
     if n > max {
         return Err(Status::out_of_range(format!(
             "{what} holds {n} messages; the limit is {max} (mqd --max-batch-messages)"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a send batch whose messages cannot all be numbered: `first_seq + count - 1` above
+/// 2^64 - 1 (the answer names every message by its seq). One status for the whole batch, which
+/// ends the stream, as for a batch above the size limit.
+#[allow(clippy::result_large_err)]
+pub(crate) fn check_seqs(first_seq: u64, n: usize) -> Result<(), Status> {
+    if n > 0 && first_seq.checked_add(n as u64 - 1).is_none() {
+        return Err(Status::out_of_range(format!(
+            "a send batch of {n} messages from first_seq {first_seq} numbers them past 2^64 - 1; number a stream's messages from 1 (SendRequest.first_seq)"
         )));
     }
     Ok(())
@@ -935,11 +954,13 @@ async fn consume(
                         Ok(c) => credit = credit.saturating_add(c),
                         Err(e) => break Some(e.into()),
                     }
-                    if ended {
-                        break None;
+                    if let Some(refused) = ended {
+                        break refused;
                     }
                 }
-                _ => break None,
+                Ok(None) => break None,
+                // A request above the size limit is refused naming it; else the client is gone.
+                Err(status) => break refused_input(status),
             },
             _ = broker.shutting_down() => {
                 let r = drain_acks(&broker, &queue, &conn, &mut in_flight, &mut inbound).await;
@@ -1231,9 +1252,7 @@ async fn transact(
             }
             Req::Receive(r) => {
                 if let Err(status) = broker
-                    .queue(&r.queue)
-                    .map_err(Status::from)
-                    .and_then(|q| auth.authorize(&who, Right::Receive, Some(&q)))
+                    .queue_allowed(&r.queue, |q| auth.authorize(&who, Right::Receive, Some(q)))
                 {
                     if status.code() == tonic::Code::PermissionDenied {
                         let _ = out.send(Err(status)).await;

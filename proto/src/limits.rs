@@ -12,6 +12,9 @@ pub const DEFAULT_MAX_FORMAT_NAME_ELEMENTS: usize = 100;
 pub const MAX_RESPONSE_QUEUE_BYTES: usize = MAX_FORMAT_NAME_ELEMENT_BYTES;
 /// The longest `source` (sending broker name) of a forwarding stream, in bytes.
 pub const MAX_SOURCE_BYTES: usize = 255;
+/// The longest `sender` of a forwarded message, in bytes: an identity name (a user of at most
+/// 128 characters is at most 512 bytes).
+pub const MAX_SENDER_BYTES: usize = 512;
 /// The longest reason kept with a refusal or a dead letter, in bytes (longer ones are cut).
 pub const MAX_REASON_BYTES: usize = 512;
 /// The longest outgoing-queue destination (`host:port` or a format name), in bytes.

@@ -390,6 +390,80 @@ async fn raw_protocol_abuse_is_refused_and_harmless() {
     broker.stop().await.unwrap();
 }
 
+/// Seqs past 2^64 - 1: a batch whose messages cannot all be numbered ends the stream with one
+/// OUT_OF_RANGE status and stores nothing of it; the batches before it are answered and kept.
+/// (It used to panic the stream's answering task on an overflow, leaving a stored message
+/// unanswered and the quota of the batches after it charged.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_seqs_past_the_largest_end_the_stream_and_store_nothing() {
+    let (broker, client) = InProcessBroker::start_with_queue(KEEP).await;
+    let keep = client.queue(KEEP).unwrap();
+    let mut rpc = v1::message_queue_service_client::MessageQueueServiceClient::connect(
+        broker.url().to_string(),
+    )
+    .await
+    .unwrap();
+    let batch = |first_seq: u64, messages: Vec<v1::OutMessage>| v1::SendRequest {
+        transactional: false,
+        tx_stream: Default::default(),
+        first_seq,
+        destination: KEEP.into(),
+        messages,
+    };
+    let mut acks = rpc
+        .send(futures::stream::iter(vec![
+            batch(1, vec![out("kept")]),
+            // The last seq there is: one message fits, and its failure names it.
+            batch(
+                u64::MAX,
+                vec![v1::OutMessage {
+                    priority: Some(9),
+                    ..out("bad priority")
+                }],
+            ),
+            batch(u64::MAX, vec![out("good0"), out("good1")]),
+            batch(2, vec![out("after")]),
+        ]))
+        .await
+        .unwrap()
+        .into_inner();
+    let ack = acks
+        .message()
+        .await
+        .unwrap()
+        .expect("the first batch's ack");
+    assert_eq!((ack.first_seq, ack.count, ack.failures.len()), (1, 1, 0));
+    let ack = acks
+        .message()
+        .await
+        .unwrap()
+        .expect("the second batch's ack");
+    assert_eq!((ack.first_seq, ack.count), (u64::MAX, 1));
+    assert_eq!(ack.failures.len(), 1, "{ack:?}");
+    assert_eq!(ack.failures[0].seq, u64::MAX);
+    let err = acks
+        .message()
+        .await
+        .expect_err("the third batch ends the stream");
+    assert_eq!(err.code(), tonic::Code::OutOfRange, "{err:?}");
+    assert!(
+        err.message().contains("first_seq 18446744073709551615")
+            && err.message().contains("2 messages"),
+        "{err:?}"
+    );
+    let info = keep.info().await.unwrap();
+    assert_eq!(info.messages, 1, "only the first batch is stored: {info:?}");
+    let got = keep
+        .receive(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("the kept message");
+    assert_eq!(&got.body[..], b"kept");
+    let info = keep.info().await.unwrap();
+    assert_eq!((info.messages, info.bytes), (0, 0), "{info:?}");
+    broker.stop().await.unwrap();
+}
+
 fn tokio_stream_from<T: Send + 'static>(
     mut rx: tokio::sync::mpsc::Receiver<T>,
 ) -> impl futures::Stream<Item = T> + Send + 'static {

@@ -166,6 +166,52 @@ async fn grpc_messages_above_body_limit_plus_headroom_are_refused() {
         .await
         .unwrap();
     assert_eq!(client.queue_info(Q).await.unwrap().messages, 1);
+    // A receive stream's later request above the limit ends it with the same refusal (it used
+    // to end it with OK, as if the client had closed it); the delivered message goes back.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(v1::ReceiveRequest {
+        queue: Q.into(),
+        credit: 10,
+        ack_through: 0,
+    })
+    .await
+    .unwrap();
+    let mut deliveries = rpc
+        .receive(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = deliveries.message().await.unwrap().expect("a delivery");
+    assert_eq!(first.messages.len(), 1);
+    tx.send(v1::ReceiveRequest {
+        queue: "q".repeat(10 << 20),
+        credit: 0,
+        ack_through: 0,
+    })
+    .await
+    .unwrap();
+    let status = loop {
+        match tokio::time::timeout(WAIT, deliveries.message()).await {
+            Ok(Ok(Some(_))) => continue,
+            Ok(Ok(None)) => panic!("a 10 MiB receive request ended the stream with OK"),
+            Ok(Err(status)) => break status,
+            Err(_) => panic!("a 10 MiB receive request: no answer within {WAIT:?}"),
+        }
+    };
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+    assert!(
+        status.message().contains("mqd --max-body-bytes"),
+        "{status:?}"
+    );
+    let back = eventually(WAIT, || async {
+        client
+            .queue_info(Q)
+            .await
+            .map(|i| i.messages == 1 && i.in_flight == 0)
+            .unwrap_or(false)
+    })
+    .await;
+    assert!(back, "{:?}", client.queue_info(Q).await);
     broker.stop().await.unwrap();
 }
 

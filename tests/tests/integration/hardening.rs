@@ -667,6 +667,55 @@ async fn a_huge_forward_source_is_refused_and_not_logged() {
     );
 }
 
+/// A forwarded message's `sender` is not charged against a quota, so it is bounded: one of
+/// 8 MiB is refused (rejected, not stored), one of 512 bytes is stored and keeps its sender.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_forwarded_sender_is_refused_and_not_stored() {
+    let dir = temp_data_dir("mq-hardening-");
+    let mqd = MqdProcess::launch(dir.path(), &[]);
+    let client = mqd.connect().await;
+    client
+        .create_queue(r".\private$\fwd", Default::default())
+        .await
+        .unwrap();
+    let with_sender = |seq: u64, sender: String| {
+        let mut m = forwarded(r".\private$\fwd", seq);
+        m.message.as_mut().unwrap().sender = sender;
+        m
+    };
+    let longest = "s".repeat(mq_proto::limits::MAX_SENDER_BYTES);
+    let (_tx, ack, _acks) = open_forward(
+        mqd.url(),
+        batch(
+            uuid::Uuid::now_v7(),
+            "peer",
+            vec![
+                with_sender(1, "h".repeat(8 << 20)),
+                with_sender(2, longest.clone()),
+            ],
+        ),
+    )
+    .await;
+    let ack = ack.expect("an answer");
+    assert_eq!((ack.count, ack.rejected.len()), (2, 1), "{ack:?}");
+    let r = &ack.rejected[0];
+    assert_eq!(r.index, 0, "{r:?}");
+    assert!(
+        r.reason
+            .contains("sender is 8388608 bytes; the limit is 512"),
+        "{r:?}"
+    );
+    let info = client.queue_info(r".\private$\fwd").await.unwrap();
+    assert_eq!(info.messages, 1, "{info:?}");
+    let q = client.queue(r".\private$\fwd").unwrap();
+    let got = q
+        .receive(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("the message with the longest sender");
+    assert_eq!(got.sender, longest);
+}
+
 /// A destination that refuses many messages does not make the sender log a line per message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_are_logged_rate_limited() {

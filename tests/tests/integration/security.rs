@@ -156,6 +156,103 @@ async fn every_right_allowed_and_denied_through_the_client() {
     broker.stop().await.unwrap();
 }
 
+/// Opening a subqueue or a queue journal creates it (MSMQ's subqueues are implicit), but only
+/// for a caller with a right on its queue: a stranger creates nothing, so cannot use up a
+/// queue's 64 subqueues (and with them the poison subqueue). It used to create them before the
+/// rights check refused the call.
+#[tokio::test]
+async fn a_caller_without_rights_creates_no_subqueue() {
+    let pki = TestPki::new("test CA");
+    let users = users(&pki);
+    let broker = InProcessBroker::start_with(|c| c.security.users_file = Some(users)).await;
+    let url = broker.url().to_string();
+    let admin = as_user(&url, "admin", "admin-pw").await;
+    let alice = as_user(&url, "alice", "alice-pw").await;
+    let anon = Client::connect(&url).await.unwrap();
+    admin
+        .create_queue(Q, QueueOptions::default())
+        .await
+        .unwrap();
+    for i in 0..40 {
+        denied(alice.queue_info(&format!("{Q};junk{i}")).await, &["alice"]);
+    }
+    for i in 40..70 {
+        let q = anon.queue(&format!("{Q};junk{i}")).unwrap();
+        denied(q.peek(Duration::ZERO).await, &["anonymous"]);
+    }
+    let journal = anon.queue(&format!("{Q};journal")).unwrap();
+    denied(journal.peek(Duration::ZERO).await, &["anonymous"]);
+    // All 64 subqueues are still there for who may open them.
+    for i in 0..64 {
+        let q = admin.queue(&format!("{Q};s{i}")).unwrap();
+        assert!(q.peek(Duration::ZERO).await.unwrap().is_none());
+    }
+    broker.stop().await.unwrap();
+}
+
+/// A subqueue and a queue journal have their queue's rights, and a dead-letter queue the
+/// broker-wide `dead-letter` right: changing their ACL is refused, naming where the rights come
+/// from (it used to be journaled and answered, and count for nothing).
+#[tokio::test]
+async fn acl_changes_where_an_acl_counts_for_nothing_are_refused() {
+    let pki = TestPki::new("test CA");
+    let users = users(&pki);
+    let broker = InProcessBroker::start_with(|c| c.security.users_file = Some(users)).await;
+    let admin = as_user(broker.url(), "admin", "admin-pw").await;
+    admin
+        .create_queue(Q, QueueOptions::default())
+        .await
+        .unwrap();
+    for name in [format!("{Q};sub"), format!("{Q};journal")] {
+        match admin.grant(&name, "alice", &["peek"]).await {
+            Err(Error::FailedPrecondition(m)) => {
+                assert!(m.contains("has the rights of queue"), "{m}")
+            }
+            other => panic!("granting on {name}: {other:?}"),
+        }
+    }
+    match admin
+        .grant(r"DIRECT=OS:.\SYSTEM$;DEADLETTER", "alice", &["peek"])
+        .await
+    {
+        Err(Error::FailedPrecondition(m)) => assert!(m.contains("\"dead-letter\""), "{m}"),
+        other => panic!("granting on the dead-letter queue: {other:?}"),
+    }
+    // The queue's own ACL still changes, and its subqueue follows it.
+    admin.grant(Q, "alice", &["peek"]).await.unwrap();
+    let alice = as_user(broker.url(), "alice", "alice-pw").await;
+    let sub = alice.queue(&format!("{Q};sub")).unwrap();
+    assert!(sub.peek(Duration::ZERO).await.unwrap().is_none());
+    broker.stop().await.unwrap();
+}
+
+/// With a users file, an anonymous caller's GetBrokerInfo says only what a client checks at
+/// connect (name, versions, ready); a user gets the rest.
+#[tokio::test]
+async fn anonymous_broker_info_says_only_what_a_client_checks() {
+    let pki = TestPki::new("test CA");
+    let users = users(&pki);
+    let broker = InProcessBroker::start_with(|c| c.security.users_file = Some(users)).await;
+    let anon = Client::connect(broker.url()).await.unwrap();
+    let alice = as_user(broker.url(), "alice", "alice-pw").await;
+    let seen = anon.broker_info().await.unwrap();
+    assert!(
+        !seen.name.is_empty() && !seen.version.is_empty(),
+        "{seen:?}"
+    );
+    assert_eq!(seen.protocol_version, mq_proto::PROTOCOL_VERSION);
+    assert!(
+        seen.data_dir.is_empty() && seen.limits.is_empty() && seen.listen.is_empty(),
+        "{seen:?}"
+    );
+    let full = alice.broker_info().await.unwrap();
+    assert!(
+        !full.data_dir.is_empty() && !full.limits.is_empty(),
+        "{full:?}"
+    );
+    broker.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn without_a_users_file_everyone_has_every_right() {
     let (broker, client) = InProcessBroker::start_with_queue(Q).await;
