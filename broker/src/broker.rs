@@ -862,7 +862,7 @@ impl Broker {
         let key = self.normal_queue_key(name, &addr)?;
         if addr.kind != QueueKind::Normal {
             return Err(BrokerError::FailedPrecondition(format!(
-                "\"{}\" is a dead-letter queue or a subqueue; those cannot be deleted (purge it instead; subqueues go with their queue)",
+                "\"{}\" is a dead-letter queue, a journal queue or a subqueue; those cannot be deleted (purge it instead; a queue's subqueues and journal go with it)",
                 quote(name)
             )));
         }

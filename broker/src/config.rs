@@ -197,7 +197,25 @@ pub struct FlowLimits {
     /// Most messages in one `SendRequest`, `TxSend` or `ForwardRequest`; a bigger one ends its
     /// stream with one refusal.
     pub max_batch_messages: usize,
+    /// Most bytes of request messages received in part (not yet whole) on one connection; the
+    /// stream whose bytes go over it is ended with RESOURCE_EXHAUSTED. At least one gRPC
+    /// message ([`BrokerConfig::grpc_message_limit`]): raised to it.
+    pub max_partial_bytes_per_connection: u64,
+    /// The same, broker-wide (raised to at least the per-connection limit).
+    pub max_partial_bytes: u64,
+    /// A request message whose first byte came must be whole this long after it, or its stream
+    /// is ended with DEADLINE_EXCEEDED; a Receive, Browse or Forward stream's first request
+    /// must come within as long of its opening.
+    pub message_arrival_timeout: std::time::Duration,
 }
+
+/// Default [`FlowLimits::max_partial_bytes_per_connection`]: 64 MiB.
+pub const DEFAULT_MAX_PARTIAL_BYTES_PER_CONNECTION: u64 = 64 << 20;
+/// Default [`FlowLimits::max_partial_bytes`]: 512 MiB.
+pub const DEFAULT_MAX_PARTIAL_BYTES: u64 = 512 << 20;
+/// Default [`FlowLimits::message_arrival_timeout`]: 120 s.
+pub const DEFAULT_MESSAGE_ARRIVAL_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(120);
 
 impl Default for FlowLimits {
     fn default() -> Self {
@@ -215,6 +233,9 @@ impl Default for FlowLimits {
             cursor_idle: DEFAULT_CURSOR_IDLE,
             tx_stream_idle: DEFAULT_TX_STREAM_IDLE,
             max_batch_messages: DEFAULT_MAX_BATCH_MESSAGES,
+            max_partial_bytes_per_connection: DEFAULT_MAX_PARTIAL_BYTES_PER_CONNECTION,
+            max_partial_bytes: DEFAULT_MAX_PARTIAL_BYTES,
+            message_arrival_timeout: DEFAULT_MESSAGE_ARRIVAL_TIMEOUT,
         }
     }
 }

@@ -50,6 +50,20 @@ pub(crate) fn peer_of<T>(req: &tonic::Request<T>) -> Option<Peer> {
     })
 }
 
+/// The connection an HTTP request came on (as [`peer_of`], from the extensions tonic's server
+/// puts on every request: TCP, TLS over TCP, or the Unix socket).
+pub(crate) fn peer_of_extensions(ext: &http::Extensions) -> Option<Peer> {
+    use tonic::transport::server::TlsConnectInfo;
+    ext.get::<TcpConnectInfo>()
+        .and_then(|i| i.remote_addr())
+        .or_else(|| {
+            ext.get::<TlsConnectInfo<TcpConnectInfo>>()
+                .and_then(|i| i.get_ref().remote_addr())
+        })
+        .map(Peer::Tcp)
+        .or_else(|| ext.get::<LocalConnectInfo>().map(|i| Peer::Local(i.id)))
+}
+
 /// The broker's live client connections, by peer.
 #[derive(Debug)]
 pub(crate) struct Connections {
@@ -79,6 +93,8 @@ pub(crate) struct Connection {
     transactions: AtomicUsize,
     /// Open cursors (browse streams).
     cursors: AtomicUsize,
+    /// Bytes of request messages received in part (see `partial_requests`).
+    partial: AtomicU64,
 }
 
 impl Connections {
@@ -380,6 +396,11 @@ impl Drop for RoomWait<'_> {
 }
 
 impl Connection {
+    /// Bytes of request messages received in part on this connection.
+    pub(crate) fn partial_bytes(&self) -> &AtomicU64 {
+        &self.partial
+    }
+
     /// Opens a cursor slot, or `None` if the connection has `max` open.
     pub(crate) fn open_cursor(self: &Arc<Self>, max: usize) -> Option<CursorSlot> {
         let n = self.cursors.fetch_add(1, Ordering::AcqRel);

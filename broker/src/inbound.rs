@@ -293,17 +293,19 @@ pub(crate) async fn forward_stream(
     mut inbound: Streaming<v1::ForwardRequest>,
     out: mpsc::Sender<Result<v1::ForwardResponse, Status>>,
 ) {
-    let mut first = match inbound.message().await {
-        Ok(Some(b)) => b,
-        Err(status) => {
-            // A batch above the size limit: the sending broker shows why (its last error).
-            if let Some(refused) = crate::service::refused_input(status) {
-                let _ = out.send(Err(refused)).await;
+    let mut first =
+        match crate::service::first_request(&broker, &mut inbound, "a forwarding stream").await {
+            Ok(Some(b)) => b,
+            Err(status) => {
+                // A batch above the size limit, or none in time: the sending broker shows why (its
+                // last error).
+                if let Some(refused) = crate::service::refused_input(status) {
+                    let _ = out.send(Err(refused)).await;
+                }
+                return;
             }
-            return;
-        }
-        Ok(None) => return,
-    };
+            Ok(None) => return,
+        };
     crate::large_bodies::own_small_forwarded_bodies(&mut first);
     let Ok(id) = uuid::Uuid::from_slice(&first.stream_id) else {
         let _ = out

@@ -75,6 +75,7 @@ mod message;
 mod metrics;
 mod outcome;
 mod outgoing_admin;
+mod partial_requests;
 mod prefault;
 mod preview;
 mod props;

@@ -61,6 +61,8 @@ pub(crate) struct Counters {
     refused: [AtomicU64; 17],
     calls: AtomicU64,
     calls_open: AtomicI64,
+    /// Bytes of request messages received in part, broker-wide (`partial_requests`).
+    pub(crate) partial_request_bytes: AtomicU64,
     /// Unix ms as of which the saved totals are on disk (`counters_store.rs`); 0: not yet.
     pub(crate) saved_ms: AtomicU64,
 }
@@ -627,6 +629,12 @@ impl prometheus_client::collector::Collector for Collector {
             "mq_grpc_calls_open",
             "gRPC calls (HTTP/2 streams) open now: send, receive and transaction streams and unary calls",
             c.calls_open.load(Ordering::Relaxed).max(0),
+        )?;
+        gauge(
+            &mut e,
+            "mq_partial_request_bytes",
+            "Bytes of gRPC request messages received in part (not yet whole), all connections (mqd --max-partial-bytes)",
+            c.partial_request_bytes.load(Ordering::Relaxed),
         )?;
         counter(
             &mut e,

@@ -166,6 +166,16 @@ pub async fn run_with_ready(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| RunError::Http(format!("cannot build gRPC reflection: {e}")))?;
+    let partial = crate::partial_requests::PartialLayer {
+        limits: std::sync::Arc::new(crate::partial_requests::PartialLimits::new(
+            flow.max_partial_bytes_per_connection,
+            flow.max_partial_bytes,
+            flow.message_arrival_timeout,
+            limit as u64,
+            broker.counters().clone(),
+        )),
+        connections: connections.clone(),
+    };
     let incoming = crate::flow::accept(listener, connections.clone());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // The same services, for TCP (with TLS if configured) and for the Unix socket (never TLS:
@@ -187,6 +197,8 @@ pub async fn run_with_ready(
                 .max_concurrent_streams(Some(flow.max_streams_per_connection))
                 .http2_max_header_list_size(Some(crate::config::MAX_HEADER_LIST_BYTES))
                 .layer(crate::metrics::CountCalls(broker.counters().clone()))
+                // Bytes of unfinished request messages, per connection and in all, and time.
+                .layer(partial.clone())
                 // Every error status gets its google.rpc.ErrorInfo (domain mq, a reason).
                 .layer(crate::rich_error::ErrorInfoLayer)
                 .add_service(svc.clone())

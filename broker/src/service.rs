@@ -127,9 +127,13 @@ impl MessageQueueService for Service {
         let who = Identity::of(&req);
         let conn = self.connection(&req);
         let mut inbound = req.into_inner();
-        let first = inbound.message().await?.ok_or_else(|| {
-            Status::invalid_argument("a receive stream must start with a request naming the queue")
-        })?;
+        let first = first_request(&self.broker, &mut inbound, "a receive stream")
+            .await?
+            .ok_or_else(|| {
+                Status::invalid_argument(
+                    "a receive stream must start with a request naming the queue",
+                )
+            })?;
         let queue = self.queue_for(&who, Right::Receive, &first.queue)?;
         let broker = self.broker.clone();
         Ok(spawn_stream(4, |tx| {
@@ -297,9 +301,13 @@ impl MessageQueueService for Service {
             ))
         })?;
         let mut inbound = req.into_inner();
-        let first = inbound.message().await?.ok_or_else(|| {
-            Status::invalid_argument("a browse stream must start with a request naming the queue")
-        })?;
+        let first = first_request(&self.broker, &mut inbound, "a browse stream")
+            .await?
+            .ok_or_else(|| {
+                Status::invalid_argument(
+                    "a browse stream must start with a request naming the queue",
+                )
+            })?;
         let queue = self.queue_for(&who, Right::Peek, &first.queue)?;
         let (broker, auth) = (self.broker.clone(), self.auth.clone());
         Ok(spawn_stream(4, move |tx| {
@@ -792,15 +800,35 @@ pub(crate) fn check_seqs(first_seq: u64, n: usize) -> Result<(), Status> {
     Ok(())
 }
 
-/// A request stream's error as its client should hear it: a message above the size limit is
-/// refused naming the limit (`Some`); anything else means the client is gone (`None`).
+/// A stream's first request (the one that names what the stream is for), which must come
+/// within `mqd --message-arrival-timeout` of the stream's opening: a stream that never sends it
+/// holds a stream slot (and for Browse a cursor slot) no longer.
+pub(crate) async fn first_request<T: prost::Message + Default>(
+    broker: &Broker,
+    inbound: &mut Streaming<T>,
+    what: &str,
+) -> Result<Option<T>, Status> {
+    let within = broker.config().flow.message_arrival_timeout;
+    match tokio::time::timeout(within, inbound.message()).await {
+        Ok(r) => r,
+        Err(_) => Err(Status::deadline_exceeded(format!(
+            "{what} sent no first request within {within:?} of its opening (mqd --message-arrival-timeout)"
+        ))),
+    }
+}
+
+/// A request stream's error as its client should hear it (`Some`): a message above the size
+/// limit is refused naming the limit; an unfinished message over its limits (bytes or time,
+/// `partial_requests`) as that layer said. Anything else means the client is gone (`None`).
 pub(crate) fn refused_input(status: Status) -> Option<Status> {
-    (status.code() == tonic::Code::OutOfRange).then(|| {
-        Status::out_of_range(format!(
+    match status.code() {
+        tonic::Code::OutOfRange => Some(Status::out_of_range(format!(
             "{}; one gRPC message may hold at most the body limit (mqd --max-body-bytes) plus 8 MiB",
             status.message()
-        ))
-    })
+        ))),
+        tonic::Code::ResourceExhausted | tonic::Code::DeadlineExceeded => Some(status),
+        _ => None,
+    }
 }
 
 /// `send` on every local target; a remote one is checked by its broker (any authenticated

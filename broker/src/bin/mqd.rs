@@ -208,6 +208,20 @@ struct Args {
             .range(mq_broker::MIN_MAX_BATCH_MESSAGES as u64..)
     )]
     max_batch_messages: usize,
+    /// Most bytes of request messages received in part (their prefix and some of their bytes
+    /// came, not yet all) on one connection; the stream whose bytes go over it is ended with
+    /// RESOURCE_EXHAUSTED. Raised to at least one gRPC message (--max-body-bytes + 8 MiB).
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_partial_bytes_per_connection, value_name = "BYTES")]
+    max_partial_bytes_per_connection: u64,
+    /// The same, for all connections together (raised to at least the per-connection limit).
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_partial_bytes, value_name = "BYTES")]
+    max_partial_bytes: u64,
+    /// A request message must be whole this long after its first byte came, or its stream is
+    /// ended with DEADLINE_EXCEEDED (a client that declares a message and stalls holds its
+    /// bytes no longer); a Receive, Browse or Forward stream must send its first request (the
+    /// one naming the queue) within as long of its opening. E.g. 120s, 10m.
+    #[arg(long, default_value = "120s", value_parser = nonzero_duration, value_name = "DURATION")]
+    message_arrival_timeout: std::time::Duration,
     /// Most elements in a multiple-element format name (FORMATNAME:a,b,...) one send may use.
     #[arg(
         long,
@@ -455,6 +469,9 @@ async fn run() -> anyhow::Result<()> {
         cursor_idle: std::time::Duration::from_secs(args.cursor_idle_secs),
         tx_stream_idle: args.tx_stream_idle,
         max_batch_messages: args.max_batch_messages,
+        max_partial_bytes_per_connection: args.max_partial_bytes_per_connection,
+        max_partial_bytes: args.max_partial_bytes,
+        message_arrival_timeout: args.message_arrival_timeout,
     };
     config.max_format_name_elements = args.max_format_name_elements;
     config.outgoing_idle_expiry = args.outgoing_idle_expiry;

@@ -756,3 +756,219 @@ async fn an_unacknowledged_message_comes_back_after_the_ack_timeout() {
     }
     assert_eq!(client.queue_info(Q).await.unwrap().messages, 0);
 }
+
+/// The `mq_partial_request_bytes` gauge of the broker whose HTTP port is `http`.
+fn partial_gauge(http: &str) -> Option<u64> {
+    let mut r = ureq::get(&format!("http://{http}/metrics")).call().ok()?;
+    let body = r.body_mut().read_to_string().ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix("mq_partial_request_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A request body fed from a channel, for calls that send a gRPC message in part and stall.
+struct FedBody(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl http_body::Body for FedBody {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, tonic::Status>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|b| b.map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+/// The 5-byte prefix of a gRPC message of `declared` bytes, and `sent` of them.
+fn part(declared: u32, sent: usize) -> Vec<Bytes> {
+    let mut prefix = vec![0u8];
+    prefix.extend_from_slice(&declared.to_be_bytes());
+    vec![Bytes::from(prefix), Bytes::from(vec![0u8; sent])]
+}
+
+/// Opens `path` on `channel` (one HTTP/2 connection) and sends `first` (for example the start
+/// of a message, see [`part`]). Returns the body's feed (keep it: dropping it ends the request)
+/// and the call's status once it ends (from its headers or trailers).
+async fn unfinished_call(
+    channel: &tonic::transport::Channel,
+    url: &str,
+    path: &str,
+    first: Vec<Bytes>,
+) -> (
+    tokio::sync::mpsc::Sender<Bytes>,
+    tokio::task::JoinHandle<tonic::Status>,
+) {
+    use tonic::client::GrpcService;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    for b in first {
+        tx.send(b).await.unwrap();
+    }
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("{url}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(tonic::body::Body::new(FedBody(rx)))
+        .unwrap();
+    let mut ch = channel.clone();
+    futures::future::poll_fn(|cx| GrpcService::poll_ready(&mut ch, cx))
+        .await
+        .unwrap();
+    let call = GrpcService::call(&mut ch, req);
+    let status = tokio::spawn(async move {
+        let resp = call.await.expect("an HTTP/2 response");
+        if let Some(s) = tonic::Status::from_header_map(resp.headers()) {
+            return s;
+        }
+        let mut body = resp.into_body();
+        loop {
+            match futures::future::poll_fn(|cx| {
+                http_body::Body::poll_frame(std::pin::Pin::new(&mut body), cx)
+            })
+            .await
+            {
+                Some(Ok(frame)) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        return tonic::Status::from_header_map(&trailers).unwrap_or_else(|| {
+                            tonic::Status::unknown("trailers without a status")
+                        });
+                    }
+                }
+                Some(Err(s)) => return s,
+                None => return tonic::Status::unknown("the response ended without a status"),
+            }
+        }
+    });
+    (tx, status)
+}
+
+/// Request messages received in part cost memory until they are whole: a client that declares
+/// a message and sends part of it is bounded per connection (`--max-partial-bytes-per-connection`),
+/// broker-wide (`--max-partial-bytes`) and in time (`--message-arrival-timeout`), each refusal
+/// naming its limit, and what a refused or timed-out call held is given back; a stream that
+/// never sends its first request ends after the same time. (Before: 8 stalled Send streams of
+/// one connection held ~12 MiB each, and a Receive or Browse stream waited, for ever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_request_messages_are_bounded_in_bytes_and_time() {
+    const SEND: &str = "/mq.v1.MessageQueueService/Send";
+    const RECEIVE: &str = "/mq.v1.MessageQueueService/Receive";
+    let arrival = Duration::from_secs(3);
+    let http = format!("127.0.0.1:{}", mq_tests::free_port());
+    let broker = InProcessBroker::start_with(|c| {
+        c.max_body_bytes = 1000; // one gRPC message: 1000 B + 8 MiB
+        c.flow.max_partial_bytes_per_connection = 10 << 20;
+        c.flow.max_partial_bytes = 12 << 20;
+        c.flow.message_arrival_timeout = arrival;
+        c.http_listen = Some(http.parse().unwrap());
+    })
+    .await;
+    // The broker's count of bytes in unfinished messages (its gauge), once it is `want`: the
+    // calls below run one at a time, each once the broker has what the one before sent.
+    let held = |want: u64| {
+        let http = http.clone();
+        async move {
+            let got = eventually(WAIT, || {
+                let http = http.clone();
+                async move {
+                    tokio::task::spawn_blocking(move || partial_gauge(&http))
+                        .await
+                        .unwrap()
+                        == Some(want)
+                }
+            })
+            .await;
+            assert!(
+                got,
+                "mq_partial_request_bytes never {want}: {:?}",
+                partial_gauge(&http)
+            );
+        }
+    };
+    let client = broker.client().await;
+    mq_tests::create_default_queue(&client, Q).await;
+    let url = broker.url().to_string();
+    let connect = || async {
+        tonic::transport::Channel::from_shared(url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    };
+    let (a, b) = (connect().await, connect().await);
+    let begun = std::time::Instant::now();
+    // Streams that never send their first request (the one naming the queue).
+    const BROWSE: &str = "/mq.v1.MessageQueueService/Browse";
+    let (_r0, r0) = unfinished_call(&b, &url, RECEIVE, Vec::new()).await;
+    let (_c0, c0) = unfinished_call(&b, &url, BROWSE, Vec::new()).await;
+    // Connection A: 6 MB of an 8 MB message, then nothing.
+    let (_a1, a1) = unfinished_call(&a, &url, SEND, part(8_000_000, 6_000_000)).await;
+    held(6_000_005).await;
+    // 6 MB more on A: over its 10 MiB.
+    let (_a2, a2) = unfinished_call(&a, &url, RECEIVE, part(8_000_000, 6_000_000)).await;
+    let s = tokio::time::timeout(WAIT, a2).await.unwrap().unwrap();
+    assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{s:?}");
+    assert!(
+        s.message()
+            .contains("mqd --max-partial-bytes-per-connection"),
+        "{s:?}"
+    );
+    held(6_000_005).await;
+    // 7 MB on B: within B's own limit, over the broker's 12 MiB (A still holds 6 MB).
+    let (_b1, b1) = unfinished_call(&b, &url, SEND, part(8_000_000, 7_000_000)).await;
+    let s = tokio::time::timeout(WAIT, b1).await.unwrap().unwrap();
+    assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{s:?}");
+    assert!(s.message().contains("(mqd --max-partial-bytes)"), "{s:?}");
+    held(6_000_005).await;
+    // A's message is not whole in time: its stream ends, naming the limit.
+    let s = tokio::time::timeout(WAIT, a1).await.unwrap().unwrap();
+    assert!(
+        begun.elapsed() >= arrival,
+        "ended after {:?}",
+        begun.elapsed()
+    );
+    assert_eq!(s.code(), tonic::Code::DeadlineExceeded, "{s:?}");
+    assert!(
+        s.message().contains("mqd --message-arrival-timeout"),
+        "{s:?}"
+    );
+    held(0).await;
+    for (what, call) in [("receive", r0), ("browse", c0)] {
+        let s = tokio::time::timeout(WAIT, call).await.unwrap().unwrap();
+        assert_eq!(s.code(), tonic::Code::DeadlineExceeded, "{what}: {s:?}");
+        assert!(
+            s.message()
+                .contains(&format!("a {what} stream sent no first request within 3s")),
+            "{s:?}"
+        );
+    }
+    // Everything held was given back: 7 MB on B now fits, and is finished into a whole
+    // (if undecodable) message that is refused for what it is, not for its size.
+    let (b2_feed, b2) = unfinished_call(&b, &url, SEND, part(7_000_000, 6_000_000)).await;
+    b2_feed
+        .send(Bytes::from(vec![0u8; 1_000_000]))
+        .await
+        .unwrap();
+    drop(b2_feed);
+    let s = tokio::time::timeout(WAIT, b2).await.unwrap().unwrap();
+    assert!(
+        !matches!(
+            s.code(),
+            tonic::Code::ResourceExhausted | tonic::Code::DeadlineExceeded
+        ),
+        "{s:?}"
+    );
+    held(0).await;
+    // The broker still serves.
+    client
+        .queue(Q)
+        .unwrap()
+        .send(Message::new("after"))
+        .await
+        .unwrap();
+    assert_eq!(client.queue_info(Q).await.unwrap().messages, 1);
+    broker.stop().await.unwrap();
+}
