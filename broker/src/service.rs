@@ -692,9 +692,12 @@ async fn send_stream(
     let mut cached: Option<(String, bool, crate::broker::Destinations)> = None;
     let mut tx_stream = crate::tx_stream::TxStream::new(broker.clone());
     loop {
+        // Once the broker is stopping, no new batch is taken even if one is waiting: express
+        // messages accepted now would be answered and then lost with the process.
         let batch = tokio::select! {
-            b = inbound.message() => b,
+            biased;
             _ = broker.shutting_down() => break,
+            b = inbound.message() => b,
         };
         let batch = match batch {
             Ok(Some(b)) => b,

@@ -176,6 +176,11 @@ pub enum Event {
     /// A fault applied to broker `broker` (0 = A, 1 = B) at `t` (before the signal was sent).
     Fault {
         t: u64,
+        /// For a fault that ends the process (kill -9, SIGTERM): when it was seen to have
+        /// exited (0 in histories written before it was recorded: then `t`). A graceful stop
+        /// takes a while, and what the broker accepted meanwhile is as gone as what it held.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        t_end: u64,
         broker: usize,
         kind: FaultKind,
     },
@@ -274,4 +279,8 @@ mod tests {
         assert!(line.starts_with(r#"{"ev":"send""#), "{line}");
         assert_eq!(serde_json::from_str::<Event>(&line).unwrap(), e);
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

@@ -187,12 +187,15 @@ pub async fn run(opts: &Options) -> anyhow::Result<RunResult> {
                 }
             );
         }
+        let t = history.now();
+        let struck = strike(&nodes, net.as_deref(), f, &history).await;
         history.push(Event::Fault {
-            t: history.now(),
+            t,
+            t_end: struck.as_ref().ok().copied().flatten().unwrap_or(0),
             broker: f.broker,
             kind: f.kind,
         });
-        if let Err(e) = strike(&nodes, net.as_deref(), f).await {
+        if let Err(e) = struck {
             incidents.push(format!("cycle {}: {e:#}", f.cycle));
             break;
         }
@@ -263,9 +266,16 @@ pub async fn run(opts: &Options) -> anyhow::Result<RunResult> {
     Ok(result)
 }
 
-/// Applies one fault; the broker is running again (or continued) when it returns.
-async fn strike(nodes: &Nodes, net: Option<&Net>, f: PlannedFault) -> anyhow::Result<()> {
+/// Applies one fault; the broker is running again (or continued) when it returns. For a fault
+/// that ends the process, returns when (on `history`'s clock) it was seen to have exited.
+async fn strike(
+    nodes: &Nodes,
+    net: Option<&Net>,
+    f: PlannedFault,
+    history: &History,
+) -> anyhow::Result<Option<u64>> {
     let b = f.broker;
+    let mut ended = None;
     match f.kind {
         FaultKind::Partition => {
             let net = net.context("a partition without namespaces")?;
@@ -279,23 +289,20 @@ async fn strike(nodes: &Nodes, net: Option<&Net>, f: PlannedFault) -> anyhow::Re
                 .netem(loss, delay, jitter, reorder, duplicate)?;
         }
         FaultKind::Kill9 => {
-            with_nodes(nodes, move |n| {
-                n[b].kill9()?;
-                n[b].start()
-            })
-            .await?
+            with_nodes(nodes, move |n| n[b].kill9()).await?;
+            ended = Some(history.now());
+            with_nodes(nodes, move |n| n[b].start()).await?
         }
         FaultKind::Kill9SlowStart => {
             with_nodes(nodes, move |n| n[b].kill9()).await?;
+            ended = Some(history.now());
             tokio::time::sleep(f.pause).await;
             with_nodes(nodes, move |n| n[b].start()).await?;
         }
         FaultKind::Term => {
-            with_nodes(nodes, move |n| {
-                n[b].terminate()?;
-                n[b].start()
-            })
-            .await?
+            with_nodes(nodes, move |n| n[b].terminate()).await?;
+            ended = Some(history.now());
+            with_nodes(nodes, move |n| n[b].start()).await?
         }
         FaultKind::Stop => {
             with_nodes(nodes, move |n| n[b].stop()).await?;
@@ -319,7 +326,8 @@ async fn strike(nodes: &Nodes, net: Option<&Net>, f: PlannedFault) -> anyhow::Re
         }
         Ok(())
     })
-    .await
+    .await?;
+    Ok(ended)
 }
 
 /// After the workload: waits for in-flight messages and outgoing queues to settle, reads the
