@@ -242,6 +242,10 @@ impl History {
     }
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,8 +283,4 @@ mod tests {
         assert!(line.starts_with(r#"{"ev":"send""#), "{line}");
         assert_eq!(serde_json::from_str::<Event>(&line).unwrap(), e);
     }
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
