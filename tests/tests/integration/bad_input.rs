@@ -656,3 +656,168 @@ async fn every_bounded_unary_field_is_refused_with_its_rule() {
     assert_eq!(keep.info().await.unwrap().messages, 1);
     broker.stop().await.unwrap();
 }
+
+/// The first error of a stream call (the stream's status, or its first answer's error).
+async fn stream_error<T: std::fmt::Debug>(
+    r: Result<tonic::Response<tonic::Streaming<T>>, tonic::Status>,
+) -> tonic::Status {
+    let mut s = match r {
+        Err(status) => return status,
+        Ok(s) => s.into_inner(),
+    };
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), s.message()).await {
+            Ok(Err(status)) => return status,
+            Ok(Ok(Some(_))) => continue,
+            Ok(Ok(None)) => panic!("the stream ended without an error"),
+            Err(_) => panic!("no error within 10 s"),
+        }
+    }
+}
+
+/// Every bounded field of the stream calls, out of range, through the raw protocol: a
+/// transaction request without an operation, a TxBegin that is not first or not 16 bytes, an
+/// unknown cursor action, a forwarding stream id that is not 16 bytes, and a transactional send
+/// stream's `tx_stream` of the wrong length, changed between batches or with a gap in its seqs.
+/// Each is refused with a line naming the rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bounded_stream_field_is_refused_with_its_rule() {
+    let (broker, client) = InProcessBroker::start_with_queue(KEEP).await;
+    let txq = r".\private$\txq";
+    client
+        .create_queue(
+            txq,
+            mq_client::QueueOptions {
+                transactional: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let url = broker.url().to_string();
+    let mut mq = v1::message_queue_service_client::MessageQueueServiceClient::connect(url.clone())
+        .await
+        .unwrap();
+    use v1::transact_request::Op;
+    let tx = |ops: Vec<Option<Op>>| {
+        futures::stream::iter(
+            ops.into_iter()
+                .map(|op| v1::TransactRequest { op })
+                .collect::<Vec<_>>(),
+        )
+    };
+    let begin = |n: usize| {
+        Op::Begin(v1::TxBegin {
+            id: vec![7u8; n].into(),
+        })
+    };
+    let send = Op::Send(v1::TxSend {
+        destination: txq.into(),
+        messages: vec![out("t")],
+    });
+    for (what, ops, words) in [
+        ("no operation", vec![None], "must carry an operation"),
+        (
+            "a TxBegin of 3 bytes",
+            vec![Some(begin(3))],
+            "a transaction id is 16 bytes; got 3",
+        ),
+        (
+            "a TxBegin after a send",
+            vec![Some(send), Some(begin(16))],
+            "TxBegin must be the first request of a transaction",
+        ),
+    ] {
+        let status = stream_error(mq.transact(tx(ops)).await).await;
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{what}: {status:?}"
+        );
+        assert!(status.message().contains(words), "{what}: {status:?}");
+    }
+    let status = stream_error(
+        mq.browse(futures::stream::iter(vec![v1::BrowseRequest {
+            queue: KEEP.into(),
+            action: 99,
+            timeout_ms: 0,
+        }]))
+        .await,
+    )
+    .await;
+    assert!(
+        status.code() == tonic::Code::InvalidArgument
+            && status.message().contains("unknown cursor action 99"),
+        "{status:?}"
+    );
+    let mut fwd = v1::forward_service_client::ForwardServiceClient::connect(url)
+        .await
+        .unwrap();
+    let status = stream_error(
+        fwd.forward(futures::stream::iter(vec![v1::ForwardRequest {
+            stream_id: vec![1, 2, 3].into(),
+            source: "peer".into(),
+            batch: 1,
+            settled_below: 0,
+            messages: Vec::new(),
+        }]))
+        .await,
+    )
+    .await;
+    assert!(
+        status.code() == tonic::Code::InvalidArgument
+            && status
+                .message()
+                .contains("a forwarding stream id must be 16 bytes"),
+        "{status:?}"
+    );
+    // A transactional send stream: the refusal is each message's failure.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let id = |r: u128| mq_proto::txid::new_stream(now_ms, r).to_be_bytes().to_vec();
+    let batch = |stream: Vec<u8>, first_seq: u64| v1::SendRequest {
+        transactional: true,
+        tx_stream: stream.into(),
+        first_seq,
+        destination: txq.into(),
+        messages: vec![out("s")],
+    };
+    for (what, batches, words) in [
+        (
+            "a tx_stream of 5 bytes",
+            vec![batch(vec![1; 5], 1)],
+            "tx_stream is 16 bytes; got 5",
+        ),
+        (
+            "a changed tx_stream",
+            vec![batch(id(2), 1), batch(id(3), 2)],
+            "every batch of a send stream carries the same tx_stream",
+        ),
+        (
+            "a gap in the seqs",
+            vec![batch(id(4), 1), batch(id(4), 5)],
+            "without gaps (the next is 2)",
+        ),
+    ] {
+        let n = batches.len();
+        let mut acks = mq
+            .send(futures::stream::iter(batches))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut last = None;
+        for _ in 0..n {
+            last = acks.message().await.unwrap();
+        }
+        let ack = last.expect("an answer for the last batch");
+        assert_eq!(ack.failures.len(), 1, "{what}: {ack:?}");
+        assert!(ack.failures[0].message.contains(words), "{what}: {ack:?}");
+        assert_eq!(ack.failures[0].code, tonic::Code::InvalidArgument as i32);
+    }
+    // The good first batches of the last two streams were stored; nothing else.
+    let info = client.queue(txq).unwrap().info().await.unwrap();
+    assert_eq!(info.messages, 2, "{info:?}");
+    broker.stop().await.unwrap();
+}
