@@ -691,8 +691,21 @@ pub(crate) fn outgoing_key(
     let lower = dest.to_ascii_lowercase();
     // host:port, [v6]:port, or a bare host (default port).
     let has_port = match lower.rsplit_once(':') {
-        Some((h, p)) => p.parse::<u16>().is_ok() && (!h.contains(':') || h.ends_with(']')),
-        None => false,
+        Some((h, p))
+            if (!h.contains(':') || h.ends_with(']'))
+                && !p.is_empty()
+                && p.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            if !matches!(p.parse::<u16>(), Ok(1..)) {
+                return Err(BrokerError::InvalidArgument(format!(
+                    "port \"{}\" of \"{}\" is not 1 to 65535",
+                    quote(p),
+                    quote(dest)
+                )));
+            }
+            true
+        }
+        _ => false,
     };
     if lower.is_empty() {
         return Err(BrokerError::InvalidArgument(
@@ -729,6 +742,12 @@ mod tests {
         assert!(key(r".\private$\q").unwrap_err().contains("this broker"));
         assert!(key("").is_err());
         assert!(key(r"DIRECT=TCP:bad name\q").is_err());
+        // A port out of range is refused, not taken for part of the host (it used to become
+        // "10.9.9.9:99999:1801", then NOT_FOUND).
+        for bad in ["10.9.9.9:99999", "broker-b:0", "[::1]:70000"] {
+            let e = key(bad).unwrap_err();
+            assert!(e.contains("is not 1 to 65535"), "{bad}: {e}");
+        }
     }
 }
 

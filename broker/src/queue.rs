@@ -1759,6 +1759,10 @@ impl PeekCursor {
                 lane: b[0],
                 seq: u64::from_le_bytes(b[1..9].try_into().expect("8 bytes")),
             })),
+            9 => Err(BrokerError::InvalidArgument(format!(
+                "this peek cursor names priority level {} (there are 8); a peek cursor is the next_cursor of a previous peek response",
+                b[0]
+            ))),
             n => Err(BrokerError::InvalidArgument(format!(
                 "a peek cursor is the next_cursor of a previous peek response (9 bytes); got {n} bytes"
             ))),

@@ -587,6 +587,16 @@ async fn every_bounded_unary_field_is_refused_with_its_rule() {
         let r = mq.peek(req).await.map(drop);
         results.push((what, r, Code::InvalidArgument, words));
     }
+    let r = mq
+        .peek(peek(&|r| r.cursor = vec![9; 9].into()))
+        .await
+        .map(drop);
+    results.push((
+        "peek from a cursor of priority level 9",
+        r,
+        Code::InvalidArgument,
+        "names priority level 9 (there are 8)",
+    ));
     let one = |f: &dyn Fn(&mut v1::ReceiveOneRequest)| {
         let mut r = v1::ReceiveOneRequest {
             queue: KEEP.into(),
@@ -619,6 +629,18 @@ async fn every_bounded_unary_field_is_refused_with_its_rule() {
         let r = mq.receive_one(req).await.map(drop);
         results.push((what, r, Code::InvalidArgument, words));
     }
+    let r = admin
+        .pause_outgoing(v1::PauseOutgoingRequest {
+            destination: "10.9.9.9:99999".into(),
+        })
+        .await
+        .map(drop);
+    results.push((
+        "pause an outgoing queue with port 99999",
+        r,
+        Code::InvalidArgument,
+        "is not 1 to 65535",
+    ));
     let r = mq
         .transaction_outcome(v1::TransactionOutcomeRequest {
             id: vec![0; 17].into(),
