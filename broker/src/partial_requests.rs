@@ -57,6 +57,11 @@ impl PartialLimits {
 }
 
 impl PartialLimits {
+    /// The limits in force: (per connection, broker-wide).
+    pub(crate) fn in_force(&self) -> (u64, u64) {
+        (self.per_connection, self.total)
+    }
+
     fn held(&self) -> &AtomicU64 {
         &self.counters.partial_request_bytes
     }

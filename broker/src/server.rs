@@ -176,6 +176,18 @@ pub async fn run_with_ready(
         )),
         connections: connections.clone(),
     };
+    let asked = (
+        flow.max_partial_bytes_per_connection,
+        flow.max_partial_bytes,
+    );
+    if partial.limits.in_force() != asked {
+        let (per_connection, total) = partial.limits.in_force();
+        tracing::warn!(
+            per_connection,
+            total,
+            "--max-partial-bytes-per-connection / --max-partial-bytes raised: each holds at least one gRPC message (--max-body-bytes + 8 MiB), and the total at least one connection's"
+        );
+    }
     let incoming = crate::flow::accept(listener, connections.clone());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // The same services, for TCP (with TLS if configured) and for the Unix socket (never TLS:
