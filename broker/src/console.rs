@@ -162,9 +162,16 @@ fn bytes_text(n: u64) -> String {
     }
 }
 
+/// The last millisecond of year 9999: humantime (RFC 3339) cannot print a later time, and a
+/// client may set `sent_time_ms` or a deadline anywhere in u64.
+const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
+
 fn time_text(ms: u64) -> String {
     if ms == 0 {
         return "-".into();
+    }
+    if ms > LAST_RFC3339_MS {
+        return format!("{ms} ms after 1970 (after the year 9999)");
     }
     humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
         .to_string()
@@ -278,7 +285,8 @@ fn back(ret: Option<&str>, default: &str) -> String {
             if r.starts_with('/')
                 && !r.starts_with("//")
                 && r.len() <= 4096
-                && !r.contains(['\\', '\r', '\n']) =>
+                && !r.contains('\\')
+                && !r.chars().any(|c| c.is_control() || c.is_whitespace()) =>
         {
             r.split("msg=")
                 .next()
@@ -949,6 +957,19 @@ mod tests {
         assert_eq!(back(Some("//evil.example/"), "/d"), "/d");
         assert_eq!(back(Some("https://evil.example/"), "/d"), "/d");
         assert_eq!(back(None, "/d"), "/d");
+        // Browsers drop a tab or a line break inside a URL: "/\t/evil" would go to //evil.
+        assert_eq!(back(Some("/\t/evil.example/"), "/d"), "/d");
+        assert_eq!(back(Some("/ /evil.example/"), "/d"), "/d");
+    }
+
+    /// A client may set a time anywhere in u64; the page shows it rather than failing (humantime
+    /// cannot print a year after 9999, and `to_string` panicked on its error).
+    #[test]
+    fn times_after_the_year_9999_are_shown_as_numbers() {
+        assert_eq!(time_text(0), "-");
+        assert_eq!(time_text(LAST_RFC3339_MS), "9999-12-31 23:59:59");
+        assert!(time_text(u64::MAX).contains("after the year 9999"));
+        assert!(time_text(LAST_RFC3339_MS + 1).contains("after the year 9999"));
     }
 
     #[test]

@@ -39,6 +39,10 @@ pub(crate) async fn serve(
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let api = crate::http_api::Api::new(ready.clone());
+    let guard = HostGuard {
+        api: api.clone(),
+        loopback: listener.local_addr()?.ip().is_loopback(),
+    };
     let app = axum::Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -46,6 +50,8 @@ pub(crate) async fn serve(
         .with_state(ready)
         .merge(crate::http_api::router(api.clone()))
         .merge(crate::console::router(api))
+        .layer(axum::middleware::from_fn_with_state(guard, host_guard))
+        .layer(axum::middleware::from_fn(security_headers))
         .into_make_service_with_connect_info::<crate::http_tls::Peer>();
     match tls {
         None => {
@@ -59,6 +65,83 @@ pub(crate) async fn serve(
                 .await
         }
     }
+}
+
+/// What [`host_guard`] needs: the broker (users file, names) and whether the port is loopback.
+#[derive(Clone)]
+struct HostGuard {
+    api: Arc<crate::http_api::Api>,
+    loopback: bool,
+}
+
+/// DNS rebinding: a page of another site whose name the attacker points at 127.0.0.1 reaches
+/// a loopback port as a same-origin page, so without a users file (everyone has every right)
+/// it could read and purge every queue. On a loopback port without a users file, a request
+/// must name this machine in `Host`: `localhost`, a loopback address, or the broker's `--name`
+/// or an `--alias`. With a users file the credentials guard it (a browser does not send them to
+/// another site's name); a non-loopback port needs a users file unless `--http-insecure`.
+async fn host_guard(
+    State(g): State<HostGuard>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if g.loopback && !g.api.auth().is_ok_and(|a| a.has_users()) {
+        if let Some(host) = req.headers().get(header::HOST) {
+            let host = host.to_str().unwrap_or("");
+            if !names_this_machine(host, g.api.ready.broker().map(|b| b.config())) {
+                return (
+                    StatusCode::MISDIRECTED_REQUEST,
+                    format!(
+                        "refusing a request for host \"{}\": this HTTP port serves loopback without a users file, so a request must name localhost, a loopback address or the broker's --name/--alias (another site's page could reach it through DNS rebinding)\n",
+                        mq_proto::limits::quote(host)
+                    ),
+                )
+                    .into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
+/// Whether `host` (a `Host` header: a name or address, and maybe a port) names this machine.
+fn names_this_machine(host: &str, config: Option<&crate::config::BrokerConfig>) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    if name == "localhost" || name.ends_with(".localhost") {
+        return true;
+    }
+    if let Ok(ip) = name.parse::<std::net::IpAddr>() {
+        return ip.is_loopback();
+    }
+    config.is_some_and(|c| {
+        std::iter::once(&c.name)
+            .chain(c.aliases.iter())
+            .any(|n| n.eq_ignore_ascii_case(&name))
+    })
+}
+
+/// Headers on every answer: no framing by other sites (clickjacking: a framed console's forms
+/// would post as same-origin), no content sniffing.
+async fn security_headers(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let mut resp = next.run(req).await;
+    let h = resp.headers_mut();
+    h.insert(
+        header::X_FRAME_OPTIONS,
+        header::HeaderValue::from_static("DENY"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    h.entry(header::CONTENT_SECURITY_POLICY)
+        .or_insert(header::HeaderValue::from_static("frame-ancestors 'none'"));
+    resp
 }
 
 async fn metrics(State(ready): State<Arc<Readiness>>) -> impl IntoResponse {
@@ -79,5 +162,41 @@ async fn readyz(State(ready): State<Arc<Readiness>>) -> (StatusCode, String) {
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {why}\n"),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_this_machine;
+
+    #[test]
+    fn only_this_machines_names_pass_the_host_guard() {
+        let mut c = crate::config::BrokerConfig::new("/nonexistent");
+        c.name = "brokerA".into();
+        c.aliases = vec!["mq.internal".into()];
+        for ok in [
+            "localhost",
+            "localhost:8180",
+            "LOCALHOST.:8180",
+            "app.localhost:1",
+            "127.0.0.1:8180",
+            "127.9.9.9",
+            "[::1]:8180",
+            "brokera:8180",
+            "mq.internal",
+        ] {
+            assert!(names_this_machine(ok, Some(&c)), "{ok}");
+        }
+        for bad in [
+            "evil.example:8180",
+            "10.0.0.1:8180",
+            "[::2]:8180",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io",
+            "",
+        ] {
+            assert!(!names_this_machine(bad, Some(&c)), "{bad}");
+        }
+        assert!(!names_this_machine("brokera", None));
     }
 }

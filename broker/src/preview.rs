@@ -2,6 +2,10 @@
 
 use crate::http_api::{HEX_PREVIEW_BYTES, PREVIEW_BYTES};
 
+/// The most text a pretty-printed preview may hold: indentation grows with the depth, so 64 KiB
+/// of nested XML would print as ~167 MB; past this the body is shown as text, as it is.
+pub(crate) const MAX_PRETTY_BYTES: usize = 256 << 10;
+
 /// A body shown to a person.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Preview {
@@ -37,7 +41,16 @@ pub(crate) fn preview(body: &[u8]) -> Preview {
         let t = text.trim_start();
         if t.starts_with('{') || t.starts_with('[') {
             if let Ok(v) = serde_json::from_str::<serde_json::Value>(text) {
-                if let Ok(pretty) = serde_json::to_string_pretty(&v) {
+                if let Ok(pretty) = serde_json::to_string_pretty(&v)
+                    .map_err(drop)
+                    .and_then(|p| {
+                        if p.len() <= MAX_PRETTY_BYTES {
+                            Ok(p)
+                        } else {
+                            Err(())
+                        }
+                    })
+                {
                     return Preview {
                         formatter: "json",
                         text: pretty,
@@ -91,6 +104,9 @@ fn pretty_xml(text: &str) -> Option<String> {
                     _ => {}
                 }
                 writer.write_event(e).ok()?;
+                if writer.get_ref().len() > MAX_PRETTY_BYTES {
+                    return None;
+                }
             }
         }
     }
@@ -137,6 +153,22 @@ fn hex(body: &[u8]) -> Preview {
 
 #[cfg(test)]
 mod tests {
+    /// Deep nesting pretty-prints into far more than it holds: past the cap it is shown as the
+    /// text it is (a 28 KB body of 4,000 nested elements printed as 32 MB).
+    #[test]
+    fn deep_nesting_is_shown_as_text_not_blown_up() {
+        let xml = format!("{}{}", "<a>".repeat(4000), "</a>".repeat(4000));
+        let p = super::preview(xml.as_bytes());
+        assert_eq!((p.formatter, p.text.len()), ("text", xml.len()));
+        let nested = format!("{}{}", "[".repeat(119), "]".repeat(119));
+        let json = format!("[{}]", vec![nested; 200].join(","));
+        let p = super::preview(json.as_bytes());
+        assert_eq!((p.formatter, p.text.len()), ("text", json.len()));
+        // Shallow documents are still pretty-printed.
+        assert_eq!(super::preview(b"<a><b/></a>").formatter, "xml");
+        assert_eq!(super::preview(br#"{"a": [1, 2]}"#).formatter, "json");
+    }
+
     use super::*;
 
     #[test]

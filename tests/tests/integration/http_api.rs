@@ -918,3 +918,56 @@ fn every_route_refuses_bad_input() {
     assert_eq!(i["messages"], 1, "nothing refused changed the queue: {i}");
     assert_eq!(api.get(&msg).1["label"], "stays");
 }
+
+/// One raw HTTP/1.1 request with the `Host` header given: the status line and the headers.
+fn raw_http(addr: &str, method: &str, path: &str, host: &str, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// DNS rebinding: without a users file (everyone has every right) a loopback HTTP port answers
+/// only requests whose `Host` names this machine, so a page of another site whose name points
+/// at 127.0.0.1 cannot create, read or purge queues. (It used to create the queue: 201.) Every
+/// answer forbids framing by other sites.
+#[test]
+fn a_request_for_another_sites_name_is_refused() {
+    let dir = temp_data_dir("mq-api-");
+    let (_mqd, http) = mqd_with_http(dir.path(), &[]);
+    let port = http.rsplit_once(':').unwrap().1.to_string();
+    let body = format!(r#"{{"name": {}}}"#, serde_json::to_string(Q).unwrap());
+    let evil = format!("evil.example:{port}");
+    let out = raw_http(&http, "POST", "/api/v1/queues", &evil, &body);
+    assert!(out.starts_with("HTTP/1.1 421"), "{out}");
+    assert!(out.contains("DNS rebinding"), "{out}");
+    let out = raw_http(&http, "GET", "/api/v1/queues", &evil, "");
+    assert!(out.starts_with("HTTP/1.1 421"), "{out}");
+    // This machine's names pass, and nothing was created.
+    let out = raw_http(
+        &http,
+        "GET",
+        "/api/v1/queues",
+        &format!("localhost:{port}"),
+        "",
+    );
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(!out.contains("private$"), "{out}");
+    let out = raw_http(&http, "POST", "/api/v1/queues", &http, &body);
+    assert!(out.starts_with("HTTP/1.1 201"), "{out}");
+    let lower = out.to_ascii_lowercase();
+    assert!(
+        lower.contains("x-frame-options: deny")
+            && lower.contains("content-security-policy: frame-ancestors 'none'")
+            && lower.contains("x-content-type-options: nosniff"),
+        "{out}"
+    );
+}
