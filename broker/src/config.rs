@@ -155,6 +155,10 @@ pub struct BrokerConfig {
     pub http_listen: Option<std::net::SocketAddr>,
     /// Serve the HTTP port on a non-loopback address without TLS and a users file.
     pub http_insecure: bool,
+    /// Most open connections on the HTTP port; more are closed as they are accepted.
+    pub http_max_connections: usize,
+    /// An HTTP connection that moves no byte for this long is closed.
+    pub http_idle_timeout: std::time::Duration,
     /// Also serve gRPC on this Unix socket (clients on this machine: `unix:PATH`).
     pub unix_socket: Option<std::path::PathBuf>,
     /// A caller on the Unix socket without credentials is the user named as its operating
@@ -276,6 +280,8 @@ impl BrokerConfig {
             unix_socket: None,
             unix_socket_os_users: false,
             http_insecure: false,
+            http_max_connections: 256,
+            http_idle_timeout: std::time::Duration::from_secs(60),
         }
     }
 
@@ -332,6 +338,8 @@ impl std::fmt::Debug for BrokerConfig {
             .field("unix_socket", &self.unix_socket)
             .field("unix_socket_os_users", &self.unix_socket_os_users)
             .field("http_insecure", &self.http_insecure)
+            .field("http_max_connections", &self.http_max_connections)
+            .field("http_idle_timeout", &self.http_idle_timeout)
             .finish()
     }
 }

@@ -36,6 +36,7 @@ pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     ready: Arc<Readiness>,
     tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    (max_connections, idle): (usize, std::time::Duration),
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let api = crate::http_api::Api::new(ready.clone());
@@ -55,12 +56,18 @@ pub(crate) async fn serve(
         .into_make_service_with_connect_info::<crate::http_tls::Peer>();
     match tls {
         None => {
+            let listener = crate::http_conns::Bounded::new(listener, max_connections, idle);
             axum::serve(listener, app)
                 .with_graceful_shutdown(stop)
                 .await
         }
         Some(tls) => {
-            axum::serve(crate::http_tls::TlsListener::new(listener, tls), app)
+            let listener = crate::http_conns::Bounded::new(
+                crate::http_tls::TlsListener::new(listener, tls),
+                max_connections,
+                idle,
+            );
+            axum::serve(listener, app)
                 .with_graceful_shutdown(stop)
                 .await
         }

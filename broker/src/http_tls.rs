@@ -119,15 +119,3 @@ impl axum::serve::Listener for TlsListener {
 /// The address of the peer of an HTTP connection, plain or TLS (`ConnectInfo<Peer>`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Peer(pub SocketAddr);
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TcpListener>> for Peer {
-    fn connect_info(s: axum::serve::IncomingStream<'_, TcpListener>) -> Peer {
-        Peer(*s.remote_addr())
-    }
-}
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for Peer {
-    fn connect_info(s: axum::serve::IncomingStream<'_, TlsListener>) -> Peer {
-        Peer(*s.remote_addr())
-    }
-}

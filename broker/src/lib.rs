@@ -63,6 +63,7 @@ pub mod fuzzing;
 mod histogram;
 mod http;
 mod http_api;
+mod http_conns;
 mod http_tls;
 mod inbound;
 mod index;

@@ -90,9 +90,16 @@ pub async fn run_with_ready(
             ready.set_http_addr(bound);
             tracing::info!(%bound, tls = http_tls.is_some(), "serving HTTP: the console at /, its API at /api/v1/, /metrics, /healthz, /readyz");
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            let task = tokio::spawn(crate::http::serve(l, ready.clone(), http_tls, async {
-                let _ = rx.await;
-            }));
+            let limits = (config.http_max_connections, config.http_idle_timeout);
+            let task = tokio::spawn(crate::http::serve(
+                l,
+                ready.clone(),
+                http_tls,
+                limits,
+                async {
+                    let _ = rx.await;
+                },
+            ));
             Some((tx, task))
         }
         None => None,

@@ -287,6 +287,14 @@ struct Args {
     /// Serve --metrics-listen on a non-loopback address without TLS and a users file.
     #[arg(long)]
     http_insecure: bool,
+    /// Most open connections on the HTTP port (console, API, metrics); more are closed as they
+    /// are accepted.
+    #[arg(long, default_value_t = 256, value_parser = at_least_one(), value_name = "N")]
+    http_max_connections: usize,
+    /// An HTTP connection that moves no byte either way for this long is closed (a client that
+    /// sends half a request, or nothing, holds it no longer), e.g. 60s, 5m.
+    #[arg(long, default_value = "60s", value_parser = nonzero_duration, value_name = "DURATION")]
+    http_idle_timeout: std::time::Duration,
     /// Also serve gRPC on this Unix socket, for clients on this machine (`--broker
     /// unix:PATH`): the same services and users as --listen, without TLS, and a hop costs a
     /// fraction of loopback TCP's. The file is made owner and group read-write (0660); a stale
@@ -482,6 +490,8 @@ async fn run() -> anyhow::Result<()> {
     config.forward_stream_idle = args.forward_stream_idle;
     config.http_listen = args.metrics_listen;
     config.http_insecure = args.http_insecure;
+    config.http_max_connections = args.http_max_connections;
+    config.http_idle_timeout = args.http_idle_timeout;
     config.unix_socket = args.unix_socket;
     config.unix_socket_os_users = args.unix_socket_os_users;
     let listener = tokio::net::TcpListener::bind(args.listen)

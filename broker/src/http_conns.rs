@@ -1,0 +1,184 @@
+//! The HTTP port's connections: at most `mqd --http-max-connections` at once (more are closed
+//! as they are accepted), and one that moves no byte either way for `mqd --http-idle-timeout`
+//! is closed, so a client that opens connections and stalls (sends half a request, or nothing)
+//! holds them, and their file descriptors, no longer. (axum's server sets no timer: hyper's
+//! header read timeout is off.)
+
+use std::future::Future as _;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// A listener whose connections are counted and closed when idle.
+pub(crate) struct Bounded<L> {
+    inner: L,
+    permits: Arc<Semaphore>,
+    max: usize,
+    idle: Duration,
+    /// Connections closed at accept for the limit, and when the last warning was logged.
+    refused: AtomicU64,
+    warned: Option<Instant>,
+}
+
+impl<L> Bounded<L> {
+    pub(crate) fn new(inner: L, max: usize, idle: Duration) -> Bounded<L> {
+        Bounded {
+            inner,
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+            idle,
+            refused: AtomicU64::new(0),
+            warned: None,
+        }
+    }
+}
+
+impl<L> axum::serve::Listener for Bounded<L>
+where
+    L: axum::serve::Listener<Addr = SocketAddr>,
+{
+    type Io = Idle<L::Io>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (io, peer) = self.inner.accept().await;
+            match self.permits.clone().try_acquire_owned() {
+                Ok(permit) => return (Idle::new(io, permit, self.idle), peer),
+                Err(_) => {
+                    drop(io);
+                    let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+                    if self
+                        .warned
+                        .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
+                    {
+                        self.warned = Some(Instant::now());
+                        tracing::warn!(%peer, refused = n, "HTTP port: {} connections open (mqd --http-max-connections); closing new ones", self.max);
+                    }
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A connection that fails its reads and writes once it has moved no byte for `idle`.
+pub(crate) struct Idle<T> {
+    io: T,
+    _permit: OwnedSemaphorePermit,
+    idle: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<T> Idle<T> {
+    fn new(io: T, permit: OwnedSemaphorePermit, idle: Duration) -> Idle<T> {
+        Idle {
+            io,
+            _permit: permit,
+            idle,
+            timer: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+
+    fn moved(&mut self) {
+        let at = tokio::time::Instant::now() + self.idle;
+        self.timer.as_mut().reset(at);
+    }
+
+    /// With the I/O pending: an error once the connection has been idle too long.
+    fn expired<R>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
+        match self.timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "HTTP connection idle (mqd --http-idle-timeout)",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Idle<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.io).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    self.moved();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.expired(cx),
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Idle<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match Pin::new(&mut self.io).poll_write(cx, buf) {
+            Poll::Ready(r) => {
+                if matches!(r, Ok(n) if n > 0) {
+                    self.moved();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.expired(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match Pin::new(&mut self.io).poll_write_vectored(cx, bufs) {
+            Poll::Ready(r) => {
+                if matches!(r, Ok(n) if n > 0) {
+                    self.moved();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.expired(cx),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The address of the peer of an HTTP connection, plain or TLS (`ConnectInfo<Peer>`).
+impl<L> axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Bounded<L>>>
+    for crate::http_tls::Peer
+where
+    L: axum::serve::Listener<Addr = SocketAddr>,
+{
+    fn connect_info(s: axum::serve::IncomingStream<'_, Bounded<L>>) -> crate::http_tls::Peer {
+        crate::http_tls::Peer(*s.remote_addr())
+    }
+}
