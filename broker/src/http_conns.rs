@@ -74,8 +74,9 @@ where
 
 /// A connection that fails its reads and writes once it has moved no byte for `idle`.
 pub(crate) struct Idle<T> {
-    io: T,
+    /// Dropped first (fields drop in order): the place is free before the peer sees the close.
     _permit: OwnedSemaphorePermit,
+    io: T,
     idle: Duration,
     timer: Pin<Box<tokio::time::Sleep>>,
 }
@@ -83,8 +84,8 @@ pub(crate) struct Idle<T> {
 impl<T> Idle<T> {
     fn new(io: T, permit: OwnedSemaphorePermit, idle: Duration) -> Idle<T> {
         Idle {
-            io,
             _permit: permit,
+            io,
             idle,
             timer: Box::pin(tokio::time::sleep(idle)),
         }
