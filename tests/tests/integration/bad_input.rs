@@ -477,21 +477,7 @@ fn tokio_stream_from<T: Send + 'static>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bounded_unary_field_is_refused_with_its_rule() {
     use tonic::Code;
-    let (broker, client) = InProcessBroker::start_with_queue(KEEP).await;
-    client
-        .create_queue(
-            r".\private$\txq",
-            mq_client::QueueOptions {
-                transactional: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let url = broker.url().to_string();
-    let mut mq = v1::message_queue_service_client::MessageQueueServiceClient::connect(url.clone())
-        .await
-        .unwrap();
+    let (broker, client, url, mut mq) = broker_with_txq().await;
     let mut admin = v1::admin_service_client::AdminServiceClient::connect(url)
         .await
         .unwrap();
@@ -521,12 +507,14 @@ async fn every_bounded_unary_field_is_refused_with_its_rule() {
         results.push((what, r, Code::InvalidArgument, words));
     }
     let props = |f: &dyn Fn(&mut v1::SetQueuePropertiesRequest)| {
-        let mut r = v1::SetQueuePropertiesRequest {
-            name: r".\private$\txq".into(),
-            ..Default::default()
-        };
-        f(&mut r);
-        r
+        let name = TXQ.into();
+        with(
+            v1::SetQueuePropertiesRequest {
+                name,
+                ..Default::default()
+            },
+            f,
+        )
     };
     for (what, req, words) in [
         (
@@ -562,12 +550,13 @@ async fn every_bounded_unary_field_is_refused_with_its_rule() {
         "10001",
     ));
     let peek = |f: &dyn Fn(&mut v1::PeekRequest)| {
-        let mut r = v1::PeekRequest {
-            queue: KEEP.into(),
-            ..Default::default()
-        };
-        f(&mut r);
-        r
+        with(
+            v1::PeekRequest {
+                queue: KEEP.into(),
+                ..Default::default()
+            },
+            f,
+        )
     };
     for (what, req, words) in [
         (
@@ -583,27 +572,23 @@ async fn every_bounded_unary_field_is_refused_with_its_rule() {
             }),
             "give a cursor or from_id, not both",
         ),
+        (
+            "peek from a cursor of priority level 9",
+            peek(&|r| r.cursor = vec![9; 9].into()),
+            "names priority level 9 (there are 8)",
+        ),
     ] {
         let r = mq.peek(req).await.map(drop);
         results.push((what, r, Code::InvalidArgument, words));
     }
-    let r = mq
-        .peek(peek(&|r| r.cursor = vec![9; 9].into()))
-        .await
-        .map(drop);
-    results.push((
-        "peek from a cursor of priority level 9",
-        r,
-        Code::InvalidArgument,
-        "names priority level 9 (there are 8)",
-    ));
     let one = |f: &dyn Fn(&mut v1::ReceiveOneRequest)| {
-        let mut r = v1::ReceiveOneRequest {
-            queue: KEEP.into(),
-            ..Default::default()
-        };
-        f(&mut r);
-        r
+        with(
+            v1::ReceiveOneRequest {
+                queue: KEEP.into(),
+                ..Default::default()
+            },
+            f,
+        )
     };
     let long_correlation = "c".repeat(256);
     for (what, req, words) in [
@@ -679,6 +664,35 @@ async fn every_bounded_unary_field_is_refused_with_its_rule() {
     broker.stop().await.unwrap();
 }
 
+const TXQ: &str = r".\private$\txq";
+
+/// A broker with [`KEEP`] and the transactional queue [`TXQ`]: the broker, a client, its URL
+/// and a raw gRPC client.
+async fn broker_with_txq() -> (
+    InProcessBroker,
+    mq_client::Client,
+    String,
+    v1::message_queue_service_client::MessageQueueServiceClient<tonic::transport::Channel>,
+) {
+    let (broker, client) = InProcessBroker::start_with_queue(KEEP).await;
+    let transactional = mq_client::QueueOptions {
+        transactional: true,
+        ..Default::default()
+    };
+    client.create_queue(TXQ, transactional).await.unwrap();
+    let url = broker.url().to_string();
+    let mq = v1::message_queue_service_client::MessageQueueServiceClient::connect(url.clone())
+        .await
+        .unwrap();
+    (broker, client, url, mq)
+}
+
+/// `base` as `f` changes it.
+fn with<T>(mut base: T, f: &dyn Fn(&mut T)) -> T {
+    f(&mut base);
+    base
+}
+
 /// The first error of a stream call (the stream's status, or its first answer's error).
 async fn stream_error<T: std::fmt::Debug>(
     r: Result<tonic::Response<tonic::Streaming<T>>, tonic::Status>,
@@ -704,22 +718,7 @@ async fn stream_error<T: std::fmt::Debug>(
 /// Each is refused with a line naming the rule.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bounded_stream_field_is_refused_with_its_rule() {
-    let (broker, client) = InProcessBroker::start_with_queue(KEEP).await;
-    let txq = r".\private$\txq";
-    client
-        .create_queue(
-            txq,
-            mq_client::QueueOptions {
-                transactional: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let url = broker.url().to_string();
-    let mut mq = v1::message_queue_service_client::MessageQueueServiceClient::connect(url.clone())
-        .await
-        .unwrap();
+    let (broker, client, url, mut mq) = broker_with_txq().await;
     use v1::transact_request::Op;
     let tx = |ops: Vec<Option<Op>>| {
         futures::stream::iter(
@@ -734,7 +733,7 @@ async fn every_bounded_stream_field_is_refused_with_its_rule() {
         })
     };
     let send = Op::Send(v1::TxSend {
-        destination: txq.into(),
+        destination: TXQ.into(),
         messages: vec![out("t")],
     });
     for (what, ops, words) in [
@@ -803,7 +802,7 @@ async fn every_bounded_stream_field_is_refused_with_its_rule() {
         transactional: true,
         tx_stream: stream.into(),
         first_seq,
-        destination: txq.into(),
+        destination: TXQ.into(),
         messages: vec![out("s")],
     };
     for (what, batches, words) in [
@@ -839,7 +838,7 @@ async fn every_bounded_stream_field_is_refused_with_its_rule() {
         assert_eq!(ack.failures[0].code, tonic::Code::InvalidArgument as i32);
     }
     // The good first batches of the last two streams were stored; nothing else.
-    let info = client.queue(txq).unwrap().info().await.unwrap();
+    let info = client.queue(TXQ).unwrap().info().await.unwrap();
     assert_eq!(info.messages, 2, "{info:?}");
     broker.stop().await.unwrap();
 }

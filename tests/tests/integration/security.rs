@@ -156,23 +156,30 @@ async fn every_right_allowed_and_denied_through_the_client() {
     broker.stop().await.unwrap();
 }
 
+/// A broker with [`users`], the admin's client, and queue [`Q`] the admin created (keep the
+/// `TestPki`: it holds the users file).
+async fn users_broker_with_q() -> (TestPki, InProcessBroker, Client) {
+    let pki = TestPki::new("test CA");
+    let users = users(&pki);
+    let broker = InProcessBroker::start_with(|c| c.security.users_file = Some(users)).await;
+    let admin = as_user(broker.url(), "admin", "admin-pw").await;
+    admin
+        .create_queue(Q, QueueOptions::default())
+        .await
+        .unwrap();
+    (pki, broker, admin)
+}
+
 /// Opening a subqueue or a queue journal creates it (MSMQ's subqueues are implicit), but only
 /// for a caller with a right on its queue: a stranger creates nothing, so cannot use up a
 /// queue's 64 subqueues (and with them the poison subqueue). It used to create them before the
 /// rights check refused the call.
 #[tokio::test]
 async fn a_caller_without_rights_creates_no_subqueue() {
-    let pki = TestPki::new("test CA");
-    let users = users(&pki);
-    let broker = InProcessBroker::start_with(|c| c.security.users_file = Some(users)).await;
+    let (_pki, broker, admin) = users_broker_with_q().await;
     let url = broker.url().to_string();
-    let admin = as_user(&url, "admin", "admin-pw").await;
     let alice = as_user(&url, "alice", "alice-pw").await;
     let anon = Client::connect(&url).await.unwrap();
-    admin
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
     for i in 0..40 {
         denied(alice.queue_info(&format!("{Q};junk{i}")).await, &["alice"]);
     }
@@ -195,14 +202,7 @@ async fn a_caller_without_rights_creates_no_subqueue() {
 /// from (it used to be journaled and answered, and count for nothing).
 #[tokio::test]
 async fn acl_changes_where_an_acl_counts_for_nothing_are_refused() {
-    let pki = TestPki::new("test CA");
-    let users = users(&pki);
-    let broker = InProcessBroker::start_with(|c| c.security.users_file = Some(users)).await;
-    let admin = as_user(broker.url(), "admin", "admin-pw").await;
-    admin
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    let (_pki, broker, admin) = users_broker_with_q().await;
     for name in [format!("{Q};sub"), format!("{Q};journal")] {
         match admin.grant(&name, "alice", &["peek"]).await {
             Err(Error::FailedPrecondition(m)) => {
