@@ -14,6 +14,10 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshakes in progress at once, at most (more connections wait to be accepted).
 const MAX_HANDSHAKES: usize = 64;
+/// Handshakes in progress at once from one IP address; more from it are closed as accepted, so
+/// one client's silent sockets cannot take every handshake place (70 held a browser's handshake
+/// for 9.5 s).
+const MAX_HANDSHAKES_PER_PEER: usize = 8;
 
 /// The HTTP port's TLS configuration: whenever mqd has a certificate, the HTTP port uses it
 /// too (no client certificates: browsers log in with a user's password).
@@ -58,6 +62,7 @@ impl TlsListener {
         let (tx, rx) = mpsc::channel(16);
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
         let permits = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+        let per_peer = Arc::new(PerPeer::default());
         let task = tokio::spawn(async move {
             loop {
                 let Ok(permit) = permits.clone().acquire_owned().await else {
@@ -71,9 +76,14 @@ impl TlsListener {
                         continue;
                     }
                 };
+                let Some(peer_place) = per_peer.clone().enter(peer.ip()) else {
+                    tracing::debug!(%peer, "HTTP port: {MAX_HANDSHAKES_PER_PEER} TLS handshakes from this address in progress; closing");
+                    continue;
+                };
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
                     let _permit = permit;
+                    let _peer_place = peer_place;
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(tls)) => {
                             let _ = tx.send((tls, peer)).await;
@@ -87,6 +97,39 @@ impl TlsListener {
             }
         });
         TlsListener { rx, local, task }
+    }
+}
+
+/// Handshakes in progress per IP address.
+#[derive(Debug, Default)]
+struct PerPeer(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+impl PerPeer {
+    /// A place for one more handshake from `ip`, or `None` if it has the most.
+    fn enter(self: Arc<Self>, ip: std::net::IpAddr) -> Option<PeerPlace> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(ip).or_insert(0);
+        if *n >= MAX_HANDSHAKES_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        drop(m);
+        Some(PeerPlace(self, ip))
+    }
+}
+
+/// One handshake's place; given back when dropped.
+struct PeerPlace(Arc<PerPeer>, std::net::IpAddr);
+
+impl Drop for PeerPlace {
+    fn drop(&mut self) {
+        let mut m = self.0 .0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.1);
+            }
+        }
     }
 }
 
@@ -119,3 +162,27 @@ impl axum::serve::Listener for TlsListener {
 /// The address of the peer of an HTTP connection, plain or TLS (`ConnectInfo<Peer>`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Peer(pub SocketAddr);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_address_has_at_most_its_handshake_places() {
+        let p = Arc::new(PerPeer::default());
+        let a: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let b: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+        let held: Vec<_> = (0..MAX_HANDSHAKES_PER_PEER)
+            .map(|_| p.clone().enter(a).expect("a place"))
+            .collect();
+        assert!(p.clone().enter(a).is_none(), "one place too many");
+        let other = p
+            .clone()
+            .enter(b)
+            .expect("another address has its own places");
+        drop(held);
+        drop(other);
+        assert!(p.0.lock().unwrap().is_empty(), "every place given back");
+        assert!(p.clone().enter(a).is_some());
+    }
+}

@@ -1031,3 +1031,49 @@ fn stalled_http_connections_are_closed_and_counted() {
     assert!(took >= Duration::from_secs(2), "closed after {took:?}");
     assert!(healthy(&http));
 }
+
+/// HTTPS handshakes: one address holds at most 8 in progress; more from it are closed as they
+/// are accepted, so a client's silent sockets cannot take all 64 places (70 of them held a
+/// browser's handshake for 9.5 s). The ninth is closed while the eight still wait (they would
+/// be closed first if it were only the 10 s handshake time).
+#[test]
+fn one_address_holds_at_most_eight_tls_handshakes() {
+    use std::io::Read;
+    let pki = TestPki::new("api CA");
+    let (cert, key) = pki.issue("mqd");
+    let dir = temp_data_dir("mq-api-tls-");
+    let (_mqd, http) = mqd_with_http(
+        dir.path(),
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let silent: Vec<std::net::TcpStream> = (0..8)
+        .map(|_| std::net::TcpStream::connect(&http).unwrap())
+        .collect();
+    let mut ninth = std::net::TcpStream::connect(&http).unwrap();
+    ninth.set_read_timeout(Some(WAIT)).unwrap();
+    let mut b = [0u8; 16];
+    let r = ninth.read(&mut b);
+    assert!(
+        matches!(r, Ok(0))
+            || r.as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the ninth: {r:?}"
+    );
+    for mut s in silent {
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let r = s.read(&mut b);
+        assert!(
+            r.as_ref().is_err_and(|e| matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            )),
+            "one of the eight was closed before the ninth: {r:?}"
+        );
+    }
+}
