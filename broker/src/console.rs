@@ -467,7 +467,7 @@ async fn create(
     Caller { api, who }: Caller,
     f: Result<Form<CreateForm>, FormRejection>,
 ) -> PageResult {
-    let Form(f) = f.map_err(|e| ApiError::bad(quote(&e.body_text())))?;
+    let Form(f) = f.map_err(form_refused)?;
     let quota_bytes = match f.quota_mib.trim() {
         "" => None,
         s => Some(
@@ -505,9 +505,21 @@ struct ReturnForm {
     destination: String,
 }
 
+/// A form that could not be read: 413 for one over the body limit (as the API answers), else
+/// 400 with axum's line.
+fn form_refused(e: FormRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            code: "invalid_argument",
+            message: format!("the form is over {} bytes (the limit)", api::MAX_BODY_BYTES),
+        };
+    }
+    ApiError::bad(quote(&e.body_text()))
+}
+
 fn form(f: Result<Form<ReturnForm>, FormRejection>) -> Result<ReturnForm, ApiError> {
-    f.map(|Form(f)| f)
-        .map_err(|e| ApiError::bad(quote(&e.body_text())))
+    f.map(|Form(f)| f).map_err(form_refused)
 }
 
 async fn purge(
