@@ -8,7 +8,6 @@ use std::future::Future as _;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -23,7 +22,7 @@ pub(crate) struct Bounded<L> {
     max: usize,
     idle: Duration,
     /// Connections closed at accept for the limit, and when the last warning was logged.
-    refused: AtomicU64,
+    refused: u64,
     warned: Option<Instant>,
 }
 
@@ -34,7 +33,7 @@ impl<L> Bounded<L> {
             permits: Arc::new(Semaphore::new(max)),
             max,
             idle,
-            refused: AtomicU64::new(0),
+            refused: 0,
             warned: None,
         }
     }
@@ -54,7 +53,8 @@ where
                 Ok(permit) => return (Idle::new(io, permit, self.idle), peer),
                 Err(_) => {
                     drop(io);
-                    let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+                    self.refused += 1;
+                    let n = self.refused;
                     if self
                         .warned
                         .is_none_or(|t| t.elapsed() >= Duration::from_secs(10))
@@ -96,6 +96,23 @@ impl<T> Idle<T> {
         self.timer.as_mut().reset(at);
     }
 
+    /// A write's result: bytes written restart the idle time; pending, it may have run out.
+    fn wrote(
+        &mut self,
+        r: Poll<io::Result<usize>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<usize>> {
+        match r {
+            Poll::Ready(r) => {
+                if matches!(r, Ok(n) if n > 0) {
+                    self.moved();
+                }
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.expired(cx),
+        }
+    }
+
     /// With the I/O pending: an error once the connection has been idle too long.
     fn expired<R>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
         match self.timer.as_mut().poll(cx) {
@@ -133,15 +150,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Idle<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.io).poll_write(cx, buf) {
-            Poll::Ready(r) => {
-                if matches!(r, Ok(n) if n > 0) {
-                    self.moved();
-                }
-                Poll::Ready(r)
-            }
-            Poll::Pending => self.expired(cx),
-        }
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.wrote(r, cx)
     }
 
     fn poll_write_vectored(
@@ -149,15 +159,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Idle<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.io).poll_write_vectored(cx, bufs) {
-            Poll::Ready(r) => {
-                if matches!(r, Ok(n) if n > 0) {
-                    self.moved();
-                }
-                Poll::Ready(r)
-            }
-            Poll::Pending => self.expired(cx),
-        }
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.wrote(r, cx)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -116,6 +116,7 @@ where
                 conn,
                 limits,
                 deadline: None,
+                armed: false,
             })
         }))
     }
@@ -173,8 +174,9 @@ struct Counted {
     charged: u64,
     conn: Arc<Connection>,
     limits: Arc<PartialLimits>,
-    /// When the unfinished message must be whole.
+    /// When the unfinished message must be whole (while `armed`).
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    armed: bool,
 }
 
 impl Counted {
@@ -184,10 +186,16 @@ impl Counted {
         let finished = self.framing.advance(data.chunk());
         let now = self.framing.progress;
         if now == 0 {
-            self.deadline = None;
+            self.armed = false;
         } else if before == 0 || finished > 0 {
-            // A message began (after this frame finished the one before, if any).
-            self.deadline = Some(Box::pin(tokio::time::sleep(self.limits.arrival)));
+            // A message began (after this frame finished the one before, if any): one timer
+            // per body, reset for each message.
+            let at = tokio::time::Instant::now() + self.limits.arrival;
+            match self.deadline.as_mut() {
+                Some(d) => d.as_mut().reset(at),
+                None => self.deadline = Some(Box::pin(tokio::time::sleep_until(at))),
+            }
+            self.armed = true;
         }
         if now > self.charged {
             let more = now - self.charged;
@@ -249,12 +257,17 @@ impl http_body::Body for Counted {
                 // The end, or an error: nothing more of this body will be decoded.
                 let charged = this.charged;
                 this.release(charged);
-                this.deadline = None;
+                this.armed = false;
                 Poll::Ready(other)
             }
-            Poll::Pending => match this.deadline.as_mut().map(|d| d.as_mut().poll(cx)) {
+            Poll::Pending => match this
+                .deadline
+                .as_mut()
+                .filter(|_| this.armed)
+                .map(|d| d.as_mut().poll(cx))
+            {
                 Some(Poll::Ready(())) => {
-                    this.deadline = None;
+                    this.armed = false;
                     let (got, of) = (this.framing.progress, u64::from(this.framing.len) + 5);
                     Poll::Ready(Some(Err(Status::deadline_exceeded(format!(
                         "a request message of {of} bytes (prefix included) was not whole {:?} after its first byte ({got} bytes came); the limit is mqd --message-arrival-timeout",
