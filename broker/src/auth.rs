@@ -44,10 +44,13 @@ pub enum Right {
     Forward,
     /// Read and purge the dead-letter queues.
     DeadLetter,
+    /// See every queue and outgoing queue with its counters (lists, queue info, `/metrics`),
+    /// without reading, sending or changing anything (RabbitMQ's `monitoring` tag).
+    Monitor,
 }
 
 impl Right {
-    pub const ALL: [Right; 8] = [
+    pub const ALL: [Right; 9] = [
         Right::Send,
         Right::Receive,
         Right::Peek,
@@ -56,6 +59,7 @@ impl Right {
         Right::Outgoing,
         Right::Forward,
         Right::DeadLetter,
+        Right::Monitor,
     ];
     /// The rights a queue's ACL can hold.
     pub const QUEUE: [Right; 4] = [Right::Send, Right::Receive, Right::Peek, Right::Admin];
@@ -70,10 +74,11 @@ impl Right {
             Right::Outgoing => "outgoing",
             Right::Forward => "forward",
             Right::DeadLetter => "dead-letter",
+            Right::Monitor => "monitor",
         }
     }
 
-    fn bit(self) -> u8 {
+    fn bit(self) -> u16 {
         1 << (self as u8)
     }
 
@@ -97,12 +102,27 @@ impl Right {
     }
 }
 
-/// A set of rights (bits).
+/// A set of rights (bits). Journaled (in a queue's ACL) as one byte: an ACL holds queue rights
+/// only (bits 0 to 3), and the byte keeps journals written before `monitor` (bit 8) readable.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Rights(u8);
+#[serde(from = "u8", into = "u8")]
+pub struct Rights(u16);
+
+impl From<u8> for Rights {
+    fn from(b: u8) -> Rights {
+        Rights(u16::from(b))
+    }
+}
+
+impl From<Rights> for u8 {
+    fn from(r: Rights) -> u8 {
+        debug_assert!(r.0 <= 0xff, "broker-wide rights in a journaled ACL: {r:?}");
+        r.0 as u8
+    }
+}
 
 impl Rights {
-    pub const ALL: Rights = Rights(0xff);
+    pub const ALL: Rights = Rights(0x1ff);
     pub fn contains(self, r: Right) -> bool {
         self.0 & r.bit() != 0
     }
@@ -178,7 +198,7 @@ impl Acl {
 
     /// Rights `who` holds through this ACL.
     fn rights_of(&self, who: &Identity) -> Rights {
-        let mut r = 0u8;
+        let mut r = 0u16;
         let mut add = |p: &str| {
             if let Some(x) = self.0.get(p) {
                 r |= x.0;
@@ -838,11 +858,23 @@ impl Auth {
         }
     }
 
-    /// Whether `who` holds any right on `queue` (to see it listed or its counters).
+    /// Whether `who` may see `queue` listed and its counters: the broker-wide `monitor` or any
+    /// right on it.
     pub fn sees(&self, who: &Identity, queue: &Queue) -> bool {
-        Right::QUEUE
-            .into_iter()
-            .any(|r| self.allowed(who, r, Some(queue)))
+        self.allowed(who, Right::Monitor, None)
+            || Right::QUEUE
+                .into_iter()
+                .any(|r| self.allowed(who, r, Some(queue)))
+    }
+
+    /// May `who` list the outgoing queues: the broker-wide `outgoing` (which also pauses,
+    /// resumes and deletes them) or `monitor`. The refusal names `outgoing`.
+    #[allow(clippy::result_large_err)]
+    pub fn authorize_outgoing_list(&self, who: &Identity) -> Result<(), Status> {
+        if self.allowed(who, Right::Monitor, None) {
+            return Ok(());
+        }
+        self.authorize(who, Right::Outgoing, None)
     }
 
     /// Logs a refusal with identity, peer and queue as fields; at most one line per peer address
@@ -1035,6 +1067,40 @@ mod tests {
             rights: Rights::default(),
             peer: None,
         }
+    }
+
+    /// An ACL is journaled as it was before `monitor` widened the set past 8 bits: one byte
+    /// of rights per principal, so journals written by earlier versions read the same.
+    #[test]
+    fn acls_keep_their_journaled_bytes() {
+        let mut acl = Acl::default();
+        acl.change("alice", Rights::parse_list("all", true).unwrap(), true)
+            .unwrap();
+        let bytes = postcard::to_allocvec(&acl).unwrap();
+        // One entry: the name's length and bytes, then the rights byte (send..admin = 0x0f).
+        assert_eq!(bytes, [1, 5, b'a', b'l', b'i', b'c', b'e', 0x0f]);
+        let back: Acl = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(back, acl);
+        assert!(
+            Rights::parse_list("monitor", true).is_err(),
+            "monitor is broker-wide"
+        );
+    }
+
+    /// `monitor` sees every queue and lists outgoing queues, and may not read, send or act.
+    #[test]
+    fn monitor_sees_everything_and_may_do_nothing() {
+        let auth = Auth::open();
+        let mut m = who("prometheus", &[]);
+        m.rights = Rights::parse_list("monitor", false).unwrap();
+        // Without a users file everyone may do everything, so only the rights are checked here.
+        assert!(m.rights.contains(Right::Monitor));
+        for r in Right::ALL {
+            assert_eq!(m.rights.contains(r), r == Right::Monitor, "{r:?}");
+        }
+        assert!(auth.authorize_outgoing_list(&m).is_ok());
+        assert_eq!(Right::parse("MONITOR"), Ok(Right::Monitor));
+        assert_eq!(Rights::ALL.names().len(), Right::ALL.len());
     }
 
     #[test]

@@ -888,6 +888,8 @@ struct OutgoingRow {
 struct OutgoingPage {
     nav: Nav,
     rows: Vec<OutgoingRow>,
+    /// Pause and resume need `outgoing`; `monitor` only looks.
+    can_act: bool,
 }
 
 async fn outgoing(View { api, who, notice }: View) -> PageResult {
@@ -919,6 +921,7 @@ async fn outgoing(View { api, who, notice }: View) -> PageResult {
         })
         .collect();
     html(OutgoingPage {
+        can_act: can(&api, &who, Right::Outgoing, None),
         nav: Nav::new("outgoing", Some(&who)).with_notice(notice),
         rows,
     })

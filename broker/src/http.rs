@@ -45,10 +45,14 @@ pub(crate) async fn serve(
         loopback: listener.local_addr()?.ip().is_loopback(),
     };
     let app = axum::Router::new()
-        .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(ready)
+        .merge(
+            axum::Router::new()
+                .route("/metrics", get(metrics))
+                .with_state(api.clone()),
+        )
         .merge(crate::http_api::router(api.clone()))
         .merge(crate::console::router(api))
         .layer(axum::middleware::from_fn_with_state(guard, host_guard))
@@ -151,11 +155,139 @@ async fn security_headers(
     resp
 }
 
-async fn metrics(State(ready): State<Arc<Readiness>>) -> impl IntoResponse {
+/// `GET /metrics` answers being sent at once, at most; more are answered 503. Each holds its
+/// render until the client has read it (tens of MB at 100,000 queues).
+const MAX_SCRAPES_SENDING: usize = 4;
+/// Views whose latest render is kept for scrapes that arrive while it is made.
+const MAX_VIEWS: usize = 16;
+/// The pieces a render is sent in: the answer's permit is held until the last ones are queued.
+const SCRAPE_CHUNK: usize = 64 * 1024;
+
+/// `GET /metrics` renders. One is made at a time, on a blocking thread (at 100,000 queues a
+/// render walks them all for a few hundred ms), and a scrape that arrived while a render of
+/// the same view was being made waits for it and is answered from it: what it shows began
+/// after the scrape arrived, so it is as fresh as one of its own. At most
+/// [`MAX_SCRAPES_SENDING`] answers are in flight, so slow readers cannot pile up renders.
+#[derive(Debug)]
+pub(crate) struct Scrapes {
+    /// The latest render of each view: (view, when it began, the text).
+    latest: tokio::sync::Mutex<Vec<(String, std::time::Instant, bytes::Bytes)>>,
+    sending: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Scrapes {
+    fn default() -> Self {
+        Scrapes {
+            latest: tokio::sync::Mutex::new(Vec::new()),
+            sending: Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES_SENDING)),
+        }
+    }
+}
+
+impl Scrapes {
+    /// The text for `viewer`, from a render that began at or after `arrived`.
+    async fn render(
+        &self,
+        ready: &Arc<Readiness>,
+        viewer: Option<crate::metrics::Viewer>,
+        arrived: std::time::Instant,
+    ) -> bytes::Bytes {
+        let key = match &viewer {
+            None => "-".to_string(),
+            Some(v) if !v.auth.has_users() => "*".to_string(),
+            Some(v) if v.who.anonymous => "anonymous".to_string(),
+            Some(v) => format!("user:{}", v.who.name),
+        };
+        let mut latest = self.latest.lock().await;
+        if let Some((_, _, text)) = latest.iter().find(|(k, t, _)| *k == key && *t >= arrived) {
+            return text.clone();
+        }
+        let began = std::time::Instant::now();
+        let ready = ready.clone();
+        let text = match tokio::task::spawn_blocking(move || crate::metrics::render(&ready, viewer))
+            .await
+        {
+            Ok(text) => bytes::Bytes::from(text),
+            Err(e) => {
+                tracing::error!(error = %e, "rendering the metrics failed");
+                bytes::Bytes::new()
+            }
+        };
+        latest.retain(|(k, _, _)| *k != key);
+        if latest.len() >= MAX_VIEWS {
+            latest.remove(0);
+        }
+        latest.push((key, began, text.clone()));
+        text
+    }
+}
+
+/// A `/metrics` answer: the render in [`SCRAPE_CHUNK`] pieces, holding its place among the
+/// answers being sent until it is dropped.
+struct ScrapeBody {
+    text: bytes::Bytes,
+    _sending: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl http_body::Body for ScrapeBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        if self.text.is_empty() {
+            return std::task::Poll::Ready(None);
+        }
+        let n = self.text.len().min(SCRAPE_CHUNK);
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(self.text.split_to(n)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.text.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.text.len() as u64)
+    }
+}
+
+/// `GET /metrics`: the broker-wide series for everyone; with a users file, the series of the
+/// queues and outgoing queues the caller may see (HTTP Basic or a bearer token, as the API).
+async fn metrics(
+    State(api): State<Arc<crate::http_api::Api>>,
+    req: axum::extract::Request,
+) -> axum::response::Response {
+    let arrived = std::time::Instant::now();
+    let Ok(sending) = api.scrapes.sending.clone().try_acquire_owned() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            format!("{MAX_SCRAPES_SENDING} answers of /metrics are being sent; try again\n"),
+        )
+            .into_response();
+    };
+    let (parts, _) = req.into_parts();
+    let viewer = match api.ready.auth() {
+        None => None,
+        Some(auth) => match crate::http_api::identify(auth, &parts).await {
+            Ok(who) => Some(crate::metrics::Viewer {
+                auth: auth.clone(),
+                who,
+            }),
+            Err(e) => return e.into_response(),
+        },
+    };
+    let text = api.scrapes.render(&api.ready, viewer, arrived).await;
     (
         [(header::CONTENT_TYPE, OPENMETRICS)],
-        crate::metrics::render(&ready),
+        axum::body::Body::new(ScrapeBody {
+            text,
+            _sending: sending,
+        }),
     )
+        .into_response()
 }
 
 async fn healthz() -> &'static str {
@@ -175,6 +307,53 @@ async fn readyz(State(ready): State<Arc<Readiness>>) -> (StatusCode, String) {
 #[cfg(test)]
 mod tests {
     use super::names_this_machine;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    /// A scrape is answered from a render that began after it arrived: one made for an
+    /// earlier scrape is shared only with scrapes that were waiting while it was made.
+    #[tokio::test]
+    async fn a_scrape_shares_only_a_render_that_began_after_it_arrived() {
+        let ready = Arc::new(crate::ready::Readiness::default());
+        let s = super::Scrapes::default();
+        let t0 = Instant::now();
+        let a = s.render(&ready, None, t0).await;
+        assert!(std::str::from_utf8(&a).unwrap().contains("mq_ready 0"));
+        let shared = s.render(&ready, None, t0).await;
+        assert_eq!(a.as_ptr(), shared.as_ptr(), "waited for the same render");
+        let later = s.render(&ready, None, Instant::now()).await;
+        assert_ne!(
+            a.as_ptr(),
+            later.as_ptr(),
+            "arrived after it began: a new render"
+        );
+    }
+
+    /// At most four answers are being sent; a fifth scrape is 503 until one is done.
+    #[tokio::test]
+    async fn answers_being_sent_are_bounded() {
+        use axum::extract::{Request, State};
+        let api = crate::http_api::Api::new(Arc::new(crate::ready::Readiness::default()));
+        let get = || super::metrics(State(api.clone()), Request::new(axum::body::Body::empty()));
+        let mut held = Vec::new();
+        for _ in 0..super::MAX_SCRAPES_SENDING {
+            let r = get().await;
+            assert_eq!(r.status(), 200);
+            held.push(r);
+        }
+        let r = get().await;
+        assert_eq!(r.status(), 503);
+        assert!(r.headers().get("retry-after").is_some());
+        drop(held.pop());
+        let r = get().await;
+        assert_eq!(r.status(), 200);
+        let body = axum::body::to_bytes(r.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert!(std::str::from_utf8(&body)
+            .unwrap()
+            .starts_with("# HELP mq_ready"));
+    }
 
     #[test]
     fn only_this_machines_names_pass_the_host_guard() {

@@ -44,6 +44,8 @@ const RATE_SAMPLES: usize = 120;
 pub(crate) struct Api {
     pub ready: Arc<Readiness>,
     rates: Mutex<Rates>,
+    /// `GET /metrics` renders, shared and bounded.
+    pub scrapes: crate::http::Scrapes,
 }
 
 impl Api {
@@ -51,6 +53,7 @@ impl Api {
         Arc::new(Api {
             ready,
             rates: Mutex::new(Rates::default()),
+            scrapes: crate::http::Scrapes::default(),
         })
     }
 
@@ -162,26 +165,29 @@ impl FromRequestParts<Arc<Api>> for Who {
 
     async fn from_request_parts(parts: &mut Parts, api: &Arc<Api>) -> ApiResult<Who> {
         same_origin(&parts.method, &parts.headers)?;
-        let auth = api.auth()?;
-        let peer = parts
-            .extensions
-            .get::<ConnectInfo<crate::http_tls::Peer>>()
-            .map(|c| c.0 .0);
-        let authorization = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .map(|v| v.to_str().map(str::to_string).map_err(|_| ()));
-        let who = auth
-            .authenticate(Presented {
-                authorization,
-                peer,
-                cert_name: None,
-                // The HTTP server has no Unix socket.
-                local_uid: None,
-            })
-            .await?;
-        Ok(Who(who))
+        Ok(Who(identify(api.auth()?, parts).await?))
     }
+}
+
+/// The identity a request's `Authorization` header establishes (anonymous without one).
+pub(crate) async fn identify(auth: &Auth, parts: &Parts) -> ApiResult<Identity> {
+    let peer = parts
+        .extensions
+        .get::<ConnectInfo<crate::http_tls::Peer>>()
+        .map(|c| c.0 .0);
+    let authorization = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .map(|v| v.to_str().map(str::to_string).map_err(|_| ()));
+    Ok(auth
+        .authenticate(Presented {
+            authorization,
+            peer,
+            cert_name: None,
+            // The HTTP server has no Unix socket.
+            local_uid: None,
+        })
+        .await?)
 }
 
 /// Refuses a state-changing request that a browser sent from a page of another origin
@@ -683,7 +689,7 @@ pub(crate) async fn delete(api: &Api, who: &Identity, name: &str) -> ApiResult<(
 /// The outgoing queues with their state, backlog and last error (`mq outgoing list`).
 pub(crate) fn outgoing(api: &Api, who: &Identity) -> ApiResult<Vec<Value>> {
     let b = api.broker()?;
-    api.auth()?.authorize(who, Right::Outgoing, None)?;
+    api.auth()?.authorize_outgoing_list(who)?;
     let now = crate::message::now_ms();
     Ok(b.outgoing_details()
         .into_iter()

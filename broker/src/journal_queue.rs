@@ -471,14 +471,16 @@ impl Broker {
         }
     }
 
-    /// The copies each journaling queue could not keep, by queue name (for the metrics).
-    pub(crate) fn journal_not_kept(&self) -> Vec<(String, u64)> {
+    /// The copies each journaling queue that `shown` keeps could not keep, by queue name (for
+    /// the metrics).
+    pub(crate) fn journal_not_kept(&self, shown: impl Fn(&Queue) -> bool) -> Vec<(String, u64)> {
         let mut v: Vec<_> = self
             .all_queues()
             .into_iter()
             .filter(|q| {
-                q.def().role.is_normal()
-                    || (q.def().role == QueueRole::Journal && q.def().key == SYSTEM_JOURNAL_KEY)
+                (q.def().role.is_normal()
+                    || (q.def().role == QueueRole::Journal && q.def().key == SYSTEM_JOURNAL_KEY))
+                    && shown(q)
             })
             .map(|q| {
                 (

@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
+use crate::auth::{Auth, Identity, Right};
 use crate::message::now_ms;
 use crate::queue::QueueRole;
 use crate::ready::Readiness;
@@ -122,10 +123,32 @@ impl Counters {
     }
 }
 
-/// The collector behind `GET /metrics`: everything is read at scrape time.
+/// Whom a scrape is for. With a users file the per-queue and per-outgoing-queue series are
+/// those the caller may see in the API: queues it holds any right on ([`Auth::sees`]), outgoing
+/// queues with the broker-wide right `outgoing`. The broker-wide series are everyone's.
+#[derive(Debug, Clone)]
+pub(crate) struct Viewer {
+    pub auth: Arc<Auth>,
+    pub who: Identity,
+}
+
+impl Viewer {
+    fn sees(&self, q: &crate::queue::Queue) -> bool {
+        self.auth.sees(&self.who, q)
+    }
+
+    fn sees_outgoing(&self) -> bool {
+        self.auth.allowed(&self.who, Right::Outgoing, None)
+            || self.auth.allowed(&self.who, Right::Monitor, None)
+    }
+}
+
+/// The collector behind `GET /metrics`: everything is read at scrape time. Without a viewer
+/// (the users are not loaded yet) no queue or destination is named.
 #[derive(Debug)]
 pub(crate) struct Collector {
     pub ready: Arc<Readiness>,
+    pub viewer: Option<Viewer>,
 }
 
 type Enc<'a> = DescriptorEncoder<'a>;
@@ -199,6 +222,7 @@ impl prometheus_client::collector::Collector for Collector {
             return Ok(());
         };
         let c = b.counters();
+        let sees = |q: &crate::queue::Queue| self.viewer.as_ref().is_some_and(|v| v.sees(q));
 
         // Queues (applications' and the dead-letter queues).
         let mut queues: Vec<_> = b
@@ -208,7 +232,7 @@ impl prometheus_client::collector::Collector for Collector {
                 matches!(
                     q.def().role,
                     QueueRole::Normal | QueueRole::DeadLetter | QueueRole::DeadXact
-                )
+                ) && sees(q)
             })
             .map(|q| {
                 let (s, t) = q.stats_and_totals();
@@ -322,7 +346,7 @@ impl prometheus_client::collector::Collector for Collector {
             dropped,
         )?;
         let not_kept: Vec<_> = b
-            .journal_not_kept()
+            .journal_not_kept(sees)
             .into_iter()
             .map(|(q, n)| (escape(&q), n))
             .collect();
@@ -338,13 +362,16 @@ impl prometheus_client::collector::Collector for Collector {
 
         // Outgoing queues.
         let now = now_ms();
-        let mut outgoing: Vec<_> = b
-            .outgoing
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let mut outgoing: Vec<_> = if self.viewer.as_ref().is_some_and(Viewer::sees_outgoing) {
+            b.outgoing
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
         outgoing.sort_by(|a, b| a.destination().cmp(b.destination()));
         let infos: Vec<_> = outgoing.iter().map(|o| (o.info(), o.metrics())).collect();
         let states: Vec<String> = infos
@@ -685,11 +712,13 @@ fn escape(s: &str) -> String {
     out
 }
 
-/// Renders every metric in the OpenMetrics text format (what `GET /metrics` serves).
-pub(crate) fn render(ready: &Arc<Readiness>) -> String {
+/// Renders every metric `viewer` may see in the OpenMetrics text format (what `GET /metrics`
+/// serves).
+pub(crate) fn render(ready: &Arc<Readiness>, viewer: Option<Viewer>) -> String {
     let mut registry = prometheus_client::registry::Registry::default();
     registry.register_collector(Box::new(Collector {
         ready: ready.clone(),
+        viewer,
     }));
     let mut out = String::with_capacity(16 * 1024);
     if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {

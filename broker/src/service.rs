@@ -438,8 +438,7 @@ impl AdminService for Service {
         &self,
         req: Request<v1::ListOutgoingRequest>,
     ) -> Result<Response<v1::ListOutgoingResponse>, Status> {
-        self.auth
-            .authorize(&Identity::of(&req), Right::Outgoing, None)?;
+        self.auth.authorize_outgoing_list(&Identity::of(&req))?;
         Ok(Response::new(v1::ListOutgoingResponse {
             queues: self.broker.outgoing_list(),
         }))

@@ -339,7 +339,8 @@ enum UserCommand {
         /// group:NAME.
         #[arg(long = "group")]
         groups: Vec<String>,
-        /// Broker-wide rights, comma-separated: create-queue, outgoing, forward, dead-letter
+        /// Broker-wide rights, comma-separated: create-queue, outgoing, forward, dead-letter,
+        /// monitor (see every queue and outgoing queue and their counters, read nothing)
         /// (and send, receive, peek, admin on every queue).
         #[arg(long, value_delimiter = ',')]
         rights: Vec<String>,

@@ -1105,3 +1105,122 @@ fn a_console_form_over_the_limit_is_413() {
     let head = String::from_utf8_lossy(&got);
     assert!(head.starts_with("HTTP/1.1 413"), "{head}");
 }
+
+/// With a users file, `/metrics` names only what the caller may see, as the API lists it:
+/// anonymous gets the broker-wide series and no queue or destination; a user the queues it
+/// holds a right on; a user with broker-wide rights every queue, the dead-letter queues and
+/// (with `outgoing`) the outgoing queues. Wrong credentials are 401.
+#[test]
+fn metrics_name_only_what_the_caller_may_see() {
+    let pki = TestPki::new("metrics CA");
+    let users = users_file(
+        &pki.path("users.toml"),
+        &[
+            (
+                "root",
+                "root-pw",
+                &[],
+                &[
+                    "send",
+                    "receive",
+                    "peek",
+                    "admin",
+                    "outgoing",
+                    "dead-letter",
+                ],
+            ),
+            ("alice", "alice-pw", &[], &["create-queue"]),
+            ("prom", "prom-pw", &[], &["monitor"]),
+        ],
+    );
+    let dir = temp_data_dir("mq-metrics-view-");
+    let (mqd, http) = mqd_with_http(dir.path(), &["--users", users.to_str().unwrap()]);
+    let api = Http::new(&format!("http://{http}"));
+    let alice = api.as_user("alice", "alice-pw");
+    let root = api.as_user("root", "root-pw");
+    let (s, q) = alice.post("/api/v1/queues", Some(r#"{"name": ".\\private$\\alices"}"#));
+    assert_eq!(s, 201, "{q}");
+    // An outgoing queue: root sends to a broker that is not there.
+    let dest_port = free_port();
+    let mut cmd = std::process::Command::new(mq_tests::mq_path());
+    cmd.args([
+        "--user",
+        "root",
+        "send",
+        &format!("DIRECT=TCP:127.0.0.1:{dest_port}\\private$\\far"),
+    ])
+    .env("MQ_BROKER", mqd.url())
+    .env("MQ_PASSWORD", "root-pw");
+    let out = mq_tests::run_with_timeout(cmd, Some(b"x"), mq_tests::CLI_TIMEOUT).unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let outgoing = format!("mq_outgoing_messages{{destination=\"127.0.0.1:{dest_port}\"}} 1");
+    let alices = r#"mq_queue_messages{queue=".\\private$\\alices"} 0"#;
+
+    let (s, anonymous) = api.page("/metrics");
+    assert_eq!(s, 200, "{anonymous}");
+    assert!(anonymous.contains("mq_ready 1"), "{anonymous}");
+    assert!(anonymous.contains("mq_connections "), "{anonymous}");
+    for hidden in ["alices", "DEADLETTER", "destination=", "queue=\""] {
+        assert!(
+            !anonymous.contains(hidden),
+            "anonymous sees {hidden}: {anonymous}"
+        );
+    }
+    let (s, text) = alice.page("/metrics");
+    assert_eq!(s, 200, "{text}");
+    assert!(text.contains(alices), "{text}");
+    for hidden in ["DEADLETTER", "destination="] {
+        assert!(!text.contains(hidden), "alice sees {hidden}: {text}");
+    }
+    let (s, text) = root.page("/metrics");
+    assert_eq!(s, 200, "{text}");
+    assert!(text.contains(alices), "{text}");
+    assert!(text.contains(&outgoing), "{text}");
+    assert!(
+        text.contains(r#"mq_queue_messages{queue=".\\SYSTEM$;DEADLETTER"}"#),
+        "{text}"
+    );
+    // `monitor` sees all of it, lists queues and outgoing queues, and may not read or act.
+    let prom = api.as_user("prom", "prom-pw");
+    let (s, monitored) = prom.page("/metrics");
+    assert_eq!(s, 200, "{monitored}");
+    // The series with a queue or destination, without their values.
+    let series = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| l.contains("queue=") || l.contains("destination="))
+            .map(|l| l.rsplit_once(' ').map_or(l, |(k, _)| k).to_string())
+            .collect()
+    };
+    assert_eq!(
+        series(&monitored),
+        series(&text),
+        "monitor sees what root sees"
+    );
+    let (s, l) = prom.get("/api/v1/queues");
+    assert_eq!(s, 200, "{l}");
+    listed(&l, r".\private$\alices");
+    let (s, o) = prom.get("/api/v1/outgoing");
+    assert_eq!(s, 200, "{o}");
+    let (_, page) = prom.page("/outgoing");
+    assert!(
+        page.contains(&format!("127.0.0.1:{dest_port}")) && !page.contains("/pause"),
+        "{page}"
+    );
+    refused(
+        prom.get(&format!("{}/messages", qpath(r".\private$\alices"))),
+        403,
+        "permission_denied",
+        "lacks the right \"peek\"",
+    );
+    refused(
+        prom.post(
+            &format!("/api/v1/outgoing/127.0.0.1:{dest_port}/pause"),
+            None,
+        ),
+        403,
+        "permission_denied",
+        "outgoing",
+    );
+    let (s, _) = api.as_user("alice", "wrong").page("/metrics");
+    assert_eq!(s, 401);
+}
