@@ -81,7 +81,10 @@ function draw(svg, pts) {
 function refresh() {
   if (document.hidden) return;
   var rows = rowsByName();
-  getJSON("/api/v1/queues").then(function (d) {
+  // The page's own slice of the queue list (the API pages it).
+  var q = live.getAttribute("data-query");
+  q = q ? "?" + q : "";
+  getJSON("/api/v1/queues" + q).then(function (d) {
     d.queues.forEach(function (q) {
       var r = rows[q.name];
       if (!r) return;
@@ -97,7 +100,7 @@ function refresh() {
     setField(cards, "send_per_sec", fmtRate(b.send_per_sec));
     setField(cards, "receive_per_sec", fmtRate(b.receive_per_sec));
   }).catch(function () {});
-  getJSON("/api/v1/rates").then(function (d) {
+  getJSON("/api/v1/rates" + q).then(function (d) {
     Object.keys(d.queues).forEach(function (name) {
       var r = rows[name];
       if (r) draw(r.querySelector("svg.spark"), d.queues[name]);

@@ -315,6 +315,10 @@ struct RateRow {
 #[template(path = "overview.html")]
 struct OverviewPage {
     nav: Nav,
+    /// More queues than the rows: the rest are on the Queues page.
+    more: bool,
+    /// The rows' page of the API's queue list.
+    limit: usize,
     name: String,
     version: String,
     uptime: String,
@@ -345,7 +349,15 @@ async fn overview(View { api, who, notice }: View) -> PageResult {
         v.as_f64()
             .map_or_else(|| "-".to_string(), |x| format!("{x} ms"))
     };
-    let rows = api::visible_queues(&api, &who)?
+    let (page, next) = api::visible_queue_page(
+        &api,
+        &who,
+        &api::QueueListQuery {
+            after: None,
+            limit: Some(OVERVIEW_ROWS),
+        },
+    )?;
+    let rows = page
         .iter()
         .map(|q| {
             let (s, r) = api.rates_of(q).unwrap_or((0.0, 0.0));
@@ -361,6 +373,8 @@ async fn overview(View { api, who, notice }: View) -> PageResult {
         })
         .collect();
     html(OverviewPage {
+        more: next.is_some(),
+        limit: OVERVIEW_ROWS,
         nav: Nav::new("overview", Some(&who)).with_notice(notice),
         name: o["name"].as_str().unwrap_or("").into(),
         version: o["version"].as_str().unwrap_or("").into(),
@@ -410,12 +424,44 @@ struct QueuesPage {
     nav: Nav,
     rows: Vec<QueueRow>,
     can_create: bool,
+    /// This page's `after` and `limit` (what its live updates ask the API for).
+    query: String,
+    /// The next page, if there are more queues; the first, if this is not it.
+    next_href: Option<String>,
+    first_href: Option<String>,
 }
 
-async fn queues(View { api, who, notice }: View) -> PageResult {
+/// Queues on the overview (the first ones by name; the Queues page has them all, in pages).
+const OVERVIEW_ROWS: usize = 100;
+/// Queues on one page of the Queues page.
+const QUEUES_PAGE_ROWS: usize = 500;
+
+/// The Queues page's query: a page of the list (and a notice).
+#[derive(Debug, Default, Deserialize)]
+struct QueuesQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn queues(
+    View { api, who, notice }: View,
+    AsPage(Params(qq)): AsPage<Params<QueuesQuery>>,
+) -> PageResult {
     let b = api.broker()?;
     api.sample(b);
-    let rows = api::visible_queues(&api, &who)?
+    let lq = api::QueueListQuery {
+        after: qq.after.filter(|a| !a.is_empty()),
+        limit: Some(qq.limit.unwrap_or(QUEUES_PAGE_ROWS)),
+    };
+    let (page, next) = api::visible_queue_page(&api, &who, &lq)?;
+    let limit = lq.limit.unwrap_or(QUEUES_PAGE_ROWS);
+    let query = match &lq.after {
+        Some(a) => format!("after={}&limit={limit}", enc(a)),
+        None => format!("limit={limit}"),
+    };
+    let next_href = next.map(|n| format!("/queues?after={}&limit={limit}", enc(&n)));
+    let first_href = lq.after.is_some().then(|| format!("/queues?limit={limit}"));
+    let rows = page
         .iter()
         .map(|q| {
             let i = q.info();
@@ -449,6 +495,9 @@ async fn queues(View { api, who, notice }: View) -> PageResult {
         nav: Nav::new("queues", Some(&who)).with_notice(notice),
         rows,
         can_create: can(&api, &who, Right::CreateQueue, None),
+        query,
+        next_href,
+        first_href,
     })
 }
 

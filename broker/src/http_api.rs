@@ -25,6 +25,10 @@ use crate::ready::Readiness;
 pub(crate) const DEFAULT_PAGE: usize = 50;
 /// Messages on one page of a queue, at most (`?limit=`).
 pub(crate) const MAX_PAGE: usize = 500;
+/// Queues on one page of `GET /api/v1/queues` and `/api/v1/rates`, when the caller does not say.
+pub(crate) const DEFAULT_QUEUE_PAGE: usize = 1000;
+/// Queues on one page, at most (`?limit=`): 10,000 queues are a few MB of JSON.
+pub(crate) const MAX_QUEUE_PAGE: usize = 10_000;
 /// A request body (JSON or form), at most.
 pub(crate) const MAX_BODY_BYTES: usize = 64 * 1024;
 /// A queue name, destination or other path segment, at most (bytes).
@@ -344,18 +348,51 @@ pub(crate) fn kind(q: &Queue) -> Option<&'static str> {
     }
 }
 
-/// The queues `who` may see, by name: applications' queues, their subqueues and the
-/// dead-letter queues.
-pub(crate) fn visible_queues(api: &Api, who: &Identity) -> ApiResult<Vec<Arc<Queue>>> {
+/// Paging the queue list: `?after=NEXT&limit=N`, where NEXT is the `next` of the page before.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct QueueListQuery {
+    pub after: Option<String>,
+    pub limit: Option<usize>,
+}
+
+/// One page of the queues `who` may see (applications' queues, their subqueues and the
+/// dead-letter queues), by name after `q.after` (a page's `next`, the canonical
+/// lowercase name of its last queue): (queues, the next page's `after` if there are more).
+pub(crate) fn visible_queue_page(
+    api: &Api,
+    who: &Identity,
+    q: &QueueListQuery,
+) -> ApiResult<(Vec<Arc<Queue>>, Option<String>)> {
+    let limit = q.limit.unwrap_or(DEFAULT_QUEUE_PAGE);
+    if limit == 0 || limit > MAX_QUEUE_PAGE {
+        return Err(ApiError::bad(format!(
+            "limit {limit} is out of range: a page has 1 to {MAX_QUEUE_PAGE} queues"
+        )));
+    }
+    let after = q.after.as_deref().unwrap_or("");
+    if !after.is_empty() {
+        check_name("after", after)?;
+    }
     let broker = api.broker()?;
     let auth = api.auth()?;
     let mut v: Vec<_> = broker
         .all_queues()
         .into_iter()
-        .filter(|q| kind(q).is_some() && auth.sees(who, q))
+        .filter(|q| q.def().key.as_str() > after && kind(q).is_some() && auth.sees(who, q))
         .collect();
+    let more = v.len() > limit;
+    if more {
+        v.select_nth_unstable_by(limit - 1, |a, b| a.def().key.cmp(&b.def().key));
+        v.truncate(limit);
+    }
     v.sort_by(|a, b| a.def().key.cmp(&b.def().key));
-    Ok(v)
+    let next = if more {
+        v.last().map(|q| q.def().key.clone())
+    } else {
+        None
+    };
+    Ok((v, next))
 }
 
 /// One queue as JSON, with its rates.
@@ -919,22 +956,24 @@ async fn get_broker(c: Caller) -> Answer {
     Ok(Json(overview(&c.api)?))
 }
 
-async fn get_queues(Caller { api, who }: Caller) -> Answer {
+async fn get_queues(Caller { api, who }: Caller, Params(lq): Params<QueueListQuery>) -> Answer {
     api.sample(api.broker()?);
-    let queues: Vec<Value> = visible_queues(&api, &who)?
+    let (page, next) = visible_queue_page(&api, &who, &lq)?;
+    let queues: Vec<Value> = page
         .iter()
         .map(|q| queue_json(q, api.rates_of(q)))
         .collect();
-    answer("queues", queues)
+    Ok(Json(json!({"queues": queues, "next": next})))
 }
 
-async fn get_rates(Caller { api, who }: Caller) -> Answer {
+async fn get_rates(Caller { api, who }: Caller, Params(lq): Params<QueueListQuery>) -> Answer {
     api.sample(api.broker()?);
-    let keys: Vec<(String, String)> = visible_queues(&api, &who)?
+    let (page, next) = visible_queue_page(&api, &who, &lq)?;
+    let keys: Vec<(String, String)> = page
         .iter()
         .map(|q| (q.def().key.clone(), q.def().name.clone()))
         .collect();
-    answer("queues", api.history(&keys))
+    Ok(Json(json!({"queues": api.history(&keys), "next": next})))
 }
 
 async fn post_queue(c: Caller, body: axum::body::Body) -> ApiResult<(StatusCode, Json<Value>)> {

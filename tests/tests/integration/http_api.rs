@@ -1224,3 +1224,83 @@ fn metrics_name_only_what_the_caller_may_see() {
     let (s, _) = api.as_user("alice", "wrong").page("/metrics");
     assert_eq!(s, 401);
 }
+
+/// The queue list comes in pages (`?after=NEXT&limit=N`, default 1000, at most 10,000):
+/// following `next` yields every queue once, in name order; the console's Queues page pages
+/// the same way with a "Next page" link, and the overview shows the first 100.
+#[test]
+fn the_queue_list_comes_in_pages() {
+    let dir = temp_data_dir("mq-api-pages-");
+    let (_mqd, http) = mqd_with_http(dir.path(), &[]);
+    let api = Http::new(&format!("http://{http}"));
+    for i in 0..7 {
+        let (s, q) = api.post(
+            "/api/v1/queues",
+            Some(&format!(r#"{{"name": ".\\private$\\page{i}"}}"#)),
+        );
+        assert_eq!(s, 201, "{q}");
+    }
+    let (s, all) = api.get("/api/v1/queues");
+    assert_eq!(s, 200, "{all}");
+    assert_eq!(all["next"], Value::Null, "{all}");
+    let names = |l: &Value| -> Vec<String> {
+        l["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|q| q["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let every = names(&all);
+    assert_eq!(every.len(), 9, "7 and the two dead-letter queues: {all}");
+    let mut paged = Vec::new();
+    let mut path = "/api/v1/queues?limit=3".to_string();
+    for _ in 0..10 {
+        let (s, l) = api.get(&path);
+        assert_eq!(s, 200, "{l}");
+        assert!(l["queues"].as_array().unwrap().len() <= 3, "{l}");
+        paged.extend(names(&l));
+        let (s, r) = api.get(&path.replace("/queues", "/rates"));
+        assert_eq!(s, 200, "{r}");
+        assert_eq!(r["next"], l["next"], "{r}");
+        match l["next"].as_str() {
+            Some(n) => path = format!("/api/v1/queues?limit=3&after={}", enc(n)),
+            None => break,
+        }
+    }
+    assert_eq!(paged, every);
+    for (query, says) in [
+        ("limit=0", "a page has 1 to 10000 queues"),
+        ("limit=10001", "a page has 1 to 10000 queues"),
+        (
+            &format!("after={}", "x".repeat(1025))[..],
+            "the limit is 1024",
+        ),
+        ("page=2", "unknown field"),
+    ] {
+        refused(
+            api.get(&format!("/api/v1/queues?{query}")),
+            400,
+            "invalid_argument",
+            says,
+        );
+    }
+    // The console: pages of the Queues page, linked.
+    let mut seen = 0;
+    let mut path = "/queues?limit=4".to_string();
+    for _ in 0..10 {
+        let (s, page) = api.page(&path);
+        assert_eq!(s, 200, "{page}");
+        seen += page.matches("<tr data-name=").count();
+        // The "Next page" link's target: `<a href="…" rel="next">`.
+        let next = page
+            .split_once("\" rel=\"next\"")
+            .and_then(|(before, _)| before.rsplit_once("href=\""))
+            .map(|(_, href)| href.replace("&amp;", "&"));
+        match next {
+            Some(next) => path = next,
+            None => break,
+        }
+    }
+    assert_eq!(seen, 9);
+}
