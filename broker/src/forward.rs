@@ -364,14 +364,61 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// How often a session that has nothing it can take yet looks whether its queue emptied (its
+/// messages expired and were dead-lettered).
+const NOTHING_TO_TAKE_RECHECK: Duration = Duration::from_secs(1);
+
 /// One connection's worth of forwarding. `Ok` when it ended on purpose (paused, shutting
-/// down); `Err((why, whether anything was acknowledged))` when the connection failed.
+/// down, nothing left to send before its first batch); `Err((why, whether anything was
+/// acknowledged))` when the connection failed.
+///
+/// The stream opens with its first batch already queued: a destination ends a stream whose
+/// first request does not come within its `--message-arrival-timeout`, and the messages the
+/// supervisor saw may all have expired (or still be being stored) by the time they are taken.
 async fn session(
     b: &Arc<Broker>,
     o: &Outgoing,
     mut client: crate::tls::PeerClient,
 ) -> Result<(), (String, bool)> {
     let (tx, rx) = mpsc::channel::<v1::ForwardRequest>(WINDOW_BATCHES);
+    let source = b.config().name.clone();
+    let queue = &o.queue;
+    let mut in_flight = InFlight {
+        b,
+        queue,
+        batches: VecDeque::new(),
+        bytes: 0,
+    };
+    let first = loop {
+        let notified = queue.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if o.is_paused() || queue.is_deleted() || b.is_shutting_down() {
+            return Ok(());
+        }
+        let taken = queue
+            .take_bounded(BATCH_MESSAGES, BATCH_BYTES)
+            .map_err(|e| (e.to_string(), false))?;
+        if !taken.is_empty() {
+            break taken;
+        }
+        if queue.stats().messages == 0 {
+            return Ok(());
+        }
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = o.wake.notified() => {}
+            _ = tokio::time::sleep(NOTHING_TO_TAKE_RECHECK) => {}
+            _ = b.shutting_down() => return Ok(()),
+        }
+    };
+    let mut next_batch = 1u64;
+    let batch = in_flight
+        .batch(o, &source, next_batch, first)
+        .map_err(|e| (e, false))?;
+    next_batch += 1;
+    // Room for WINDOW_BATCHES and the receiver is here: this cannot wait or fail.
+    let _ = tx.try_send(batch);
     let mut acks = match client.forward(ReceiverStream::new(rx)).await {
         Ok(r) => r.into_inner(),
         Err(s) => {
@@ -385,15 +432,6 @@ async fn session(
             ))
         }
     };
-    let source = b.config().name.clone();
-    let queue = &o.queue;
-    let mut in_flight = InFlight {
-        b,
-        queue,
-        batches: VecDeque::new(),
-        bytes: 0,
-    };
-    let mut next_batch = 1u64;
     let mut progressed = false;
     let result = loop {
         let notified = queue.notified();
@@ -411,40 +449,9 @@ async fn session(
                 Err(e) => break Err((e.to_string(), progressed)),
             };
             if !taken.is_empty() {
-                let mut messages = Vec::with_capacity(taken.len());
-                let mut bytes = 0usize;
-                let mut failed = None;
-                for e in &taken {
-                    let body = match b.body(queue, e) {
-                        Ok(body) => body,
-                        Err(err) => {
-                            failed = Some(err.to_string());
-                            break;
-                        }
-                    };
-                    bytes += body.len();
-                    let route = e.msg.route.as_deref().unwrap_or_default();
-                    messages.push(v1::ForwardedMessage {
-                        seq: match e.msg.delivery {
-                            Delivery::Express => 0,
-                            Delivery::Recoverable => e.seq,
-                        },
-                        destination: route.to_string(),
-                        transactional: e.msg.transactional,
-                        message: Some(e.msg.to_wire(route, body, 0)),
-                    });
-                }
-                in_flight.batches.push_back((next_batch, taken, bytes));
-                in_flight.bytes += bytes;
-                if let Some(err) = failed {
-                    break Err((err, progressed));
-                }
-                let batch = v1::ForwardRequest {
-                    stream_id: bytes::Bytes::copy_from_slice(o.stream_id.as_bytes()),
-                    source: source.clone(),
-                    batch: next_batch,
-                    messages,
-                    settled_below: in_flight.settled_below(),
+                let batch = match in_flight.batch(o, &source, next_batch, taken) {
+                    Ok(batch) => batch,
+                    Err(e) => break Err((e, progressed)),
                 };
                 next_batch += 1;
                 if tx.send(batch).await.is_err() {
@@ -502,6 +509,52 @@ struct InFlight<'a> {
 }
 
 impl InFlight<'_> {
+    /// Batch `n` of the messages `taken`, which are in flight from here on (given back to the
+    /// queue if the session ends before they are settled). Err if a body cannot be read.
+    fn batch(
+        &mut self,
+        o: &Outgoing,
+        source: &str,
+        n: u64,
+        taken: Vec<Entry>,
+    ) -> Result<v1::ForwardRequest, String> {
+        let mut messages = Vec::with_capacity(taken.len());
+        let mut bytes = 0usize;
+        let mut failed = None;
+        for e in &taken {
+            let body = match self.b.body(self.queue, e) {
+                Ok(body) => body,
+                Err(err) => {
+                    failed = Some(err.to_string());
+                    break;
+                }
+            };
+            bytes += body.len();
+            let route = e.msg.route.as_deref().unwrap_or_default();
+            messages.push(v1::ForwardedMessage {
+                seq: match e.msg.delivery {
+                    Delivery::Express => 0,
+                    Delivery::Recoverable => e.seq,
+                },
+                destination: route.to_string(),
+                transactional: e.msg.transactional,
+                message: Some(e.msg.to_wire(route, body, 0)),
+            });
+        }
+        self.batches.push_back((n, taken, bytes));
+        self.bytes += bytes;
+        if let Some(err) = failed {
+            return Err(err);
+        }
+        Ok(v1::ForwardRequest {
+            stream_id: bytes::Bytes::copy_from_slice(o.stream_id.as_bytes()),
+            source: source.to_string(),
+            batch: n,
+            messages,
+            settled_below: self.settled_below(),
+        })
+    }
+
     /// The lowest seq this outgoing queue may still send: every message below it is settled
     /// (acknowledged as stored, or its dead-letter record is on disk; a dead-letter that fails
     /// puts the message back in the queue). The batch just taken came from the head of the
@@ -794,6 +847,61 @@ mod settle_tests {
         assert!(out.failures.is_empty(), "{:?}", out.failures);
         let o = b.outgoing_for("10.0.0.9:1801").unwrap();
         (dir, b, o)
+    }
+
+    /// Messages that expire between the supervisor's look and the session's take: the session
+    /// opens no stream (a destination would end one without a first request after its
+    /// `--message-arrival-timeout`, and the outgoing queue would show that as an error) and
+    /// ends quietly once they are dead-lettered. The client here can only fail: any attempt to
+    /// open the stream would be an error.
+    #[tokio::test]
+    async fn nothing_to_take_opens_no_stream() {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, _) = Broker::open(
+            BrokerConfig::new(dir.path()),
+            vec!["127.0.0.1:4000".parse().unwrap()],
+        )
+        .unwrap();
+        let b = Arc::new(b);
+        let dests = b
+            .destinations(r"DIRECT=TCP:127.0.0.1:1\private$\q", false)
+            .unwrap();
+        let msgs = (0..3)
+            .map(|i| v1::OutMessage {
+                body: Bytes::from(format!("m{i}")),
+                time_to_reach_queue_ms: 1,
+                ..Default::default()
+            })
+            .collect();
+        let out = b.send_batch(&dests, msgs, false).await;
+        assert!(out.failures.is_empty(), "{:?}", out.failures);
+        let o = b.outgoing_for("127.0.0.1:1").unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let (endpoint, creds) = crate::tls::peer_endpoint("127.0.0.1:1", None).unwrap();
+        let client = mq_proto::v1::forward_service_client::ForwardServiceClient::with_interceptor(
+            endpoint.connect_lazy(),
+            creds,
+        );
+        // mqd's sweeper, which dead-letters what expired.
+        let sweeper = {
+            let b = b.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    b.sweep_expired().await;
+                }
+            })
+        };
+        let ended = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            super::session(&b, &o, client),
+        )
+        .await
+        .expect("the session ends once the expired messages are dead-lettered");
+        sweeper.abort();
+        assert_eq!(ended, Ok(()));
+        assert_eq!(o.queue().stats().messages, 0);
+        assert_eq!(b.dead_letter_queue(false).stats().messages, 3);
     }
 
     /// A peer's rejections are its input: out of order they are still applied; out of range or
