@@ -336,9 +336,23 @@ impl Client {
             let mut grpc = self.admin.clone();
             let rpc = grpc.list_queues(v1::ListQueuesRequest {
                 page_size: LIST_PAGE,
-                page_token,
+                page_token: page_token.clone(),
             });
             let r = self.call("listing queues", Duration::ZERO, rpc).await?;
+            // The broker is not trusted to end the list: each page at most as asked, each token
+            // past the one before (they are queue names in order), and a bound on the whole.
+            if r.queues.len() > LIST_PAGE as usize
+                || (!r.next_page_token.is_empty() && r.next_page_token <= page_token)
+                || all.len() + r.queues.len() > MAX_LISTED_QUEUES
+            {
+                return Err(Error::Internal(format!(
+                    "the broker's queue list does not end: a page of {} queues (asked for {LIST_PAGE}), next token \"{}\" after \"{}\", {} queues so far (at most {MAX_LISTED_QUEUES})",
+                    r.queues.len(),
+                    mq_proto::limits::quote(&r.next_page_token),
+                    mq_proto::limits::quote(&page_token),
+                    all.len()
+                )));
+            }
             all.extend(r.queues.into_iter().map(Into::into));
             if r.next_page_token.is_empty() {
                 return Ok(all);
@@ -590,6 +604,9 @@ impl Client {
 
 /// Queues [`Client::list_queues`] asks for per call.
 const LIST_PAGE: u32 = 5000;
+/// Queues [`Client::list_queues`] takes in all, at most (a broker holds far fewer: its
+/// `--max-queues`); a list that goes on is a broken or hostile broker's.
+const MAX_LISTED_QUEUES: usize = 10_000_000;
 
 /// Whether a broker of protocol revision `broker` (mqd `version`) at `url` can serve this
 /// client: at least [`mq_proto::MIN_PROTOCOL_VERSION`].

@@ -94,6 +94,8 @@ pub struct Consumer {
     buffer: VecDeque<v1::Delivered>,
     /// Tag of the last message handed out.
     handed: u64,
+    /// Tag of the last message delivered (handed out or in `buffer`).
+    delivered: u64,
     /// Highest tag acknowledged to the broker.
     acked: u64,
     /// Messages requested so far (credit granted in total).
@@ -149,6 +151,7 @@ impl Consumer {
             inbound: Some(inbound),
             buffer: VecDeque::new(),
             handed: 0,
+            delivered: 0,
             acked: 0,
             requested: first_credit as u64,
             prefetch,
@@ -179,11 +182,12 @@ impl Consumer {
                 self.send_ack().await?;
             }
         }
-        if self.buffer.is_empty() {
+        let deadline = now + timeout;
+        // A delivery without messages is no answer: wait on until the deadline.
+        while self.buffer.is_empty() {
             if let Some(e) = &self.ended {
                 return Err(e.clone());
             }
-            let deadline = now + timeout;
             let got = loop {
                 // Wake for a held acknowledgement when it is due, then wait for the rest.
                 let ack_due = self.held_since.map(|s| s + self.ack_delay);
@@ -211,6 +215,10 @@ impl Consumer {
                 Ok(Ok(Some(batch))) => {
                     let mut messages = batch.messages;
                     messages.retain(|d| d.message.is_some());
+                    if let Err(e) = self.check_delivery(&messages) {
+                        self.end(e.clone());
+                        return Err(e);
+                    }
                     // The buffer is empty here: the delivery becomes it, without a copy.
                     self.buffer = VecDeque::from(messages);
                 }
@@ -236,6 +244,22 @@ impl Consumer {
             }
             _ => Ok(None),
         }
+    }
+
+    /// A delivery's tags must go up, past every tag before, and stay within the credit
+    /// granted: the broker is not trusted to push more than asked for, and a tag that went
+    /// back would acknowledge messages never handed out.
+    fn check_delivery(&mut self, messages: &[v1::Delivered]) -> Result<()> {
+        for d in messages {
+            if d.tag <= self.delivered || d.tag > self.requested {
+                return Err(Error::Internal(format!(
+                    "the broker delivered tag {} after tag {} with credit for {} messages: tags go up and stay within the credit",
+                    d.tag, self.delivered, self.requested
+                )));
+            }
+            self.delivered = d.tag;
+        }
+        Ok(())
     }
 
     /// How long [`Consumer::close`] waits for the broker to confirm that it applied the
@@ -341,7 +365,7 @@ impl Consumer {
         .await;
         match drained {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) if to_confirm == 0 => Ok(()),
+            Ok(Err(_)) | Err(_) if to_confirm == 0 => Ok(()),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(Error::Timeout(format!(
                 "the broker did not confirm within {} (Consumer::set_close_timeout) that it applied the acknowledgement of the {to_confirm} messages received on this stream; those not applied will be delivered again",

@@ -210,6 +210,7 @@ impl Queue {
             from_id: Default::default(),
         });
         let r = self.client.call("to a peek", timeout, rpc).await?;
+        check_page_size(r.messages.len(), max)?;
         let messages = r
             .messages
             .into_iter()
@@ -233,6 +234,7 @@ impl Queue {
             from_id: id.as_bytes().to_vec().into(),
         });
         let r = self.client.call("to a peek", Duration::ZERO, rpc).await?;
+        check_page_size(r.messages.len(), max)?;
         let messages = r
             .messages
             .into_iter()
@@ -353,4 +355,16 @@ impl AsRef<str> for Queue {
     fn as_ref(&self) -> &str {
         &self.name
     }
+}
+
+/// A peek's page holds at most the `max` asked for (0 asks for 1); more is a broken broker's
+/// answer, refused rather than shown as if asked for.
+fn check_page_size(got: usize, max: u32) -> Result<()> {
+    let max = max.max(1) as usize;
+    if got > max {
+        return Err(Error::Internal(format!(
+            "the broker answered a peek of at most {max} messages with {got}"
+        )));
+    }
+    Ok(())
 }

@@ -382,21 +382,27 @@ impl Sender {
         Ok(s)
     }
 
-    /// Flushes and closes the stream.
+    /// Flushes and closes the stream. Once everything is answered, the broker's end of the
+    /// stream is waited for at most the ack timeout ([`Sender::set_ack_timeout`], else
+    /// [`CLOSE_WAIT`]): what was acknowledged is stored, whether or not it ends the stream.
     pub async fn close(mut self) -> Result<SendSummary> {
         let r = self.flush().await;
         self.tx = None;
         let timed_out = matches!(r, Err(Error::Timeout(_)));
-        for t in self.tasks.drain(..) {
-            if timed_out {
-                t.abort(); // the broker does not answer: do not wait for the stream's end
-            } else {
-                let _ = t.await;
+        let wait = self.ack_timeout.unwrap_or(CLOSE_WAIT);
+        for mut t in self.tasks.drain(..) {
+            // The broker does not answer: do not wait for the stream's end.
+            if timed_out || tokio::time::timeout(wait, &mut t).await.is_err() {
+                t.abort();
             }
         }
         r
     }
 }
+
+/// How long [`Sender::close`] waits for the broker to end the stream once everything sent is
+/// answered, without an ack timeout.
+pub const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Drop for Sender {
     fn drop(&mut self) {
@@ -451,28 +457,63 @@ fn end_stream(shared: &Shared, window: &Semaphore, end: Error) {
     window.close();
 }
 
-fn apply_ack(shared: &Shared, window: &Semaphore, ack: v1::SendResponse) -> Result<()> {
-    let batch = shared
-        .pending
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .batches
-        .pop_front()
-        .ok_or_else(|| {
-            Error::Internal(format!(
-                "the broker acknowledged batch {} that was never sent",
-                ack.first_seq
-            ))
-        })?;
-    if batch.first_seq != ack.first_seq || ack.count as usize != batch.replies.len() {
+/// Checks an acknowledgement against the batch it must answer: the same first seq and count,
+/// one id per message (16 bytes, empty only where a failure names the message), failures in
+/// ascending seq inside the batch. The broker is not trusted: anything else is
+/// [`Error::Internal`], which ends the stream with the batch still in doubt.
+fn check_ack(batch: &PendingBatch, ack: &v1::SendResponse) -> Result<()> {
+    let n = batch.replies.len();
+    if batch.first_seq != ack.first_seq || ack.count as usize != n {
         return Err(Error::Internal(format!(
-            "the broker acknowledged batch {} ({} messages) where batch {} ({} messages) was expected",
-            ack.first_seq,
-            ack.count,
-            batch.first_seq,
-            batch.replies.len()
+            "the broker acknowledged batch {} ({} messages) where batch {} ({n} messages) was expected",
+            ack.first_seq, ack.count, batch.first_seq
         )));
     }
+    if ack.ids.len() != n {
+        return Err(Error::Internal(format!(
+            "the broker answered batch {} of {n} messages with {} ids",
+            ack.first_seq,
+            ack.ids.len()
+        )));
+    }
+    let mut failed = vec![false; n];
+    let mut last = None;
+    for f in &ack.failures {
+        let i = f.seq.wrapping_sub(batch.first_seq);
+        if f.seq < batch.first_seq || i >= n as u64 || last.is_some_and(|l| f.seq <= l) {
+            return Err(Error::Internal(format!(
+                "the broker refused seq {} in its answer to batch {} ({n} messages): not in the batch, or not in ascending order",
+                f.seq, batch.first_seq
+            )));
+        }
+        last = Some(f.seq);
+        failed[i as usize] = true;
+    }
+    for (i, id) in ack.ids.iter().enumerate() {
+        if !failed[i] && id.len() != 16 {
+            return Err(Error::Internal(format!(
+                "the broker acknowledged message {} with an id of {} bytes",
+                batch.first_seq + i as u64,
+                id.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn apply_ack(shared: &Shared, window: &Semaphore, ack: v1::SendResponse) -> Result<()> {
+    let batch = {
+        let mut p = shared.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(front) = p.batches.front() else {
+            return Err(Error::Internal(format!(
+                "the broker acknowledged batch {} that was never sent",
+                ack.first_seq
+            )));
+        };
+        // A bad answer leaves the batch pending: the stream's end puts it in doubt.
+        check_ack(front, &ack)?;
+        p.batches.pop_front().expect("checked above")
+    };
     let mut failures = ack.failures.into_iter().peekable();
     let mut ok = 0u64;
     let mut failed = 0u64;
@@ -487,9 +528,8 @@ fn apply_ack(shared: &Shared, window: &Semaphore, ack: v1::SendResponse) -> Resu
                 Err(e)
             }
             _ => {
-                let raw = ack.ids.get(i).map_or(&[][..], |b| &b[..]);
                 ok += 1;
-                Ok(uuid::Uuid::from_slice(raw).unwrap_or_default())
+                Ok(uuid::Uuid::from_slice(&ack.ids[i]).expect("checked: 16 bytes"))
             }
         };
         if let Some(r) = reply {
@@ -661,6 +701,85 @@ mod tests {
             transactional: true,
             ..SenderOptions::default()
         }
+    }
+
+    /// A broker's acknowledgement is checked before it settles anything: ids missing or of
+    /// the wrong length, failures out of order, twice or outside the batch are refused and the
+    /// batch stays pending (in doubt once the stream ends), never counted as stored.
+    #[test]
+    fn acknowledgements_that_do_not_fit_the_batch_settle_nothing() {
+        let id = bytes::Bytes::from_static(&[7u8; 16]);
+        let fail = |seq| v1::SendFailure {
+            seq,
+            ..Default::default()
+        };
+        let ack = |ids: Vec<bytes::Bytes>, failures: Vec<v1::SendFailure>| v1::SendResponse {
+            first_seq: 10,
+            count: 3,
+            ids,
+            failures,
+        };
+        let none = bytes::Bytes::new();
+        for (bad, says) in [
+            (ack(vec![], vec![]), "with 0 ids"),
+            (ack(vec![id.clone(); 2], vec![]), "with 2 ids"),
+            (
+                ack(vec![id.clone(), none.clone(), id.clone()], vec![]),
+                "an id of 0 bytes",
+            ),
+            (
+                ack(vec![none.clone(); 3], vec![fail(12), fail(10), fail(11)]),
+                "ascending",
+            ),
+            (
+                ack(vec![none.clone(); 3], vec![fail(10), fail(10)]),
+                "ascending",
+            ),
+            (
+                ack(vec![none.clone(); 3], vec![fail(13)]),
+                "not in the batch",
+            ),
+            (
+                ack(vec![none.clone(); 3], vec![fail(9)]),
+                "not in the batch",
+            ),
+        ] {
+            let (shared, window) = transactional();
+            shared
+                .pending
+                .lock()
+                .unwrap()
+                .batches
+                .push_back(PendingBatch {
+                    first_seq: 10,
+                    units: vec![1; 3],
+                    replies: vec![None, None, None],
+                });
+            let e = apply_ack(&shared, &window, bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+            assert_eq!(shared.pending.lock().unwrap().batches.len(), 1, "{e}");
+            assert_eq!(shared.acknowledged.load(Ordering::Acquire), 0);
+        }
+        let (shared, window) = transactional();
+        shared
+            .pending
+            .lock()
+            .unwrap()
+            .batches
+            .push_back(PendingBatch {
+                first_seq: 10,
+                units: vec![1; 3],
+                replies: vec![None, None, None],
+            });
+        apply_ack(
+            &shared,
+            &window,
+            ack(vec![id.clone(), none, id], vec![fail(11)]),
+        )
+        .unwrap();
+        assert_eq!(shared.acknowledged.load(Ordering::Acquire), 2);
+        assert_eq!(shared.failed.load(Ordering::Acquire), 1);
+        assert!(shared.pending.lock().unwrap().batches.is_empty());
     }
 
     /// `Sender::enqueue` checked the stream before the acknowledgement task ended it, so its

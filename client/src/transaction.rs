@@ -47,6 +47,8 @@ pub struct Transaction {
     pending_bytes: usize,
     /// Something of this transaction has left on `stream` (it cannot move to another stream).
     sent: bool,
+    /// Messages sent in it: the commit's answer names each by its id.
+    sends: usize,
     /// For a stream that turns out stale before anything was sent: the client to open another.
     client: Client,
 }
@@ -167,6 +169,7 @@ impl Transaction {
             pending,
             pending_bytes: 0,
             sent,
+            sends: 0,
             client: client.clone(),
         })
     }
@@ -233,6 +236,7 @@ impl Transaction {
         let request = v1::TransactRequest { op: Some(op) };
         self.pending_bytes += prost::Message::encoded_len(&request);
         self.pending.push(request);
+        self.sends += 1;
         // Many staged bytes leave now rather than wait for the commit (on a stream that is
         // not stale; a stale one waits for the commit, which opens another). A failure here
         // means the broker already ended the transaction; `commit` reports why.
@@ -406,10 +410,19 @@ impl Transaction {
         match next {
             Ok(Res::Committed(c)) => {
                 self.pool.put(self.stream);
+                // Committed, by the broker's word; an answer that does not name each message
+                // sent by its id is not trusted for the ids.
+                if c.ids.len() != self.sends || c.ids.iter().any(|b| b.len() != 16) {
+                    return Err(Error::Internal(format!(
+                        "the broker answered the commit of transaction {id} ({} messages sent) with {} ids, not one 16-byte id per message; it says the transaction committed",
+                        self.sends,
+                        c.ids.len()
+                    )));
+                }
                 let ids = c
                     .ids
                     .iter()
-                    .map(|b| uuid::Uuid::from_slice(b).unwrap_or_default())
+                    .map(|b| uuid::Uuid::from_slice(b).expect("checked: 16 bytes"))
                     .collect();
                 Ok((ids, c.message))
             }

@@ -663,7 +663,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         ..ClientOptions::default()
     };
     // `receive --timeout` bounds the whole command, connecting included: a broker that does
-    // not answer fails it RECEIVE_ANSWER_GRACE after the timeout.
+    // not answer fails it RECEIVE_ANSWER_GRACE after the timeout (the receive itself asks the
+    // broker to wait only what is left of the timeout, and gives the confirmation of its
+    // acknowledgements what is left of the grace).
     if let Command::Receive(a) | Command::Peek(a) = &cli.command {
         let limit = a.timeout.saturating_add(RECEIVE_ANSWER_GRACE);
         let (broker, timeout) = (cli.broker.clone(), a.timeout);
@@ -684,6 +686,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
 }
 
 async fn connect_and_run(cli: Cli, options: ClientOptions) -> Result<(), Failure> {
+    let started = Instant::now();
     let client = match connect(&cli, options).await {
         Ok(c) => c,
         // Every failed send ends with how much of it was acknowledged: here, nothing.
@@ -701,8 +704,8 @@ async fn connect_and_run(cli: Cli, options: ClientOptions) -> Result<(), Failure
     match cli.command {
         Command::Queue(q) => queue_command(&client, q, &mut out).await,
         Command::Send(a) => send(&client, a).await,
-        Command::Receive(a) => receive(&client, a, false, &mut out).await,
-        Command::Peek(a) => receive(&client, a, true, &mut out).await,
+        Command::Receive(a) => receive(&client, a, false, &mut out, started).await,
+        Command::Peek(a) => receive(&client, a, true, &mut out, started).await,
         Command::Browse(a) => browse(&client, a, &mut out).await,
         Command::Outgoing(o) => outgoing_command(&client, o, &mut out).await,
         Command::Tx(t) => tx_command(&client, t, &mut out).await,
@@ -1207,30 +1210,53 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
         .sender(&a.destination, options)
         .await
         .map_err(none_acked)?;
+    // A broker that stops answering fails the command after --call-timeout, whatever it had
+    // acknowledged: the rest may or may not be stored.
+    let call_timeout = client.options().call_timeout;
+    sender.set_ack_timeout(Some(call_timeout));
+    let silent = |what: &str| {
+        mq_client::Error::Timeout(format!(
+            "the broker did not {what} within {} (--call-timeout); what it did not acknowledge may or may not be stored",
+            humantime::format_duration(call_timeout)
+        ))
+    };
     if a.count == 1 {
         let receipt = sender
             .send_with_receipt(make(1))
             .await
             .map_err(none_acked)?;
-        let id = match receipt.await {
-            Ok(id) => id,
-            Err(e) => {
+        let id = match tokio::time::timeout(call_timeout, receipt).await {
+            Ok(Ok(id)) => id,
+            Ok(Err(e)) => {
                 let _ = sender.flush().await;
                 return Err(send_failure(&e, 0, sender.in_doubt(), 1, &[]));
             }
+            Err(_) => return Err(send_failure(&silent("acknowledge it"), 0, 1, 1, &[])),
         };
-        sender.close().await?;
-        // The message is sent; a closed stdout (`| head`) does not make that a failure.
+        // Stored: said before the stream is closed (closing waits for the broker's end of it).
+        // A closed stdout (`| head`) does not make that a failure.
         let _ = writeln!(std::io::stdout(), "{id}");
+        let _ = std::io::stdout().flush();
+        sender.close().await?;
         return Ok(());
     }
     let bar = progress_bar(a.count);
     let started = Instant::now();
     let mut result = Ok(());
+    let mut silenced = false;
     for n in 1..=a.count {
-        if let Err(e) = sender.send(make(n)).await {
-            result = Err(e);
-            break;
+        // `send` waits while the window is full: for acknowledgements that may never come.
+        match tokio::time::timeout(call_timeout, sender.send(make(n))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                result = Err(e);
+                break;
+            }
+            Err(_) => {
+                result = Err(silent("acknowledge what was sent"));
+                silenced = true;
+                break;
+            }
         }
         if n % 1024 == 0 {
             if let Some(b) = &bar {
@@ -1238,7 +1264,13 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
             }
         }
     }
-    let flushed = sender.flush().await;
+    // A broker that went silent is not waited for again.
+    let flushed = if silenced {
+        sender.set_ack_timeout(Some(Duration::ZERO));
+        Ok(())
+    } else {
+        sender.flush().await.map(|_| ())
+    };
     let (acknowledged, in_doubt) = (sender.acknowledged(), sender.in_doubt());
     let in_doubt_ids = sender.in_doubt_ids();
     let closed = sender.close().await;
@@ -1379,11 +1411,16 @@ fn progress_bar(total: u64) -> Option<indicatif::ProgressBar> {
     Some(b)
 }
 
+/// `mq receive` and `mq peek`. A message is removed only once it is written: through the
+/// receive stream, acknowledged after the write (a failed write, a closed pipe or the command's
+/// time running out gives it back), or in a transaction committed after the write (`--tx`).
+/// By id or correlation id without `--tx` the broker removes it as it answers (one call).
 async fn receive(
     client: &Client,
     a: ReceiveArgs,
     peek: bool,
     out: &mut impl Write,
+    started: Instant,
 ) -> Result<(), Failure> {
     if a.raw && a.count > 1 {
         return Err(Failure {
@@ -1395,18 +1432,17 @@ async fn receive(
     }
     let how = PrintAs::of(a.json, a.raw);
     let queue = client.queue(&a.queue)?;
-    let deadline = Instant::now() + a.timeout;
+    // From the command's start (connecting included), as the outer bound counts.
+    let deadline = started + a.timeout;
+    let left = || deadline.saturating_duration_since(Instant::now());
     let mut got = 0u64;
     if a.id.is_some() || a.correlation_id.is_some() {
         let (id, corr) = (a.id, a.correlation_id.as_deref().unwrap_or(""));
         let m = if a.tx && !peek {
             let mut tx = client.begin().await?;
             let m = match id {
-                Some(id) => tx.receive_by_id(&a.queue, id, a.timeout).await?,
-                None => {
-                    tx.receive_by_correlation_id(&a.queue, corr, a.timeout)
-                        .await?
-                }
+                Some(id) => tx.receive_by_id(&a.queue, id, left()).await?,
+                None => tx.receive_by_correlation_id(&a.queue, corr, left()).await?,
             };
             match &m {
                 Some(m) => {
@@ -1419,14 +1455,23 @@ async fn receive(
             return found_or_timeout(m.is_some(), id, corr, a.timeout);
         } else {
             match (id, peek) {
-                (Some(id), false) => queue.receive_by_id(id, a.timeout).await?,
-                (Some(id), true) => queue.peek_by_id(id, a.timeout).await?,
-                (None, false) => queue.receive_by_correlation_id(corr, a.timeout).await?,
-                (None, true) => queue.peek_by_correlation_id(corr, a.timeout).await?,
+                (Some(id), false) => queue.receive_by_id(id, left()).await?,
+                (Some(id), true) => queue.peek_by_id(id, left()).await?,
+                (None, false) => queue.receive_by_correlation_id(corr, left()).await?,
+                (None, true) => queue.peek_by_correlation_id(corr, left()).await?,
             }
         };
         if let Some(m) = &m {
-            print_message(out, m, how)?;
+            let written = print_message(out, m, how).and_then(|()| out.flush());
+            if let (Err(e), false) = (written, peek) {
+                return Err(Failure {
+                    code: 1,
+                    message: format!(
+                        "message {} was received (removed from {}) but not written: {e}; with --tx a message is removed only once written",
+                        m.id, a.queue
+                    ),
+                });
+            }
         }
         out.flush()?;
         return found_or_timeout(m.is_some(), id, corr, a.timeout);
@@ -1434,9 +1479,8 @@ async fn receive(
     if a.tx && !peek {
         // Each receive its own transaction: receive, print, commit.
         while got < a.count {
-            let left = deadline.saturating_duration_since(Instant::now());
             let mut tx = client.begin().await?;
-            match tx.receive(&a.queue, left).await? {
+            match tx.receive(&a.queue, left()).await? {
                 Some(m) => {
                     print_message(out, &m, how)?;
                     out.flush()?;
@@ -1466,12 +1510,8 @@ async fn receive(
             }
             wait = Duration::ZERO;
         }
-    } else if a.count == 1 {
-        if let Some(m) = queue.receive(a.timeout).await? {
-            print_message(out, &m, how)?;
-            got = 1;
-        }
     } else {
+        // One message or many: acknowledged only once written and flushed.
         let mut consumer = queue
             .consumer(ConsumerOptions {
                 prefetch: a.count.min(1024) as u32,
@@ -1479,8 +1519,7 @@ async fn receive(
             })
             .await?;
         while got < a.count {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match consumer.next(left).await? {
+            match consumer.next(left()).await? {
                 Some(m) => {
                     print_message(out, &m, how)?;
                     got += 1;
@@ -1489,7 +1528,18 @@ async fn receive(
             }
         }
         out.flush()?;
-        consumer.close().await?;
+        // The confirmation of the acknowledgements within what is left of the grace (just
+        // before the command's own bound, so that the failure says what was written).
+        let confirm = (deadline + RECEIVE_ANSWER_GRACE)
+            .saturating_duration_since(Instant::now())
+            .saturating_sub(Duration::from_millis(100));
+        consumer.set_close_timeout(confirm);
+        if let Err(e) = consumer.close().await {
+            return Err(Failure {
+                code: 1,
+                message: format!("{got} messages written; {e}"),
+            });
+        }
     }
     out.flush()?;
     if got < a.count {
@@ -1621,11 +1671,22 @@ fn dead_letter_lines(d: &DeadLetterInfo) -> String {
     if !d.destination.is_empty() {
         s.push_str(&format!("original destination: {}\n", d.destination));
     }
-    let time = humantime::format_rfc3339_millis(d.time);
+    let time = time_text(d.time);
     if d.broker.is_empty() {
         s.push_str(&format!("dead-lettered at: {time}\n"));
     } else {
         s.push_str(&format!("dead-lettered by: {} at {time}\n", d.broker));
+    }
+    s
+}
+
+/// A message's time as RFC 3339 (UTC, ms), or `unix ms N` past the year 9999, which RFC 3339
+/// cannot write (a sender sets `sent_time` to anything; formatting it must not fail).
+fn time_text(t: SystemTime) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    if write!(s, "{}", humantime::format_rfc3339_millis(t)).is_err() {
+        s = format!("unix ms {}", unix_ms(t));
     }
     s
 }
@@ -1658,18 +1719,8 @@ fn message_json(m: &ReceivedMessage) -> serde_json::Value {
         Delivery::Recoverable => "recoverable",
     };
     o.insert("delivery".into(), delivery.into());
-    o.insert(
-        "sent_time".into(),
-        humantime::format_rfc3339_millis(m.sent_time)
-            .to_string()
-            .into(),
-    );
-    o.insert(
-        "arrived_time".into(),
-        humantime::format_rfc3339_millis(m.arrived_time)
-            .to_string()
-            .into(),
-    );
+    o.insert("sent_time".into(), time_text(m.sent_time).into());
+    o.insert("arrived_time".into(), time_text(m.arrived_time).into());
     o.insert("response_queue".into(), m.response_queue.clone().into());
     o.insert("destination".into(), m.destination.clone().into());
     o.insert("abort_count".into(), m.abort_count.into());
@@ -1754,6 +1805,27 @@ mod tests {
         let mut out = Vec::new();
         print_message(&mut out, m, PrintAs::of(json, false)).unwrap();
         String::from_utf8(out).unwrap()
+    }
+
+    /// A sender sets `sent_time` to anything: past the year 9999 (which RFC 3339 cannot
+    /// write) the JSON and the dead-letter lines show the Unix ms instead of panicking.
+    #[test]
+    fn times_past_the_year_9999_are_printed_not_a_panic() {
+        let far = at(253_402_300_800_000);
+        assert_eq!(time_text(far), "unix ms 253402300800000");
+        assert_eq!(time_text(at(1_700_000_000_000)), "2023-11-14T22:13:20.000Z");
+        let mut m = message();
+        m.sent_time = far;
+        m.arrived_time = at(u64::MAX);
+        let mut d = dead_letter();
+        d.time = far;
+        m.dead_letter = Some(d);
+        let json = printed(&m, true);
+        assert!(
+            json.contains(r#""sent_time":"unix ms 253402300800000""#),
+            "{json}"
+        );
+        assert!(printed(&m, false).contains("at unix ms 253402300800000"));
     }
 
     #[test]

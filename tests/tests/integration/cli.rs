@@ -564,3 +564,40 @@ fn a_closed_output_pipe_ends_quietly() {
     let v: Value = serde_json::from_str(&info).unwrap();
     assert!(v["messages"].as_u64().unwrap() > 0, "{info}");
 }
+
+/// A receive removes a message only once it is written: when the write fails (`> /dev/full`)
+/// the message goes back, for `--count 1` (the default) as for more. Exit 1 with one line.
+#[test]
+fn a_receive_that_cannot_write_keeps_its_message() {
+    use std::process::Command;
+    let (_dir, mqd) = mqd();
+    let url = mqd.url();
+    let q = r".\private$\unwritten";
+    ok(mq(url, &["queue", "create", q], None));
+    ok(mq(url, &["send", q, "keep me"], None));
+    let messages = || -> u64 {
+        let info = ok(mq(url, &["queue", "info", q, "--json"], None));
+        serde_json::from_str::<Value>(&info).unwrap()["messages"]
+            .as_u64()
+            .unwrap()
+    };
+    let sh = |redirect: &str, extra: &str| {
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            &format!("exec \"$0\" receive '{q}' --timeout 5s {extra} {redirect}"),
+            mq_tests::mq_path().to_str().unwrap(),
+        ])
+        .env("MQ_BROKER", url);
+        mq_tests::run_with_timeout(cmd, None, mq_tests::CLI_TIMEOUT).unwrap()
+    };
+    if std::path::Path::new("/dev/full").exists() {
+        for extra in ["", "--count 3", "--json"] {
+            let line = fails(sh("> /dev/full", extra), 1);
+            assert!(line.contains("No space left"), "{extra}: {line}");
+            assert_eq!(messages(), 1, "{extra}: the message went back");
+        }
+    }
+    assert_eq!(ok(mq(url, &["receive", q], None)), "keep me\n");
+    assert_eq!(messages(), 0);
+}
