@@ -229,10 +229,20 @@ impl Nav {
     }
 }
 
-/// `?msg=` after an action (shown once, escaped, bounded).
+/// `?msg=…&sig=…` after an action (shown once, escaped, bounded). Only a notice this console
+/// wrote is shown: `sig` is its HMAC under a key of this process, so a link from elsewhere
+/// cannot put words in the console's mouth ("session expired, log in at …").
 #[derive(Debug, Default, Deserialize)]
 struct Notice {
     msg: Option<String>,
+    sig: Option<String>,
+}
+
+impl Notice {
+    fn verified(self, api: &Api) -> Option<String> {
+        let (msg, sig) = (self.msg?, self.sig?);
+        (api.notice_sig(&msg) == sig).then_some(msg)
+    }
 }
 
 /// Who looks at a page: the caller ([`Caller`]), logged in (see [`login`]), and the notice
@@ -254,7 +264,7 @@ impl FromRequestParts<Arc<Api>> for View {
         let notice = Query::<Notice>::from_request_parts(parts, &api)
             .await
             .ok()
-            .and_then(|Query(n)| n.msg);
+            .and_then(|Query(n)| n.verified(&api));
         Ok(View { api, who, notice })
     }
 }
@@ -272,9 +282,10 @@ impl<X: FromRequestParts<S, Rejection = ApiError>, S: Send + Sync> FromRequestPa
     }
 }
 
-fn redirect(to: &str, msg: &str) -> PageResult {
+fn redirect(api: &Api, to: &str, msg: &str) -> PageResult {
     let sep = if to.contains('?') { '&' } else { '?' };
-    let target = format!("{to}{sep}msg={}", enc(&quote(msg)));
+    let msg = quote(msg);
+    let target = format!("{to}{sep}msg={}&sig={}", enc(&msg), api.notice_sig(&msg));
     Ok(Redirect::to(&target).into_response())
 }
 
@@ -288,11 +299,12 @@ fn back(ret: Option<&str>, default: &str) -> String {
                 && !r.contains('\\')
                 && !r.chars().any(|c| c.is_control() || c.is_whitespace()) =>
         {
-            r.split("msg=")
-                .next()
-                .unwrap_or(r)
-                .trim_end_matches(['?', '&'])
-                .to_string()
+            let cut = ["msg=", "sig="]
+                .iter()
+                .filter_map(|p| r.find(p))
+                .min()
+                .unwrap_or(r.len());
+            r[..cut].trim_end_matches(['?', '&']).to_string()
         }
         _ => default.to_string(),
     }
@@ -543,7 +555,7 @@ async fn create(
         },
     )
     .await?;
-    redirect("/queues", &format!("created {}", q.def().name))
+    redirect(&api, "/queues", &format!("created {}", q.def().name))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -579,6 +591,7 @@ async fn purge(
     let f = form(f)?;
     let n = api::purge(&api, &who, &name).await?;
     redirect(
+        &api,
         &back(f.ret.as_deref(), "/queues"),
         &format!("purged {n} messages from {name}"),
     )
@@ -589,7 +602,7 @@ async fn delete(
     AsPage(Args(name)): AsPage<Args<String>>,
 ) -> PageResult {
     api::delete(&api, &who, &name).await?;
-    redirect("/queues", &format!("deleted {name}"))
+    redirect(&api, "/queues", &format!("deleted {name}"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -691,11 +704,10 @@ struct TotalsView {
 struct QueuePageQuery {
     after: Option<String>,
     limit: Option<usize>,
-    msg: Option<String>,
 }
 
 async fn queue_page(
-    View { api, who, .. }: View,
+    View { api, who, notice }: View,
     AsPage(Args(name)): AsPage<Args<String>>,
     AsPage(Params(qq)): AsPage<Params<QueuePageQuery>>,
 ) -> PageResult {
@@ -712,7 +724,7 @@ async fn queue_page(
         this_page = format!("{href}?after={}&limit={limit}", enc(a));
     }
     html(QueuePage {
-        nav: Nav::new(section(&q), Some(&who)).with_notice(qq.msg),
+        nav: Nav::new(section(&q), Some(&who)).with_notice(notice),
         kind: api::kind(&q).unwrap_or("queue"),
         messages: i.messages,
         bytes: bytes_text(i.bytes),
@@ -869,7 +881,7 @@ async fn message_action(
             .into())
         }
     };
-    redirect(&ret, &what)
+    redirect(&api, &ret, &what)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -997,6 +1009,7 @@ async fn outgoing_action(
     };
     api::set_paused(&api, &who, &dest, paused).await?;
     redirect(
+        &api,
         "/outgoing",
         &format!(
             "{} the outgoing queue to {dest}",
@@ -1018,6 +1031,11 @@ mod tests {
     #[test]
     fn back_goes_to_console_paths_only() {
         assert_eq!(back(Some("/queues/x?msg=hi"), "/d"), "/queues/x");
+        assert_eq!(back(Some("/queues/x?msg=hi&sig=ab"), "/d"), "/queues/x");
+        assert_eq!(
+            back(Some("/queues/x?after=1&sig=ab&msg=hi"), "/d"),
+            "/queues/x?after=1"
+        );
         assert_eq!(back(Some("//evil.example/"), "/d"), "/d");
         assert_eq!(back(Some("https://evil.example/"), "/d"), "/d");
         assert_eq!(back(None, "/d"), "/d");

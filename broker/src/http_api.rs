@@ -50,6 +50,8 @@ pub(crate) struct Api {
     rates: Mutex<Rates>,
     /// `GET /metrics` renders, shared and bounded.
     pub scrapes: crate::http::Scrapes,
+    /// Signs the console's notices (`?msg=…&sig=…`); random for each process.
+    notice_key: [u8; 32],
 }
 
 impl Api {
@@ -58,7 +60,26 @@ impl Api {
             ready,
             rates: Mutex::new(Rates::default()),
             scrapes: crate::http::Scrapes::default(),
+            notice_key: {
+                let mut k = [0u8; 32];
+                k[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+                k[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+                k
+            },
         })
+    }
+
+    /// The signature of a console notice: HMAC-SHA-256 under this process's key, 16 bytes in
+    /// hex.
+    pub(crate) fn notice_sig(&self, msg: &str) -> String {
+        use hmac::Mac;
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.notice_key)
+            .expect("HMAC takes a key of any length");
+        mac.update(msg.as_bytes());
+        mac.finalize().into_bytes()[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
     }
 
     /// The broker, once recovered.

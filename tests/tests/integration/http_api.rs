@@ -1304,3 +1304,46 @@ fn the_queue_list_comes_in_pages() {
     }
     assert_eq!(seen, 9);
 }
+
+/// The console shows a notice only if it wrote it: an action's redirect carries the notice and
+/// its signature, and the page shows it; a link with a notice of someone else's words (or a
+/// wrong signature) shows nothing.
+#[test]
+fn the_console_shows_only_its_own_notices() {
+    let dir = temp_data_dir("mq-api-notice-");
+    let (_mqd, http) = mqd_with_http(dir.path(), &[]);
+    let api = Http::new(&format!("http://{http}"));
+    let (s, q) = api.post("/api/v1/queues", Some(r#"{"name": ".\\private$\\n"}"#));
+    assert_eq!(s, 201, "{q}");
+    let (s, h, _) = api
+        .raw(
+            "POST",
+            &format!("/queues/{}/purge", enc(r".\private$\n")),
+            None,
+            &[("content-type", "application/x-www-form-urlencoded")],
+        )
+        .unwrap();
+    assert_eq!(s, 303);
+    let to = h["location"].to_str().unwrap().to_string();
+    assert!(to.contains("msg=") && to.contains("&sig="), "{to}");
+    let (s, page) = api.page(&to);
+    assert_eq!(s, 200);
+    assert!(
+        page.contains(r#"<p class="notice" role="status">purged 0 messages"#),
+        "{page}"
+    );
+    let forged = "Your+session+expired%3A+log+in+at+evil.example";
+    for q in [
+        format!("msg={forged}"),
+        format!("msg={forged}&sig=00000000000000000000000000000000"),
+        // A real signature of another text.
+        format!("msg={forged}&{}", to.split_once('&').unwrap().1),
+    ] {
+        let (s, page) = api.page(&format!("/queues?{q}"));
+        assert_eq!(s, 200);
+        assert!(
+            !page.contains("evil.example") && !page.contains(r#"class="notice""#),
+            "{q}: {page}"
+        );
+    }
+}
