@@ -166,12 +166,15 @@ const SCRAPE_CHUNK: usize = 64 * 1024;
 /// `GET /metrics` renders. One is made at a time, on a blocking thread (at 100,000 queues a
 /// render walks them all for a few hundred ms), and a scrape that arrived while a render of
 /// the same view was being made waits for it and is answered from it: what it shows began
-/// after the scrape arrived, so it is as fresh as one of its own. At most
-/// [`MAX_SCRAPES_SENDING`] answers are in flight, so slow readers cannot pile up renders.
+/// after the scrape arrived, so it is as fresh as one of its own. A render is kept only while
+/// scrapes wait (no later one may use it). At most [`MAX_SCRAPES_SENDING`] answers are in
+/// flight, so slow readers cannot pile up renders.
 #[derive(Debug)]
 pub(crate) struct Scrapes {
     /// The latest render of each view: (view, when it began, the text).
     latest: tokio::sync::Mutex<Vec<(String, std::time::Instant, bytes::Bytes)>>,
+    /// Scrapes waiting for `latest`.
+    waiting: std::sync::atomic::AtomicUsize,
     sending: Arc<tokio::sync::Semaphore>,
 }
 
@@ -179,6 +182,7 @@ impl Default for Scrapes {
     fn default() -> Self {
         Scrapes {
             latest: tokio::sync::Mutex::new(Vec::new()),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
             sending: Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES_SENDING)),
         }
     }
@@ -198,9 +202,16 @@ impl Scrapes {
             Some(v) if v.who.anonymous => "anonymous".to_string(),
             Some(v) => format!("user:{}", v.who.name),
         };
+        use std::sync::atomic::Ordering::SeqCst;
+        self.waiting.fetch_add(1, SeqCst);
         let mut latest = self.latest.lock().await;
+        self.waiting.fetch_sub(1, SeqCst);
         if let Some((_, _, text)) = latest.iter().find(|(k, t, _)| *k == key && *t >= arrived) {
-            return text.clone();
+            let text = text.clone();
+            if self.waiting.load(SeqCst) == 0 {
+                latest.clear();
+            }
+            return text;
         }
         let began = std::time::Instant::now();
         let ready = ready.clone();
@@ -213,11 +224,16 @@ impl Scrapes {
                 bytes::Bytes::new()
             }
         };
+        // Only a scrape already waiting may use it (a later one wants a later render).
         latest.retain(|(k, _, _)| *k != key);
-        if latest.len() >= MAX_VIEWS {
-            latest.remove(0);
+        if self.waiting.load(SeqCst) == 0 {
+            latest.clear();
+        } else {
+            if latest.len() >= MAX_VIEWS {
+                latest.remove(0);
+            }
+            latest.push((key, began, text.clone()));
         }
-        latest.push((key, began, text.clone()));
         text
     }
 }
@@ -314,13 +330,33 @@ mod tests {
     /// earlier scrape is shared only with scrapes that were waiting while it was made.
     #[tokio::test]
     async fn a_scrape_shares_only_a_render_that_began_after_it_arrived() {
+        use std::sync::atomic::Ordering::SeqCst;
         let ready = Arc::new(crate::ready::Readiness::default());
-        let s = super::Scrapes::default();
+        let s = Arc::new(super::Scrapes::default());
+        // Two scrapes arrive while a render is being made (the lock is held here).
         let t0 = Instant::now();
-        let a = s.render(&ready, None, t0).await;
+        let making = s.latest.lock().await;
+        let scrape = |s: Arc<super::Scrapes>| {
+            let ready = ready.clone();
+            tokio::spawn(async move { s.render(&ready, None, t0).await })
+        };
+        let (one, two) = (scrape(s.clone()), scrape(s.clone()));
+        for _ in 0..10_000 {
+            if s.waiting.load(SeqCst) == 2 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(s.waiting.load(SeqCst), 2);
+        drop(making);
+        let (a, b) = (one.await.unwrap(), two.await.unwrap());
         assert!(std::str::from_utf8(&a).unwrap().contains("mq_ready 0"));
-        let shared = s.render(&ready, None, t0).await;
-        assert_eq!(a.as_ptr(), shared.as_ptr(), "waited for the same render");
+        assert_eq!(
+            a.as_ptr(),
+            b.as_ptr(),
+            "the second waited for the first's render"
+        );
+        assert!(s.latest.lock().await.is_empty(), "kept with nobody waiting");
         let later = s.render(&ready, None, Instant::now()).await;
         assert_ne!(
             a.as_ptr(),
