@@ -341,6 +341,10 @@ struct Users {
     file: UsersFile,
     rights: HashMap<String, Rights>,
     by_token: HashMap<String, String>,
+    /// SHA-256 of `user \0 password` -> the verified user (successes only), checked against
+    /// this file: a reread starts a new one, so a login verified against the file before (and
+    /// finishing after the reread) cannot outlive it.
+    cache: Mutex<HashMap<[u8; 32], String>>,
 }
 
 impl Users {
@@ -376,6 +380,7 @@ impl Users {
             file,
             rights,
             by_token,
+            cache: Mutex::new(HashMap::new()),
         })
     }
 
@@ -412,6 +417,12 @@ pub fn check_user_name(name: &str) -> Result<(), String> {
             quote(name)
         ));
     }
+    if name.trim() != name {
+        return Err(format!(
+            "user name \"{}\" may not begin or end with white space (it would look like another)",
+            quote(name)
+        ));
+    }
     if name.eq_ignore_ascii_case(EVERYONE) || name.eq_ignore_ascii_case(ANONYMOUS) {
         return Err(format!("\"{name}\" is reserved"));
     }
@@ -434,13 +445,55 @@ pub(crate) const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 /// dropped; a new peer beyond it is not tracked, the hashing semaphore still bounds the cost).
 const FAILURE_PEERS: usize = 4096;
 
+/// Whom the failed-login limiter counts: an IPv4 address; an IPv6 address's /64 (what one
+/// host or site is given: counting each address would give it 2^64 times the guesses); a
+/// caller on the Unix socket by its account (not as the loopback address, whose TCP callers it
+/// would otherwise lock out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum FailKey {
+    Ip(IpAddr),
+    Local(Option<u32>),
+}
+
+impl FailKey {
+    pub(crate) fn of(peer: Option<SocketAddr>, local_uid: Option<u32>) -> Option<FailKey> {
+        let peer = peer?;
+        if peer == crate::flow::LocalConnectInfo::ADDR {
+            return Some(FailKey::Local(local_uid));
+        }
+        Some(FailKey::Ip(match peer.ip() {
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => {
+                    let mut o = v6.octets();
+                    o[8..].fill(0);
+                    IpAddr::V6(o.into())
+                }
+            },
+            v4 => v4,
+        }))
+    }
+}
+
+impl std::fmt::Display for FailKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FailKey::Ip(IpAddr::V6(v6)) => write!(f, "{v6}/64"),
+            FailKey::Ip(ip) => write!(f, "{ip}"),
+            FailKey::Local(Some(uid)) => write!(f, "the Unix socket's uid {uid}"),
+            FailKey::Local(None) => write!(f, "the Unix socket"),
+        }
+    }
+}
+
 /// What a caller presented: the `authorization` header, its address, its client
 /// certificate's name (mTLS).
 #[derive(Default)]
 pub(crate) struct Presented {
     pub authorization: Option<Result<String, ()>>,
     pub peer: Option<SocketAddr>,
-    pub cert_name: Option<String>,
+    /// The client certificate's subject common name, or why it has none that can be used.
+    pub cert_name: Option<Result<String, String>>,
     /// The user id of a caller on the Unix socket (`SO_PEERCRED`).
     pub local_uid: Option<u32>,
 }
@@ -464,11 +517,9 @@ impl std::fmt::Debug for Presented {
 pub struct Auth {
     path: Option<PathBuf>,
     users: RwLock<Option<Arc<Users>>>,
-    /// SHA-256 of `user \0 password` -> the verified user (successes only).
-    cache: Mutex<HashMap<[u8; 32], String>>,
     refusals: Mutex<HashMap<IpAddr, (Instant, u64)>>,
-    /// Per peer address: start of its failure window, failures in it.
-    failures: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+    /// Per [`FailKey`]: start of its failure window, failures in it.
+    failures: Mutex<HashMap<FailKey, (Instant, u32)>>,
     /// Password hashes computed at once (off the async workers), at most one per core.
     hashing: tokio::sync::Semaphore,
     /// `mqd --unix-socket-os-users`: a Unix socket caller without credentials is its account.
@@ -553,7 +604,6 @@ impl Auth {
         Auth {
             path,
             users: RwLock::new(users.map(Arc::new)),
-            cache: Mutex::new(HashMap::new()),
             refusals: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
             hashing: tokio::sync::Semaphore::new(cores),
@@ -614,8 +664,8 @@ impl Auth {
         };
         let users = Users::load(path)?;
         let n = users.file.users.len();
+        // The remembered logins go with the old file (see `Users::cache`).
         *self.users.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(users));
-        self.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
         // Account names are looked up again too (an account renamed since).
         self.os_names
             .lock()
@@ -656,7 +706,8 @@ impl Auth {
                 let (user, password) = raw
                     .split_once(':')
                     .ok_or_else(|| refuse("the Basic credentials must be user:password".into()))?;
-                let name = self.verify_password(users, user, password, peer).await?;
+                let fails = FailKey::of(peer, p.local_uid);
+                let name = self.verify_password(users, user, password, fails).await?;
                 return Ok(users.identity(&name, IdentityKind::Password, peer));
             }
             if let Some(t) = h.strip_prefix("Bearer ") {
@@ -675,11 +726,23 @@ impl Auth {
         }
         if let Some(name) = p.cert_name {
             // A certificate's name is a user name: no `group:`, `everyone` or `anonymous`.
+            let name = name.map_err(|e| refuse(format!("the client certificate: {e}")))?;
             check_user_name(&name).map_err(|e| {
                 refuse(format!(
                     "the client certificate's subject common name is not a valid identity: {e}"
                 ))
             })?;
+            // With a users file, a certificate is someone only if the file names it: removing
+            // the entry (and SIGHUP) revokes every certificate of that name, which mq has no
+            // revocation list for (as RabbitMQ's EXTERNAL mechanism wants the user to exist).
+            if let Some(u) = &users {
+                if !u.file.users.contains_key(&name) {
+                    return Err(refuse(format!(
+                        "the client certificate's common name \"{}\" is not a user in the users file (mqd user add --no-password NAME)",
+                        quote(&name)
+                    )));
+                }
+            }
             return Ok(named(
                 users.as_deref(),
                 &name,
@@ -708,14 +771,14 @@ impl Auth {
         users: &Users,
         user: &str,
         password: &str,
-        peer: Option<SocketAddr>,
+        fails: Option<FailKey>,
     ) -> Result<String, Status> {
         let mut h = Sha256::new();
         h.update(user.as_bytes());
         h.update([0u8]);
         h.update(password.as_bytes());
         let key: [u8; 32] = h.finalize().into();
-        if let Some(hit) = self
+        if let Some(hit) = users
             .cache
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -723,9 +786,8 @@ impl Auth {
         {
             return Ok(hit.clone());
         }
-        let ip = peer.map(|p| p.ip());
-        if let Some(ip) = ip {
-            self.check_failures(ip)?;
+        if let Some(k) = fails {
+            self.check_failures(k)?;
         }
         let hash = users.file.users.get(user).and_then(|u| u.password.clone());
         let known = hash.is_some();
@@ -738,22 +800,22 @@ impl Auth {
                 .await
                 .map_err(|_| Status::unavailable("the broker is shutting down"))?;
             // Again now: calls that waited for a permit count the failures of those before.
-            if let Some(ip) = ip {
-                self.check_failures(ip)?;
+            if let Some(k) = fails {
+                self.check_failures(k)?;
             }
             tokio::task::spawn_blocking(move || verify_hash(&hash, &password))
                 .await
                 .unwrap_or(false)
         } && known;
         if ok {
-            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            let mut cache = users.cache.lock().unwrap_or_else(|p| p.into_inner());
             if cache.len() < CREDENTIAL_CACHE {
                 cache.insert(key, user.to_string());
             }
             Ok(user.to_string())
         } else {
-            if let Some(ip) = ip {
-                self.count_failure(ip);
+            if let Some(k) = fails {
+                self.count_failure(k);
             }
             Err(Status::unauthenticated(format!(
                 "user \"{}\" or its password is wrong",
@@ -764,7 +826,7 @@ impl Auth {
 
     /// Refuses a peer that failed [`MAX_FAILURES_PER_PEER`] times in the current window.
     #[allow(clippy::result_large_err)]
-    fn check_failures(&self, ip: IpAddr) -> Result<(), Status> {
+    fn check_failures(&self, ip: FailKey) -> Result<(), Status> {
         let now = Instant::now();
         let m = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         match m.get(&ip) {
@@ -782,7 +844,7 @@ impl Auth {
         }
     }
 
-    fn count_failure(&self, ip: IpAddr) {
+    fn count_failure(&self, ip: FailKey) {
         let now = Instant::now();
         let mut m = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         if m.len() >= FAILURE_PEERS && !m.contains_key(&ip) {
@@ -885,6 +947,10 @@ impl Auth {
         let mut m = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
         if m.len() >= REFUSAL_LOG_PEERS && !m.contains_key(&ip) {
             m.retain(|_, (t, _)| now.duration_since(*t) < REFUSAL_LOG_INTERVAL);
+            if m.len() >= REFUSAL_LOG_PEERS {
+                // Still full: this peer's refusal is not logged (the table stays bounded).
+                return;
+            }
         }
         let e = m.entry(ip).or_insert((now - REFUSAL_LOG_INTERVAL * 2, 0));
         if now.duration_since(e.0) >= REFUSAL_LOG_INTERVAL {
@@ -942,16 +1008,29 @@ impl crate::broker::Broker {
     }
 }
 
-/// The common name of a client certificate's subject (mTLS, DER), else the whole subject.
-pub(crate) fn cert_name(der: &[u8]) -> Option<String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+/// The common name of a client certificate's subject (mTLS, DER): exactly one, as text; else
+/// why not (a subject without one, or with several, names nobody in particular).
+pub(crate) fn cert_name(der: &[u8]) -> Option<Result<String, String>> {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+        return Some(Err("it cannot be read".into()));
+    };
     let subject = cert.subject();
-    let cn = subject
-        .iter_common_name()
-        .next()
-        .and_then(|a| a.as_str().ok())
-        .map(str::to_string);
-    Some(cn.unwrap_or_else(|| subject.to_string()))
+    let cns: Vec<_> = subject.iter_common_name().collect();
+    Some(match cns.as_slice() {
+        [cn] => cn
+            .as_str()
+            .map(str::to_string)
+            .map_err(|_| "its subject common name is not text".into()),
+        [] => Err(format!(
+            "its subject \"{}\" has no common name (the identity)",
+            quote(&subject.to_string())
+        )),
+        _ => Err(format!(
+            "its subject \"{}\" has {} common names; one names the identity",
+            quote(&subject.to_string()),
+            cns.len()
+        )),
+    })
 }
 
 fn verify_hash(hash: &str, password: &str) -> bool {
@@ -1221,7 +1300,9 @@ mod tests {
             .unwrap();
         let peer: Option<SocketAddr> = Some("10.1.2.3:5000".parse().unwrap());
         let other: Option<SocketAddr> = Some("10.1.2.4:5000".parse().unwrap());
-        let check = |u: &str, p: &str, from| rt.block_on(auth.verify_password(&users, u, p, from));
+        let check = |u: &str, p: &str, from: Option<SocketAddr>| {
+            rt.block_on(auth.verify_password(&users, u, p, FailKey::of(from, None)))
+        };
         assert!(check("alice", "pw", peer).is_ok());
         for i in 0..MAX_FAILURES_PER_PEER {
             let e = check("alice", &format!("wrong-{i}"), peer).unwrap_err();
@@ -1241,7 +1322,85 @@ mod tests {
             check("alice", "wrong-0", other).unwrap_err().code(),
             tonic::Code::Unauthenticated
         );
-        assert!(auth.cache.lock().unwrap().len() == 1);
+        assert!(auth.users().unwrap().cache.lock().unwrap().len() == 1);
+    }
+
+    /// The limiter counts an IPv6 /64 as one (2^64 addresses are not 2^64 times the guesses),
+    /// and a Unix socket caller by its account, apart from loopback TCP callers.
+    #[test]
+    fn failures_count_per_ipv4_address_ipv6_network_and_local_account() {
+        let k = |a: &str, uid| FailKey::of(Some(a.parse().unwrap()), uid);
+        assert_eq!(k("[2001:db8::1]:1", None), k("[2001:db8::ffff:2]:2", None));
+        assert_ne!(k("[2001:db8::1]:1", None), k("[2001:db8:0:1::1]:1", None));
+        assert_eq!(k("[::ffff:10.1.2.3]:1", None), k("10.1.2.3:9", None));
+        assert_ne!(k("10.1.2.3:1", None), k("10.1.2.4:1", None));
+        let local = crate::flow::LocalConnectInfo::ADDR;
+        assert_ne!(
+            FailKey::of(Some(local), Some(1000)),
+            k("127.0.0.1:5000", None)
+        );
+        assert_ne!(
+            FailKey::of(Some(local), Some(1000)),
+            FailKey::of(Some(local), Some(1001))
+        );
+        assert_eq!(
+            k("[2001:db8::1]:1", None).unwrap().to_string(),
+            "2001:db8::/64"
+        );
+    }
+
+    /// A login verified against the users file as it was before a reread is not remembered
+    /// past it: the new file starts with nothing remembered (a changed password or a removed
+    /// user no longer logs in once a verification in flight during the SIGHUP ends).
+    #[test]
+    fn a_reread_forgets_logins_verified_against_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("users.toml");
+        add_user(&path, "alice", Some("old"), &[], &[], false).unwrap();
+        let auth = Auth::from_file(&path).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let before = auth.users().unwrap();
+        add_user(&path, "alice", Some("new"), &[], &[], false).unwrap();
+        auth.reload().unwrap();
+        // A verification that took the old file before the reread ends after it.
+        assert!(rt
+            .block_on(auth.verify_password(&before, "alice", "old", None))
+            .is_ok());
+        let now = auth.users().unwrap();
+        assert!(now.cache.lock().unwrap().is_empty());
+        assert!(rt
+            .block_on(auth.verify_password(&now, "alice", "old", None))
+            .is_err());
+        assert!(rt
+            .block_on(auth.verify_password(&now, "alice", "new", None))
+            .is_ok());
+    }
+
+    /// A certificate names its identity by exactly one subject common name; without one (the
+    /// whole subject was taken before) it names nobody.
+    #[test]
+    fn a_certificate_without_a_common_name_names_nobody() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let der = |dn: rcgen::DistinguishedName| {
+            let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.distinguished_name = dn;
+            p.self_signed(&key).unwrap().der().to_vec()
+        };
+        let mut one = rcgen::DistinguishedName::new();
+        one.push(rcgen::DnType::OrganizationName, "acme");
+        one.push(rcgen::DnType::CommonName, "app-1");
+        assert_eq!(cert_name(&der(one)), Some(Ok("app-1".into())));
+        let mut none = rcgen::DistinguishedName::new();
+        none.push(rcgen::DnType::OrganizationName, "acme");
+        let r = cert_name(&der(none));
+        assert!(
+            matches!(&r, Some(Err(e)) if e.contains("no common name")),
+            "{r:?}"
+        );
+        assert!(matches!(cert_name(b"not a certificate"), Some(Err(_))));
     }
 
     /// Review M7: a certificate's common name is an identity only if it is a valid user name.
@@ -1251,9 +1410,16 @@ mod tests {
             .build()
             .unwrap();
         let auth = Auth::open();
-        for bad in ["group:admins", "anonymous", "Everyone", "a\u{7}b"] {
+        for bad in [
+            "group:admins",
+            "anonymous",
+            "Everyone",
+            "a\u{7}b",
+            "alice ",
+            " alice",
+        ] {
             let r = rt.block_on(auth.identify(Presented {
-                cert_name: Some(bad.into()),
+                cert_name: Some(Ok(bad.into())),
                 ..Default::default()
             }));
             assert_eq!(
@@ -1264,11 +1430,16 @@ mod tests {
         }
         let ok = rt
             .block_on(auth.identify(Presented {
-                cert_name: Some("app-1".into()),
+                cert_name: Some(Ok("app-1".into())),
                 ..Default::default()
             }))
             .unwrap();
         assert_eq!(&*ok.name, "app-1");
+        let r = rt.block_on(auth.identify(Presented {
+            cert_name: Some(Err("its subject has no common name".into())),
+            ..Default::default()
+        }));
+        assert_eq!(r.unwrap_err().code(), tonic::Code::Unauthenticated);
     }
 
     /// The account this test runs as, by `id`.

@@ -332,7 +332,7 @@ impl Client {
     pub async fn list_queues(&self) -> Result<Vec<QueueInfo>> {
         let mut all = Vec::new();
         let mut page_token = String::new();
-        loop {
+        for _ in 0..MAX_LIST_PAGES {
             let mut grpc = self.admin.clone();
             let rpc = grpc.list_queues(v1::ListQueuesRequest {
                 page_size: LIST_PAGE,
@@ -359,6 +359,10 @@ impl Client {
             }
             page_token = r.next_page_token;
         }
+        Err(Error::Internal(format!(
+            "the broker's queue list does not end: {MAX_LIST_PAGES} pages ({} queues)",
+            all.len()
+        )))
     }
 
     /// Removes every message waiting in a queue; returns how many.
@@ -605,8 +609,11 @@ impl Client {
 /// Queues [`Client::list_queues`] asks for per call.
 const LIST_PAGE: u32 = 5000;
 /// Queues [`Client::list_queues`] takes in all, at most (a broker holds far fewer: its
-/// `--max-queues`); a list that goes on is a broken or hostile broker's.
-const MAX_LISTED_QUEUES: usize = 10_000_000;
+/// `--max-queues`, 200,000 by default); a list that goes on is a broken or hostile broker's.
+const MAX_LISTED_QUEUES: usize = 5_000_000;
+/// Pages [`Client::list_queues`] asks for, at most (a page may hold none of the caller's
+/// queues, so this allows far more queues than [`MAX_LISTED_QUEUES`] to be walked).
+const MAX_LIST_PAGES: usize = 10_000;
 
 /// Whether a broker of protocol revision `broker` (mqd `version`) at `url` can serve this
 /// client: at least [`mq_proto::MIN_PROTOCOL_VERSION`].

@@ -383,13 +383,13 @@ impl Sender {
     }
 
     /// Flushes and closes the stream. Once everything is answered, the broker's end of the
-    /// stream is waited for at most the ack timeout ([`Sender::set_ack_timeout`], else
-    /// [`CLOSE_WAIT`]): what was acknowledged is stored, whether or not it ends the stream.
+    /// stream is waited for at most [`CLOSE_WAIT`] (or the ack timeout, if shorter): what was
+    /// acknowledged is stored, whether or not it ends the stream.
     pub async fn close(mut self) -> Result<SendSummary> {
         let r = self.flush().await;
         self.tx = None;
         let timed_out = matches!(r, Err(Error::Timeout(_)));
-        let wait = self.ack_timeout.unwrap_or(CLOSE_WAIT);
+        let wait = self.ack_timeout.unwrap_or(CLOSE_WAIT).min(CLOSE_WAIT);
         for mut t in self.tasks.drain(..) {
             // The broker does not answer: do not wait for the stream's end.
             if timed_out || tokio::time::timeout(wait, &mut t).await.is_err() {

@@ -413,10 +413,10 @@ impl Transaction {
                 // Committed, by the broker's word; an answer that does not name each message
                 // sent by its id is not trusted for the ids.
                 if c.ids.len() != self.sends || c.ids.iter().any(|b| b.len() != 16) {
-                    return Err(Error::Internal(format!(
-                        "the broker answered the commit of transaction {id} ({} messages sent) with {} ids, not one 16-byte id per message; it says the transaction committed",
-                        self.sends,
-                        c.ids.len()
+                    return Err(in_doubt(format!(
+                        "the broker's answer to the commit names {} ids for the {} messages sent, not one 16-byte id each",
+                        c.ids.len(),
+                        self.sends
                     )));
                 }
                 let ids = c

@@ -3,6 +3,8 @@
 
 use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
@@ -668,9 +670,27 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     // acknowledgements what is left of the grace).
     if let Command::Receive(a) | Command::Peek(a) = &cli.command {
         let limit = a.timeout.saturating_add(RECEIVE_ANSWER_GRACE);
-        let (broker, timeout) = (cli.broker.clone(), a.timeout);
-        return match tokio::time::timeout(limit, connect_and_run(cli, options)).await {
+        let (broker, timeout, call_timeout) = (cli.broker.clone(), a.timeout, cli.call_timeout);
+        let written = Arc::new(AtomicU64::new(0));
+        let run = connect_and_run(cli, options, written.clone());
+        tokio::pin!(run);
+        return match tokio::time::timeout(limit, &mut run).await {
             Ok(r) => r,
+            // Messages are written: the confirmation of their acknowledgement gets the call
+            // deadline (a slow link is not a silent broker).
+            Err(_) if written.load(Ordering::Acquire) > 0 => {
+                match tokio::time::timeout(call_timeout, &mut run).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Failure {
+                        code: 1,
+                        message: format!(
+                            "{} messages written; the broker did not confirm their acknowledgement within {} (--call-timeout): they may be delivered again",
+                            written.load(Ordering::Acquire),
+                            humantime::format_duration(call_timeout)
+                        ),
+                    }),
+                }
+            }
             Err(_) => Err(Failure {
                 code: 1,
                 message: format!(
@@ -682,10 +702,16 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }),
         };
     }
-    connect_and_run(cli, options).await
+    connect_and_run(cli, options, Arc::default()).await
 }
 
-async fn connect_and_run(cli: Cli, options: ClientOptions) -> Result<(), Failure> {
+/// Runs the command; `written` counts the messages a receive or peek has written (see the
+/// receive's deadline above).
+async fn connect_and_run(
+    cli: Cli,
+    options: ClientOptions,
+    written: Arc<AtomicU64>,
+) -> Result<(), Failure> {
     let started = Instant::now();
     let client = match connect(&cli, options).await {
         Ok(c) => c,
@@ -704,8 +730,8 @@ async fn connect_and_run(cli: Cli, options: ClientOptions) -> Result<(), Failure
     match cli.command {
         Command::Queue(q) => queue_command(&client, q, &mut out).await,
         Command::Send(a) => send(&client, a).await,
-        Command::Receive(a) => receive(&client, a, false, &mut out, started).await,
-        Command::Peek(a) => receive(&client, a, true, &mut out, started).await,
+        Command::Receive(a) => receive(&client, a, false, &mut out, (started, &written)).await,
+        Command::Peek(a) => receive(&client, a, true, &mut out, (started, &written)).await,
         Command::Browse(a) => browse(&client, a, &mut out).await,
         Command::Outgoing(o) => outgoing_command(&client, o, &mut out).await,
         Command::Tx(t) => tx_command(&client, t, &mut out).await,
@@ -1264,13 +1290,21 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
             }
         }
     }
-    // A broker that went silent is not waited for again.
+    // A broker that went silent is not waited for again (by `close`).
     let flushed = if silenced {
-        sender.set_ack_timeout(Some(Duration::ZERO));
         Ok(())
     } else {
-        sender.flush().await.map(|_| ())
+        match sender.flush().await {
+            Err(mq_client::Error::Timeout(_)) => {
+                silenced = true;
+                Err(silent("answer everything sent"))
+            }
+            r => r.map(|_| ()),
+        }
     };
+    if silenced {
+        sender.set_ack_timeout(Some(Duration::ZERO));
+    }
     let (acknowledged, in_doubt) = (sender.acknowledged(), sender.in_doubt());
     let in_doubt_ids = sender.in_doubt_ids();
     let closed = sender.close().await;
@@ -1420,7 +1454,7 @@ async fn receive(
     a: ReceiveArgs,
     peek: bool,
     out: &mut impl Write,
-    started: Instant,
+    (started, written): (Instant, &AtomicU64),
 ) -> Result<(), Failure> {
     if a.raw && a.count > 1 {
         return Err(Failure {
@@ -1462,8 +1496,8 @@ async fn receive(
             }
         };
         if let Some(m) = &m {
-            let written = print_message(out, m, how).and_then(|()| out.flush());
-            if let (Err(e), false) = (written, peek) {
+            let wrote = print_message(out, m, how).and_then(|()| out.flush());
+            if let (Err(e), false) = (wrote, peek) {
                 return Err(Failure {
                     code: 1,
                     message: format!(
@@ -1484,6 +1518,7 @@ async fn receive(
                 Some(m) => {
                     print_message(out, &m, how)?;
                     out.flush()?;
+                    written.fetch_add(1, Ordering::Release);
                     tx.commit().await?;
                     got += 1;
                 }
@@ -1522,18 +1557,16 @@ async fn receive(
             match consumer.next(left()).await? {
                 Some(m) => {
                     print_message(out, &m, how)?;
+                    written.fetch_add(1, Ordering::Release);
                     got += 1;
                 }
                 None => break,
             }
         }
         out.flush()?;
-        // The confirmation of the acknowledgements within what is left of the grace (just
-        // before the command's own bound, so that the failure says what was written).
-        let confirm = (deadline + RECEIVE_ANSWER_GRACE)
-            .saturating_duration_since(Instant::now())
-            .saturating_sub(Duration::from_millis(100));
-        consumer.set_close_timeout(confirm);
+        // The confirmation of the acknowledgements: within the call deadline (the command's
+        // own bound allows it once something is written).
+        consumer.set_close_timeout(client.options().call_timeout);
         if let Err(e) = consumer.close().await {
             return Err(Failure {
                 code: 1,

@@ -969,8 +969,28 @@ async fn certificate_names_that_are_not_user_names_are_refused() {
             other => panic!("a certificate named {cn:?} must be refused, got {other:?}"),
         }
     }
-    let ok = as_cert("app-2").connect().await.unwrap();
-    ok.list_queues().await.unwrap();
+    // A valid name that the users file does not hold is nobody: removing a user (and SIGHUP)
+    // revokes its certificates.
+    let r = match as_cert("app-2").connect().await {
+        Ok(c) => c.list_queues().await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    match r {
+        Err(Error::Unauthenticated(m)) => {
+            assert!(m.contains("not a user in the users file"), "{m}")
+        }
+        other => panic!("a certificate of no user must be refused, got {other:?}"),
+    }
+    mq_broker::add_user(&users, "app-2", None, &[], &[], false).unwrap();
+    mqd.signal("HUP").unwrap();
+    let ok = mq_tests::eventually(std::time::Duration::from_secs(30), || async {
+        match as_cert("app-2").connect().await {
+            Ok(c) => c.list_queues().await.is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(ok, "app-2 was added to the users file and mqd reread it");
 }
 
 /// Presents Basic `user` and a new wrong password on every call.
