@@ -155,8 +155,9 @@ async fn security_headers(
     resp
 }
 
-/// `GET /metrics` answers being sent at once, at most; more are answered 503. Each holds its
-/// render until the client has read it (tens of MB at 100,000 queues).
+/// `GET /metrics` renders alive at once (being made, or held by answers being sent), at most;
+/// a scrape that would need another is answered 503. An answer holds its render until the
+/// client has read it (54 MB at 100,000 queues); answers that share a render hold one.
 const MAX_SCRAPES_SENDING: usize = 4;
 /// Views whose latest render is kept for scrapes that arrive while it is made.
 const MAX_VIEWS: usize = 16;
@@ -167,12 +168,12 @@ const SCRAPE_CHUNK: usize = 64 * 1024;
 /// render walks them all for a few hundred ms), and a scrape that arrived while a render of
 /// the same view was being made waits for it and is answered from it: what it shows began
 /// after the scrape arrived, so it is as fresh as one of its own. A render is kept only while
-/// scrapes wait (no later one may use it). At most [`MAX_SCRAPES_SENDING`] answers are in
-/// flight, so slow readers cannot pile up renders.
+/// scrapes wait (no later one may use it). At most [`MAX_SCRAPES_SENDING`] renders are alive,
+/// so slow readers cannot pile them up.
 #[derive(Debug)]
 pub(crate) struct Scrapes {
-    /// The latest render of each view: (view, when it began, the text).
-    latest: tokio::sync::Mutex<Vec<(String, std::time::Instant, bytes::Bytes)>>,
+    /// The latest render of each view: (view, when it began, the text and its place).
+    latest: tokio::sync::Mutex<Vec<(String, std::time::Instant, Render)>>,
     /// Scrapes waiting for `latest`.
     waiting: std::sync::atomic::AtomicUsize,
     sending: Arc<tokio::sync::Semaphore>,
@@ -188,14 +189,19 @@ impl Default for Scrapes {
     }
 }
 
+/// A render, and its place among the [`MAX_SCRAPES_SENDING`] alive (given back when the last
+/// answer sending it is done).
+type Render = (bytes::Bytes, Arc<tokio::sync::OwnedSemaphorePermit>);
+
 impl Scrapes {
-    /// The text for `viewer`, from a render that began at or after `arrived`.
+    /// The text for `viewer`, from a render that began at or after `arrived`; `None` if that
+    /// needs a render and [`MAX_SCRAPES_SENDING`] are alive.
     async fn render(
         &self,
         ready: &Arc<Readiness>,
         viewer: Option<crate::metrics::Viewer>,
         arrived: std::time::Instant,
-    ) -> bytes::Bytes {
+    ) -> Option<Render> {
         let key = match &viewer {
             None => "-".to_string(),
             Some(v) if !v.auth.has_users() => "*".to_string(),
@@ -206,13 +212,14 @@ impl Scrapes {
         self.waiting.fetch_add(1, SeqCst);
         let mut latest = self.latest.lock().await;
         self.waiting.fetch_sub(1, SeqCst);
-        if let Some((_, _, text)) = latest.iter().find(|(k, t, _)| *k == key && *t >= arrived) {
-            let text = text.clone();
+        if let Some((_, _, r)) = latest.iter().find(|(k, t, _)| *k == key && *t >= arrived) {
+            let r = r.clone();
             if self.waiting.load(SeqCst) == 0 {
                 latest.clear();
             }
-            return text;
+            return Some(r);
         }
+        let place = Arc::new(self.sending.clone().try_acquire_owned().ok()?);
         let began = std::time::Instant::now();
         let ready = ready.clone();
         let text = match tokio::task::spawn_blocking(move || crate::metrics::render(&ready, viewer))
@@ -224,6 +231,7 @@ impl Scrapes {
                 bytes::Bytes::new()
             }
         };
+        let r = (text, place);
         // Only a scrape already waiting may use it (a later one wants a later render).
         latest.retain(|(k, _, _)| *k != key);
         if self.waiting.load(SeqCst) == 0 {
@@ -232,17 +240,17 @@ impl Scrapes {
             if latest.len() >= MAX_VIEWS {
                 latest.remove(0);
             }
-            latest.push((key, began, text.clone()));
+            latest.push((key, began, r.clone()));
         }
-        text
+        Some(r)
     }
 }
 
-/// A `/metrics` answer: the render in [`SCRAPE_CHUNK`] pieces, holding its place among the
-/// answers being sent until it is dropped.
+/// A `/metrics` answer: the render in [`SCRAPE_CHUNK`] pieces, holding the render's place
+/// until it is dropped.
 struct ScrapeBody {
     text: bytes::Bytes,
-    _sending: tokio::sync::OwnedSemaphorePermit,
+    _place: Arc<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl http_body::Body for ScrapeBody {
@@ -276,14 +284,6 @@ async fn metrics(
     req: axum::extract::Request,
 ) -> axum::response::Response {
     let arrived = std::time::Instant::now();
-    let Ok(sending) = api.scrapes.sending.clone().try_acquire_owned() else {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "1")],
-            format!("{MAX_SCRAPES_SENDING} answers of /metrics are being sent; try again\n"),
-        )
-            .into_response();
-    };
     let (parts, _) = req.into_parts();
     let viewer = match api.ready.auth() {
         None => None,
@@ -295,12 +295,19 @@ async fn metrics(
             Err(e) => return e.into_response(),
         },
     };
-    let text = api.scrapes.render(&api.ready, viewer, arrived).await;
+    let Some((text, place)) = api.scrapes.render(&api.ready, viewer, arrived).await else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            format!("{MAX_SCRAPES_SENDING} renders of /metrics are being sent; try again\n"),
+        )
+            .into_response();
+    };
     (
         [(header::CONTENT_TYPE, OPENMETRICS)],
         axum::body::Body::new(ScrapeBody {
             text,
-            _sending: sending,
+            _place: place,
         }),
     )
         .into_response()
@@ -349,7 +356,7 @@ mod tests {
         }
         assert_eq!(s.waiting.load(SeqCst), 2);
         drop(making);
-        let (a, b) = (one.await.unwrap(), two.await.unwrap());
+        let (a, b) = (one.await.unwrap().unwrap().0, two.await.unwrap().unwrap().0);
         assert!(std::str::from_utf8(&a).unwrap().contains("mq_ready 0"));
         assert_eq!(
             a.as_ptr(),
@@ -357,7 +364,7 @@ mod tests {
             "the second waited for the first's render"
         );
         assert!(s.latest.lock().await.is_empty(), "kept with nobody waiting");
-        let later = s.render(&ready, None, Instant::now()).await;
+        let later = s.render(&ready, None, Instant::now()).await.unwrap().0;
         assert_ne!(
             a.as_ptr(),
             later.as_ptr(),
@@ -365,7 +372,8 @@ mod tests {
         );
     }
 
-    /// At most four answers are being sent; a fifth scrape is 503 until one is done.
+    /// At most four renders are alive (held by answers being sent); a scrape that needs a
+    /// fifth is 503 until one is done.
     #[tokio::test]
     async fn answers_being_sent_are_bounded() {
         use axum::extract::{Request, State};
