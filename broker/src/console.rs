@@ -448,16 +448,9 @@ const OVERVIEW_ROWS: usize = 100;
 /// Queues on one page of the Queues page.
 const QUEUES_PAGE_ROWS: usize = 500;
 
-/// The Queues page's query: a page of the list (and a notice).
-#[derive(Debug, Default, Deserialize)]
-struct QueuesQuery {
-    after: Option<String>,
-    limit: Option<usize>,
-}
-
 async fn queues(
     View { api, who, notice }: View,
-    AsPage(Params(qq)): AsPage<Params<QueuesQuery>>,
+    AsPage(Params(qq)): AsPage<Params<QueuePageQuery>>,
 ) -> PageResult {
     let b = api.broker()?;
     api.sample(b);
@@ -700,6 +693,8 @@ struct TotalsView {
     poisoned: u64,
 }
 
+/// A page's query, on the Queues page and a queue's page: `?after=…&limit=…` (a notice's
+/// `msg` and `sig` are read by [`View`]).
 #[derive(Debug, Default, Deserialize)]
 struct QueuePageQuery {
     after: Option<String>,

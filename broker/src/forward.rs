@@ -823,8 +823,12 @@ mod settle_tests {
         }
     }
 
-    /// Three messages in an outgoing queue, taken as one batch.
-    async fn batch_of_three() -> (tempfile::TempDir, Arc<Broker>, Arc<super::Outgoing>) {
+    /// Three messages (`m` makes each) sent to queue `q` of the broker at `dest` (`host:port`):
+    /// they wait in the outgoing queue for `dest`.
+    async fn outgoing_three(
+        dest: &str,
+        m: impl Fn(usize) -> v1::OutMessage,
+    ) -> (tempfile::TempDir, Arc<Broker>, Arc<super::Outgoing>) {
         let dir = tempfile::tempdir().unwrap();
         let (b, _) = Broker::open(
             BrokerConfig::new(dir.path()),
@@ -833,20 +837,23 @@ mod settle_tests {
         .unwrap();
         let b = Arc::new(b);
         let dests = b
-            .destinations(r"DIRECT=TCP:10.0.0.9:1801\private$\q", false)
+            .destinations(&format!(r"DIRECT=TCP:{dest}\private$\q"), false)
             .unwrap();
-        let msgs = (0..3)
-            .map(|i| v1::OutMessage {
-                body: Bytes::from(format!("m{i}")),
-                priority: Some(3),
-                delivery: v1::Delivery::Recoverable as i32,
-                ..Default::default()
-            })
-            .collect();
-        let out = b.send_batch(&dests, msgs, false).await;
+        let out = b.send_batch(&dests, (0..3).map(m).collect(), false).await;
         assert!(out.failures.is_empty(), "{:?}", out.failures);
-        let o = b.outgoing_for("10.0.0.9:1801").unwrap();
+        let o = b.outgoing_for(dest).unwrap();
         (dir, b, o)
+    }
+
+    /// Three messages in an outgoing queue, taken as one batch.
+    async fn batch_of_three() -> (tempfile::TempDir, Arc<Broker>, Arc<super::Outgoing>) {
+        outgoing_three("10.0.0.9:1801", |i| v1::OutMessage {
+            body: Bytes::from(format!("m{i}")),
+            priority: Some(3),
+            delivery: v1::Delivery::Recoverable as i32,
+            ..Default::default()
+        })
+        .await
     }
 
     /// Messages that expire between the supervisor's look and the session's take: the session
@@ -856,26 +863,12 @@ mod settle_tests {
     /// open the stream would be an error.
     #[tokio::test]
     async fn nothing_to_take_opens_no_stream() {
-        let dir = tempfile::tempdir().unwrap();
-        let (b, _) = Broker::open(
-            BrokerConfig::new(dir.path()),
-            vec!["127.0.0.1:4000".parse().unwrap()],
-        )
-        .unwrap();
-        let b = Arc::new(b);
-        let dests = b
-            .destinations(r"DIRECT=TCP:127.0.0.1:1\private$\q", false)
-            .unwrap();
-        let msgs = (0..3)
-            .map(|i| v1::OutMessage {
-                body: Bytes::from(format!("m{i}")),
-                time_to_reach_queue_ms: 1,
-                ..Default::default()
-            })
-            .collect();
-        let out = b.send_batch(&dests, msgs, false).await;
-        assert!(out.failures.is_empty(), "{:?}", out.failures);
-        let o = b.outgoing_for("127.0.0.1:1").unwrap();
+        let (_dir, b, o) = outgoing_three("127.0.0.1:1", |i| v1::OutMessage {
+            body: Bytes::from(format!("m{i}")),
+            time_to_reach_queue_ms: 1,
+            ..Default::default()
+        })
+        .await;
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         let (endpoint, creds) = crate::tls::peer_endpoint("127.0.0.1:1", None).unwrap();
         let client = mq_proto::v1::forward_service_client::ForwardServiceClient::with_interceptor(

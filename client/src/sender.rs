@@ -708,6 +708,21 @@ mod tests {
     /// batch stays pending (in doubt once the stream ends), never counted as stored.
     #[test]
     fn acknowledgements_that_do_not_fit_the_batch_settle_nothing() {
+        // A batch of seqs 10 to 12 waiting for its answer.
+        let three_pending = || {
+            let (shared, window) = transactional();
+            shared
+                .pending
+                .lock()
+                .unwrap()
+                .batches
+                .push_back(PendingBatch {
+                    first_seq: 10,
+                    units: vec![1; 3],
+                    replies: vec![None, None, None],
+                });
+            (shared, window)
+        };
         let id = bytes::Bytes::from_static(&[7u8; 16]);
         let fail = |seq| v1::SendFailure {
             seq,
@@ -744,33 +759,13 @@ mod tests {
                 "not in the batch",
             ),
         ] {
-            let (shared, window) = transactional();
-            shared
-                .pending
-                .lock()
-                .unwrap()
-                .batches
-                .push_back(PendingBatch {
-                    first_seq: 10,
-                    units: vec![1; 3],
-                    replies: vec![None, None, None],
-                });
+            let (shared, window) = three_pending();
             let e = apply_ack(&shared, &window, bad).unwrap_err().to_string();
             assert!(e.contains(says), "{e}");
             assert_eq!(shared.pending.lock().unwrap().batches.len(), 1, "{e}");
             assert_eq!(shared.acknowledged.load(Ordering::Acquire), 0);
         }
-        let (shared, window) = transactional();
-        shared
-            .pending
-            .lock()
-            .unwrap()
-            .batches
-            .push_back(PendingBatch {
-                first_seq: 10,
-                units: vec![1; 3],
-                replies: vec![None, None, None],
-            });
+        let (shared, window) = three_pending();
         apply_ack(
             &shared,
             &window,

@@ -10,6 +10,16 @@ use serde_json::Value;
 
 const Q: &str = r".\private$\api";
 const WAIT: Duration = Duration::from_secs(30);
+/// Every right, queue and broker-wide, but `monitor` and `forward`.
+const ROOT_RIGHTS: &[&str] = &[
+    "send",
+    "receive",
+    "peek",
+    "admin",
+    "create-queue",
+    "outgoing",
+    "dead-letter",
+];
 
 fn send(url: &str, queue: &str, body: &[u8], extra: &[&str]) -> String {
     let mut args = vec!["send", queue];
@@ -562,20 +572,7 @@ fn rights_over_https_with_a_users_file() {
     let users = users_file(
         &pki.path("users.toml"),
         &[
-            (
-                "root",
-                "root-pw",
-                &[],
-                &[
-                    "send",
-                    "receive",
-                    "peek",
-                    "admin",
-                    "create-queue",
-                    "outgoing",
-                    "dead-letter",
-                ],
-            ),
+            ("root", "root-pw", &[], ROOT_RIGHTS),
             ("reader", "reader-pw", &[], &["peek"]),
         ],
     );
@@ -1116,19 +1113,7 @@ fn metrics_name_only_what_the_caller_may_see() {
     let users = users_file(
         &pki.path("users.toml"),
         &[
-            (
-                "root",
-                "root-pw",
-                &[],
-                &[
-                    "send",
-                    "receive",
-                    "peek",
-                    "admin",
-                    "outgoing",
-                    "dead-letter",
-                ],
-            ),
+            ("root", "root-pw", &[], ROOT_RIGHTS),
             ("alice", "alice-pw", &[], &["create-queue"]),
             ("prom", "prom-pw", &[], &["monitor"]),
         ],
