@@ -17,10 +17,13 @@ from ._errors import (
     ConnectError,
     IncompatibleBroker,
     IncompatibleCall,
+    InternalError,
     MqError,
     NotFound,
     QueueExists,
     QueueNotFound,
+    Timeout,
+    TransactionInDoubt,
     Unavailable,
     from_rpc_error,
 )
@@ -37,6 +40,14 @@ T = TypeVar("T")
 
 #: Queues whose send streams a client keeps for :meth:`Queue.send` at most.
 _MAX_KEPT = 8
+
+#: Queues :meth:`Client.list_queues` asks for per page.
+_LIST_PAGE = 5000
+#: Queues :meth:`Client.list_queues` takes in all, at most (a broker holds far fewer); a list
+#: that goes on is a broken or hostile broker's.
+_MAX_LISTED_QUEUES = 5_000_000
+#: Pages :meth:`Client.list_queues` asks for, at most.
+_MAX_LIST_PAGES = 10_000
 
 #: The broker URL used when none is given and ``MQ_BROKER`` is not set.
 DEFAULT_BROKER_URL = "http://127.0.0.1:1801"
@@ -268,6 +279,14 @@ class Client:
                     r._retire()
             try:
                 return kept._send_one(m)
+            except (Timeout, TransactionInDoubt):
+                # No answer within call_timeout: this stream is not trusted to answer the next
+                # send either; the next one opens another.
+                with self._kept_lock:
+                    if self._kept.get(key) is kept:
+                        del self._kept[key]
+                kept._after_timeout()
+                raise
             except NotSent as e:
                 why = e.args[0] if e.args else None
                 with self._kept_lock:
@@ -369,9 +388,36 @@ class Client:
         )
 
     def list_queues(self) -> List[QueueInfo]:
-        """Every queue the caller may see."""
-        r = self._call(self._stubs.admin.ListQueues, _wire.ListQueuesRequest())
-        return [QueueInfo.from_wire(q) for q in r.queues]
+        """Every queue the caller may see, in name order. Asks for 5,000 at a time and follows
+        the broker's page tokens; a list that does not end (a page larger than asked for, a
+        token not past the one before, more than 5,000,000 queues or 10,000 pages) is
+        :class:`InternalError`."""
+        out: List[QueueInfo] = []
+        token = ""
+        for _ in range(_MAX_LIST_PAGES):
+            r = self._call(
+                self._stubs.admin.ListQueues,
+                _wire.ListQueuesRequest(page_size=_LIST_PAGE, page_token=token),
+            )
+            nxt = r.next_page_token
+            if (
+                len(r.queues) > _LIST_PAGE
+                or (nxt and nxt <= token)
+                or len(out) + len(r.queues) > _MAX_LISTED_QUEUES
+            ):
+                raise InternalError(
+                    f"the broker's queue list does not end: a page of {len(r.queues)} queues "
+                    f"(asked for {_LIST_PAGE}), next token {nxt[:100]!r} after "
+                    f"{token[:100]!r}, {len(out)} queues so far (at most "
+                    f"{_MAX_LISTED_QUEUES})"
+                )
+            out.extend(QueueInfo.from_wire(q) for q in r.queues)
+            if not nxt:
+                return out
+            token = nxt
+        raise InternalError(
+            f"the broker's queue list does not end: {_MAX_LIST_PAGES} pages ({len(out)} queues)"
+        )
 
     def purge(self, name: str) -> int:
         """Removes every waiting message of a queue; returns how many."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from . import _wire
-from ._errors import InvalidArgument
+from ._errors import InternalError, InvalidArgument
 
 Body = Union[bytes, bytearray, memoryview, str]
 
@@ -29,6 +29,22 @@ def body_bytes(body: Body) -> bytes:
     if isinstance(body, (bytes, bytearray, memoryview)):
         return bytes(body)
     raise TypeError(f"a message body is bytes or str, not {type(body).__name__}")
+
+
+def timeout_ms(timeout: Optional[float], what: str = "timeout") -> int:
+    """A wait in whole ms for the wire (0: answer at once). A negative or NaN wait is
+    :class:`InvalidArgument` (an :class:`MqError`), not a bare ``ValueError``."""
+    if timeout is None:
+        return 0
+    try:
+        bad = not timeout >= 0  # also NaN
+    except TypeError:
+        raise InvalidArgument(f"{what} is a number of seconds (got {timeout!r})") from None
+    if bad:
+        raise InvalidArgument(f"{what} must not be negative (got {timeout})")
+    if timeout == float("inf"):
+        raise InvalidArgument(f"{what} must be finite (got {timeout})")
+    return int(timeout * 1000)
 
 
 def _ms(seconds: Optional[float], what: str) -> int:
@@ -88,8 +104,14 @@ def out_message(
     return m
 
 
-def to_uuid(raw: bytes) -> uuid.UUID:
-    return uuid.UUID(bytes=bytes(raw)) if len(raw) == 16 else uuid.UUID(int=0)
+def to_uuid(raw: bytes, what: str = "an id") -> uuid.UUID:
+    """The UUID of 16 bytes from the broker; anything else is :class:`InternalError` (the
+    broker is not trusted to send well-formed ids)."""
+    if len(raw) != 16:
+        raise InternalError(
+            f"the broker sent {what} of {len(raw)} bytes (a message or transaction id is 16)"
+        )
+    return uuid.UUID(bytes=bytes(raw))
 
 
 def id_bytes(id: Union[uuid.UUID, bytes, str]) -> bytes:
@@ -136,7 +158,11 @@ class Message:
 
     @classmethod
     def from_wire(cls, m: Any, ack: Optional[Callable[[], None]] = None) -> "Message":
-        return cls(m, ack)
+        """The message as the broker sent it; :class:`InternalError` if its id is not 16
+        bytes."""
+        msg = cls(m, ack)
+        msg._id = to_uuid(m.id, "a message id")
+        return msg
 
     @property
     def id(self) -> uuid.UUID:
@@ -360,7 +386,8 @@ class TransactionStatus:
 class OutgoingQueue:
     """An outgoing queue (store-and-forward: messages waiting for another broker). ``state`` is
     one of ``"inactive"``, ``"connecting"``, ``"connected"``, ``"waiting"`` (the last attempt
-    failed; retrying at ``next_retry_ms``), ``"onhold"`` (paused)."""
+    failed; retrying at ``next_retry_ms``), ``"onhold"`` (paused), or ``"unknown_<n>"`` for a
+    state number this client does not know (a newer broker)."""
 
     destination: str
     state: str
@@ -374,7 +401,11 @@ class OutgoingQueue:
 
     @classmethod
     def from_wire(cls, o: Any) -> "OutgoingQueue":
-        name = _wire.pb.OutgoingState.Name(o.state)
+        try:
+            name = _wire.pb.OutgoingState.Name(o.state)
+        except ValueError:
+            # A state newer than this client: shown as "unknown_<n>", not an error.
+            name = f"UNKNOWN_{o.state}"
         return cls(
             destination=o.destination,
             state=name.replace("OUTGOING_STATE_", "").lower(),

@@ -6,8 +6,16 @@ import uuid
 from typing import TYPE_CHECKING, List, Optional, Union
 
 from . import _wire
-from ._errors import MessageNotFound, QueueNotFound
-from ._message import BODY_TYPE_RAW, Body, Message, QueueInfo, id_bytes, out_message
+from ._errors import InternalError, MessageNotFound, QueueNotFound, Timeout
+from ._message import (
+    BODY_TYPE_RAW,
+    Body,
+    Message,
+    QueueInfo,
+    id_bytes,
+    out_message,
+    timeout_ms,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._client import Client
@@ -57,7 +65,11 @@ class Queue:
 
         The client keeps the send stream it opened for this queue (for the 8 queues sent to
         most recently; see :attr:`Client.one_shot_senders_opened`), so one message at a time
-        costs one round trip; threads sending at once share it."""
+        costs one round trip; threads sending at once share it.
+
+        Waits at most the client's ``call_timeout`` for the broker's answer: then raises
+        :class:`Timeout` (with ``transactional=True``, :class:`TransactionInDoubt` carrying the
+        message's transaction id): the message may or may not be stored."""
         m = out_message(
             body,
             label=label,
@@ -107,7 +119,13 @@ class Queue:
 
     def receive_one(self, timeout: float = 0.0) -> Optional[Message]:
         """Removes and returns the first message, waiting up to ``timeout`` seconds; ``None`` if
-        none came. Removed at once: no ack."""
+        none came. Removed at once: no ack.
+
+        At most once: the broker removes the message *before* the answer travels back, so if
+        the answer is lost or comes too late (:class:`Timeout`, a lost connection) the message
+        may be gone without reaching the caller. When every message matters, use
+        ``receive(max_messages=1)`` and :meth:`Message.ack` once it is handled, or receive in a
+        transaction (:meth:`Client.transaction`)."""
         return self._one(timeout, peek=False)
 
     def peek(self, timeout: float = 0.0) -> Optional[Message]:
@@ -115,14 +133,17 @@ class Queue:
         return self._one(timeout, peek=True)
 
     def peek_many(self, max: int, timeout: float = 0.0) -> List[Message]:
-        """Up to ``max`` messages from the head of the queue, left in place (paged)."""
+        """Up to ``max`` messages from the head of the queue, left in place (paged). A broker
+        that answers a page with more messages than asked for is :class:`InternalError`."""
+        wait_ms = timeout_ms(timeout)
         out: List[Message] = []
         cursor = b""
         while len(out) < max:
+            asked = min(max - len(out), 1000)
             req = _wire.PeekRequest(
                 queue=self.name,
-                timeout_ms=int(timeout * 1000) if not out else 0,
-                max=min(max - len(out), 1000),
+                timeout_ms=wait_ms if not out else 0,
+                max=asked,
                 cursor=cursor,
             )
             r = self.client._call(
@@ -132,6 +153,11 @@ class Queue:
                 what="to a peek",
                 not_found=QueueNotFound,
             )
+            if len(r.messages) > asked:
+                raise InternalError(
+                    f"the broker answered a peek of at most {asked} messages with "
+                    f"{len(r.messages)}"
+                )
             out.extend(Message.from_wire(m) for m in r.messages)
             cursor = r.next_cursor
             if not cursor or not r.messages:
@@ -140,7 +166,11 @@ class Queue:
 
     def receive_by_id(self, id: IdLike, timeout: float = 0.0) -> Optional[Message]:
         """Removes the message with this id. With ``timeout`` 0 and no such message waiting:
-        :class:`MessageNotFound`; with a timeout: ``None`` once it passes."""
+        :class:`MessageNotFound`; with a timeout: ``None`` once it passes.
+
+        At most once, as :meth:`receive_one`: if the answer is lost or too late
+        (:class:`Timeout`) the message may have been removed without reaching the caller; for
+        no loss, peek it (:meth:`peek_by_id`) and receive it in a transaction."""
         return self._one(timeout, peek=False, id=id_bytes(id))
 
     def peek_by_id(self, id: IdLike, timeout: float = 0.0) -> Optional[Message]:
@@ -150,7 +180,8 @@ class Queue:
     def receive_by_correlation_id(
         self, correlation_id: str, timeout: float = 0.0
     ) -> Optional[Message]:
-        """Removes the first message with this correlation id (as :meth:`receive_by_id`)."""
+        """Removes the first message with this correlation id (as :meth:`receive_by_id`;
+        at most once: a lost or late answer may mean the message is gone)."""
         return self._one(timeout, peek=False, correlation_id=correlation_id)
 
     def peek_by_correlation_id(
@@ -164,7 +195,7 @@ class Queue:
     ) -> Optional[Message]:
         req = _wire.ReceiveOneRequest(
             queue=self.name,
-            timeout_ms=int(timeout * 1000),
+            timeout_ms=timeout_ms(timeout),
             peek=peek,
             id=id,
             correlation_id=correlation_id,
@@ -183,6 +214,17 @@ class Queue:
             if not e.reason and "queue" in e.message and "does not exist" in e.message:
                 raise QueueNotFound(e.message, code=e.code) from None
             raise
+        except Timeout as e:
+            if peek:
+                raise
+            raise Timeout(
+                f"{e.message}; the broker may have removed the message already (a receive "
+                f"removes it before answering): it may be lost. For no loss use "
+                f"receive(max_messages=1) with ack, or a transaction",
+                code=e.code,
+                reason=e.reason,
+                metadata=e.metadata,
+            ) from None
         return Message.from_wire(r.message) if r.HasField("message") else None
 
     def cursor(self) -> "Cursor":

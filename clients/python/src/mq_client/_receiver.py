@@ -9,6 +9,11 @@ acknowledgement and end the stream, giving every unacknowledged message back.
 This receiver grants one credit per message handed to the application (so ``prefetch``
 messages wait ahead of it), and acknowledges through the longest run of acknowledged tags:
 a message acknowledged after an unacknowledged one is removed only once that one is too.
+
+The broker is not trusted: every delivery's tag must be greater than the tag before it and
+within the credit granted so far (so it never pushes more than asked for), and every message
+id 16 bytes; anything else ends the stream with :class:`InternalError` (checked as responses
+arrive, so a flooding broker is cut off; unread responses are bounded, see ``_stream``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,14 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Deque, Iterator, Optional, Set
 
 from . import _wire
-from ._errors import FailedPrecondition, MqError, QueueNotFound, Timeout, from_rpc_error
+from ._errors import (
+    FailedPrecondition,
+    InternalError,
+    MqError,
+    QueueNotFound,
+    Timeout,
+    from_rpc_error,
+)
 from ._message import Message
 from ._stream import BidiStream, StreamEnded
 
@@ -67,13 +79,14 @@ class Receiver:
         self._sent_through = 0  # ... and told to the broker
         self._credit_owed = 0  # messages handed out whose credit is not yet granted again
         first = self._prefetch if max_messages is None else min(self._prefetch, max_messages)
-        self._requested = first
+        self._requested = first  # credit granted in all: no tag may exceed it
+        self._delivered = 0  # the last tag the broker delivered
         self._handed = 0
         self._last: Optional[Message] = None
         self._closed = False
         self._managed = False  # in a `with` block: the block's end closes, not the iteration's
         self._stream: BidiStream[Any, Any] = BidiStream(
-            client._stubs.queue.Receive, client._metadata
+            client._stubs.queue.Receive, client._metadata, check=self._check_delivery
         )
         self._stream.send(_wire.ReceiveRequest(queue=queue, credit=first))
 
@@ -91,17 +104,23 @@ class Receiver:
             raise StopIteration
         if not self._buffer:
             self._send_acks(force=True)
-            try:
-                batch = self._stream.recv(self._timeout)
-            except StreamEnded as end:
-                self._close_ended()
-                if end.error is None:
-                    raise StopIteration from None
-                raise from_rpc_error(end.error, not_found=QueueNotFound) from None
-            if batch is None:
-                self._end_iteration()
-                raise StopIteration
-            self._buffer.extend(batch.messages)
+            deadline = None if self._timeout is None else time.monotonic() + self._timeout
+            # A response without messages is waited past, within the same deadline.
+            while not self._buffer:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    batch = self._stream.recv(left)
+                except StreamEnded as end:
+                    self._close_ended()
+                    if end.mq_error is not None:
+                        raise end.mq_error from None
+                    if end.error is None:
+                        raise StopIteration from None
+                    raise from_rpc_error(end.error, not_found=QueueNotFound) from None
+                if batch is None:
+                    self._end_iteration()
+                    raise StopIteration
+                self._buffer.extend(batch.messages)
         d = self._buffer.popleft()
         tag = d.tag
         msg = Message.from_wire(d.message, ack=lambda: self._ack(tag))
@@ -111,6 +130,26 @@ class Receiver:
         self._last = msg
         self._send_acks(force=False)
         return msg
+
+    def _check_delivery(self, resp: Any) -> Optional[MqError]:
+        """Run by the stream's thread on every response: tags go up and stay within the credit
+        granted, ids are 16 bytes. A violation ends the stream with this error."""
+        with self._lock:
+            for d in resp.messages:
+                if d.tag <= self._delivered or d.tag > self._requested:
+                    return InternalError(
+                        f"the broker delivered tag {d.tag} after tag {self._delivered} with "
+                        f"credit for {self._requested} messages on queue {self.queue[:200]!r}: "
+                        f"tags must go up and stay within the credit granted; the receive "
+                        f"stream is ended (unacknowledged messages go back to the queue)"
+                    )
+                if len(d.message.id) != 16:
+                    return InternalError(
+                        f"the broker delivered tag {d.tag} with a message id of "
+                        f"{len(d.message.id)} bytes (16 expected); the receive stream is ended"
+                    )
+                self._delivered = d.tag
+        return None
 
     def _ack(self, tag: int) -> None:
         with self._lock:
@@ -182,6 +221,8 @@ class Receiver:
             try:
                 self._stream.recv(left)  # prefetched, not handed out: the broker takes them back
             except StreamEnded as end:
+                if end.mq_error is not None and to_confirm:
+                    raise end.mq_error from None
                 if end.error is not None and to_confirm:
                     raise from_rpc_error(end.error, not_found=QueueNotFound) from None
                 return
@@ -205,6 +246,7 @@ class Receiver:
         try:
             if not self._closed:
                 self._send_acks(force=True)
+                self._stream.detach()  # nobody reads on: the stream's thread drops the rest
                 self._stream.half_close()
         except Exception:  # noqa: BLE001
             pass
