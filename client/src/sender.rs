@@ -476,7 +476,6 @@ fn check_ack(batch: &PendingBatch, ack: &v1::SendResponse) -> Result<()> {
             ack.ids.len()
         )));
     }
-    let mut failed = vec![false; n];
     let mut last = None;
     for f in &ack.failures {
         let i = f.seq.wrapping_sub(batch.first_seq);
@@ -487,10 +486,16 @@ fn check_ack(batch: &PendingBatch, ack: &v1::SendResponse) -> Result<()> {
             )));
         }
         last = Some(f.seq);
-        failed[i as usize] = true;
     }
+    // The failures are in ascending order now: walked beside the ids (no allocation per batch).
+    let mut failures = ack
+        .failures
+        .iter()
+        .map(|f| f.seq - batch.first_seq)
+        .peekable();
     for (i, id) in ack.ids.iter().enumerate() {
-        if !failed[i] && id.len() != 16 {
+        let failed = failures.next_if_eq(&(i as u64)).is_some();
+        if !failed && id.len() != 16 {
             return Err(Error::Internal(format!(
                 "the broker acknowledged message {} with an id of {} bytes",
                 batch.first_seq + i as u64,
