@@ -241,7 +241,7 @@ struct Notice {
 impl Notice {
     fn verified(self, api: &Api) -> Option<String> {
         let (msg, sig) = (self.msg?, self.sig?);
-        (api.notice_sig(&msg) == sig).then_some(msg)
+        api.notice_signed(&msg, &sig).then_some(msg)
     }
 }
 
@@ -299,7 +299,8 @@ fn back(ret: Option<&str>, default: &str) -> String {
                 && !r.contains('\\')
                 && !r.chars().any(|c| c.is_control() || c.is_whitespace()) =>
         {
-            let cut = ["msg=", "sig="]
+            // The notice of the page before, not a `msg=` or `sig=` inside a queue's name.
+            let cut = ["?msg=", "&msg=", "?sig=", "&sig="]
                 .iter()
                 .filter_map(|p| r.find(p))
                 .min()
@@ -1030,6 +1031,10 @@ mod tests {
         assert_eq!(
             back(Some("/queues/x?after=1&sig=ab&msg=hi"), "/d"),
             "/queues/x?after=1"
+        );
+        assert_eq!(
+            back(Some("/queues/msg=sig=?msg=hi"), "/d"),
+            "/queues/msg=sig="
         );
         assert_eq!(back(Some("//evil.example/"), "/d"), "/d");
         assert_eq!(back(Some("https://evil.example/"), "/d"), "/d");

@@ -172,10 +172,12 @@ const SCRAPE_CHUNK: usize = 64 * 1024;
 /// so slow readers cannot pile them up.
 #[derive(Debug)]
 pub(crate) struct Scrapes {
-    /// The latest render of each view: (view, when it began, the text and its place).
+    /// The latest render of views that scrapes wait for: (view, when it began, the text and
+    /// its place).
     latest: tokio::sync::Mutex<Vec<(String, std::time::Instant, Render)>>,
-    /// Scrapes waiting for `latest`.
-    waiting: std::sync::atomic::AtomicUsize,
+    /// Scrapes queued for `latest`, by view. Counted out by a guard, so a scrape dropped while
+    /// it waits (its client went away) is not counted for ever.
+    waiting: std::sync::Mutex<std::collections::HashMap<String, usize>>,
     sending: Arc<tokio::sync::Semaphore>,
 }
 
@@ -183,7 +185,7 @@ impl Default for Scrapes {
     fn default() -> Self {
         Scrapes {
             latest: tokio::sync::Mutex::new(Vec::new()),
-            waiting: std::sync::atomic::AtomicUsize::new(0),
+            waiting: std::sync::Mutex::new(std::collections::HashMap::new()),
             sending: Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES_SENDING)),
         }
     }
@@ -193,7 +195,48 @@ impl Default for Scrapes {
 /// answer sending it is done).
 type Render = (bytes::Bytes, Arc<tokio::sync::OwnedSemaphorePermit>);
 
+/// One scrape counted among those waiting for its view, until dropped.
+struct Waiting<'a> {
+    scrapes: &'a Scrapes,
+    key: &'a str,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut w = self
+            .scrapes
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = w.get_mut(self.key) {
+            *n -= 1;
+            if *n == 0 {
+                w.remove(self.key);
+            }
+        }
+    }
+}
+
 impl Scrapes {
+    fn wait<'a>(&'a self, key: &'a str) -> Waiting<'a> {
+        *self
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.to_string())
+            .or_default() += 1;
+        Waiting { scrapes: self, key }
+    }
+
+    fn waiters(&self, key: &str) -> usize {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// The text for `viewer`, from a render that began at or after `arrived`; `None` if that
     /// needs a render and [`MAX_SCRAPES_SENDING`] are alive.
     async fn render(
@@ -208,14 +251,35 @@ impl Scrapes {
             Some(v) if v.who.anonymous => "anonymous".to_string(),
             Some(v) => format!("user:{}", v.who.name),
         };
-        use std::sync::atomic::Ordering::SeqCst;
-        self.waiting.fetch_add(1, SeqCst);
+        self.render_view(ready, key, viewer, arrived).await
+    }
+
+    /// [`Scrapes::render`] of the view named `key`.
+    async fn render_view(
+        &self,
+        ready: &Arc<Readiness>,
+        key: String,
+        viewer: Option<crate::metrics::Viewer>,
+        arrived: std::time::Instant,
+    ) -> Option<Render> {
+        let waiting = self.wait(&key);
         let mut latest = self.latest.lock().await;
-        self.waiting.fetch_sub(1, SeqCst);
-        if let Some((_, _, r)) = latest.iter().find(|(k, t, _)| *k == key && *t >= arrived) {
+        drop(waiting);
+        // A kept render serves only scrapes of its view that arrived before it began: of another
+        // view, none once nobody of it waits; of this view, this one if it arrived before the
+        // render began (the lock is first come, first served: those still waiting arrived
+        // after this scrape).
+        latest.retain(|(k, t, _)| {
+            if *k == key {
+                *t >= arrived
+            } else {
+                self.waiters(k) > 0
+            }
+        });
+        if let Some((_, _, r)) = latest.iter().find(|(k, _, _)| *k == key) {
             let r = r.clone();
-            if self.waiting.load(SeqCst) == 0 {
-                latest.clear();
+            if self.waiters(&key) == 0 {
+                latest.retain(|(k, _, _)| *k != key);
             }
             return Some(r);
         }
@@ -232,11 +296,8 @@ impl Scrapes {
             }
         };
         let r = (text, place);
-        // Only a scrape already waiting may use it (a later one wants a later render).
-        latest.retain(|(k, _, _)| *k != key);
-        if self.waiting.load(SeqCst) == 0 {
-            latest.clear();
-        } else {
+        // Kept only for scrapes of this view already waiting (a later one wants a later render).
+        if self.waiters(&key) > 0 {
             if latest.len() >= MAX_VIEWS {
                 latest.remove(0);
             }
@@ -337,7 +398,6 @@ mod tests {
     /// earlier scrape is shared only with scrapes that were waiting while it was made.
     #[tokio::test]
     async fn a_scrape_shares_only_a_render_that_began_after_it_arrived() {
-        use std::sync::atomic::Ordering::SeqCst;
         let ready = Arc::new(crate::ready::Readiness::default());
         let s = Arc::new(super::Scrapes::default());
         // Two scrapes arrive while a render is being made (the lock is held here).
@@ -349,12 +409,12 @@ mod tests {
         };
         let (one, two) = (scrape(s.clone()), scrape(s.clone()));
         for _ in 0..10_000 {
-            if s.waiting.load(SeqCst) == 2 {
+            if s.waiters("-") == 2 {
                 break;
             }
             tokio::task::yield_now().await;
         }
-        assert_eq!(s.waiting.load(SeqCst), 2);
+        assert_eq!(s.waiters("-"), 2);
         drop(making);
         let (a, b) = (one.await.unwrap().unwrap().0, two.await.unwrap().unwrap().0);
         assert!(std::str::from_utf8(&a).unwrap().contains("mq_ready 0"));
@@ -370,6 +430,49 @@ mod tests {
             later.as_ptr(),
             "arrived after it began: a new render"
         );
+    }
+
+    /// Scrapes of five views at once (a render of one view serves none of the others): those
+    /// over the bound are 503, and once the answers are sent every later scrape is served (kept
+    /// renders held the places for good, so every later scrape was 503); a scrape dropped while
+    /// it waits is not counted as waiting for ever (it kept every later render, each holding a
+    /// place).
+    #[tokio::test]
+    async fn renders_kept_for_nobody_hold_no_place() {
+        let ready = Arc::new(crate::ready::Readiness::default());
+        let s = Arc::new(super::Scrapes::default());
+        let t0 = Instant::now();
+        let making = s.latest.lock().await;
+        let scrape = |key: String| {
+            let (s, ready) = (s.clone(), ready.clone());
+            tokio::spawn(async move { s.render_view(&ready, key, None, t0).await })
+        };
+        let views: Vec<_> = (1..=5).map(|i| scrape(format!("user:u{i}"))).collect();
+        // And one whose client goes away while it waits.
+        let gone = scrape("anonymous".into());
+        for _ in 0..10_000 {
+            if s.waiting.lock().unwrap().len() == 6 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        gone.abort();
+        let _ = gone.await;
+        assert_eq!(s.waiters("anonymous"), 0, "a dropped scrape is counted out");
+        drop(making);
+        let mut answers = Vec::new();
+        for v in views {
+            answers.push(v.await.unwrap());
+        }
+        assert!(answers.iter().filter(|a| a.is_some()).count() <= super::MAX_SCRAPES_SENDING);
+        drop(answers); // sent
+        for i in 1..=6 {
+            let r = s
+                .render_view(&ready, format!("user:v{i}"), None, Instant::now())
+                .await;
+            assert!(r.is_some(), "scrape {i} after the burst");
+            assert!(s.latest.lock().await.is_empty(), "kept for nobody");
+        }
     }
 
     /// At most four renders are alive (held by answers being sent); a scrape that needs a

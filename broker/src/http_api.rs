@@ -69,17 +69,35 @@ impl Api {
         })
     }
 
-    /// The signature of a console notice: HMAC-SHA-256 under this process's key, 16 bytes in
-    /// hex.
-    pub(crate) fn notice_sig(&self, msg: &str) -> String {
+    fn notice_mac(&self, msg: &str) -> hmac::Hmac<sha2::Sha256> {
         use hmac::Mac;
         let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.notice_key)
             .expect("HMAC takes a key of any length");
         mac.update(msg.as_bytes());
-        mac.finalize().into_bytes()[..16]
+        mac
+    }
+
+    /// The signature of a console notice: HMAC-SHA-256 under this process's key, its first 16
+    /// bytes in hex.
+    pub(crate) fn notice_sig(&self, msg: &str) -> String {
+        use hmac::Mac;
+        self.notice_mac(msg).finalize().into_bytes()[..16]
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect()
+    }
+
+    /// Whether `sig` (hex) is the signature of `msg`, compared in constant time.
+    pub(crate) fn notice_signed(&self, msg: &str, sig: &str) -> bool {
+        use hmac::Mac;
+        let bytes: Option<Vec<u8>> = (sig.len() == 32)
+            .then(|| {
+                (0..16)
+                    .map(|i| u8::from_str_radix(sig.get(2 * i..2 * i + 2)?, 16).ok())
+                    .collect()
+            })
+            .flatten();
+        bytes.is_some_and(|b| self.notice_mac(msg).verify_truncated_left(&b).is_ok())
     }
 
     /// The broker, once recovered.

@@ -339,10 +339,10 @@ impl Client {
                 page_token: page_token.clone(),
             });
             let r = self.call("listing queues", Duration::ZERO, rpc).await?;
-            // The broker is not trusted to end the list: each page at most as asked, each token
-            // past the one before (they are queue names in order), and a bound on the whole.
+            // The broker is not trusted to end the list: each page at most as asked, a token other
+            // than the one before (tokens are opaque), and bounds on pages and queues.
             if r.queues.len() > LIST_PAGE as usize
-                || (!r.next_page_token.is_empty() && r.next_page_token <= page_token)
+                || (!r.next_page_token.is_empty() && r.next_page_token == page_token)
                 || all.len() + r.queues.len() > MAX_LISTED_QUEUES
             {
                 return Err(Error::Internal(format!(

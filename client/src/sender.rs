@@ -302,8 +302,9 @@ impl Sender {
     }
 
     /// How long [`Sender::flush`] and [`Sender::close`] wait for the broker to acknowledge
-    /// what was sent; past it they fail with [`Error::Timeout`] (the unacknowledged messages
-    /// may or may not be stored). `None` (the default): as long as the connection lives.
+    /// what was sent; past it they fail with [`Error::Timeout`] and the stream is given up: the
+    /// unacknowledged messages may or may not be stored ([`Sender::in_doubt`],
+    /// [`Sender::in_doubt_ids`]). `None` (the default): as long as the connection lives.
     pub fn set_ack_timeout(&mut self, timeout: Option<std::time::Duration>) {
         self.ack_timeout = timeout;
     }
@@ -339,7 +340,8 @@ impl Sender {
     /// acknowledgements did not come within [`Sender::set_ack_timeout`].
     pub async fn flush(&mut self) -> Result<SendSummary> {
         let submitted = self.shared.submitted.load(Ordering::Acquire);
-        let timed_out = {
+        // A stream already given up (an earlier timeout) answers nothing more: no wait.
+        let timed_out = self.shared.dead().is_none() && {
             let wait = self.progress.wait_for(|done| *done >= submitted);
             match self.ack_timeout {
                 Some(t) => tokio::time::timeout(t, wait).await.is_err(),
@@ -352,10 +354,14 @@ impl Sender {
         if let Some(t) = self.ack_timeout.filter(|_| timed_out) {
             let acked = self.shared.acknowledged.load(Ordering::Acquire)
                 + self.shared.failed.load(Ordering::Acquire);
-            return Err(Error::Timeout(format!(
+            let e = Error::Timeout(format!(
                 "the broker answered {acked} of the {submitted} messages sent within {} (Sender::set_ack_timeout); the others may or may not be stored",
                 humantime::format_duration(t)
-            )));
+            ));
+            // The stream is given up: what it carried unanswered is in doubt (`in_doubt`,
+            // `in_doubt_ids`), and nothing more is sent on it.
+            end_stream(&self.shared, &self.window, e.clone());
+            return Err(e);
         }
         self.summary()
     }

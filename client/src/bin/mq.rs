@@ -1257,7 +1257,19 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
                 let _ = sender.flush().await;
                 return Err(send_failure(&e, 0, sender.in_doubt(), 1, &[]));
             }
-            Err(_) => return Err(send_failure(&silent("acknowledge it"), 0, 1, 1, &[])),
+            Err(_) => {
+                // Given up: the message is in doubt (for --tx-each, its transaction id named).
+                sender.set_ack_timeout(Some(Duration::ZERO));
+                let _ = sender.flush().await;
+                let (in_doubt, ids) = (sender.in_doubt(), sender.in_doubt_ids());
+                return Err(send_failure(
+                    &silent("acknowledge it"),
+                    0,
+                    in_doubt,
+                    1,
+                    &ids,
+                ));
+            }
         };
         // Stored: said before the stream is closed (closing waits for the broker's end of it).
         // A closed stdout (`| head`) does not make that a failure.
@@ -1290,17 +1302,17 @@ async fn send(client: &Client, a: SendArgs) -> Result<(), Failure> {
             }
         }
     }
-    // A broker that went silent is not waited for again (by `close`).
-    let flushed = if silenced {
-        Ok(())
-    } else {
-        match sender.flush().await {
-            Err(mq_client::Error::Timeout(_)) => {
-                silenced = true;
-                Err(silent("answer everything sent"))
-            }
-            r => r.map(|_| ()),
+    // A broker that went silent is not waited for again; the flush gives the stream up, so
+    // what it carried unanswered is counted in doubt (and named, for --tx-each).
+    if silenced {
+        sender.set_ack_timeout(Some(Duration::ZERO));
+    }
+    let flushed = match sender.flush().await {
+        Err(mq_client::Error::Timeout(_)) => {
+            silenced = true;
+            Err(silent("answer everything sent"))
         }
+        r => r.map(|_| ()),
     };
     if silenced {
         sender.set_ack_timeout(Some(Duration::ZERO));

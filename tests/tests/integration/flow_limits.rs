@@ -590,12 +590,22 @@ async fn sender_close_fails_with_timeout_when_the_broker_does_not_acknowledge() 
     assert_eq!(sender.flush().await.unwrap().acknowledged, 1);
     signal(mqd.pid(), "-STOP");
     sender.send(Message::new("unanswered")).await.unwrap();
-    let r = tokio::time::timeout(WAIT, sender.close()).await;
-    signal(mqd.pid(), "-CONT");
+    let r = tokio::time::timeout(WAIT, sender.flush()).await;
     match r {
         Ok(Err(Error::Timeout(m))) => assert!(m.contains("1 of the 2"), "{m}"),
-        other => panic!("Sender::close without the broker's answer: {other:?}"),
+        other => panic!("Sender::flush without the broker's answer: {other:?}"),
     }
+    // Given up: the unanswered message is in doubt, and closing does not wait again.
+    assert_eq!(sender.in_doubt(), 1);
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(WAIT, sender.close()).await;
+    signal(mqd.pid(), "-CONT");
+    assert!(matches!(r, Ok(Err(_))), "{r:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
     mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
 }
 
