@@ -220,7 +220,8 @@ BAD_ACKS: Dict[str, Callable[[Any], Any]] = {
         first_seq=r.first_seq,
         count=len(r.messages),
         ids=[b""] * len(r.messages),
-        failures=[_failure(r.first_seq + i) for i in reversed(range(len(r.messages)))],
+        # Descending whatever the batch's size (a batch of one is refused for the second seq).
+        failures=[_failure(r.first_seq + 1), _failure(r.first_seq)],
     ),
     "failure-repeated": lambda r: pb.SendResponse(
         first_seq=r.first_seq,
@@ -270,14 +271,16 @@ def test_bad_send_ack_transactional_is_in_doubt(fake: Fake) -> None:
 def test_good_send_ack_with_a_failure_still_works(fake: Fake) -> None:
     ids: List[bytes] = []
 
+    # The stream's first message fails, whatever batches the sender makes of the three.
     def answer(r: Any) -> Any:
         n = len(r.messages)
         batch = [_good_id() for _ in range(n)]
-        batch[0] = b""
+        failures = []
+        if r.first_seq == 1:
+            batch[0] = b""
+            failures = [_failure(1)]
         ids.extend(batch)
-        return pb.SendResponse(
-            first_seq=r.first_seq, count=n, ids=batch, failures=[_failure(r.first_seq)]
-        )
+        return pb.SendResponse(first_seq=r.first_seq, count=n, ids=batch, failures=failures)
 
     _send_answering(fake, answer)
     s = fake.client().queue(Q).sender(max_batch=8)
