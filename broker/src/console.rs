@@ -269,6 +269,26 @@ impl FromRequestParts<Arc<Api>> for View {
     }
 }
 
+/// Who acts through a form: the caller ([`Caller`]), logged in (see [`login`]): with a users
+/// file an anonymous form post is asked for credentials (401, which the browser answers by
+/// asking for a login and sending the form again), not refused for lack of a right.
+struct Actor {
+    api: Arc<Api>,
+    who: Identity,
+}
+
+impl FromRequestParts<Arc<Api>> for Actor {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, api: &Arc<Api>) -> Result<Actor, Response> {
+        let Caller { api, who } = Caller::from_request_parts(parts, api)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        login(&api, &who).map_err(|e| PageError(e).into_response())?;
+        Ok(Actor { api, who })
+    }
+}
+
 /// An extractor of the API ([`Args`], [`Params`]) whose refusal is shown as a page.
 struct AsPage<X>(X);
 
@@ -519,7 +539,7 @@ struct CreateForm {
 }
 
 async fn create(
-    Caller { api, who }: Caller,
+    Actor { api, who }: Actor,
     f: Result<Form<CreateForm>, FormRejection>,
 ) -> PageResult {
     let Form(f) = f.map_err(form_refused)?;
@@ -578,7 +598,7 @@ fn form(f: Result<Form<ReturnForm>, FormRejection>) -> Result<ReturnForm, ApiErr
 }
 
 async fn purge(
-    Caller { api, who }: Caller,
+    Actor { api, who }: Actor,
     AsPage(Args(name)): AsPage<Args<String>>,
     f: Result<Form<ReturnForm>, FormRejection>,
 ) -> PageResult {
@@ -591,10 +611,7 @@ async fn purge(
     )
 }
 
-async fn delete(
-    Caller { api, who }: Caller,
-    AsPage(Args(name)): AsPage<Args<String>>,
-) -> PageResult {
+async fn delete(Actor { api, who }: Actor, AsPage(Args(name)): AsPage<Args<String>>) -> PageResult {
     api::delete(&api, &who, &name).await?;
     redirect(&api, "/queues", &format!("deleted {name}"))
 }
@@ -831,7 +848,7 @@ struct ActionQuery {
 }
 
 async fn message_action(
-    Caller { api, who }: Caller,
+    Actor { api, who }: Actor,
     AsPage(Args((name, id, action))): AsPage<Args<(String, String, String)>>,
     q: Result<Query<ActionQuery>, QueryRejection>,
     f: Result<Form<ReturnForm>, FormRejection>,
@@ -985,7 +1002,7 @@ async fn outgoing(View { api, who, notice }: View) -> PageResult {
 }
 
 async fn outgoing_action(
-    Caller { api, who }: Caller,
+    Actor { api, who }: Actor,
     AsPage(Args((dest, action))): AsPage<Args<(String, String)>>,
 ) -> PageResult {
     let paused = match action.as_str() {

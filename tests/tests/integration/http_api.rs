@@ -616,6 +616,17 @@ fn rights_over_https_with_a_users_file() {
     let (s, h, _) = https.raw("GET", "/", None, &[]).unwrap();
     assert_eq!(s, 401);
     assert!(h.get("www-authenticate").is_some());
+    // A console form posted without credentials asks for them too (not 403 for a right).
+    let (s, h, _) = https
+        .raw(
+            "POST",
+            &format!("/queues/{}/purge", enc(Q)),
+            None,
+            &[("content-type", "application/x-www-form-urlencoded")],
+        )
+        .unwrap();
+    assert_eq!(s, 401);
+    assert!(h.get("www-authenticate").is_some());
     refused(
         https.as_user("reader", "wrong").get("/api/v1/queues"),
         401,
