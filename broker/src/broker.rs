@@ -1056,12 +1056,22 @@ impl Broker {
     /// from the first), and the key to go on after when more may follow. Linear in the number
     /// of queues (no sort of all of them per page).
     pub fn list_page(&self, after: &str, max: usize) -> (Vec<Arc<Queue>>, Option<String>) {
+        self.page_of_queues(after, max, |q| q.def().role.is_normal())
+    }
+
+    /// [`Broker::list_page`] of the queues (of any role) that `keep` keeps.
+    pub(crate) fn page_of_queues(
+        &self,
+        after: &str,
+        max: usize,
+        keep: impl Fn(&Queue) -> bool,
+    ) -> (Vec<Arc<Queue>>, Option<String>) {
         let mut v: Vec<_> = self
             .queues
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .values()
-            .filter(|q| q.def().role.is_normal() && q.def().key.as_str() > after)
+            .filter(|q| q.def().key.as_str() > after && keep(q))
             .cloned()
             .collect();
         let more = v.len() > max;

@@ -257,10 +257,7 @@ impl FromRequestParts<Arc<Api>> for View {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, api: &Arc<Api>) -> Result<View, Response> {
-        let Caller { api, who } = Caller::from_request_parts(parts, api)
-            .await
-            .map_err(IntoResponse::into_response)?;
-        login(&api, &who).map_err(|e| PageError(e).into_response())?;
+        let Actor { api, who } = Actor::from_request_parts(parts, api).await?;
         let notice = Query::<Notice>::from_request_parts(parts, &api)
             .await
             .ok()

@@ -159,8 +159,6 @@ async fn security_headers(
 /// a scrape that would need another is answered 503. An answer holds its render until the
 /// client has read it (54 MB at 100,000 queues); answers that share a render hold one.
 const MAX_SCRAPES_SENDING: usize = 4;
-/// Views whose latest render is kept for scrapes that arrive while it is made.
-const MAX_VIEWS: usize = 16;
 /// The pieces a render is sent in: the answer's permit is held until the last ones are queued.
 const SCRAPE_CHUNK: usize = 64 * 1024;
 
@@ -297,10 +295,8 @@ impl Scrapes {
         };
         let r = (text, place);
         // Kept only for scrapes of this view already waiting (a later one wants a later render).
+        // (At most MAX_SCRAPES_SENDING are kept: each holds its place.)
         if self.waiters(&key) > 0 {
-            if latest.len() >= MAX_VIEWS {
-                latest.remove(0);
-            }
             latest.push((key, began, r.clone()));
         }
         Some(r)

@@ -413,25 +413,10 @@ pub(crate) fn visible_queue_page(
     if !after.is_empty() {
         check_name("after", after)?;
     }
-    let broker = api.broker()?;
     let auth = api.auth()?;
-    let mut v: Vec<_> = broker
-        .all_queues()
-        .into_iter()
-        .filter(|q| q.def().key.as_str() > after && kind(q).is_some() && auth.sees(who, q))
-        .collect();
-    let more = v.len() > limit;
-    if more {
-        v.select_nth_unstable_by(limit - 1, |a, b| a.def().key.cmp(&b.def().key));
-        v.truncate(limit);
-    }
-    v.sort_by(|a, b| a.def().key.cmp(&b.def().key));
-    let next = if more {
-        v.last().map(|q| q.def().key.clone())
-    } else {
-        None
-    };
-    Ok((v, next))
+    Ok(api
+        .broker()?
+        .page_of_queues(after, limit, |q| kind(q).is_some() && auth.sees(who, q)))
 }
 
 /// One queue as JSON, with its rates.

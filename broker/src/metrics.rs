@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 
-use crate::auth::{Auth, Identity, Right};
+use crate::auth::{Auth, Identity};
 use crate::message::now_ms;
 use crate::queue::QueueRole;
 use crate::ready::Readiness;
@@ -138,8 +138,7 @@ impl Viewer {
     }
 
     fn sees_outgoing(&self) -> bool {
-        self.auth.allowed(&self.who, Right::Outgoing, None)
-            || self.auth.allowed(&self.who, Right::Monitor, None)
+        self.auth.lists_outgoing(&self.who)
     }
 }
 
