@@ -368,6 +368,9 @@ impl Broker {
         config: BrokerConfig,
         local_addrs: Vec<SocketAddr>,
     ) -> Result<(Self, RecoveryReport), BrokerError> {
+        // Requests are refused undecoded when their batches pass this (mq_proto::entries);
+        // the service's own check then holds each broker of the process to its own limit.
+        mq_proto::entries::allow_batch_messages(config.flow.max_batch_messages);
         let opts = JournalOptions {
             segment_size: config.journal_segment_bytes,
             truncate_damaged: config.truncate_damaged_journal,

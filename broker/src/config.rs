@@ -67,7 +67,10 @@ pub const DEFAULT_MAX_TX_MESSAGES: u64 = 100_000;
 /// Default most open transactions per connection.
 pub const DEFAULT_MAX_TX_PER_CONNECTION: usize = 64;
 /// Default most messages in one send batch, transactional send or forwarded batch.
-pub const DEFAULT_MAX_BATCH_MESSAGES: usize = 10_000;
+pub const DEFAULT_MAX_BATCH_MESSAGES: usize = mq_proto::entries::DEFAULT_MAX_BATCH_MESSAGES;
+/// The most `--max-tx-messages` may be: a commit's answer names every send of its
+/// transaction, and a client decodes at most this many names in one answer.
+pub const MAX_MAX_TX_MESSAGES: u64 = mq_proto::entries::MAX_TX_MESSAGES;
 /// The least `--max-batch-messages` may be: a forwarding broker sends batches of up to 512.
 pub const MIN_MAX_BATCH_MESSAGES: usize = 512;
 /// Most messages in one `Peek` response (a page; the client asks for the next).

@@ -820,10 +820,15 @@ pub(crate) async fn first_request<T: prost::Message + Default>(
 }
 
 /// A request stream's error as its client should hear it (`Some`): a message above the size
-/// limit is refused naming the limit; an unfinished message over its limits (bytes or time,
-/// `partial_requests`) as that layer said. Anything else means the client is gone (`None`).
+/// limit is refused naming the limit; one whose batch holds too many messages as the decoder
+/// said (`mq_proto::entries`: it names its limit); an unfinished message over its limits
+/// (bytes or time, `partial_requests`) as that layer said. Anything else means the client is
+/// gone (`None`).
 pub(crate) fn refused_input(status: Status) -> Option<Status> {
     match status.code() {
+        tonic::Code::OutOfRange if !status.message().contains("message length too large") => {
+            Some(status)
+        }
         tonic::Code::OutOfRange => Some(Status::out_of_range(format!(
             "{}; one gRPC message may hold at most the body limit (mqd --max-body-bytes) plus 8 MiB",
             status.message()

@@ -93,6 +93,58 @@ pub struct MessageBuf {
     remaining: usize,
 }
 
+/// A read-only cursor over a [`MessageBuf`]'s pieces, for walking a message before it is
+/// decoded ([`crate::entries::check`]) without copying or allocating.
+#[derive(Debug, Clone, Copy)]
+struct Pieces<'a> {
+    chunks: &'a VecDeque<Bytes>,
+    /// The piece being read, and the offset in it.
+    at: usize,
+    off: usize,
+    remaining: usize,
+}
+
+impl<'a> Pieces<'a> {
+    fn of(msg: &'a MessageBuf) -> Self {
+        let mut p = Pieces {
+            chunks: &msg.chunks,
+            at: 0,
+            off: 0,
+            remaining: msg.remaining,
+        };
+        p.skip_empty();
+        p
+    }
+
+    fn skip_empty(&mut self) {
+        while self.at < self.chunks.len() && self.off == self.chunks[self.at].len() {
+            self.at += 1;
+            self.off = 0;
+        }
+    }
+}
+
+impl bytes::Buf for Pieces<'_> {
+    fn remaining(&self) -> usize {
+        self.remaining
+    }
+
+    fn chunk(&self) -> &[u8] {
+        self.chunks.get(self.at).map_or(&[], |c| &c[self.off..])
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        assert!(n <= self.remaining, "advance past the end of the message");
+        self.remaining -= n;
+        while n > 0 {
+            let k = (self.chunks[self.at].len() - self.off).min(n);
+            self.off += k;
+            n -= k;
+            self.skip_empty();
+        }
+    }
+}
+
 impl bytes::Buf for MessageBuf {
     fn remaining(&self) -> usize {
         self.remaining
@@ -183,7 +235,7 @@ impl<T> std::fmt::Debug for FrameDecoder<T> {
     }
 }
 
-impl<T: prost::Message + Default> FrameDecoder<T> {
+impl<T: prost::Message + Default + 'static> FrameDecoder<T> {
     /// A request stream (mqd's side): its trailers are ignored, a cancelled body is its end.
     pub fn request<B>(body: B, limit: usize) -> Self
     where
@@ -330,6 +382,9 @@ impl<T: prost::Message + Default> FrameDecoder<T> {
         loop {
             if let Some(raw) = self.take()? {
                 let len = raw.remaining;
+                if crate::entries::has_bounds::<T>() {
+                    crate::entries::check::<T, _>(&Pieces::of(&raw))?;
+                }
                 return T::decode(raw).map(|m| Some((m, len))).map_err(|e| {
                     Status::internal(format!("failed to decode Protobuf message: {e}"))
                 });
@@ -448,6 +503,38 @@ mod tests {
                 None => std::task::Poll::Ready(None),
             }
         }
+    }
+
+    #[test]
+    fn a_message_in_pieces_is_walked_where_they_lie() {
+        // A SendRequest of 5 empty messages cut into pieces of every size from 1 byte.
+        let mut frame = vec![0x08, 0x01];
+        for _ in 0..5 {
+            frame.extend_from_slice(&[0x1a, 0x00]);
+        }
+        for size in 1..=frame.len() {
+            let msg = MessageBuf {
+                chunks: frame.chunks(size).map(Bytes::copy_from_slice).collect(),
+                remaining: frame.len(),
+            };
+            let mut p = Pieces::of(&msg);
+            assert_eq!(
+                bytes::Buf::copy_to_bytes(&mut p, frame.len()),
+                frame[..],
+                "pieces of {size}"
+            );
+            crate::entries::check::<v1::SendRequest, _>(&Pieces::of(&msg)).unwrap();
+        }
+        let mut over = frame[..2].to_vec();
+        for _ in 0..=crate::entries::batch_messages() {
+            over.extend_from_slice(&[0x1a, 0x00]);
+        }
+        let msg = MessageBuf {
+            chunks: over.chunks(7).map(Bytes::copy_from_slice).collect(),
+            remaining: over.len(),
+        };
+        let e = crate::entries::check::<v1::SendRequest, _>(&Pieces::of(&msg)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::OutOfRange, "{e}");
     }
 
     fn framed(m: &impl prost::Message) -> Vec<u8> {

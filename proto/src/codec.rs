@@ -78,6 +78,13 @@ impl<U: Message + Default + 'static> Decoder for CompactingDecoder<U> {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         let frame = buf.remaining();
+        if crate::entries::has_bounds::<U>() {
+            // Entries counted before any is decoded (crate::entries). A DecodeBuf's bytes are
+            // one slice: tonic gathers a message whole into its BytesMut.
+            let whole = buf.chunk();
+            debug_assert_eq!(whole.len(), frame);
+            crate::entries::check::<U, _>(&whole)?;
+        }
         let message = U::decode(buf).map_err(from_decode_error)?;
         if !keeps_bodies::<U>() {
             return Ok(Some(message));

@@ -12,6 +12,7 @@
 //!   `MQMSG_CLASS_*`).
 //! - [`codec`]: the gRPC codec of the generated stubs (prost's, with an encoder that
 //!   reserves a message's length before writing it).
+//! - [`entries`]: the bounds on repeated fields, checked on the wire before decoding.
 //! - [`txid`]: the ids of single-message transactional sends on a pipelined send stream.
 //!
 //! ```
@@ -23,6 +24,7 @@
 pub mod ack;
 pub mod chunked;
 pub mod codec;
+pub mod entries;
 pub mod format_name;
 pub mod limits;
 pub mod txid;

@@ -173,11 +173,12 @@ struct Args {
     /// Most bytes all open transactions together may stage.
     #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_tx_total_bytes, value_name = "BYTES")]
     max_tx_total_bytes: u64,
-    /// Most messages (sends and receives) in one transaction.
+    /// Most messages (sends and receives) in one transaction (1 to 1,000,000: a commit's
+    /// answer names each of its sends).
     #[arg(
         long,
         default_value_t = mq_broker::FlowLimits::default().max_tx_messages,
-        value_parser = clap::value_parser!(u64).range(1..)
+        value_parser = clap::value_parser!(u64).range(1..=mq_broker::MAX_MAX_TX_MESSAGES)
     )]
     max_tx_messages: u64,
     /// Most open transactions per connection.

@@ -803,7 +803,7 @@ fn part(declared: u32, sent: usize) -> Vec<Bytes> {
 /// Opens `path` on `channel` (one HTTP/2 connection) and sends `first` (for example the start
 /// of a message, see [`part`]). Returns the body's feed (keep it: dropping it ends the request)
 /// and the call's status once it ends (from its headers or trailers).
-async fn unfinished_call(
+pub(crate) async fn unfinished_call(
     channel: &tonic::transport::Channel,
     url: &str,
     path: &str,

@@ -1,0 +1,448 @@
+//! The entries of a message's repeated fields, counted on the wire before it is decoded.
+//!
+//! prost decodes a repeated message field of N entries into a `Vec` of N structs, and an entry
+//! may take two bytes on the wire (`1a 00`: an empty `OutMessage`) where its struct takes
+//! hundreds: one 11 MiB `SendRequest` of empty messages decoded into 5.8 million
+//! `OutMessage`s took mqd from 12 MiB to 2.9 GB of RAM, and only then did the service refuse
+//! the batch as over `--max-batch-messages` (a few such requests at once, from any client
+//! that may connect, and the broker is out of memory). A broker's answers do the same to a
+//! client. So every `mq.v1` message with a repeated field is walked first ([`check`]: keys and
+//! lengths only, no allocation), and one with more entries than its field allows is refused
+//! undecoded: a request with the status the service would have given it after decoding, an
+//! answer as a broken one.
+//!
+//! The bounds: a batch of messages (sends, transactional sends, forwarded messages, and the
+//! answers that name each of them) at most [`batch_messages`] (`mqd --max-batch-messages`,
+//! default [`DEFAULT_MAX_BATCH_MESSAGES`]; a broker or a client raises it for the process with
+//! [`allow_batch_messages`]); a transaction's ids at most [`MAX_TX_MESSAGES`]; lists of queues
+//! [`MAX_LISTED`]; deliveries and peeked messages per answer [`MAX_DELIVERED`]; the rest far
+//! above what a broker sends.
+
+use std::any::TypeId;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Buf;
+use tonic::{Code, Status};
+
+use crate::v1;
+
+/// Default most messages in one send batch, transactional send or forwarded batch
+/// (`mqd --max-batch-messages`).
+pub const DEFAULT_MAX_BATCH_MESSAGES: usize = 10_000;
+/// Most messages one transaction may hold (`mqd --max-tx-messages` at most this): a commit's
+/// answer names each of its sends.
+pub const MAX_TX_MESSAGES: u64 = 1_000_000;
+/// Most queues or outgoing queues in one list answer (an answer of every queue at once, as
+/// `page_size` 0 asks, included; mqd holds at most `--max-queues`, 200,000 by default).
+pub const MAX_LISTED: usize = 1_000_000;
+/// Most messages in one answer of a receive stream or a peek (mqd sends at most 256 and 1,000).
+pub const MAX_DELIVERED: usize = 10_000;
+/// Bound of the small repeated fields (rights, ACL entries, listen addresses, limits).
+pub const MAX_SMALL: usize = 10_000;
+
+static BATCH_MESSAGES: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_BATCH_MESSAGES);
+
+/// Lets this process decode batches of up to `n` messages (it never lowers the bound): mqd
+/// calls it with its `--max-batch-messages`, a client with the batch size it sends.
+pub fn allow_batch_messages(n: usize) {
+    BATCH_MESSAGES.fetch_max(n, Ordering::Relaxed);
+}
+
+/// Most messages in one batch this process decodes.
+pub fn batch_messages() -> usize {
+    BATCH_MESSAGES.load(Ordering::Relaxed)
+}
+
+/// A bound on one repeated field.
+struct Bound {
+    /// Field numbers from the top: every one but the last a message field (entries of a
+    /// field reached through several occurrences of an enclosing one are summed, as prost
+    /// merges them), the last the repeated field.
+    path: &'static [u32],
+    /// The most entries, or `None` for [`batch_messages`].
+    max: Option<usize>,
+    /// How the refusal names what was too long, e.g. "a send batch".
+    what: &'static str,
+    /// What its entries are, e.g. "messages".
+    entries: &'static str,
+    /// The refusal's code: OUT_OF_RANGE for a request (as the service's own check), INTERNAL
+    /// for an answer (a broken one, as prost's decode errors are).
+    code: Code,
+    /// A hint at the end of the refusal.
+    hint: &'static str,
+}
+
+const BATCH_HINT: &str = " (mqd --max-batch-messages)";
+
+const fn request(path: &'static [u32], what: &'static str) -> Bound {
+    Bound {
+        path,
+        max: None,
+        what,
+        entries: "messages",
+        code: Code::OutOfRange,
+        hint: BATCH_HINT,
+    }
+}
+
+const fn answer(
+    path: &'static [u32],
+    max: Option<usize>,
+    what: &'static str,
+    entries: &'static str,
+) -> Bound {
+    Bound {
+        path,
+        max,
+        what,
+        entries,
+        code: Code::Internal,
+        hint: "",
+    }
+}
+
+/// The bounded repeated fields of `U`, empty for a message without any.
+fn bounds<U: 'static>() -> &'static [Bound] {
+    let t = TypeId::of::<U>();
+    macro_rules! table {
+        ($($ty:ty => [$($b:expr),* $(,)?]),* $(,)?) => {
+            $(if t == TypeId::of::<$ty>() {
+                const B: &[Bound] = &[$($b),*];
+                return B;
+            })*
+        };
+    }
+    table! {
+        // What mqd decodes.
+        v1::SendRequest => [request(&[3], "a send batch")],
+        v1::TransactRequest => [request(&[1, 2], "a transactional send")],
+        v1::ForwardRequest => [request(&[4], "a forwarded batch")],
+        v1::ChangeAclRequest => [Bound {
+            path: &[3],
+            max: Some(MAX_SMALL),
+            what: "a ChangeAcl request",
+            entries: "rights",
+            code: Code::InvalidArgument,
+            hint: "",
+        }],
+        // What a client (or a forwarding mqd) decodes.
+        v1::SendResponse => [
+            answer(&[3], None, "a send acknowledgement", "ids"),
+            answer(&[4], None, "a send acknowledgement", "failures"),
+        ],
+        v1::ForwardResponse => [answer(&[3], None, "a forward acknowledgement", "refusals")],
+        v1::TransactResponse => [answer(
+            &[3, 1],
+            Some(MAX_TX_MESSAGES as usize),
+            "a commit answer",
+            "ids",
+        )],
+        v1::ReceiveResponse => [answer(&[1], Some(MAX_DELIVERED), "a delivery", "messages")],
+        v1::PeekResponse => [answer(&[1], Some(MAX_DELIVERED), "a peek answer", "messages")],
+        v1::ListQueuesResponse => [answer(&[1], Some(MAX_LISTED), "a queue list", "queues")],
+        v1::ListOutgoingResponse => [answer(
+            &[1],
+            Some(MAX_LISTED),
+            "an outgoing queue list",
+            "queues",
+        )],
+        v1::QueueAcl => [
+            answer(&[2], Some(MAX_SMALL), "an ACL", "entries"),
+            answer(&[2, 2], Some(MAX_SMALL), "an ACL", "rights"),
+        ],
+        v1::BrokerInfo => [
+            answer(&[6], Some(MAX_SMALL), "the broker's information", "listen addresses"),
+            answer(&[17], Some(MAX_SMALL), "the broker's information", "limits"),
+        ],
+    }
+    &[]
+}
+
+/// Whether `U` has a bounded repeated field (a decoder of any other message skips [`check`]).
+pub fn has_bounds<U: 'static>() -> bool {
+    !bounds::<U>().is_empty()
+}
+
+/// Refuses the encoded `U` in `buf` (read from a copy of the cursor: `buf` is not advanced)
+/// if one of its repeated fields holds more entries than it may, or if it is malformed where
+/// the walk reads (prost would refuse it too, perhaps only after decoding the entries before
+/// the fault).
+#[allow(clippy::result_large_err)]
+pub fn check<U: 'static, B: Buf + Clone>(buf: &B) -> Result<(), Status> {
+    for bound in bounds::<U>() {
+        let mut b = buf.clone();
+        let len = b.remaining();
+        let n = count(&mut b, len, bound.path, 0)
+            .map_err(|e| Status::internal(format!("failed to decode Protobuf message: {e}")))?;
+        let max = bound.max.unwrap_or_else(batch_messages);
+        if n > max as u64 {
+            return Err(Status::new(
+                bound.code,
+                format!(
+                    "{} holds {n} {}; the limit is {max}{}",
+                    bound.what, bound.entries, bound.hint
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Nesting of groups the walk follows, as prost's recursion limit.
+const MAX_DEPTH: u32 = 100;
+
+/// The entries of `path` in the next `len` bytes of `buf` (which it consumes).
+fn count<B: Buf>(buf: &mut B, len: usize, path: &[u32], depth: u32) -> Result<u64, &'static str> {
+    let end = buf
+        .remaining()
+        .checked_sub(len)
+        .ok_or("a length past the end")?;
+    let mut n = 0u64;
+    while buf.remaining() > end {
+        let (field, wire) = key(buf)?;
+        match wire {
+            2 => {
+                let l = varint(buf)?;
+                if l > (buf.remaining() - end) as u64 {
+                    return Err("a length past the end");
+                }
+                let l = l as usize;
+                if field == path[0] {
+                    if path.len() == 1 {
+                        n += 1;
+                        buf.advance(l);
+                    } else {
+                        n += count(buf, l, &path[1..], depth)?;
+                    }
+                } else {
+                    buf.advance(l);
+                }
+            }
+            3 => skip_group(buf, end, field, depth + 1)?,
+            4 => return Err("an unexpected end of group"),
+            w => skip(buf, end, w)?,
+        }
+    }
+    if buf.remaining() != end {
+        return Err("a field past the end");
+    }
+    Ok(n)
+}
+
+/// A field key: its number and wire type (refused: 0, above 2^29 - 1, wire types 6 and 7).
+fn key<B: Buf>(buf: &mut B) -> Result<(u32, u8), &'static str> {
+    let k = varint(buf)?;
+    if k > u64::from(u32::MAX) {
+        return Err("an invalid key");
+    }
+    let wire = (k & 7) as u8;
+    let field = (k >> 3) as u32;
+    if field == 0 || wire > 5 {
+        return Err("an invalid key");
+    }
+    Ok((field, wire))
+}
+
+/// Skips a field of wire type 0, 1 or 5.
+fn skip<B: Buf>(buf: &mut B, end: usize, wire: u8) -> Result<(), &'static str> {
+    let n = match wire {
+        0 => {
+            varint(buf)?;
+            return Ok(());
+        }
+        1 => 8,
+        5 => 4,
+        _ => return Err("an invalid wire type"),
+    };
+    if buf.remaining() - end < n {
+        return Err("a field past the end");
+    }
+    buf.advance(n);
+    Ok(())
+}
+
+/// Skips a group up to its end key (field `field`), groups within it included.
+fn skip_group<B: Buf>(buf: &mut B, end: usize, field: u32, depth: u32) -> Result<(), &'static str> {
+    if depth > MAX_DEPTH {
+        return Err("groups nested too deep");
+    }
+    while buf.remaining() > end {
+        let (f, wire) = key(buf)?;
+        match wire {
+            2 => {
+                let l = varint(buf)?;
+                if l > (buf.remaining() - end) as u64 {
+                    return Err("a length past the end");
+                }
+                buf.advance(l as usize);
+            }
+            3 => skip_group(buf, end, f, depth + 1)?,
+            4 if f == field => return Ok(()),
+            4 => return Err("an unexpected end of group"),
+            w => skip(buf, end, w)?,
+        }
+    }
+    Err("a group without its end")
+}
+
+fn varint<B: Buf>(buf: &mut B) -> Result<u64, &'static str> {
+    prost::encoding::decode_varint(buf).map_err(|_| "an invalid varint")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use prost::Message;
+
+    fn empties(tag: u8, n: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(2 * n);
+        for _ in 0..n {
+            v.extend_from_slice(&[tag, 0]);
+        }
+        v
+    }
+
+    #[test]
+    fn a_send_batch_over_the_limit_is_refused_before_decoding() {
+        let limit = batch_messages();
+        let mut ok = vec![0x08, 0x01];
+        ok.extend(empties(0x1a, limit));
+        let ok = Bytes::from(ok);
+        check::<v1::SendRequest, _>(&&ok[..]).unwrap();
+        assert_eq!(
+            v1::SendRequest::decode(ok.clone()).unwrap().messages.len(),
+            limit
+        );
+        let mut over = ok.to_vec();
+        over.extend_from_slice(&[0x1a, 0]);
+        let e = check::<v1::SendRequest, _>(&&over[..]).unwrap_err();
+        assert_eq!(e.code(), Code::OutOfRange);
+        assert_eq!(
+            e.message(),
+            format!(
+                "a send batch holds {} messages; the limit is {limit} (mqd --max-batch-messages)",
+                limit + 1
+            )
+        );
+    }
+
+    #[test]
+    fn nested_entries_are_summed_over_every_occurrence_of_their_parent() {
+        // TransactRequest.send (1) twice, each a TxSend with messages (2): prost merges them.
+        let half = batch_messages() / 2 + 1;
+        let inner = empties(0x12, half);
+        let mut frame = Vec::new();
+        for _ in 0..2 {
+            frame.push(0x0a);
+            prost::encoding::encode_varint(inner.len() as u64, &mut frame);
+            frame.extend_from_slice(&inner);
+        }
+        let decoded = v1::TransactRequest::decode(&frame[..]).unwrap();
+        match decoded.op {
+            Some(v1::transact_request::Op::Send(s)) => assert_eq!(s.messages.len(), 2 * half),
+            other => panic!("{other:?}"),
+        }
+        let e = check::<v1::TransactRequest, _>(&&frame[..]).unwrap_err();
+        assert!(e.message().starts_with("a transactional send holds"), "{e}");
+    }
+
+    #[test]
+    fn unknown_fields_and_groups_are_skipped_as_prost_skips_them() {
+        let mut frame = Vec::new();
+        // field 9, varint; field 10, fixed64; field 11, fixed32; field 12, a group holding
+        // field 3 entries (not counted: prost skips the whole group); then two real entries.
+        frame.extend_from_slice(&[0x48, 0x96, 0x01]);
+        frame.extend_from_slice(&[0x51, 1, 2, 3, 4, 5, 6, 7, 8]);
+        frame.extend_from_slice(&[0x5d, 1, 2, 3, 4]);
+        frame.extend_from_slice(&[0x63, 0x1a, 0x00, 0x1a, 0x00, 0x64]);
+        frame.extend_from_slice(&[0x1a, 0x00, 0x1a, 0x00]);
+        let decoded = v1::SendRequest::decode(&frame[..]).unwrap();
+        assert_eq!(decoded.messages.len(), 2);
+        let mut b = &frame[..];
+        assert_eq!(count(&mut b, frame.len(), &[3], 0), Ok(2));
+    }
+
+    #[test]
+    fn what_prost_refuses_the_walk_refuses() {
+        let cases: &[&[u8]] = &[
+            &[0x1a, 0x05, 0x00], // a length past the end
+            &[0x1a],             // a key without its length
+            &[0x00, 0x00],       // field 0
+            &[0x1e],             // wire type 6
+            &[0x1c],             // an end group never begun
+            &[0x1b, 0x1a, 0x00], // a group never ended
+            &[
+                0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
+            ], // varint
+        ];
+        for case in cases {
+            assert!(
+                v1::SendRequest::decode(*case).is_err(),
+                "prost took {case:02x?}"
+            );
+            let e = check::<v1::SendRequest, _>(case).unwrap_err();
+            assert_eq!(e.code(), Code::Internal, "{case:02x?}");
+        }
+    }
+
+    #[test]
+    fn answers_are_bounded_too() {
+        let frame = empties(0x0a, MAX_DELIVERED + 1);
+        let e = check::<v1::ReceiveResponse, _>(&&frame[..]).unwrap_err();
+        assert_eq!(e.code(), Code::Internal);
+        assert!(
+            e.message().contains("a delivery holds 10001 messages"),
+            "{e}"
+        );
+        check::<v1::ReceiveResponse, _>(&&frame[2..]).unwrap();
+        // A type without repeated fields is not walked at all.
+        assert!(!has_bounds::<v1::ReceiveOneRequest>());
+        assert!(has_bounds::<v1::TransactResponse>());
+    }
+
+    proptest::proptest! {
+        /// The walk is never stricter than prost: whatever bytes prost decodes as a
+        /// `TransactRequest` (a nested path) or a `SendRequest`, the walk reads too, and counts
+        /// exactly the entries prost made.
+        #[test]
+        fn the_walk_reads_what_prost_decodes_and_counts_what_it_makes(
+            pieces in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::collection::vec(proptest::num::u8::ANY, 0..6),
+                    proptest::strategy::Just(vec![0x0a, 0x02, 0x12, 0x00]),
+                    proptest::strategy::Just(vec![0x1a, 0x00]),
+                    proptest::strategy::Just(vec![0x12, 0x00]),
+                    proptest::strategy::Just(vec![0x0a, 0x00]),
+                    proptest::strategy::Just(vec![0x63, 0x64]),
+                ],
+                0..40,
+            )
+        ) {
+            let frame: Vec<u8> = pieces.concat();
+            let mut b = &frame[..];
+            let walked = count(&mut b, frame.len(), &[1, 2], 0);
+            if let Ok(m) = v1::TransactRequest::decode(&frame[..]) {
+                let made = match m.op {
+                    Some(v1::transact_request::Op::Send(s)) => s.messages.len() as u64,
+                    _ => 0,
+                };
+                // Entries of a TxSend that another op replaced are counted, not made: the walk
+                // may count more, never fewer.
+                proptest::prop_assert!(matches!(walked, Ok(n) if n >= made), "{walked:?} {made}");
+            }
+            let mut b = &frame[..];
+            let walked = count(&mut b, frame.len(), &[3], 0);
+            if let Ok(m) = v1::SendRequest::decode(&frame[..]) {
+                proptest::prop_assert_eq!(walked, Ok(m.messages.len() as u64));
+            }
+        }
+    }
+
+    #[test]
+    fn allow_batch_messages_only_raises_the_bound() {
+        let before = batch_messages();
+        allow_batch_messages(before - 1);
+        assert_eq!(batch_messages(), before);
+    }
+}
