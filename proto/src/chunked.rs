@@ -133,9 +133,16 @@ impl bytes::Buf for Pieces<'_> {
         self.chunks.get(self.at).map_or(&[], |c| &c[self.off..])
     }
 
+    #[inline]
     fn advance(&mut self, mut n: usize) {
         assert!(n <= self.remaining, "advance past the end of the message");
         self.remaining -= n;
+        if let Some(c) = self.chunks.get(self.at) {
+            if self.off + n < c.len() {
+                self.off += n;
+                return;
+            }
+        }
         while n > 0 {
             let k = (self.chunks[self.at].len() - self.off).min(n);
             self.off += k;
@@ -382,12 +389,16 @@ impl<T: prost::Message + Default + 'static> FrameDecoder<T> {
         loop {
             if let Some(raw) = self.take()? {
                 let len = raw.remaining;
-                if crate::entries::has_bounds::<T>() {
-                    crate::entries::check::<T, _>(&Pieces::of(&raw))?;
+                const PREFIX: &str = "failed to decode Protobuf message: ";
+                // Repeated fields' entries: those nested in another field counted before any
+                // is decoded, those at the top as they are (crate::entries).
+                if crate::entries::has_nested::<T>() {
+                    crate::entries::check_nested::<T, _>(&Pieces::of(&raw))
+                        .map_err(|e| e.into_status(PREFIX))?;
                 }
-                return T::decode(raw).map(|m| Some((m, len))).map_err(|e| {
-                    Status::internal(format!("failed to decode Protobuf message: {e}"))
-                });
+                return crate::entries::decode::<T>(raw)
+                    .map(|m| Some((m, len)))
+                    .map_err(|e| e.into_status(PREFIX));
             }
             if self.ended {
                 if self.buffered > 0 {
@@ -533,7 +544,9 @@ mod tests {
             chunks: over.chunks(7).map(Bytes::copy_from_slice).collect(),
             remaining: over.len(),
         };
-        let e = crate::entries::check::<v1::SendRequest, _>(&Pieces::of(&msg)).unwrap_err();
+        let e = crate::entries::check::<v1::SendRequest, _>(&Pieces::of(&msg))
+            .unwrap_err()
+            .into_status("");
         assert_eq!(e.code(), tonic::Code::OutOfRange, "{e}");
     }
 

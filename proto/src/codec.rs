@@ -78,14 +78,16 @@ impl<U: Message + Default + 'static> Decoder for CompactingDecoder<U> {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         let frame = buf.remaining();
-        if crate::entries::has_bounds::<U>() {
-            // Entries counted before any is decoded (crate::entries). A DecodeBuf's bytes are
-            // one slice: tonic gathers a message whole into its BytesMut.
+        if crate::entries::has_nested::<U>() {
+            // Entries nested in another field are counted before any is decoded
+            // (crate::entries). A DecodeBuf's bytes are one slice: tonic gathers a message
+            // whole into its BytesMut.
             let whole = buf.chunk();
             debug_assert_eq!(whole.len(), frame);
-            crate::entries::check::<U, _>(&whole)?;
+            crate::entries::check_nested::<U, _>(&whole).map_err(|e| e.into_status(""))?;
         }
-        let message = U::decode(buf).map_err(from_decode_error)?;
+        // Those at the top are counted as they are decoded.
+        let message = crate::entries::decode::<U>(buf).map_err(|e| e.into_status(""))?;
         if !keeps_bodies::<U>() {
             return Ok(Some(message));
         }

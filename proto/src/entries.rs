@@ -158,32 +158,110 @@ fn bounds<U: 'static>() -> &'static [Bound] {
     &[]
 }
 
-/// Whether `U` has a bounded repeated field (a decoder of any other message skips [`check`]).
-pub fn has_bounds<U: 'static>() -> bool {
-    !bounds::<U>().is_empty()
+/// Whether `U` has a bounded repeated field inside another field: decoders walk such a
+/// message first ([`check_nested`]). The others are counted as they are decoded ([`decode`]).
+pub fn has_nested<U: 'static>() -> bool {
+    bounds::<U>().iter().any(|b| b.path.len() > 1)
 }
 
-/// Refuses the encoded `U` in `buf` (read from a copy of the cursor: `buf` is not advanced)
-/// if one of its repeated fields holds more entries than it may, or if it is malformed where
-/// the walk reads (prost would refuse it too, perhaps only after decoding the entries before
-/// the fault).
-#[allow(clippy::result_large_err)]
-pub fn check<U: 'static, B: Buf + Clone>(buf: &B) -> Result<(), Status> {
-    for bound in bounds::<U>() {
+/// A message refused: malformed (prost's error, which callers report as they report any
+/// decode error) or over a bound (the status to answer).
+#[derive(Debug)]
+pub enum Refused {
+    /// prost could not decode it, or the walk could not read it: why.
+    Malformed(String),
+    /// One of its repeated fields holds more entries than it may.
+    Over(Status),
+}
+
+impl Refused {
+    /// The status to answer, with `prefix` before a decode error's text.
+    pub fn into_status(self, prefix: &str) -> Status {
+        match self {
+            Refused::Malformed(e) => Status::internal(format!("{prefix}{e}")),
+            Refused::Over(s) => s,
+        }
+    }
+}
+
+/// Decodes `U` from `buf` as prost does (its own loop of keys and fields), counting the
+/// entries of each bounded repeated field at the top as they come: past its bound the
+/// decoding stops, refused, with at most the bound's entries made. No walk before, so a message
+/// costs no more than prost's decoding. Bounded fields nested deeper are not counted here:
+/// walk those messages first with [`check_nested`].
+pub fn decode<U: prost::Message + Default + 'static>(mut buf: impl Buf) -> Result<U, Refused> {
+    let bounds = bounds::<U>();
+    if bounds.is_empty() {
+        return U::decode(buf).map_err(malformed);
+    }
+    let mut message = U::default();
+    let mut counts = [0u64; 2];
+    let ctx = prost::encoding::DecodeContext::default();
+    while buf.has_remaining() {
+        let (tag, wire) = prost::encoding::decode_key(&mut buf).map_err(malformed)?;
+        for (i, bound) in bounds.iter().enumerate().take(counts.len()) {
+            if bound.path.len() == 1 && bound.path[0] == tag {
+                counts[i] += 1;
+                over(bound, counts[i])?;
+            }
+        }
+        // What `Message::merge` does for each field (prost's generated decoding).
+        message
+            .merge_field(tag, wire, &mut buf, ctx.clone())
+            .map_err(malformed)?;
+    }
+    Ok(message)
+}
+
+fn malformed(e: prost::DecodeError) -> Refused {
+    Refused::Malformed(e.to_string())
+}
+
+/// Refuses `n` entries of `bound`'s field if that is more than it may hold.
+fn over(bound: &Bound, n: u64) -> Result<(), Refused> {
+    let max = bound.max.unwrap_or_else(batch_messages);
+    if n <= max as u64 {
+        return Ok(());
+    }
+    // Counted while decoding, a field at the top stops at one past its limit.
+    let text = if bound.path.len() == 1 {
+        format!(
+            "{} holds more than {max} {}, its limit{}",
+            bound.what, bound.entries, bound.hint
+        )
+    } else {
+        format!(
+            "{} holds {n} {}; the limit is {max}{}",
+            bound.what, bound.entries, bound.hint
+        )
+    };
+    Err(Refused::Over(Status::new(bound.code, text)))
+}
+
+/// Walks the encoded `U` in `buf` (a copy of the cursor: `buf` is not advanced) and refuses it
+/// if a bounded field nested in another holds more entries than it may, or if it is malformed
+/// where the walk reads (prost would refuse it too, perhaps only after decoding the entries
+/// before the fault). Fields at the top are left to [`decode`].
+pub fn check_nested<U: 'static, B: Buf + Clone>(buf: &B) -> Result<(), Refused> {
+    walk::<U, B>(buf, |b| b.path.len() > 1)
+}
+
+/// As [`check_nested`], for every bounded field of `U` (the top ones included): a walk of the
+/// whole message, for a caller that decodes it otherwise.
+pub fn check<U: 'static, B: Buf + Clone>(buf: &B) -> Result<(), Refused> {
+    walk::<U, B>(buf, |_| true)
+}
+
+fn walk<U: 'static, B: Buf + Clone>(
+    buf: &B,
+    which: impl Fn(&Bound) -> bool,
+) -> Result<(), Refused> {
+    for bound in bounds::<U>().iter().filter(|b| which(b)) {
         let mut b = buf.clone();
         let len = b.remaining();
         let n = count(&mut b, len, bound.path, 0)
-            .map_err(|e| Status::internal(format!("failed to decode Protobuf message: {e}")))?;
-        let max = bound.max.unwrap_or_else(batch_messages);
-        if n > max as u64 {
-            return Err(Status::new(
-                bound.code,
-                format!(
-                    "{} holds {n} {}; the limit is {max}{}",
-                    bound.what, bound.entries, bound.hint
-                ),
-            ));
-        }
+            .map_err(|e| Refused::Malformed(format!("a walk of the message found {e}")))?;
+        over(bound, n)?;
     }
     Ok(())
 }
@@ -285,7 +363,22 @@ fn skip_group<B: Buf>(buf: &mut B, end: usize, field: u32, depth: u32) -> Result
     Err("a group without its end")
 }
 
+/// A varint: one or two bytes (keys, lengths under 16 KiB) read here, longer ones by prost.
+#[inline]
 fn varint<B: Buf>(buf: &mut B) -> Result<u64, &'static str> {
+    let c = buf.chunk();
+    if let Some(&b0) = c.first() {
+        if b0 < 0x80 {
+            buf.advance(1);
+            return Ok(u64::from(b0));
+        }
+        if let Some(&b1) = c.get(1) {
+            if b1 < 0x80 {
+                buf.advance(2);
+                return Ok(u64::from(b0 & 0x7f) | (u64::from(b1) << 7));
+            }
+        }
+    }
     prost::encoding::decode_varint(buf).map_err(|_| "an invalid varint")
 }
 
@@ -303,28 +396,35 @@ mod tests {
         v
     }
 
+    fn status(r: Refused) -> Status {
+        match r {
+            Refused::Over(s) => s,
+            Refused::Malformed(e) => panic!("malformed, not over: {e}"),
+        }
+    }
+
     #[test]
-    fn a_send_batch_over_the_limit_is_refused_before_decoding() {
+    fn a_send_batch_over_the_limit_is_refused_while_it_is_decoded() {
         let limit = batch_messages();
         let mut ok = vec![0x08, 0x01];
         ok.extend(empties(0x1a, limit));
         let ok = Bytes::from(ok);
+        let decoded = decode::<v1::SendRequest>(ok.clone()).unwrap();
+        assert_eq!(decoded, v1::SendRequest::decode(ok.clone()).unwrap());
+        assert_eq!(decoded.messages.len(), limit);
         check::<v1::SendRequest, _>(&&ok[..]).unwrap();
-        assert_eq!(
-            v1::SendRequest::decode(ok.clone()).unwrap().messages.len(),
-            limit
-        );
         let mut over = ok.to_vec();
         over.extend_from_slice(&[0x1a, 0]);
-        let e = check::<v1::SendRequest, _>(&&over[..]).unwrap_err();
-        assert_eq!(e.code(), Code::OutOfRange);
-        assert_eq!(
-            e.message(),
-            format!(
-                "a send batch holds {} messages; the limit is {limit} (mqd --max-batch-messages)",
-                limit + 1
-            )
+        let want = format!(
+            "a send batch holds more than {limit} messages, its limit (mqd --max-batch-messages)"
         );
+        for e in [
+            status(decode::<v1::SendRequest>(&over[..]).unwrap_err()),
+            status(check::<v1::SendRequest, _>(&&over[..]).unwrap_err()),
+        ] {
+            assert_eq!(e.code(), Code::OutOfRange);
+            assert_eq!(e.message(), want);
+        }
     }
 
     #[test]
@@ -343,8 +443,22 @@ mod tests {
             Some(v1::transact_request::Op::Send(s)) => assert_eq!(s.messages.len(), 2 * half),
             other => panic!("{other:?}"),
         }
-        let e = check::<v1::TransactRequest, _>(&&frame[..]).unwrap_err();
-        assert!(e.message().starts_with("a transactional send holds"), "{e}");
+        assert!(has_nested::<v1::TransactRequest>());
+        let e = status(check_nested::<v1::TransactRequest, _>(&&frame[..]).unwrap_err());
+        assert_eq!(
+            e.message(),
+            format!(
+                "a transactional send holds {} messages; the limit is {} (mqd --max-batch-messages)",
+                2 * half,
+                batch_messages()
+            )
+        );
+        // One TxSend at the limit passes.
+        let mut one = vec![0x0a];
+        let inner = empties(0x12, batch_messages());
+        prost::encoding::encode_varint(inner.len() as u64, &mut one);
+        one.extend_from_slice(&inner);
+        check_nested::<v1::TransactRequest, _>(&&one[..]).unwrap();
     }
 
     #[test]
@@ -359,6 +473,7 @@ mod tests {
         frame.extend_from_slice(&[0x1a, 0x00, 0x1a, 0x00]);
         let decoded = v1::SendRequest::decode(&frame[..]).unwrap();
         assert_eq!(decoded.messages.len(), 2);
+        assert_eq!(decode::<v1::SendRequest>(&frame[..]).unwrap(), decoded);
         let mut b = &frame[..];
         assert_eq!(count(&mut b, frame.len(), &[3], 0), Ok(2));
     }
@@ -374,37 +489,59 @@ mod tests {
             &[0x1b, 0x1a, 0x00], // a group never ended
             &[
                 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
-            ], // varint
+            ], // a varint
         ];
         for case in cases {
             assert!(
                 v1::SendRequest::decode(*case).is_err(),
                 "prost took {case:02x?}"
             );
-            let e = check::<v1::SendRequest, _>(case).unwrap_err();
-            assert_eq!(e.code(), Code::Internal, "{case:02x?}");
+            assert!(
+                matches!(
+                    check::<v1::SendRequest, _>(case),
+                    Err(Refused::Malformed(_))
+                ),
+                "{case:02x?}"
+            );
+            assert!(
+                matches!(decode::<v1::SendRequest>(*case), Err(Refused::Malformed(_))),
+                "{case:02x?}"
+            );
         }
     }
 
     #[test]
     fn answers_are_bounded_too() {
         let frame = empties(0x0a, MAX_DELIVERED + 1);
-        let e = check::<v1::ReceiveResponse, _>(&&frame[..]).unwrap_err();
+        let e = status(decode::<v1::ReceiveResponse>(&frame[..]).unwrap_err());
         assert_eq!(e.code(), Code::Internal);
-        assert!(
-            e.message().contains("a delivery holds 10001 messages"),
-            "{e}"
+        assert_eq!(
+            e.message(),
+            "a delivery holds more than 10000 messages, its limit"
         );
-        check::<v1::ReceiveResponse, _>(&&frame[2..]).unwrap();
-        // A type without repeated fields is not walked at all.
-        assert!(!has_bounds::<v1::ReceiveOneRequest>());
-        assert!(has_bounds::<v1::TransactResponse>());
+        assert_eq!(
+            decode::<v1::ReceiveResponse>(&frame[2..])
+                .unwrap()
+                .messages
+                .len(),
+            MAX_DELIVERED
+        );
+        // Two bounded fields of one message, each counted apart.
+        let mut ack = empties(0x1a, batch_messages());
+        ack.extend(empties(0x22, batch_messages()));
+        decode::<v1::SendResponse>(&ack[..]).unwrap();
+        ack.extend_from_slice(&[0x22, 0]);
+        let e = status(decode::<v1::SendResponse>(&ack[..]).unwrap_err());
+        assert!(e.message().contains("failures"), "{e}");
+        // A commit's ids are nested in TransactResponse.committed.
+        assert!(has_nested::<v1::TransactResponse>());
+        assert!(!has_nested::<v1::SendRequest>());
     }
 
     proptest::proptest! {
-        /// The walk is never stricter than prost: whatever bytes prost decodes as a
-        /// `TransactRequest` (a nested path) or a `SendRequest`, the walk reads too, and counts
-        /// exactly the entries prost made.
+        /// The walk and the counting decoder are never stricter than prost: whatever bytes
+        /// prost decodes as a `TransactRequest` (a nested path) or a `SendRequest`, the walk
+        /// reads too, counting exactly the entries prost made, and `decode` makes the same.
         #[test]
         fn the_walk_reads_what_prost_decodes_and_counts_what_it_makes(
             pieces in proptest::collection::vec(
@@ -423,18 +560,23 @@ mod tests {
             let mut b = &frame[..];
             let walked = count(&mut b, frame.len(), &[1, 2], 0);
             if let Ok(m) = v1::TransactRequest::decode(&frame[..]) {
-                let made = match m.op {
+                let made = match &m.op {
                     Some(v1::transact_request::Op::Send(s)) => s.messages.len() as u64,
                     _ => 0,
                 };
                 // Entries of a TxSend that another op replaced are counted, not made: the walk
                 // may count more, never fewer.
                 proptest::prop_assert!(matches!(walked, Ok(n) if n >= made), "{walked:?} {made}");
+                proptest::prop_assert_eq!(decode::<v1::TransactRequest>(&frame[..]).ok(), Some(m));
             }
             let mut b = &frame[..];
             let walked = count(&mut b, frame.len(), &[3], 0);
-            if let Ok(m) = v1::SendRequest::decode(&frame[..]) {
-                proptest::prop_assert_eq!(walked, Ok(m.messages.len() as u64));
+            match v1::SendRequest::decode(&frame[..]) {
+                Ok(m) => {
+                    proptest::prop_assert_eq!(walked, Ok(m.messages.len() as u64));
+                    proptest::prop_assert_eq!(decode::<v1::SendRequest>(&frame[..]).ok(), Some(m));
+                }
+                Err(_) => proptest::prop_assert!(decode::<v1::SendRequest>(&frame[..]).is_err()),
             }
         }
     }

@@ -812,24 +812,27 @@ async fn batches_of_millions_of_empty_messages_are_refused_before_they_are_decod
     let mut forward_fields = vec![0x0a, 16];
     forward_fields.extend_from_slice(&[7u8; 16]);
     forward_fields.extend_from_slice(&[0x12, 1, b's', 0x18, 1]);
+    // Counted as they are decoded (a field at the top, refused at the first one past the
+    // limit) or walked first (nested in TransactRequest.send).
+    let limit = "(mqd --max-batch-messages)";
     let cases = [
         (
             "/mq.v1.MessageQueueService/Send",
             empties_frame(&send_fields, None, 0x1a, n),
-            "a send batch",
+            format!("a send batch holds more than 10000 messages, its limit {limit}"),
         ),
         (
             "/mq.v1.MessageQueueService/Transact",
             empties_frame(&[], Some(0x0a), 0x12, n),
-            "a transactional send",
+            format!("a transactional send holds {n} messages; the limit is 10000 {limit}"),
         ),
         (
             "/mq.v1.ForwardService/Forward",
             empties_frame(&forward_fields, None, 0x22, n),
-            "a forwarded batch",
+            format!("a forwarded batch holds more than 10000 messages, its limit {limit}"),
         ),
     ];
-    for (path, frame, what) in cases {
+    for (path, frame, want) in cases {
         let (_feed, status) =
             crate::flow_limits::unfinished_call(&channel, mqd.url(), path, vec![frame]).await;
         let status = tokio::time::timeout(T, status)
@@ -837,11 +840,7 @@ async fn batches_of_millions_of_empty_messages_are_refused_before_they_are_decod
             .unwrap_or_else(|_| panic!("{path}: no answer within {T:?}"))
             .unwrap();
         assert_eq!(status.code(), tonic::Code::OutOfRange, "{path}: {status:?}");
-        assert_eq!(
-            status.message(),
-            format!("{what} holds {n} messages; the limit is 10000 (mqd --max-batch-messages)"),
-            "{path}"
-        );
+        assert_eq!(status.message(), want, "{path}");
     }
     // Each 3 MiB request is held while it arrives and is refused: far below the ~0.8 GB one
     // of them cost when it was decoded first.
