@@ -11,7 +11,7 @@ use mq_proto::v1::{
     self, admin_service_server::AdminService, forward_service_server::ForwardService,
     message_queue_service_server::MessageQueueService,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -37,6 +37,14 @@ const MAX_DELIVERY_BATCH_BYTES: usize = 4 * 1024 * 1024;
 const MAX_DELIVERY_ITEM_BYTES: usize = 64 * 1024;
 /// Send batches whose acknowledgements may be pending at once on one stream.
 const SEND_ACK_WINDOW: usize = 64;
+/// Bytes of acknowledgements (ids and failures, in memory) a send stream may hold before its
+/// client has taken them: past it the stream reads no further batch. A client that sent
+/// batches of 10,000 messages that each fail and never read the answers held ~290 MB per
+/// stream (129 answers of 10,000 failures each), 256 streams a connection.
+const SEND_ANSWER_BYTES: usize = 8 << 20;
+/// Bytes reserved for a batch's acknowledgement per message before it is built (an id, or a
+/// failure with its texts; a failure with longer texts takes more once it is built).
+const SEND_ANSWER_BYTES_PER_MESSAGE: usize = 256;
 /// Metadata on a commit's error whose outcome is unknown (the journal failed after the record
 /// was issued): the stream's end then carries no `mq-tx-ended` mark, so the client says in doubt.
 const TX_IN_DOUBT_METADATA: &str = "mq-tx-in-doubt";
@@ -75,9 +83,12 @@ impl Service {
             ));
         }
         let (broker, auth, inbound) = (self.broker.clone(), self.auth.clone(), req.into_inner());
-        Ok(spawn_stream(SEND_ACK_WINDOW, |tx| {
-            send_stream(broker, auth, who, inbound, tx)
-        }))
+        // Each answer carries its share of the stream's answer budget, given back once tonic
+        // takes it from the channel to write it (SEND_ANSWER_BYTES).
+        let (tx, rx) = mpsc::channel::<Answer>(SEND_ACK_WINDOW);
+        tokio::spawn(send_stream(broker, auth, who, inbound, tx));
+        let answers = futures::StreamExt::map(ReceiverStream::new(rx), |(answer, _budget)| answer);
+        Ok(Response::new(Box::pin(answers)))
     }
 
     pub(crate) fn new(broker: Arc<Broker>, connections: Arc<Connections>, auth: Arc<Auth>) -> Self {
@@ -667,23 +678,46 @@ pub(crate) async fn wait_for(
 
 /// One send stream: checks and queues each batch as it comes (in order), and answers each batch,
 /// in order, once it is stored. Batches pipeline: while earlier ones wait for their journal sync,
-/// later ones are already being written.
+/// later ones are already being written. What the answers hold in memory until the client
+/// takes them is bounded ([`SEND_ANSWER_BYTES`]): a client that does not read them stops the
+/// stream's reading.
 async fn send_stream(
     broker: Arc<Broker>,
     auth: Arc<Auth>,
     who: Identity,
     mut inbound: impl crate::large_bodies::Inbound,
-    tx: mpsc::Sender<Result<v1::SendResponse, Status>>,
+    tx: mpsc::Sender<Answer>,
 ) {
     type Pending = Pin<Box<dyn std::future::Future<Output = v1::SendResponse> + Send>>;
-    let (pending_tx, mut pending_rx) = mpsc::channel::<Pending>(SEND_ACK_WINDOW);
+    let budget = Arc::new(tokio::sync::Semaphore::new(SEND_ANSWER_BYTES));
+    let (pending_tx, mut pending_rx) =
+        mpsc::channel::<(Pending, OwnedSemaphorePermit)>(SEND_ACK_WINDOW);
+    let acker_budget = budget.clone();
     let acker = tokio::spawn(async move {
         // Every accepted batch's future runs to the end, even once the client is gone: it is
         // what makes stored messages visible (or gives their positions and quota back).
         let mut client_gone = false;
-        while let Some(ack) = pending_rx.recv().await {
+        while let Some((ack, mut held)) = pending_rx.recv().await {
             let ack = ack.await;
-            if !client_gone && tx.send(Ok(ack)).await.is_err() {
+            if client_gone {
+                continue;
+            }
+            // An answer larger than its reservation (long failure texts) takes what it can of
+            // the rest of its size, without waiting: later batches' reservations, which only
+            // this task gives back, may hold the remainder (waiting could never end). The
+            // stream's reading then waits for more of the budget to come back.
+            // One smaller than its reservation (ids only) gives the rest back.
+            let size = answer_bytes(&ack).min(SEND_ANSWER_BYTES);
+            let more = size.saturating_sub(held.num_permits());
+            if more > 0 {
+                let free = acker_budget.available_permits().min(more);
+                if let Ok(p) = acker_budget.clone().try_acquire_many_owned(free as u32) {
+                    held.merge(p);
+                }
+            } else {
+                drop(held.split(held.num_permits() - size));
+            }
+            if tx.send((Ok(ack), Some(held))).await.is_err() {
                 client_gone = true;
             }
         }
@@ -719,6 +753,19 @@ async fn send_stream(
             break;
         }
         let n = batch.messages.len();
+        // The answer's share of the budget, before the batch is taken: a client that does not
+        // read its answers stops here.
+        let reserve = (n + 1)
+            .saturating_mul(SEND_ANSWER_BYTES_PER_MESSAGE)
+            .min(SEND_ANSWER_BYTES) as u32;
+        let held = tokio::select! {
+            biased;
+            _ = broker.shutting_down() => break,
+            p = budget.clone().acquire_many_owned(reserve) => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
         let first_seq = batch.first_seq;
         let tx = batch.transactional;
         let stream = tx_stream.batch(&batch);
@@ -766,7 +813,7 @@ async fn send_stream(
                 Box::pin(async move { ack })
             }
         };
-        if pending_tx.send(ack).await.is_err() {
+        if pending_tx.send((ack, held)).await.is_err() {
             break;
         }
     }
@@ -775,8 +822,26 @@ async fn send_stream(
     let acker = acker.await;
     drop(tx_stream);
     if let (Ok(tx), Some(status)) = (acker, refused) {
-        let _ = tx.send(Err(status)).await;
+        let _ = tx.send((Err(status), None)).await;
     }
+}
+
+/// One answer of a send stream, with the share of the stream's answer budget it holds until
+/// tonic takes it to write it.
+type Answer = (
+    Result<v1::SendResponse, Status>,
+    Option<OwnedSemaphorePermit>,
+);
+
+/// About what `ack` holds in memory: its ids and its failures with their texts.
+fn answer_bytes(ack: &v1::SendResponse) -> usize {
+    let ids = ack.ids.len() * (std::mem::size_of::<bytes::Bytes>() + 16);
+    let failures: usize = ack
+        .failures
+        .iter()
+        .map(|f| std::mem::size_of::<v1::SendFailure>() + f.message.len() + f.reason.len())
+        .sum();
+    64 + ids + failures
 }
 
 /// Refuses a batch of more than `mqd --max-batch-messages` messages: one status for the whole

@@ -777,7 +777,7 @@ fn partial_gauge(http: &str) -> Option<u64> {
 }
 
 /// A request body fed from a channel, for calls that send a gRPC message in part and stall.
-struct FedBody(tokio::sync::mpsc::Receiver<Bytes>);
+pub(crate) struct FedBody(pub(crate) tokio::sync::mpsc::Receiver<Bytes>);
 
 impl http_body::Body for FedBody {
     type Data = Bytes;

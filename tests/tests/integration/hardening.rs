@@ -850,3 +850,106 @@ async fn batches_of_millions_of_empty_messages_are_refused_before_they_are_decod
     let q = client.queue(r".\private$\q").unwrap();
     q.send(Message::new("after")).await.unwrap();
 }
+
+/// A send stream's answers are held in memory until its client takes them, and a client that
+/// never read them made the stream go on reading batches: 129 answers of 10,000 failures each
+/// held ~290 MB per stream, 256 streams a connection. Now what unread answers hold is bounded
+/// (8 MiB a stream, reserved before a batch is taken): past it the stream reads no further
+/// batch, and goes on once the client reads. 129 batches of 10,000 messages that each fail
+/// (priority 9), answers unread: mqd's memory grows by far less than the ~290 MB; once read,
+/// every batch is answered, in order, each message's failure named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_stream_whose_answers_are_not_read_stops_reading() {
+    use prost::Message as _;
+    const BATCHES: usize = 129;
+    const PER_BATCH: usize = 10_000;
+    const Q: &str = r".\private$\unread";
+    let dir = temp_data_dir("mq-unread-answers");
+    let (mqd, _client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
+    let channel = tonic::transport::Channel::from_shared(mqd.url().to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let (feed, rx) = tokio::sync::mpsc::channel(BATCHES + 1);
+    for b in 0..BATCHES {
+        let bad = v1::OutMessage {
+            priority: Some(9),
+            ..Default::default()
+        };
+        let req = v1::SendRequest {
+            first_seq: (b * PER_BATCH + 1) as u64,
+            destination: Q.into(),
+            messages: vec![bad; PER_BATCH],
+            ..Default::default()
+        };
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(&(req.encoded_len() as u32).to_be_bytes());
+        req.encode(&mut frame).unwrap();
+        feed.send(bytes::Bytes::from(frame)).await.unwrap();
+    }
+    let before = mq_tests::rss_kib(mqd.pid());
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("{}/mq.v1.MessageQueueService/Send", mqd.url()))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(tonic::body::Body::new(crate::flow_limits::FedBody(rx)))
+        .unwrap();
+    let mut ch = channel.clone();
+    use tonic::client::GrpcService;
+    futures::future::poll_fn(|cx| GrpcService::poll_ready(&mut ch, cx))
+        .await
+        .unwrap();
+    let resp = tokio::time::timeout(T, GrpcService::call(&mut ch, req))
+        .await
+        .expect("response headers")
+        .unwrap();
+    // Not read: the stream answers a few batches, then waits for its client. (Before, its
+    // memory passed 128 MiB more within a second or two.)
+    let grown = || mq_tests::rss_kib(mqd.pid()).saturating_sub(before);
+    let over = eventually(Duration::from_secs(4), || async { grown() > 128 * 1024 }).await;
+    assert!(!over, "mqd grew by {} KiB with no answer read", grown());
+    // Read: every batch is answered, in order.
+    drop(feed);
+    let mut body = resp.into_body();
+    let mut buf = bytes::BytesMut::new();
+    let mut answered = Vec::new();
+    loop {
+        let frame = tokio::time::timeout(
+            T,
+            futures::future::poll_fn(|cx| {
+                http_body::Body::poll_frame(std::pin::Pin::new(&mut body), cx)
+            }),
+        )
+        .await
+        .expect("the answers come once read");
+        let Some(frame) = frame else { break };
+        let frame = frame.unwrap();
+        if let Some(data) = frame.data_ref() {
+            buf.extend_from_slice(data);
+            while buf.len() >= 5 {
+                let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+                if buf.len() < 5 + len {
+                    break;
+                }
+                let msg = buf.split_to(5 + len);
+                let ack = v1::SendResponse::decode(&msg[5..]).unwrap();
+                assert_eq!(ack.failures.len(), PER_BATCH);
+                assert!(
+                    ack.failures[0].message.contains("priority"),
+                    "{:?}",
+                    ack.failures[0]
+                );
+                answered.push(ack.first_seq);
+            }
+        } else if let Ok(trailers) = frame.into_trailers() {
+            let status = tonic::Status::from_header_map(&trailers).unwrap();
+            assert_eq!(status.code(), tonic::Code::Ok, "{status:?}");
+        }
+    }
+    let want: Vec<u64> = (0..BATCHES).map(|b| (b * PER_BATCH + 1) as u64).collect();
+    assert_eq!(answered, want);
+    let peak = mq_tests::peak_rss_kib(mqd.pid()).saturating_sub(before);
+    assert!(peak < 128 * 1024, "mqd's peak grew by {peak} KiB");
+}
