@@ -84,13 +84,26 @@ pub(crate) async fn run(
     let mut pos = Position::Start;
     let mut next = Some(first);
     loop {
+        // The previous answer taken first (by tonic, to be written: which it does only once
+        // HTTP/2's window has room, so only once the client reads): a client that sends
+        // requests and reads no answer gets no further one built, each with its body (a
+        // cursor of 8 unread peeks of a 4 MiB message held 28 MiB; now about two answers).
+        // An answer not taken within the idle time ends the cursor as an idle one does (with
+        // the channel full, the stream just ends).
+        let slot = tokio::select! {
+            s = tokio::time::timeout(idle, out.reserve()) => match s {
+                Ok(Ok(s)) => s,
+                Ok(Err(_)) | Err(_) => return,
+            },
+            _ = broker.shutting_down() => return,
+        };
         let req = match next.take() {
             Some(r) => r,
             None => {
                 let r = tokio::select! {
                     r = tokio::time::timeout(idle, inbound.message()) => r,
                     _ = broker.shutting_down() => {
-                        let _ = out.send(Err(BrokerError::ShuttingDown.into())).await;
+                        slot.send(Err(BrokerError::ShuttingDown.into()));
                         return;
                     }
                 };
@@ -99,17 +112,15 @@ pub(crate) async fn run(
                     Ok(Ok(None)) => return,
                     Ok(Err(status)) => {
                         if let Some(s) = crate::service::refused_input(status) {
-                            let _ = out.send(Err(s)).await;
+                            slot.send(Err(s));
                         }
                         return;
                     }
                     Err(_) => {
-                        let _ = out
-                            .send(Err(Status::deadline_exceeded(format!(
-                                "the cursor was idle for {}s (mqd --cursor-idle-secs) and was closed; open a new one",
-                                idle.as_secs()
-                            ))))
-                            .await;
+                        slot.send(Err(Status::deadline_exceeded(format!(
+                            "the cursor was idle for {}s (mqd --cursor-idle-secs) and was closed; open a new one",
+                            idle.as_secs()
+                        ))));
                         return;
                     }
                 }
@@ -117,7 +128,8 @@ pub(crate) async fn run(
         };
         let reply = act(&broker, &auth, &who, &queue, &mut pos, &req).await;
         let failed = reply.is_err();
-        if out.send(reply).await.is_err() || failed {
+        slot.send(reply);
+        if failed {
             return;
         }
     }

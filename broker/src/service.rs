@@ -321,7 +321,8 @@ impl MessageQueueService for Service {
             })?;
         let queue = self.queue_for(&who, Right::Peek, &first.queue)?;
         let (broker, auth) = (self.broker.clone(), self.auth.clone());
-        Ok(spawn_stream(4, move |tx| {
+        // One answer waits in the channel at most (crate::cursor::run).
+        Ok(spawn_stream(1, move |tx| {
             crate::cursor::run(broker, auth, who, queue, first, inbound, tx, slot)
         }))
     }

@@ -161,3 +161,66 @@ async fn bodies_beyond_the_budget_are_read_back_intact_and_after_kill9() {
     assert_eq!(metric(&http, "mq_journal_bodies_read_total"), N as f64);
     assert_eq!(metric(&http, "mq_journal_body_cache_hits_total"), 0.0);
 }
+
+/// A browse stream builds an answer (reading its body) only once the one before has been taken
+/// to be written: a client that sent 8 peeks of a 4 MiB recoverable message and read no
+/// answer had 7 bodies read and held (28 MiB a cursor, 64 cursors a connection). Counted by
+/// the journal's body reads: at most 3 while nothing is read (the answer HTTP/2 holds, the one
+/// waiting, and one), then all 8 answers once read, each with the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_whose_answers_are_not_read_reads_no_further_body() {
+    use mq_proto::v1;
+    const PEEKS: usize = 8;
+    const LEN: usize = 4 << 20;
+    let dir = temp_data_dir("mq-unread-browse-");
+    let http = format!("127.0.0.1:{}", free_port());
+    let mqd = launch(dir.path(), &http, &["--journal-body-cache-bytes", "0"]);
+    let client = mqd.connect().await;
+    mq_tests::create_default_queue(&client, Q).await;
+    send_all(&client, 0, 1, LEN).await;
+    let reads = || metric(&http, "mq_journal_bodies_read_total");
+    let before = reads();
+    let (feed, requests) = tokio::sync::mpsc::channel(PEEKS);
+    for _ in 0..PEEKS {
+        feed.send(v1::BrowseRequest {
+            queue: Q.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let mut rpc =
+        v1::message_queue_service_client::MessageQueueServiceClient::connect(mqd.url().to_string())
+            .await
+            .unwrap()
+            .max_decoding_message_size(64 << 20);
+    let mut answers = rpc
+        .browse(tokio_stream::wrappers::ReceiverStream::new(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        wait_until(WAIT, || reads() > before),
+        "the first peek reads the body"
+    );
+    let more = wait_until(Duration::from_secs(3), || reads() > before + 3.0);
+    assert!(
+        !more,
+        "{} bodies read with no answer taken",
+        reads() - before
+    );
+    for k in 0..PEEKS {
+        let a = tokio::time::timeout(WAIT, answers.message())
+            .await
+            .expect("answers come once read")
+            .unwrap()
+            .expect("an answer");
+        let status = a.status;
+        let m = a
+            .message
+            .unwrap_or_else(|| panic!("peek {k}: status {status}"));
+        assert!(m.body[..] == body(0, LEN)[..], "peek {k}: the body intact");
+    }
+    drop(feed);
+    assert_eq!(reads() - before, PEEKS as f64);
+}
