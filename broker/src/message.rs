@@ -7,7 +7,8 @@ use mq_proto::v1;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::config::{
-    BrokerConfig, MAX_CORRELATION_ID_CHARS, MAX_LABEL_CHARS, MESSAGE_OVERHEAD_BYTES,
+    BrokerConfig, EXPRESS_OVERHEAD_BYTES, MAX_CORRELATION_ID_CHARS, MAX_LABEL_CHARS,
+    MESSAGE_OVERHEAD_BYTES,
 };
 use crate::error::BrokerError;
 
@@ -277,15 +278,21 @@ impl StoredMessage {
     }
 
     /// Bytes charged against quotas for this message: everything the sender chose the size of
-    /// and the broker keeps (body, label, correlation id, response queue) plus a fixed
-    /// overhead. The same for every copy of the message, in any queue, and after recovery.
+    /// and the broker keeps (body, label, correlation id, response queue, admin queue) plus a
+    /// fixed overhead: [`EXPRESS_OVERHEAD_BYTES`] for an express message (what it costs in
+    /// memory), [`MESSAGE_OVERHEAD_BYTES`] for a recoverable one. The same for every copy of
+    /// the message, in any queue, and after recovery (a message's delivery never changes).
     pub fn charged_bytes(&self) -> u64 {
+        let overhead = match self.delivery {
+            Delivery::Express => EXPRESS_OVERHEAD_BYTES,
+            Delivery::Recoverable => MESSAGE_OVERHEAD_BYTES,
+        };
         self.body_len as u64
             + self.label.len() as u64
             + self.correlation_id.len() as u64
             + self.response_queue.len() as u64
             + self.admin_queue.as_deref().map_or(0, |a| a.len() as u64)
-            + MESSAGE_OVERHEAD_BYTES
+            + overhead
     }
 
     /// The same message without its body in memory (kept in the journal).

@@ -2055,7 +2055,7 @@ mod tests {
 
     #[test]
     fn quota_refuses_only_what_does_not_fit() {
-        let q = queue(Some(2 * (crate::config::MESSAGE_OVERHEAD_BYTES + 1)));
+        let q = queue(Some(2 * (crate::config::EXPRESS_OVERHEAD_BYTES + 1)));
         let r = q.push(&[msg(3, "a"), msg(3, "b"), msg(3, "c")]).unwrap();
         assert!(r[0].is_ok() && r[1].is_ok());
         assert!(matches!(r[2], Err(BrokerError::QuotaExceeded(_))));
@@ -2288,7 +2288,7 @@ mod tests {
 
     #[test]
     fn reserved_quota_refuses_other_sends_until_released() {
-        let charge = crate::config::MESSAGE_OVERHEAD_BYTES + 1;
+        let charge = crate::config::EXPRESS_OVERHEAD_BYTES + 1;
         let q = queue(Some(2 * charge));
         q.reserve_quota(charge).unwrap();
         q.reserve_quota(charge).unwrap();

@@ -8,8 +8,11 @@ use mq_client::{ConsumerOptions, Error, Message, QueueOptions};
 use mq_tests::InProcessBroker;
 
 const T: Duration = Duration::from_secs(5);
-/// Bytes a 1000-byte body without a label is charged (body + label + per-message overhead).
-const CHARGE: u64 = 1000 + 128;
+/// Bytes a 1000-byte express body without a label is charged (body + label + the per-message
+/// overhead of an express message, what it costs in memory).
+const CHARGE: u64 = 1000 + OVERHEAD;
+/// mq_broker's EXPRESS_OVERHEAD_BYTES.
+const OVERHEAD: u64 = 384;
 
 /// Sends 1000-byte messages until one is refused; returns how many were accepted and the error.
 async fn fill(q: &mq_client::Queue) -> (u64, Error) {
@@ -23,7 +26,7 @@ async fn fill(q: &mq_client::Queue) -> (u64, Error) {
 
 #[tokio::test]
 async fn express_quota_refuses_then_recovers_after_receive_and_purge() {
-    let quota = 10_000;
+    let quota = 10_500;
     let broker = InProcessBroker::start_with(|c| c.express_quota_bytes = quota).await;
     let client = broker.client().await;
     client
@@ -50,8 +53,8 @@ async fn express_quota_refuses_then_recovers_after_receive_and_purge() {
     assert!(matches!(err, Error::QuotaExceeded(_)), "{err:?}");
     // Small messages that still fit are accepted.
     let room = quota - accepted * CHARGE;
-    assert!(room > 128);
-    b.send(Message::new(vec![b's'; (room - 128) as usize]))
+    assert!(room > OVERHEAD);
+    b.send(Message::new(vec![b's'; (room - OVERHEAD) as usize]))
         .await
         .unwrap();
     assert!(matches!(

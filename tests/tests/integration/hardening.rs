@@ -70,7 +70,8 @@ async fn response_queue_and_correlation_id_count_against_the_express_quota() {
         );
     };
     assert!(matches!(err, Error::QuotaExceeded(_)), "{err:?}");
-    let per_message = (rq.len() + corr.len()) as u64 + 128;
+    // The strings and an express message's overhead (mq_broker's EXPRESS_OVERHEAD_BYTES).
+    let per_message = (rq.len() + corr.len()) as u64 + 384;
     assert_eq!(
         sent,
         quota / per_message,

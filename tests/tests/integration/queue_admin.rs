@@ -267,7 +267,7 @@ async fn a_queue_label_over_250_characters_is_refused() {
 async fn deleting_a_queue_under_a_consumer_with_unacknowledged_messages() {
     // The queue is deleted while a consumer holds all its credit; its acknowledgement then
     // arrives for messages of a queue that no longer exists.
-    let quota = 20 * (100 + 128);
+    let quota = 20 * (100 + 384); // 20 express messages of 100 B
     let broker = InProcessBroker::start_with(|c| c.express_quota_bytes = quota).await;
     let client = broker.client().await;
     client

@@ -80,7 +80,8 @@ async fn move_to_a_subqueue_and_back_survives_kill9() {
         .create_queue(
             Q,
             QueueOptions {
-                quota_bytes: Some(3 * (128 + 2 + 2)),
+                // m1 and m2 recoverable (128 B of overhead), ex express (384).
+                quota_bytes: Some(2 * (128 + 2 + 2) + (384 + 2 + 2)),
                 ..QueueOptions::default()
             },
         )
@@ -102,7 +103,7 @@ async fn move_to_a_subqueue_and_back_survives_kill9() {
     let t1 = send_tx(&client, TQ, "t1").await;
     let t2 = send_tx(&client, TQ, "t2").await;
 
-    // The queue is full (3 messages of 132 bytes): moving one to a subqueue frees nothing.
+    // The queue is full (its three messages): moving one to a subqueue frees nothing.
     let moved = client.move_message(Q, m2, "poison").await.unwrap();
     assert_eq!(moved.id, m2);
     assert_eq!(moved.move_count, 1);
@@ -169,8 +170,10 @@ async fn move_to_a_subqueue_and_back_survives_kill9() {
         (vec!["t1".to_string()], t1, 1)
     );
     assert!(held[0].transactional);
-    // Still counted against the main queue's quota after the restart: m1 + m2 + one more fit.
+    // Still counted against the main queue's quota after the restart: m1 + m2 + two more fit
+    // (the express message's larger charge went with it).
     send(&client, Q, "m3", true).await;
+    send(&client, Q, "m4", true).await;
     assert_queue_full(&client).await;
 
     // Back to the main queue with `mq move 'Q;poison' ID ''`: at its tail, move count 2.
@@ -187,8 +190,8 @@ async fn move_to_a_subqueue_and_back_survives_kill9() {
     let mqd = MqdProcess::launch(dir.path(), &[]);
     let client = mqd.connect().await;
     let main = peek_all(&client, Q).await;
-    assert_eq!(bodies(&main), ["m1", "m3", "m2"]);
-    assert_eq!((main[2].id, main[2].move_count), (m2, 2));
+    assert_eq!(bodies(&main), ["m1", "m3", "m4", "m2"]);
+    assert_eq!((main[3].id, main[3].move_count), (m2, 2));
     assert!(peek_all(&client, POISON).await.is_empty());
     assert_eq!(bodies(&peek_all(&client, TQ).await), ["t2", "t1"]);
     // A transactional receive from the main queue gets the moved message in its turn.
