@@ -368,6 +368,15 @@ impl Broker {
         config: BrokerConfig,
         local_addrs: Vec<SocketAddr>,
     ) -> Result<(Self, RecoveryReport), BrokerError> {
+        // A commit's answer names each send of its transaction; clients decode at most
+        // MAX_MAX_TX_MESSAGES of them (mqd's flag has the same range).
+        if config.flow.max_tx_messages > crate::config::MAX_MAX_TX_MESSAGES {
+            return Err(BrokerError::InvalidArgument(format!(
+                "max_tx_messages is {}; at most {} (a commit's answer names each send)",
+                config.flow.max_tx_messages,
+                crate::config::MAX_MAX_TX_MESSAGES
+            )));
+        }
         // Requests are refused undecoded when their batches pass this (mq_proto::entries);
         // the service's own check then holds each broker of the process to its own limit.
         mq_proto::entries::allow_batch_messages(config.flow.max_batch_messages);

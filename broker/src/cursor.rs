@@ -90,7 +90,10 @@ pub(crate) async fn run(
         // cursor of 8 unread peeks of a 4 MiB message held 28 MiB; now about two answers).
         // An answer not taken within the idle time ends the cursor as an idle one does (with
         // the channel full, the stream just ends).
+        // Biased: a free slot is taken first, so a broker that is shutting down still sends
+        // its status through it (below) rather than ending the stream without one.
         let slot = tokio::select! {
+            biased;
             s = tokio::time::timeout(idle, out.reserve()) => match s {
                 Ok(Ok(s)) => s,
                 Ok(Err(_)) | Err(_) => return,

@@ -756,9 +756,11 @@ async fn send_stream(
         let n = batch.messages.len();
         // The answer's share of the budget, before the batch is taken: a client that does not
         // read its answers stops here.
+        // At most a quarter of the budget, so batches of a raised --max-batch-messages still
+        // overlap (an answer larger than its reservation takes more once built).
         let reserve = (n + 1)
             .saturating_mul(SEND_ANSWER_BYTES_PER_MESSAGE)
-            .min(SEND_ANSWER_BYTES) as u32;
+            .min(SEND_ANSWER_BYTES / 4) as u32;
         let held = tokio::select! {
             biased;
             _ = broker.shutting_down() => break,

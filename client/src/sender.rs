@@ -180,7 +180,8 @@ impl Sender {
         options: SenderOptions,
     ) -> Result<Sender> {
         // The acknowledgements name every message of a batch (mq_proto::entries bounds them).
-        mq_proto::entries::allow_batch_messages(options.max_batch_messages);
+        // (At most a million: the process-wide bound also guards a broker the process hosts.)
+        mq_proto::entries::allow_batch_messages(options.max_batch_messages.min(1_000_000));
         let window_units =
             (options.window_messages + options.window_bytes / BYTES_PER_UNIT).max(1) as u32;
         let (out_tx, out_rx) = mpsc::channel::<v1::SendRequest>(16);

@@ -55,9 +55,10 @@ pub fn batch_messages() -> usize {
 
 /// A bound on one repeated field.
 struct Bound {
-    /// Field numbers from the top: every one but the last a message field (entries of a
-    /// field reached through several occurrences of an enclosing one are summed, as prost
-    /// merges them), the last the repeated field.
+    /// Field numbers from the top: every one but the last a message field, the last the
+    /// repeated field. Its entries are summed over every occurrence of the fields enclosing
+    /// it (prost merges the occurrences of a singular one; those of a repeated one, as
+    /// `QueueAcl.entries`, are summed too: the bound is on all rights of the ACL).
     path: &'static [u32],
     /// The most entries, or `None` for [`batch_messages`].
     max: Option<usize>,
@@ -278,10 +279,12 @@ fn count<B: Buf>(buf: &mut B, len: usize, path: &[u32], depth: u32) -> Result<u6
     let mut n = 0u64;
     while buf.remaining() > end {
         let (field, wire) = key(buf)?;
+        // A key (or below, a length) read across `end` ends past it: refused, as prost does.
+        left(buf, end)?;
         match wire {
             2 => {
                 let l = varint(buf)?;
-                if l > (buf.remaining() - end) as u64 {
+                if l > left(buf, end)? as u64 {
                     return Err("a length past the end");
                 }
                 let l = l as usize;
@@ -321,18 +324,26 @@ fn key<B: Buf>(buf: &mut B) -> Result<(u32, u8), &'static str> {
     Ok((field, wire))
 }
 
+/// The bytes of `buf` before `end`; refused if a read went past it.
+fn left<B: Buf>(buf: &B, end: usize) -> Result<usize, &'static str> {
+    buf.remaining()
+        .checked_sub(end)
+        .ok_or("a field past the end")
+}
+
 /// Skips a field of wire type 0, 1 or 5.
 fn skip<B: Buf>(buf: &mut B, end: usize, wire: u8) -> Result<(), &'static str> {
     let n = match wire {
         0 => {
             varint(buf)?;
+            left(buf, end)?;
             return Ok(());
         }
         1 => 8,
         5 => 4,
         _ => return Err("an invalid wire type"),
     };
-    if buf.remaining() - end < n {
+    if left(buf, end)? < n {
         return Err("a field past the end");
     }
     buf.advance(n);
@@ -346,10 +357,11 @@ fn skip_group<B: Buf>(buf: &mut B, end: usize, field: u32, depth: u32) -> Result
     }
     while buf.remaining() > end {
         let (f, wire) = key(buf)?;
+        left(buf, end)?;
         match wire {
             2 => {
                 let l = varint(buf)?;
-                if l > (buf.remaining() - end) as u64 {
+                if l > left(buf, end)? as u64 {
                     return Err("a length past the end");
                 }
                 buf.advance(l as usize);
@@ -511,6 +523,32 @@ mod tests {
     }
 
     #[test]
+    fn a_nested_message_whose_last_field_runs_past_its_end_is_refused_not_a_panic() {
+        // TransactRequest.send one byte long, its field's length (or key) lying outside it
+        // (helper-53: the walk's subtraction overflowed, a panic any client could cause).
+        let cases: &[&[u8]] = &[
+            &[0x0a, 0x01, 0x12, 0x7f],
+            &[0x0a, 0x01, 0x89, 0x01],
+            &[0x0a, 0x01, 0x12, 0x00],
+            &[0x0a, 0x02, 0x09, 0x01, 0x02, 0x03],
+            &[0x0a, 0x01, 0x0b, 0x0c],
+        ];
+        for case in cases {
+            assert!(
+                v1::TransactRequest::decode(*case).is_err(),
+                "prost took {case:02x?}"
+            );
+            assert!(
+                matches!(
+                    check_nested::<v1::TransactRequest, _>(case),
+                    Err(Refused::Malformed(_))
+                ),
+                "{case:02x?}"
+            );
+        }
+    }
+
+    #[test]
     fn answers_are_bounded_too() {
         let frame = empties(0x0a, MAX_DELIVERED + 1);
         let e = status(decode::<v1::ReceiveResponse>(&frame[..]).unwrap_err());
@@ -552,6 +590,8 @@ mod tests {
                     proptest::strategy::Just(vec![0x12, 0x00]),
                     proptest::strategy::Just(vec![0x0a, 0x00]),
                     proptest::strategy::Just(vec![0x63, 0x64]),
+                    proptest::strategy::Just(vec![0x0a, 0x01]),
+                    proptest::strategy::Just(vec![0x0a, 0x03]),
                 ],
                 0..40,
             )

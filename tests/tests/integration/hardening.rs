@@ -907,10 +907,12 @@ async fn a_send_stream_whose_answers_are_not_read_stops_reading() {
         .expect("response headers")
         .unwrap();
     // Not read: the stream answers a few batches, then waits for its client. (Before, its
-    // memory passed 128 MiB more within a second or two.)
+    // memory passed 128 MiB more within a second or two; now ~20 MiB: the budget, the
+    // frames in HTTP/2's window, one decoded batch.)
     let grown = || mq_tests::rss_kib(mqd.pid()).saturating_sub(before);
-    let over = eventually(Duration::from_secs(4), || async { grown() > 128 * 1024 }).await;
+    let over = eventually(Duration::from_secs(4), || async { grown() > 64 * 1024 }).await;
     assert!(!over, "mqd grew by {} KiB with no answer read", grown());
+    println!("mqd grew by {} KiB with no answer read", grown());
     // Read: every batch is answered, in order.
     drop(feed);
     let mut body = resp.into_body();
@@ -952,5 +954,8 @@ async fn a_send_stream_whose_answers_are_not_read_stops_reading() {
     let want: Vec<u64> = (0..BATCHES).map(|b| (b * PER_BATCH + 1) as u64).collect();
     assert_eq!(answered, want);
     let peak = mq_tests::peak_rss_kib(mqd.pid()).saturating_sub(before);
-    assert!(peak < 128 * 1024, "mqd's peak grew by {peak} KiB");
+    // The peak includes the reading, when batches are decoded and answered as fast as the
+    // client takes them (~50 MiB here): before, ~290 MiB.
+    assert!(peak < 100 * 1024, "mqd's peak grew by {peak} KiB");
+    println!("mqd grew by {peak} KiB at its peak");
 }

@@ -95,8 +95,9 @@ async fn concurrent_sends_share_the_kept_stream_and_a_refusal_leaves_it_usable()
     const Q: &str = r".\private$\kept-shared";
     let broker = InProcessBroker::start().await;
     let client = broker.client().await;
+    // Room for the 322 small express messages (~390 B charged each), not for 200 KiB more.
     let opts = QueueOptions {
-        quota_bytes: Some(64 << 10),
+        quota_bytes: Some(256 << 10),
         ..QueueOptions::default()
     };
     client.create_queue(Q, opts).await.unwrap();
@@ -125,7 +126,7 @@ async fn concurrent_sends_share_the_kept_stream_and_a_refusal_leaves_it_usable()
     );
     // Refused (over the queue quota): an error for this message only; the stream stays.
     let e = q
-        .send(Message::new(vec![0u8; 100 << 10]))
+        .send(Message::new(vec![0u8; 200 << 10]))
         .await
         .unwrap_err();
     assert!(e.to_string().contains("quota"), "{e}");
