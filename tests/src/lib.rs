@@ -620,24 +620,23 @@ pub fn mq(broker_url: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
 
 /// The resident memory of process `pid` in KiB (`VmRSS` of `/proc/<pid>/status`).
 pub fn rss_kib(pid: u32) -> u64 {
-    let status =
-        std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/<pid>/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmRSS in /proc/<pid>/status")
+    status_kib(pid, "VmRSS:")
 }
 
 /// The peak resident memory of process `pid` in KiB (`VmHWM` of `/proc/<pid>/status`).
 pub fn peak_rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmHWM:")
+}
+
+/// The value in KiB of `field` (with its colon) in `/proc/<pid>/status`.
+fn status_kib(pid: u32, field: &str) -> u64 {
     let status =
         std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/<pid>/status");
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmHWM in /proc/<pid>/status")
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
 }
 
 /// Polls `cond` until it holds or `timeout` passes; returns whether it held.
