@@ -278,16 +278,10 @@ fn count<B: Buf>(buf: &mut B, len: usize, path: &[u32], depth: u32) -> Result<u6
         .ok_or("a length past the end")?;
     let mut n = 0u64;
     while buf.remaining() > end {
-        let (field, wire) = key(buf)?;
-        // A key (or below, a length) read across `end` ends past it: refused, as prost does.
-        left(buf, end)?;
+        let (field, wire) = key_within(buf, end)?;
         match wire {
             2 => {
-                let l = varint(buf)?;
-                if l > left(buf, end)? as u64 {
-                    return Err("a length past the end");
-                }
-                let l = l as usize;
+                let l = len_within(buf, end)?;
                 if field == path[0] {
                     if path.len() == 1 {
                         n += 1;
@@ -324,6 +318,23 @@ fn key<B: Buf>(buf: &mut B) -> Result<(u32, u8), &'static str> {
     Ok((field, wire))
 }
 
+/// A field key that ends before `end` (one read across `end` ends past it: refused, as prost
+/// refuses it).
+fn key_within<B: Buf>(buf: &mut B, end: usize) -> Result<(u32, u8), &'static str> {
+    let k = key(buf)?;
+    left(buf, end)?;
+    Ok(k)
+}
+
+/// A length-delimited field's length, whose bytes lie before `end`.
+fn len_within<B: Buf>(buf: &mut B, end: usize) -> Result<usize, &'static str> {
+    let l = varint(buf)?;
+    if l > left(buf, end)? as u64 {
+        return Err("a length past the end");
+    }
+    Ok(l as usize)
+}
+
 /// The bytes of `buf` before `end`; refused if a read went past it.
 fn left<B: Buf>(buf: &B, end: usize) -> Result<usize, &'static str> {
     buf.remaining()
@@ -356,15 +367,11 @@ fn skip_group<B: Buf>(buf: &mut B, end: usize, field: u32, depth: u32) -> Result
         return Err("groups nested too deep");
     }
     while buf.remaining() > end {
-        let (f, wire) = key(buf)?;
-        left(buf, end)?;
+        let (f, wire) = key_within(buf, end)?;
         match wire {
             2 => {
-                let l = varint(buf)?;
-                if l > left(buf, end)? as u64 {
-                    return Err("a length past the end");
-                }
-                buf.advance(l as usize);
+                let l = len_within(buf, end)?;
+                buf.advance(l);
             }
             3 => skip_group(buf, end, f, depth + 1)?,
             4 if f == field => return Ok(()),
