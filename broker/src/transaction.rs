@@ -398,7 +398,9 @@ impl Transaction {
         broker.outcomes().committed(self.id, committed_at);
         // The queue and storage charges now belong to the stored messages; the staging budget
         // is free again.
-        self.broker.tx_staged.give(self.staged_bytes);
+        self.broker
+            .tx_staged
+            .give(std::mem::take(&mut self.staged_bytes));
         let mut ids: Vec<uuid::Uuid> = Vec::new();
         for s in &self.sends {
             if ids.last() != Some(&s.msg.id) {

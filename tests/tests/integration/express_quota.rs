@@ -167,3 +167,102 @@ async fn a_queue_quota_refuses_and_recovers() {
     assert_eq!(small.info().await.unwrap().quota_bytes, Some(3 * CHARGE));
     broker.stop().await.unwrap();
 }
+
+/// Every charge comes back, whatever way a message leaves: with the charge depending on the
+/// delivery (express messages are charged 384 B of overhead, recoverable ones 128), a copy that
+/// changed its delivery between charge and release would drift the quotas. Express: messages
+/// dead-lettered on expiry and purged from the dead-letter queue, moved to a subqueue and
+/// received there, purged, received; then the whole quota fills as at first. Recoverable: the
+/// same, and a transaction staged and aborted, one committed and received; then the broker's
+/// storage charge (`stored_bytes`) is 0 again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_charge_comes_back_whichever_way_a_message_leaves() {
+    const A: &str = r".\private$\a";
+    const TQ: &str = r".\private$\tq";
+    const DLQ: &str = r"DIRECT=OS:.\SYSTEM$;DEADLETTER";
+    let quota = 20 * CHARGE;
+    let broker = InProcessBroker::start_with(|c| c.express_quota_bytes = quota).await;
+    let client = broker.client().await;
+    client
+        .create_queue(A, QueueOptions::default())
+        .await
+        .unwrap();
+    let tq = QueueOptions {
+        transactional: true,
+        ..QueueOptions::default()
+    };
+    client.create_queue(TQ, tq).await.unwrap();
+    let a = client.queue(A).unwrap();
+    let (first, _) = fill(&a).await;
+    assert_eq!(first, 20);
+    client.purge(A).await.unwrap();
+    let info = mq_proto::v1::message_queue_service_client::MessageQueueServiceClient::connect(
+        broker.url().to_string(),
+    )
+    .await
+    .unwrap();
+    for recoverable in [false, true] {
+        let msg = |s: &str| Message::new(s.to_string()).recoverable(recoverable);
+        for i in 0..5 {
+            a.send(msg(&format!("expires {i}")).time_to_be_received(Duration::from_millis(200)))
+                .await
+                .unwrap();
+        }
+        let mut moved = Vec::new();
+        for i in 0..3 {
+            moved.push(a.send(msg(&format!("moved {i}"))).await.unwrap());
+        }
+        for i in 0..4 {
+            a.send(msg(&format!("kept {i}"))).await.unwrap();
+        }
+        for id in moved {
+            client.move_message(A, id, "held").await.unwrap();
+        }
+        // The five expire into the dead-letter queue (looked at by peeking, which expires).
+        let dead = mq_tests::eventually(Duration::from_secs(10), || async {
+            let _ = a.peek(Duration::ZERO).await;
+            client.queue_info(DLQ).await.unwrap().messages == 5
+        })
+        .await;
+        assert!(dead, "five dead letters");
+        assert_eq!(client.purge(DLQ).await.unwrap(), 5);
+        let held = client.queue(&format!("{A};held")).unwrap();
+        for _ in 0..3 {
+            assert!(held.receive(T).await.unwrap().is_some());
+        }
+        assert!(a.receive(T).await.unwrap().is_some());
+        assert_eq!(client.purge(A).await.unwrap(), 3);
+        if recoverable {
+            let mut tx = client.begin().await.unwrap();
+            tx.send(TQ, Message::new("aborted")).unwrap();
+            tx.abort().await.unwrap();
+            let mut tx = client.begin().await.unwrap();
+            tx.send(TQ, Message::new("committed")).unwrap();
+            tx.commit().await.unwrap();
+            let mut tx = client.begin().await.unwrap();
+            assert!(tx.receive(TQ, T).await.unwrap().is_some());
+            tx.commit().await.unwrap();
+            let stored = || {
+                let mut info = info.clone();
+                async move {
+                    info.get_broker_info(())
+                        .await
+                        .unwrap()
+                        .into_inner()
+                        .stored_bytes
+                }
+            };
+            let freed =
+                mq_tests::eventually(Duration::from_secs(10), || async { stored().await == 0 })
+                    .await;
+            assert!(
+                freed,
+                "stored_bytes is {} with nothing stored",
+                stored().await
+            );
+        }
+    }
+    let (again, _) = fill(&a).await;
+    assert_eq!(again, first, "the whole express quota is free again");
+    broker.stop().await.unwrap();
+}
