@@ -78,6 +78,9 @@ pub const DEFAULT_MAX_BATCH_MESSAGES: usize = mq_proto::entries::DEFAULT_MAX_BAT
 pub const MAX_MAX_TX_MESSAGES: u64 = mq_proto::entries::MAX_TX_MESSAGES;
 /// The least `--max-batch-messages` may be: a forwarding broker sends batches of up to 512.
 pub const MIN_MAX_BATCH_MESSAGES: usize = 512;
+/// Most queues in one page of a queue list, gRPC `ListQueues` (whatever its `page_size`) and
+/// `GET /api/v1/queues?limit=`: 10,000 queues are a few MB of JSON, ~0.9 MB of protobuf.
+pub const MAX_QUEUE_PAGE: usize = 10_000;
 /// Most messages in one `Peek` response (a page; the client asks for the next).
 pub const PEEK_PAGE_MESSAGES: usize = 1000;
 /// Default most open cursors per connection (mqd --max-cursors-per-connection).

@@ -27,8 +27,8 @@ pub(crate) const DEFAULT_PAGE: usize = 50;
 pub(crate) const MAX_PAGE: usize = 500;
 /// Queues on one page of `GET /api/v1/queues` and `/api/v1/rates`, when the caller does not say.
 pub(crate) const DEFAULT_QUEUE_PAGE: usize = 1000;
-/// Queues on one page, at most (`?limit=`): 10,000 queues are a few MB of JSON.
-pub(crate) const MAX_QUEUE_PAGE: usize = 10_000;
+/// Queues on one page, at most (`?limit=`; the gRPC `ListQueues` has the same bound).
+pub(crate) use crate::config::MAX_QUEUE_PAGE;
 /// A request body (JSON or form), at most.
 pub(crate) const MAX_BODY_BYTES: usize = 64 * 1024;
 /// A queue name, destination or other path segment, at most (bytes).

@@ -423,8 +423,8 @@ impl AdminService for Service {
         // took ~58 MB of mqd's memory per call until it was written (128 such calls at once on
         // one connection: +1.1 GB). More come with next_page_token.
         let max = match r.page_size {
-            0 => crate::http_api::MAX_QUEUE_PAGE,
-            n => (n as usize).min(crate::http_api::MAX_QUEUE_PAGE),
+            0 => crate::config::MAX_QUEUE_PAGE,
+            n => (n as usize).min(crate::config::MAX_QUEUE_PAGE),
         };
         let (page, next) = self.broker.list_page(&r.page_token, max);
         let queues = page

@@ -247,9 +247,10 @@ pub fn check_nested<U: 'static, B: Buf + Clone>(buf: &B) -> Result<(), Refused> 
     walk::<U, B>(buf, |b| b.path.len() > 1)
 }
 
-/// As [`check_nested`], for every bounded field of `U` (the top ones included): a walk of the
-/// whole message, for a caller that decodes it otherwise.
-pub fn check<U: 'static, B: Buf + Clone>(buf: &B) -> Result<(), Refused> {
+/// As [`check_nested`], for every bounded field of `U` (the top ones included): the walk's
+/// count checked against prost's decoding in tests (decoders count the top ones in [`decode`]).
+#[cfg(test)]
+pub(crate) fn check<U: 'static, B: Buf + Clone>(buf: &B) -> Result<(), Refused> {
     walk::<U, B>(buf, |_| true)
 }
 

@@ -338,12 +338,7 @@ class Sender:
             f"{self._call_timeout:g} s (the client's call_timeout)"
         )
         if self._transactional:
-            tx = uuid.UUID(int=self._tx_stream | seq)
-            return TransactionInDoubt(
-                f"{why}; its transaction {tx} may or may not have committed: ask with "
-                f"client.transaction_outcome(id)",
-                transaction_id=tx,
-            )
+            return self._tx_in_doubt(seq, why, ": ask with client.transaction_outcome(id)")
         return Timeout(f"{why}; it may or may not be stored")
 
     def _after_timeout(self) -> None:
@@ -452,14 +447,19 @@ class Sender:
             )
         return [i for i in ids if i is not None]
 
+    def _tx_in_doubt(self, seq: int, why: str, hint: str) -> TransactionInDoubt:
+        """Message ``seq``'s single-message transaction is in doubt: ``why``, then ``hint``."""
+        tx = uuid.UUID(int=self._tx_stream | seq)
+        return TransactionInDoubt(
+            f"{why}; its transaction {tx} may or may not have committed{hint}",
+            transaction_id=tx,
+        )
+
     def _unanswered(self, seq: int) -> MqError:
         why = str(self._dead) if self._dead is not None else "no answer"
         if self._transactional:
-            tx = uuid.UUID(int=self._tx_stream | seq)
-            return TransactionInDoubt(
-                f"the send stream ended before message {seq} was answered ({why}); its "
-                f"transaction {tx} may or may not have committed",
-                transaction_id=tx,
+            return self._tx_in_doubt(
+                seq, f"the send stream ended before message {seq} was answered ({why})", ""
             )
         cls = Timeout if isinstance(self._dead, Timeout) else Unavailable
         return cls(
