@@ -191,6 +191,11 @@ pub struct FlowLimits {
     pub max_unacked_per_stream: u64,
     /// Most delivered, unacknowledged messages per connection.
     pub max_unacked_per_connection: u64,
+    /// Most bytes of deliveries (bodies and 256 B a message) the receive streams of one
+    /// connection hold before HTTP/2 has written them, i.e. before the client has read them;
+    /// past it they take no more messages until it reads. Raised to at least one stream's
+    /// budget (16 MiB, or two of the largest batches: 2 × (--max-body-bytes + 256 B)).
+    pub max_unsent_bytes_per_connection: u64,
     /// A receive stream holding a delivered message this long without acknowledging it is
     /// ended and its unacknowledged messages go back to the queue.
     pub ack_timeout: std::time::Duration,
@@ -239,6 +244,7 @@ impl Default for FlowLimits {
             max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
             max_unacked_per_stream: DEFAULT_MAX_UNACKED_PER_STREAM,
             max_unacked_per_connection: DEFAULT_MAX_UNACKED_PER_CONNECTION,
+            max_unsent_bytes_per_connection: crate::unsent::DEFAULT_MAX_UNSENT_BYTES_PER_CONNECTION,
             ack_timeout: DEFAULT_ACK_TIMEOUT,
             max_tx_bytes: DEFAULT_MAX_TX_BYTES,
             max_tx_total_bytes: DEFAULT_MAX_TX_TOTAL_BYTES,

@@ -68,6 +68,8 @@ pub(crate) fn peer_of_extensions(ext: &http::Extensions) -> Option<Peer> {
 #[derive(Debug)]
 pub(crate) struct Connections {
     max: usize,
+    /// Each connection's budget of deliveries not yet written (`crate::unsent`).
+    unsent_limit: usize,
     live: AtomicUsize,
     by_peer: Mutex<HashMap<Peer, Arc<Connection>>>,
     /// Numbers the connections on the Unix socket.
@@ -77,7 +79,7 @@ pub(crate) struct Connections {
 }
 
 /// What one connection holds.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Connection {
     /// Delivered, unacknowledged messages of all its receive streams.
     unacked: AtomicU64,
@@ -95,12 +97,18 @@ pub(crate) struct Connection {
     cursors: AtomicUsize,
     /// Bytes of request messages received in part (see `partial_requests`).
     partial: AtomicU64,
+    /// Bytes its receive streams may still build ahead of what HTTP/2 has written
+    /// (`crate::unsent`), of `unsent_limit`.
+    unsent: Arc<tokio::sync::Semaphore>,
+    unsent_limit: usize,
 }
 
 impl Connections {
-    pub(crate) fn new(max: usize) -> Self {
+    /// At most `max` connections, each with `unsent_limit` bytes of deliveries not yet written.
+    pub(crate) fn new(max: usize, unsent_limit: usize) -> Self {
         Connections {
             max,
+            unsent_limit,
             live: AtomicUsize::new(0),
             by_peer: Mutex::new(HashMap::new()),
             next_local: AtomicU64::new(1),
@@ -132,7 +140,7 @@ impl Connections {
         self.by_peer
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(peer, Arc::new(Connection::default()));
+            .insert(peer, Arc::new(Connection::new(self.unsent_limit)));
         Some(ConnectionGuard {
             connections: self.clone(),
             peer,
@@ -163,7 +171,7 @@ impl Connections {
                 .get(&p)
                 .cloned()
         })
-        .unwrap_or_default()
+        .unwrap_or_else(|| Arc::new(Connection::new(self.unsent_limit)))
     }
 }
 
@@ -304,6 +312,25 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for CountedStream<S> {
 }
 
 impl Connection {
+    fn new(unsent_limit: usize) -> Self {
+        Connection {
+            unacked: AtomicU64::new(0),
+            room: Notify::new(),
+            room_waiters: AtomicUsize::new(0),
+            transactions: AtomicUsize::new(0),
+            cursors: AtomicUsize::new(0),
+            partial: AtomicU64::new(0),
+            unsent: Arc::new(tokio::sync::Semaphore::new(unsent_limit)),
+            unsent_limit,
+        }
+    }
+
+    /// A receive stream's budgets of deliveries not yet written, for batches of at most
+    /// `batch` bytes (`crate::unsent`).
+    pub(crate) fn unsent(&self, batch: usize) -> crate::unsent::Unsent {
+        crate::unsent::Unsent::new(self.unsent.clone(), self.unsent_limit, batch)
+    }
+
     /// Takes up to `want` delivery slots, keeping the connection's unacknowledged messages at
     /// most `max`; returns how many it got.
     ///
@@ -499,7 +526,7 @@ mod tests {
 
     #[test]
     fn unacked_slots_are_capped_per_connection() {
-        let c = Connection::default();
+        let c = Connection::new(64 << 20);
         assert_eq!(c.reserve_unacked(8, 10), 8);
         assert_eq!(c.reserve_unacked(8, 10), 2);
         assert_eq!(c.reserve_unacked(1, 10), 0);
@@ -511,7 +538,7 @@ mod tests {
     /// and one that registered late sees, on its second ask, the slots given back before.
     #[tokio::test]
     async fn a_stream_waiting_for_room_is_woken_or_finds_it() {
-        let c = Connection::default();
+        let c = Connection::new(64 << 20);
         assert_eq!(c.reserve_unacked(10, 10), 10);
         let wait = c.wait_for_room();
         assert_eq!(c.reserve_unacked(1, 10), 0);
@@ -529,7 +556,7 @@ mod tests {
 
     #[test]
     fn transaction_slots_are_capped_and_given_back() {
-        let c = Arc::new(Connection::default());
+        let c = Arc::new(Connection::new(64 << 20));
         let a = c.open_transaction(2).unwrap();
         let _b = c.open_transaction(2).unwrap();
         assert!(c.open_transaction(2).is_none());
@@ -542,7 +569,7 @@ mod tests {
         use tokio::io::AsyncReadExt;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let conns = Arc::new(Connections::new(1));
+        let conns = Arc::new(Connections::new(1, 64 << 20));
         let mut incoming = Box::pin(accept(listener, conns.clone()));
         let _first = TcpStream::connect(addr).await.unwrap();
         let served = futures::StreamExt::next(&mut incoming)

@@ -39,7 +39,7 @@ use futures::Stream;
 use http_body::Frame;
 use mq_proto::chunked::{self, FrameDecoder, SPLIT_BODY_BYTES};
 use mq_proto::codec::MqCodec;
-use mq_proto::v1::{self, message_queue_service_server::MessageQueueService};
+use mq_proto::v1;
 use prost::encoding::{encode_key, encode_varint, WireType};
 use prost::Message as _;
 use tonic::codec::{Codec, Streaming};
@@ -102,6 +102,22 @@ pub(crate) fn encode_response(
     }
     if !head.is_empty() {
         out.push_back(head.freeze());
+    }
+    Ok(())
+}
+
+/// [`encode_response`], each chunk holding the delivery's count against its stream's and
+/// connection's budgets of deliveries not yet written (`crate::unsent`) until HTTP/2 has
+/// written it and drops it.
+pub(crate) fn encode_counted(
+    (resp, count): crate::service::Delivery,
+    limit: usize,
+    out: &mut VecDeque<Bytes>,
+) -> Result<(), Status> {
+    let first = out.len();
+    encode_response(resp, limit, out)?;
+    for chunk in out.iter_mut().skip(first) {
+        *chunk = crate::unsent::hold(std::mem::take(chunk), &count);
     }
     Ok(())
 }
@@ -405,9 +421,9 @@ where
                 req.map(|body| Streaming::new_request(decoder, body, None, Some(limit))),
             );
             Ok(answer(
-                MessageQueueService::receive(&service, req).await,
+                service.receive_counted(req).await,
                 limit,
-                encode_response,
+                encode_counted,
             ))
         })
     }

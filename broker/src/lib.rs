@@ -95,6 +95,7 @@ mod tls;
 mod transaction;
 mod tx_reuse;
 mod tx_stream;
+mod unsent;
 
 pub use auth::{add_user, hash_password, Acl, Identity, Right, Rights};
 pub use broker::{Broker, Destinations, RecoveryReport, Target};

@@ -816,6 +816,26 @@ impl Queue {
     /// [`Queue::take`], stopping once the bodies taken reach `max_bytes` (at least one message
     /// is taken if any is ready).
     pub fn take_bounded(&self, max: usize, max_bytes: usize) -> Result<Vec<Entry>, BrokerError> {
+        self.take_until(max, Bound::Reach(max_bytes))
+    }
+
+    /// [`Queue::take`], of messages whose bodies and `overhead` bytes each come to at most
+    /// `budget` (the first message is taken whatever its size). Stops at the first message
+    /// that does not fit, as the order of delivery requires.
+    pub fn take_within(
+        &self,
+        max: usize,
+        budget: usize,
+        overhead: usize,
+    ) -> Result<Vec<Entry>, BrokerError> {
+        self.take_until(max, Bound::Within { budget, overhead })
+    }
+
+    fn take_until(&self, max: usize, bound: Bound) -> Result<Vec<Entry>, BrokerError> {
+        let (max_bytes, overhead, within) = match bound {
+            Bound::Reach(max_bytes) => (max_bytes, 0, false),
+            Bound::Within { budget, overhead } => (budget, overhead, true),
+        };
         let mut guard = self.lock();
         let st = &mut *guard;
         if st.deleted {
@@ -847,6 +867,11 @@ impl Queue {
                     st.tombstones -= 1;
                     continue;
                 }
+                let cost = (e.msg.body_len as usize).saturating_add(overhead);
+                if within && !out.is_empty() && bytes.saturating_add(cost) > max_bytes {
+                    st.levels[p].push_front(e);
+                    break 'levels;
+                }
                 st.index.remove(p as u8, &e);
                 if st.timed > 0 {
                     let (timed, gone) = self.deadline(&e, now);
@@ -860,7 +885,7 @@ impl Queue {
                         continue;
                     }
                 }
-                bytes += e.msg.body_len as usize;
+                bytes = bytes.saturating_add(cost);
                 out.push(e);
             }
             if out.len() >= max || bytes >= max_bytes {
@@ -1771,6 +1796,15 @@ impl PeekCursor {
 }
 
 /// Where [`Queue::find`] found a ready entry of a lane.
+/// Where a take stops ([`Queue::take_bounded`], [`Queue::take_within`]).
+#[derive(Clone, Copy)]
+enum Bound {
+    /// Once the bodies taken reach this many bytes.
+    Reach(usize),
+    /// Before the message whose body and `overhead` would take the total past `budget`.
+    Within { budget: usize, overhead: usize },
+}
+
 enum Found {
     /// In the window, at this index.
     Window(usize),
@@ -2244,6 +2278,22 @@ mod tests {
         assert!(q.take(10).unwrap().is_empty());
         q.unadmit(sc, c.charged_bytes());
         assert_eq!(bodies(&q.take(10).unwrap()), ["d"]);
+    }
+
+    #[test]
+    fn take_within_stops_before_the_message_that_does_not_fit_and_keeps_the_order() {
+        let q = queue(None);
+        q.push(&[msg(5, "aaaa"), msg(3, "bbbbbbbb"), msg(3, "cc")])
+            .unwrap();
+        // 4 + 10 fits 14; the next (8 + 10) does not, and "cc" behind it must wait too.
+        assert_eq!(bodies(&q.take_within(10, 30, 10).unwrap()), ["aaaa"]);
+        // The first message is taken whatever its size.
+        assert_eq!(bodies(&q.take_within(10, 1, 10).unwrap()), ["bbbbbbbb"]);
+        assert_eq!(bodies(&q.take_within(10, 12, 10).unwrap()), ["cc"]);
+        assert!(q.take_within(10, 100, 0).unwrap().is_empty());
+        q.push(&[msg(3, "1"), msg(3, "2"), msg(3, "3")]).unwrap();
+        assert_eq!(bodies(&q.take_within(10, 22, 10).unwrap()), ["1", "2"]);
+        assert_eq!(bodies(&q.take_within(10, 33, 10).unwrap()), ["3"]);
     }
 
     #[test]

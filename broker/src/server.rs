@@ -134,7 +134,20 @@ pub async fn run_with_ready(
     let grpc_addrs = broker.local_addrs().to_vec();
     let limit = broker.config().grpc_message_limit();
     let flow = broker.config().flow.clone();
-    let connections = Arc::new(crate::flow::Connections::new(flow.max_connections));
+    let unsent_limit = crate::unsent::connection_limit(
+        flow.max_unsent_bytes_per_connection,
+        crate::service::delivery_batch_bytes(broker.config()),
+    );
+    if unsent_limit as u64 != flow.max_unsent_bytes_per_connection {
+        tracing::warn!(
+            per_connection = unsent_limit,
+            "--max-unsent-bytes-per-connection raised: it holds at least one receive stream's budget (16 MiB, or two batches of the largest message: 2 × (--max-body-bytes + 256))"
+        );
+    }
+    let connections = Arc::new(crate::flow::Connections::new(
+        flow.max_connections,
+        unsent_limit,
+    ));
     let service = Service::new(broker.clone(), connections.clone(), auth.clone())
         .with_readiness(ready.clone());
     // The identity of every call is established here, once per call (a stream is one call),

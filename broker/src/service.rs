@@ -26,6 +26,20 @@ use crate::transaction::Transaction;
 const MAX_DELIVERY_BATCH: usize = 256;
 /// Most body bytes taken for one delivery.
 const MAX_DELIVERY_BATCH_BYTES: usize = 4 * 1024 * 1024;
+
+/// What one delivery batch is counted at most against its stream's and connection's budgets
+/// of deliveries not yet written (`crate::unsent`): [`MAX_DELIVERY_BATCH_BYTES`], or the
+/// largest message a client may send with its overhead, so that any one fits alone.
+pub(crate) fn delivery_batch_bytes(config: &crate::config::BrokerConfig) -> usize {
+    MAX_DELIVERY_BATCH_BYTES.max(
+        config
+            .max_body_bytes
+            .saturating_add(crate::unsent::DELIVERY_OVERHEAD_BYTES),
+    )
+}
+
+/// A delivery and the count it holds against its budgets until it is written.
+pub(crate) type Delivery = (v1::ReceiveResponse, Arc<crate::unsent::Reserved>);
 /// A delivery's stream item is cut once its bodies reach this size (a big body goes alone).
 ///
 /// Each item is one gRPC message, gathered whole into one buffer on each side to be encoded
@@ -105,6 +119,29 @@ impl Service {
         self
     }
 
+    /// The Receive call, each delivery with its count against the stream's and connection's
+    /// budgets of deliveries not yet written (`crate::unsent`), to be held until it is.
+    pub(crate) async fn receive_counted(
+        &self,
+        req: Request<Streaming<v1::ReceiveRequest>>,
+    ) -> Result<Response<BoxStream<Delivery>>, Status> {
+        let who = Identity::of(&req);
+        let conn = self.connection(&req);
+        let mut inbound = req.into_inner();
+        let first = first_request(&self.broker, &mut inbound, "a receive stream")
+            .await?
+            .ok_or_else(|| {
+                Status::invalid_argument(
+                    "a receive stream must start with a request naming the queue",
+                )
+            })?;
+        let queue = self.queue_for(&who, Right::Receive, &first.queue)?;
+        let broker = self.broker.clone();
+        Ok(spawn_stream(4, |tx| {
+            consume(broker, queue, conn, inbound, first.credit as u64, tx)
+        }))
+    }
+
     /// The connection a request came on.
     fn connection<T>(&self, req: &Request<T>) -> Arc<Connection> {
         self.connections.get(crate::flow::peer_of(req))
@@ -135,21 +172,13 @@ impl MessageQueueService for Service {
         &self,
         req: Request<Streaming<v1::ReceiveRequest>>,
     ) -> Result<Response<Self::ReceiveStream>, Status> {
-        let who = Identity::of(&req);
-        let conn = self.connection(&req);
-        let mut inbound = req.into_inner();
-        let first = first_request(&self.broker, &mut inbound, "a receive stream")
-            .await?
-            .ok_or_else(|| {
-                Status::invalid_argument(
-                    "a receive stream must start with a request naming the queue",
-                )
-            })?;
-        let queue = self.queue_for(&who, Right::Receive, &first.queue)?;
-        let broker = self.broker.clone();
-        Ok(spawn_stream(4, |tx| {
-            consume(broker, queue, conn, inbound, first.credit as u64, tx)
-        }))
+        // tonic encodes these (a compressed Receive): each delivery's count is given back once
+        // tonic takes it to encode it.
+        let (metadata, stream, extensions) = self.receive_counted(req).await?.into_parts();
+        let stream: Self::ReceiveStream = Box::pin(futures::StreamExt::map(stream, |r| {
+            r.map(|(delivery, _count)| delivery)
+        }));
+        Ok(Response::from_parts(metadata, stream, extensions))
     }
 
     async fn receive_one(
@@ -945,10 +974,15 @@ async fn consume(
     conn: Arc<Connection>,
     mut inbound: Streaming<v1::ReceiveRequest>,
     mut credit: u64,
-    tx: mpsc::Sender<Result<v1::ReceiveResponse, Status>>,
+    tx: mpsc::Sender<Result<Delivery, Status>>,
 ) {
     let flow = broker.config().flow.clone();
     let dest = queue.info().format_name;
+    // Bytes of deliveries built and not yet written: each batch reserves the most it may take
+    // before it takes anything, and holds what it took until HTTP/2 has written it.
+    let unsent = conn.unsent(delivery_batch_bytes(broker.config()));
+    // A batch's bytes that came while the stream waited for them.
+    let mut reserved: Option<crate::unsent::Reserved> = None;
     // Delivered, unacknowledged: tag, entry, and when it was delivered.
     let mut in_flight: VecDeque<(u64, Entry, tokio::time::Instant)> = VecDeque::new();
     let mut next_tag = 1u64;
@@ -983,9 +1017,24 @@ async fn consume(
             granted += conn.reserve_unacked(want - granted, flow.max_unacked_per_connection);
         }
         let mut blocked_by_connection = granted < want;
-        if granted > 0 {
+        // Out of bytes for deliveries not yet written: nothing is taken until some come back.
+        let mut short_of_bytes = false;
+        let budget = match reserved.take() {
+            Some(r) if granted > 0 => Some(r),
+            _ if granted > 0 => unsent.try_reserve(),
+            _ => None,
+        };
+        if granted > 0 && budget.is_none() {
+            conn.release_unacked(granted);
+            (granted, blocked_by_connection, short_of_bytes) = (0, false, true);
+        }
+        if let Some(budget) = budget {
             let taken = match queue
-                .take_bounded(granted as usize, MAX_DELIVERY_BATCH_BYTES)
+                .take_within(
+                    granted as usize,
+                    budget.bytes(),
+                    crate::unsent::DELIVERY_OVERHEAD_BYTES,
+                )
                 .and_then(|t| broker.removable(&queue, t))
             {
                 Ok(t) => t,
@@ -994,6 +1043,12 @@ async fn consume(
                     break Some(e.into());
                 }
             };
+            let used = taken.iter().fold(0usize, |n, e| {
+                n.saturating_add(e.msg.body_len as usize + crate::unsent::DELIVERY_OVERHEAD_BYTES)
+            });
+            // A message over the batch's bytes (stored under a larger --max-body-bytes) is
+            // taken alone and counted at the batch's.
+            let count = Arc::new(budget.keep(used));
             if (taken.len() as u64) < granted {
                 blocked_by_connection = false;
                 conn.release_unacked(granted - taken.len() as u64);
@@ -1023,7 +1078,7 @@ async fn consume(
                     break Some(err.into());
                 }
                 for messages in delivery_items(messages) {
-                    let item = v1::ReceiveResponse { messages };
+                    let item = (v1::ReceiveResponse { messages }, count.clone());
                     // A client that does not read holds its messages until the ack timeout.
                     let deadline =
                         in_flight.front().map_or(now, |(_, _, at)| *at) + flow.ack_timeout;
@@ -1052,6 +1107,7 @@ async fn consume(
                 }
             }, if blocked_by_connection => continue,
             _ = tokio::time::sleep_until(ack_deadline), if oldest.is_some() => continue,
+            r = unsent.reserve(), if short_of_bytes => reserved = Some(r),
             r = inbound.message() => match r {
                 Ok(Some(r)) => {
                     // Per-message acknowledgements waiting: one removal, one bigger delivery.

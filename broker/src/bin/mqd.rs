@@ -163,6 +163,17 @@ struct Args {
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     max_unacked_per_connection: u64,
+    /// Most bytes of deliveries (bodies and 256 B a message) the receive streams of one
+    /// connection hold that the client has not read yet (built, not yet written); past it
+    /// they deliver no more until it reads. Raised to at least one stream's budget (16 MiB,
+    /// or 2 × (--max-body-bytes + 256) if more).
+    #[arg(
+        long,
+        default_value_t = mq_broker::FlowLimits::default().max_unsent_bytes_per_connection,
+        value_name = "BYTES",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    max_unsent_bytes_per_connection: u64,
     /// A receiver holding a delivered message this long without acknowledging it loses its
     /// stream, and its unacknowledged messages go back to the queue, e.g. 30m, 90s.
     #[arg(long, default_value = "30m", value_parser = nonzero_duration, value_name = "DURATION")]
@@ -479,6 +490,7 @@ async fn run() -> anyhow::Result<()> {
         cursor_idle: std::time::Duration::from_secs(args.cursor_idle_secs),
         tx_stream_idle: args.tx_stream_idle,
         max_batch_messages: args.max_batch_messages,
+        max_unsent_bytes_per_connection: args.max_unsent_bytes_per_connection,
         max_partial_bytes_per_connection: args.max_partial_bytes_per_connection,
         max_partial_bytes: args.max_partial_bytes,
         message_arrival_timeout: args.message_arrival_timeout,

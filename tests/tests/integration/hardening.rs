@@ -959,3 +959,190 @@ async fn a_send_stream_whose_answers_are_not_read_stops_reading() {
     assert!(peak < 100 * 1024, "mqd's peak grew by {peak} KiB");
     println!("mqd grew by {peak} KiB at its peak");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Receive streams whose client does not read.
+
+/// Body `i` of `len` bytes: filler that depends on `i`.
+fn filler(i: usize, len: usize) -> bytes::Bytes {
+    let mut x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len / 8)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+/// `n` recoverable messages of `len` bytes on `queue`, labelled with their index.
+async fn send_numbered(client: &mq_client::Client, queue: &str, n: usize, len: usize) {
+    let sender = client
+        .sender(queue, mq_client::SenderOptions::default())
+        .await
+        .unwrap();
+    for i in 0..n {
+        let m = Message::new(filler(i, len))
+            .label(i.to_string())
+            .recoverable(true);
+        sender.send(m).await.unwrap();
+    }
+    assert_eq!(sender.close().await.unwrap().acknowledged, n as u64);
+}
+
+/// One HTTP/2 connection to `mqd` whose windows are small (64 KiB a stream, 1 MiB in all), so
+/// that a stream nobody reads soon stops taking bytes.
+async fn small_window_client(
+    mqd: &MqdProcess,
+) -> v1::message_queue_service_client::MessageQueueServiceClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(mqd.url().to_string())
+        .unwrap()
+        .initial_stream_window_size(Some(64 * 1024))
+        .initial_connection_window_size(Some(1 << 20))
+        .connect()
+        .await
+        .unwrap();
+    v1::message_queue_service_client::MessageQueueServiceClient::new(channel)
+        .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
+}
+
+/// A receive stream on `rpc`'s connection asking for `credit` messages of `queue`.
+async fn open_stream(
+    rpc: &mut v1::message_queue_service_client::MessageQueueServiceClient<
+        tonic::transport::Channel,
+    >,
+    queue: &str,
+    credit: u32,
+) -> (
+    tokio::sync::mpsc::Sender<v1::ReceiveRequest>,
+    tonic::Streaming<v1::ReceiveResponse>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(v1::ReceiveRequest {
+        queue: queue.into(),
+        credit,
+        ack_through: 0,
+    })
+    .await
+    .unwrap();
+    let items = rpc
+        .receive(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, items)
+}
+
+/// Receive streams whose client does not read hold at most their connection's budget of
+/// deliveries not yet written (`--max-unsent-bytes-per-connection`, here 32 MiB), not what
+/// their credit allows: 8 unread streams of 3 MiB recoverable messages took all 48 (six a
+/// stream: its channel, the item being encoded and HTTP/2's buffer; 144 MiB of bodies read
+/// from the journal and held) before the budget; now about ten. Once read, every message
+/// arrives intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receive_streams_nobody_reads_hold_at_most_their_connections_budget() {
+    const STREAMS: usize = 8;
+    const MESSAGES: usize = 48;
+    const BODY: usize = 3 << 20;
+    const Q: &str = r".\private$\unread-deliveries";
+    let dir = temp_data_dir("mq-unread-deliveries");
+    let (mqd, client) = MqdProcess::launch_with_queue(
+        dir.path(),
+        &["--max-unsent-bytes-per-connection", "33554432"],
+        Q,
+    )
+    .await;
+    send_numbered(&client, Q, MESSAGES, BODY).await;
+    let before = mq_tests::rss_kib(mqd.pid());
+    let mut rpc = small_window_client(&mqd).await;
+    let mut streams = Vec::new();
+    for _ in 0..STREAMS {
+        streams.push(open_stream(&mut rpc, Q, 100).await);
+    }
+    let in_flight = || async { client.queue_info(Q).await.unwrap().in_flight };
+    // Some are taken at once; then no more than the budget allows: 32 MiB of 3 MiB messages
+    // (and 256 B each), and what the client's windows let through (1 MiB).
+    assert!(eventually(T, || async { in_flight().await > 0 }).await);
+    let over = eventually(Duration::from_secs(4), || async { in_flight().await > 12 }).await;
+    let taken = in_flight().await;
+    let grown = mq_tests::rss_kib(mqd.pid()).saturating_sub(before);
+    println!("unread streams took {taken} messages; mqd grew by {grown} KiB");
+    assert!(!over, "the unread streams took {taken} messages of 3 MiB");
+    assert!(grown < 56 * 1024, "mqd grew by {grown} KiB");
+    // Read: every message arrives, intact, across the streams.
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut readers = Vec::new();
+    for (tx, mut items) in streams {
+        let got = got.clone();
+        readers.push(tokio::spawn(async move {
+            let _tx = tx;
+            while let Ok(Some(item)) = items.message().await {
+                for d in item.messages {
+                    let m = d.message.unwrap();
+                    got.lock().unwrap().push((m.label, m.body));
+                }
+            }
+        }));
+    }
+    let all = eventually(Duration::from_secs(60), || async {
+        got.lock().unwrap().len() >= MESSAGES
+    })
+    .await;
+    for r in &readers {
+        r.abort();
+    }
+    assert!(all, "only {} messages came", got.lock().unwrap().len());
+    let mut got = std::mem::take(&mut *got.lock().unwrap());
+    assert_eq!(got.len(), MESSAGES);
+    got.sort_by_key(|(label, _)| label.parse::<usize>().unwrap());
+    for (i, (label, body)) in got.into_iter().enumerate() {
+        assert_eq!(label, i.to_string());
+        assert!(body == filler(i, BODY), "message {i} is not intact");
+    }
+}
+
+/// A stream nobody reads holds at most its own budget (16 MiB): another stream on the same
+/// connection, read and acknowledged, gets all of its queue's messages meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_nobody_reads_does_not_stop_another_on_the_same_connection() {
+    const MESSAGES: usize = 12;
+    const BODY: usize = 3 << 20;
+    let (stuck, read) = (r".\private$\stuck", r".\private$\read");
+    let dir = temp_data_dir("mq-unread-beside");
+    let (mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], stuck).await;
+    mq_tests::create_default_queue(&client, read).await;
+    send_numbered(&client, stuck, MESSAGES, BODY).await;
+    send_numbered(&client, read, MESSAGES, BODY).await;
+    let mut rpc = small_window_client(&mqd).await;
+    let _unread = open_stream(&mut rpc, stuck, 1000).await;
+    let stuck_in_flight = || async { client.queue_info(stuck).await.unwrap().in_flight };
+    assert!(eventually(T, || async { stuck_in_flight().await > 0 }).await);
+    let (acks, mut items) = open_stream(&mut rpc, read, 4).await;
+    let mut n = 0usize;
+    while n < MESSAGES {
+        let item = tokio::time::timeout(T, items.message())
+            .await
+            .unwrap_or_else(|_| panic!("only {n} messages came"))
+            .unwrap()
+            .unwrap();
+        for d in item.messages {
+            let m = d.message.unwrap();
+            assert_eq!(m.label, n.to_string());
+            assert!(m.body == filler(n, BODY), "message {n} is not intact");
+            n += 1;
+            acks.send(v1::ReceiveRequest {
+                ack_through: d.tag,
+                credit: 1,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+    }
+    assert!(
+        stuck_in_flight().await < MESSAGES as u64,
+        "the unread stream took every message"
+    );
+}

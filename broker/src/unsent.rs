@@ -1,0 +1,216 @@
+//! Deliveries built and not yet written: the bytes a receive stream holds for a client that
+//! has not read them.
+//!
+//! A receive stream takes messages while its credit and the unacknowledged limits allow, reads
+//! their bodies, and hands them to HTTP/2, which writes them as fast as the client reads. The
+//! limits count messages, not bytes: 32 streams with credit 1,000 whose client never read held
+//! 6 delivered 4 MiB messages each (the stream's channel, the item being encoded and HTTP/2's
+//! buffer): +676 MiB of mqd for one connection (helper-52, stop 43), and a connection may open
+//! 256 streams.
+//!
+//! So every batch a stream takes is counted, bodies and [`DELIVERY_OVERHEAD_BYTES`] a message,
+//! against two budgets: the stream's ([`STREAM_UNSENT_BYTES`], or two of the largest batches)
+//! and its connection's (`--max-unsent-bytes-per-connection`). The count is reserved before
+//! the messages are taken (the most a batch may need), what the batch took is kept, and it is
+//! given back once HTTP/2 has written the last of its bytes: every chunk of the encoded
+//! response holds the count ([`hold`], in `large_bodies`), and h2 drops a chunk once it
+//! is written. A stream out of budget takes nothing and waits (the client's own reading gives
+//! the budget back; a stream that is not read ends with the ack timeout as before). A
+//! compressed Receive (tonic's encoder) gives its count back once tonic takes the batch.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::Semaphore;
+
+/// Bytes a delivered message is counted beside its body: its headers and framing.
+pub(crate) const DELIVERY_OVERHEAD_BYTES: usize = 256;
+
+/// Most bytes of deliveries one receive stream holds unwritten (raised to two of its largest
+/// batches).
+pub(crate) const STREAM_UNSENT_BYTES: usize = 16 << 20;
+
+/// Default `--max-unsent-bytes-per-connection`.
+pub const DEFAULT_MAX_UNSENT_BYTES_PER_CONNECTION: u64 = 64 << 20;
+
+/// The per-connection limit in force: at least one stream's ([`stream_limit`]).
+pub(crate) fn connection_limit(asked: u64, batch: usize) -> usize {
+    (asked.min(MAX_LIMIT as u64) as usize).max(stream_limit(batch))
+}
+
+/// One stream's limit, for batches of at most `batch` bytes.
+fn stream_limit(batch: usize) -> usize {
+    STREAM_UNSENT_BYTES
+        .max(batch.saturating_mul(2))
+        .min(MAX_LIMIT)
+}
+
+/// What a tokio semaphore acquires at once (`u32`), and more than any sensible limit.
+const MAX_LIMIT: usize = u32::MAX as usize;
+
+/// One receive stream's budgets: its own and its connection's.
+pub(crate) struct Unsent {
+    stream: Arc<Semaphore>,
+    connection: Arc<Semaphore>,
+    /// What a batch reserves before it takes its messages.
+    batch: u32,
+}
+
+impl Unsent {
+    /// The budgets of a stream on a connection whose budget is `connection` (of
+    /// `connection_limit` bytes), for batches of at most `batch` bytes.
+    pub(crate) fn new(connection: Arc<Semaphore>, connection_limit: usize, batch: usize) -> Self {
+        let stream = stream_limit(batch).min(connection_limit);
+        Unsent {
+            stream: Arc::new(Semaphore::new(stream)),
+            connection,
+            batch: batch.min(stream) as u32,
+        }
+    }
+
+    /// A batch's bytes if both budgets have them now.
+    pub(crate) fn try_reserve(&self) -> Option<Reserved> {
+        let s = self.stream.try_acquire_many(self.batch).ok()?;
+        let c = self.connection.try_acquire_many(self.batch).ok()?;
+        s.forget();
+        c.forget();
+        Some(self.reserved())
+    }
+
+    /// A batch's bytes once both budgets have them (the stream's first, then the connection's,
+    /// each in turn with the streams waiting before it).
+    pub(crate) async fn reserve(&self) -> Reserved {
+        let s = self.stream.acquire_many(self.batch).await;
+        let c = self.connection.acquire_many(self.batch).await;
+        // Neither semaphore is ever closed.
+        if let (Ok(s), Ok(c)) = (s, c) {
+            s.forget();
+            c.forget();
+        }
+        self.reserved()
+    }
+
+    fn reserved(&self) -> Reserved {
+        Reserved {
+            bytes: self.batch as usize,
+            stream: self.stream.clone(),
+            connection: self.connection.clone(),
+        }
+    }
+}
+
+/// Bytes counted against a stream's and its connection's budgets, given back when dropped.
+pub(crate) struct Reserved {
+    bytes: usize,
+    stream: Arc<Semaphore>,
+    connection: Arc<Semaphore>,
+}
+
+impl Reserved {
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Keeps `used` bytes (at most what was reserved) and gives the rest back.
+    pub(crate) fn keep(mut self, used: usize) -> Self {
+        let back = self.bytes.saturating_sub(used);
+        self.give_back(back);
+        self
+    }
+
+    fn give_back(&mut self, n: usize) {
+        if n > 0 {
+            self.bytes -= n;
+            self.stream.add_permits(n);
+            self.connection.add_permits(n);
+        }
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        let n = self.bytes;
+        self.give_back(n);
+    }
+}
+
+impl std::fmt::Debug for Reserved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reserved")
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+/// `chunk`, keeping `count` until it is dropped (once HTTP/2 has written it).
+pub(crate) fn hold(chunk: Bytes, count: &Arc<Reserved>) -> Bytes {
+    struct Held(Bytes, #[allow(dead_code)] Arc<Reserved>);
+    impl AsRef<[u8]> for Held {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+    Bytes::from_owner(Held(chunk, count.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_is_counted_until_its_last_chunk_is_dropped() {
+        let conn = Arc::new(Semaphore::new(100));
+        let unsent = Unsent::new(conn.clone(), 100, 30);
+        let r = unsent.try_reserve().expect("room");
+        assert_eq!(conn.available_permits(), 70);
+        let count = Arc::new(r.keep(12));
+        assert_eq!(conn.available_permits(), 88);
+        let a = hold(Bytes::from_static(b"abc"), &count);
+        let b = hold(Bytes::from_static(b"def"), &count);
+        drop(count);
+        assert_eq!(&a[..], b"abc");
+        drop(a);
+        assert_eq!(conn.available_permits(), 88, "one chunk is still unwritten");
+        drop(b);
+        assert_eq!(conn.available_permits(), 100);
+    }
+
+    #[test]
+    fn a_stream_out_of_budget_reserves_nothing_until_bytes_come_back() {
+        // A stream's limit is two batches at least; the connection's is what it was given.
+        let limit = connection_limit(64 << 20, 40);
+        assert_eq!(limit, 64 << 20);
+        assert_eq!(connection_limit(10, 40), STREAM_UNSENT_BYTES);
+        let conn = Arc::new(Semaphore::new(limit));
+        let unsent = Unsent::new(conn.clone(), limit, 40);
+        let held: Vec<_> = (0..(STREAM_UNSENT_BYTES / 40))
+            .map(|_| unsent.try_reserve().expect("within the stream's limit"))
+            .collect();
+        assert!(unsent.try_reserve().is_none());
+        // Another stream of the same connection still has the rest of the connection's.
+        let other = Unsent::new(conn.clone(), limit, 40);
+        assert!(other.try_reserve().is_some());
+        drop(held);
+        assert!(unsent.try_reserve().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_waiting_stream_gets_its_batch_when_another_gives_bytes_back() {
+        let limit = connection_limit(0, 8 << 20);
+        let conn = Arc::new(Semaphore::new(limit));
+        let a = Unsent::new(conn.clone(), limit, 8 << 20);
+        let b = Unsent::new(conn.clone(), limit, 8 << 20);
+        let first = a.try_reserve().expect("room");
+        let second = a.try_reserve().expect("room");
+        assert!(
+            b.try_reserve().is_none(),
+            "the connection's budget is taken"
+        );
+        let waiting = tokio::spawn(async move { b.reserve().await.bytes() });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        drop(first.keep(0));
+        assert_eq!(waiting.await.unwrap(), 8 << 20);
+        drop(second);
+    }
+}
