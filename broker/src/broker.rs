@@ -123,7 +123,14 @@ fn read_recovered_headers(
 }
 
 fn page(q: &Queue, journal: &Journal, window: usize) {
-    if q.def().role == QueueRole::Normal && window > 0 {
+    // The dead-letter queues too: a dead letter's journal record is a `Put` of its own header,
+    // dead-letter info included (`deadletter.rs`). Subqueues, journal queues and outgoing
+    // queues keep every header in memory.
+    let paged = matches!(
+        q.def().role,
+        QueueRole::Normal | QueueRole::DeadLetter | QueueRole::DeadXact
+    );
+    if paged && window > 0 {
         q.set_paging(crate::queue::Paging {
             window,
             source: Arc::new(JournalHeaders(journal.clone())),
@@ -1693,6 +1700,17 @@ impl Broker {
         self.stored_used.load(Ordering::Acquire)
     }
 
+    /// Charges `bytes` more to a quota without checking it: what a message already charged
+    /// costs more where it moves (a dead letter's info, `deadletter.rs`); a move is not refused
+    /// for it.
+    pub(crate) fn charge_more(&self, delivery: Delivery, bytes: u64) {
+        let counter = match delivery {
+            Delivery::Express => &self.express_used,
+            Delivery::Recoverable => &self.stored_used,
+        };
+        counter.fetch_add(bytes, Ordering::AcqRel);
+    }
+
     pub(crate) fn release(&self, delivery: Delivery, bytes: u64) {
         if bytes == 0 {
             return;
@@ -2050,6 +2068,87 @@ mod tests {
         assert!(local(r"DIRECT=TCP:203.0.113.7\private$\q"));
         assert!(!local(r"DIRECT=TCP:203.0.113.8\private$\q"));
         assert!(!local(r"DIRECT=OS:other.example.net\private$\q"));
+        b.close();
+    }
+
+    /// The dead-letter queues page their headers as application queues do (a dead letter's
+    /// `Put` holds its header with its dead-letter info): 40 recoverable dead letters with a
+    /// window of 4 keep 4 headers in memory, the rest are read back with their info, before
+    /// and after a restart; each is charged its info too, and gives it all back.
+    #[tokio::test]
+    async fn dead_letter_queues_page_their_headers() {
+        const N: usize = 40;
+        let dir = tempfile::tempdir().unwrap();
+        let open_paged = || {
+            let mut config = BrokerConfig::new(dir.path());
+            config.queue_header_window = 4;
+            let (b, _) = Broker::open(config, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
+            Arc::new(b)
+        };
+        let b = open_paged();
+        b.create_queue(v1::CreateQueueRequest {
+            name: r".\private$\q".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let dests = b.destinations(r".\private$\q", false).unwrap();
+        let msgs = (0..N)
+            .map(|i| v1::OutMessage {
+                body: Bytes::from(format!("m{i}")),
+                delivery: v1::Delivery::Recoverable as i32,
+                time_to_be_received_ms: 1,
+                ..Default::default()
+            })
+            .collect();
+        let sent = b.send_batch(&dests, msgs, false).await;
+        assert!(sent.failures.is_empty(), "{:?}", sent.failures);
+        let dlq = b.dead_letter_queue(false).clone();
+        for _ in 0..1000 {
+            if dlq.info().messages == N as u64 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            b.sweep_expired().await;
+        }
+        assert_eq!(dlq.info().messages, N as u64);
+        let charged = b.stored_used.load(Ordering::Acquire);
+        assert_eq!(dlq.paged_out(), N - 4, "the dead-letter queue pages");
+        let check = |b: &Arc<Broker>| {
+            let dlq = b.dead_letter_queue(false).clone();
+            let taken = dlq.take(N).unwrap();
+            let bodies: Vec<u32> = taken.iter().map(|e| e.msg.body_len).collect();
+            assert_eq!(bodies.len(), N);
+            for e in &taken {
+                let d = e
+                    .msg
+                    .dead_letter
+                    .as_ref()
+                    .expect("dead-letter info read back");
+                assert_eq!(d.class, v1::DeadLetterClass::ReceiveTimeout);
+                assert_eq!(d.destination, r"DIRECT=OS:.\private$\q");
+            }
+            taken
+        };
+        let taken = check(&b);
+        assert!(dlq.restore(taken).is_empty());
+        b.close();
+        drop((b, dlq));
+        let b = open_paged();
+        let dlq = b.dead_letter_queue(false).clone();
+        assert_eq!(dlq.paged_out(), N - 4, "paged after recovery");
+        assert_eq!(b.stored_used.load(Ordering::Acquire), charged);
+        let taken = check(&b);
+        // Charged: body, overhead and the info (its texts and 128 B) for each.
+        let info = taken[0].msg.dead_letter.as_ref().unwrap();
+        let one = 2
+            + crate::config::MESSAGE_OVERHEAD_BYTES
+            + crate::message::DEAD_LETTER_INFO_BYTES
+            + (info.reason.len() + info.destination.len() + info.broker.len()) as u64;
+        assert_eq!(charged, one * 10 + (one + 1) * 30);
+        dlq.complete(&taken);
+        b.forget_received_acked(&dlq, &taken);
+        assert_eq!(b.stored_used.load(Ordering::Acquire), 0);
         b.close();
     }
 

@@ -26,6 +26,14 @@ static DEAD_LETTER_LOG: crate::ratelog::RateLimitedLog = crate::ratelog::RateLim
 /// How often queues with deadlines are swept for expired messages.
 pub const SWEEP_INTERVAL: Duration = Duration::from_millis(100);
 
+/// Most messages, and most body bytes (at least one message), one sweep batch takes from a
+/// queue: their bodies are read into memory and moved in one journal record. A queue whose
+/// 400,000 messages expired at once was moved in one record, every body read first.
+const SWEEP_BATCH: usize = 4096;
+const SWEEP_BATCH_BYTES: u64 = 16 << 20;
+/// Most batches one sweep moves from a queue (the next sweep goes on).
+const SWEEP_BATCHES: usize = 64;
+
 /// How often a sweep walks every queue even though the broker-wide hint says nothing is due.
 const FULL_SWEEP_EVERY: Duration = Duration::from_secs(10);
 
@@ -85,52 +93,63 @@ impl Broker {
             }
         });
         for q in due {
-            let now = now_ms();
-            if !q.needs_sweep(now) {
+            // A batch at a time (their bodies are read and moved in one journal record), at
+            // most SWEEP_BATCHES of them a sweep: a move that fails puts its messages back,
+            // and the next sweep tries again.
+            for _ in 0..SWEEP_BATCHES {
+                let now = now_ms();
+                if !q.needs_sweep(now) {
+                    b.sweep_hint.lower(q.sweep_at());
+                    break;
+                }
+                let expired = q.sweep_some(now, SWEEP_BATCH, SWEEP_BATCH_BYTES);
                 b.sweep_hint.lower(q.sweep_at());
-                continue;
+                if expired.is_empty() {
+                    break;
+                }
+                b.dead_letter_expired(&q, expired, now).await;
             }
-            let expired = q.sweep(now);
-            b.sweep_hint.lower(q.sweep_at());
-            if expired.is_empty() {
-                continue;
-            }
-            let outgoing = matches!(q.def().role, QueueRole::Outgoing { .. });
-            let items = expired
-                .into_iter()
-                .map(|entry| {
-                    let m = &entry.msg;
-                    let (class, reason) = if m.receive_expired(now) {
-                        (
-                            DeadLetterClass::ReceiveTimeout,
-                            format!(
-                                "its time-to-be-received passed {} ms ago, before it was received",
-                                now.saturating_sub(m.receive_by_ms)
-                            ),
-                        )
-                    } else {
-                        (
-                            DeadLetterClass::ReachQueueTimeout,
-                            format!(
-                                "its time-to-reach-queue passed {} ms ago while it waited in the outgoing queue",
-                                now.saturating_sub(m.reach_queue_by_ms)
-                            ),
-                        )
-                    };
-                    let reason = if outgoing {
-                        reason
-                    } else {
-                        format!("{reason} (in {})", q.def().name)
-                    };
-                    DeadLetterItem {
-                        entry,
-                        class,
-                        reason,
-                    }
-                })
-                .collect();
-            b.dead_letter(&q, items).await;
         }
+    }
+
+    /// Moves `expired` (taken from `q` by a sweep at `now`) to a dead-letter queue, each with
+    /// why.
+    async fn dead_letter_expired(&self, q: &Arc<Queue>, expired: Vec<Entry>, now: u64) {
+        let outgoing = matches!(q.def().role, QueueRole::Outgoing { .. });
+        let items = expired
+            .into_iter()
+            .map(|entry| {
+                let m = &entry.msg;
+                let (class, reason) = if m.receive_expired(now) {
+                    (
+                        DeadLetterClass::ReceiveTimeout,
+                        format!(
+                            "its time-to-be-received passed {} ms ago, before it was received",
+                            now.saturating_sub(m.receive_by_ms)
+                        ),
+                    )
+                } else {
+                    (
+                        DeadLetterClass::ReachQueueTimeout,
+                        format!(
+                            "its time-to-reach-queue passed {} ms ago while it waited in the outgoing queue",
+                            now.saturating_sub(m.reach_queue_by_ms)
+                        ),
+                    )
+                };
+                let reason = if outgoing {
+                    reason
+                } else {
+                    format!("{reason} (in {})", q.def().name)
+                };
+                DeadLetterItem {
+                    entry,
+                    class,
+                    reason,
+                }
+            })
+            .collect();
+        self.dead_letter(q, items).await;
     }
 
     /// Moves taken entries of `src` to the dead-letter queue that fits each (DEADXACT for
@@ -148,6 +167,8 @@ impl Broker {
         let mut done: Vec<Entry> = Vec::new();
         let mut back: Vec<Entry> = Vec::new();
         let mut counted = 0u64;
+        // What the recoverable dead letters' info adds to their charge (`charged_bytes`).
+        let mut more = 0u64;
         let mut classes = Vec::new();
         // NACKs: express originals' are posted at once, recoverable ones' in the record.
         let reached = !matches!(src.def().role, QueueRole::Outgoing { .. });
@@ -236,12 +257,16 @@ impl Broker {
             }
             match m.delivery {
                 Delivery::Express => {
+                    // The broker-wide quota counted the message as it was; its copy here
+                    // also carries its dead-letter info.
+                    self.charge_more(Delivery::Express, moved.charged_bytes() - m.charged_bytes());
                     self.insert_or_forget(&dl, vec![Entry::new(seq, moved)]);
                     done.push(item.entry);
                 }
                 Delivery::Recoverable => {
                     ops.push(moved.put_op(dl.def().id, seq));
                     removed.push(item.entry.seq);
+                    more += moved.charged_bytes() - m.charged_bytes();
                     durable.push((dl, Entry::new(seq, Arc::new(moved.without_body()))));
                     done.push(item.entry);
                 }
@@ -268,8 +293,10 @@ impl Broker {
                 done = keep;
                 back.extend(undo);
                 durable.clear();
+                more = 0;
             }
         }
+        self.charge_more(Delivery::Recoverable, more);
         for (dl, entries) in group_by_queue(durable) {
             self.insert_or_forget(&dl, entries);
         }

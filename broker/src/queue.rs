@@ -521,6 +521,16 @@ impl Queue {
         }
     }
 
+    /// Ready messages whose headers are not in memory (paged out to the journal).
+    #[cfg(test)]
+    pub(crate) fn paged_out(&self) -> usize {
+        self.lock()
+            .tails
+            .iter()
+            .map(|t| t.seqs.len() - t.mem.len())
+            .sum()
+    }
+
     /// Makes the queue page its headers (see the module docs). Call before anything is
     /// inserted; a second call changes nothing.
     pub fn set_paging(&self, paging: Paging) {
@@ -914,11 +924,28 @@ impl Queue {
 
     /// Takes every message whose deadline has passed at `now` (set aside by `take`, or still
     /// waiting), counted in flight, for the broker to move to a dead-letter queue.
+    #[cfg(test)]
     pub fn sweep(&self, now: u64) -> Vec<Entry> {
+        self.sweep_some(now, usize::MAX, u64::MAX)
+    }
+
+    /// [`Queue::sweep`], stopping once it took `max` messages or bodies of `max_bytes` (at least
+    /// one message): the broker reads the bodies of what it takes and moves them in one journal
+    /// record, so a backlog that expires at once is moved a bounded batch at a time. What is
+    /// left stays due ([`Queue::sweep_at`] is `now` or earlier).
+    pub fn sweep_some(&self, now: u64, max: usize, max_bytes: u64) -> Vec<Entry> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        let mut out = std::mem::take(&mut st.expired);
-        if st.timed > 0 && !st.deleted && now >= st.next_deadline {
+        let mut out = Budget::new(max, max_bytes);
+        let (mut n, mut bytes) = (0, 0);
+        while n < st.expired.len() && !out.would_be_full(n, bytes) {
+            bytes += st.expired[n].msg.body_len as u64;
+            n += 1;
+        }
+        for e in st.expired.drain(..n) {
+            out.push(e);
+        }
+        if !out.full() && st.timed > 0 && !st.deleted && now >= st.next_deadline {
             let mut next = u64::MAX;
             for p in 0..8 {
                 if st.levels[p].is_empty() {
@@ -932,7 +959,7 @@ impl Queue {
                         continue;
                     }
                     match self.deadline_ms(&e) {
-                        Some(d) if now >= d => {
+                        Some(d) if now >= d && !out.full() => {
                             st.index.remove(p as u8, &e);
                             st.timed -= 1;
                             st.ready -= 1;
@@ -952,7 +979,7 @@ impl Queue {
                 if st.tails[p].seqs.is_empty() {
                     continue;
                 }
-                if now >= st.tails[p].deadline {
+                if now >= st.tails[p].deadline && !out.full() {
                     if let Err(e) = self.sweep_tail(st, p, now, &mut out) {
                         tracing::error!(queue = %self.def.name, error = %e,
                             "cannot read paged headers to find expired messages; trying again at the next sweep");
@@ -963,27 +990,37 @@ impl Queue {
             st.next_deadline = next;
         }
         self.set_sweep_at(st);
-        out
+        out.entries
     }
 
     /// The sweep of one level's tail: reads its headers, takes the expired entries (into
-    /// `out`, counted in flight) and makes the tail's deadline exact.
+    /// `out`, counted in flight, until it is full) and makes the tail's deadline exact (or
+    /// `now`, if it stopped before the end).
     fn sweep_tail(
         &self,
         st: &mut State,
         lane: usize,
         now: u64,
-        out: &mut Vec<Entry>,
+        out: &mut Budget,
     ) -> Result<(), BrokerError> {
         let mut next = u64::MAX;
         let mut gone = Vec::new();
+        let mut gone_bytes = 0u64;
         let mut i = 0;
         while i < st.tails[lane].seqs.len() {
+            if out.would_be_full(gone.len(), gone_bytes) {
+                // The rest is read by the next sweep, due at once.
+                next = next.min(now);
+                break;
+            }
             let (got, upto) = self.read_tail(st, lane, i, TAIL_READ)?;
             i = upto;
             for (idx, e) in got {
                 match self.deadline_ms(&e) {
-                    Some(d) if now >= d => gone.push((idx, e)),
+                    Some(d) if now >= d && !out.would_be_full(gone.len(), gone_bytes) => {
+                        gone_bytes += e.msg.body_len as u64;
+                        gone.push((idx, e));
+                    }
                     Some(d) => next = next.min(d),
                     None => {}
                 }
@@ -1796,6 +1833,39 @@ impl PeekCursor {
 }
 
 /// Where [`Queue::find`] found a ready entry of a lane.
+/// Entries a sweep takes, up to a count and body bytes (at least one entry).
+struct Budget {
+    entries: Vec<Entry>,
+    bytes: u64,
+    max: usize,
+    max_bytes: u64,
+}
+
+impl Budget {
+    fn new(max: usize, max_bytes: u64) -> Self {
+        Budget {
+            entries: Vec::new(),
+            bytes: 0,
+            max,
+            max_bytes,
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.would_be_full(0, 0)
+    }
+
+    /// Whether it would be full with `n` more entries of `bytes` more.
+    fn would_be_full(&self, n: usize, bytes: u64) -> bool {
+        self.entries.len() + n >= self.max || self.bytes + bytes >= self.max_bytes
+    }
+
+    fn push(&mut self, e: Entry) {
+        self.bytes += e.msg.body_len as u64;
+        self.entries.push(e);
+    }
+}
+
 /// Where a take stops ([`Queue::take_bounded`], [`Queue::take_within`]).
 #[derive(Clone, Copy)]
 enum Bound {
@@ -2522,11 +2592,7 @@ mod tests {
     }
 
     fn paged(q: &Queue) -> usize {
-        q.lock()
-            .tails
-            .iter()
-            .map(|t| t.seqs.len() - t.mem.len())
-            .sum()
+        q.paged_out()
     }
 
     /// Priority then FIFO across the window's edge, with an express message (kept in memory)
@@ -2673,6 +2739,41 @@ mod tests {
         let got = q.take(100).unwrap();
         assert_eq!(labels(&got).len(), 6);
         assert_eq!(labels(&q.sweep(now_ms())), ["gone"]);
+    }
+
+    /// A sweep takes a bounded batch (count, body bytes, at least one), in its window and its
+    /// paged tail alike, and leaves the rest due: 14 expired messages (4 in the window, 10
+    /// paged) come out 5, 5, 4 by count; then by bytes, one at a time when each is bigger.
+    #[test]
+    fn a_sweep_takes_a_bounded_batch_and_leaves_the_rest_due() {
+        let (q, h) = paged_queue();
+        let t = now_ms() + 60_000;
+        let ms: Vec<_> = (0..14)
+            .map(|i| {
+                let mut m = (*rec(3, &format!("m{i}"))).clone();
+                m.receive_by_ms = t;
+                m.body_len = 10;
+                Arc::new(m)
+            })
+            .collect();
+        send(&q, &h, &ms);
+        assert_eq!(paged(&q), 10);
+        let mut got = Vec::new();
+        for want in [5, 5, 4] {
+            assert!(q.needs_sweep(t), "the rest is due");
+            let swept = q.sweep_some(t, 5, u64::MAX);
+            assert_eq!(swept.len(), want);
+            got.extend(labels(&swept));
+        }
+        assert_eq!(got, (0..14).map(|i| format!("m{i}")).collect::<Vec<_>>());
+        assert!(q.sweep_some(t, 5, u64::MAX).is_empty());
+        assert!(!q.needs_sweep(u64::MAX - 1), "nothing timed is left");
+        // By bytes: 25 bytes hold two bodies of 10 and reach the bound with the third.
+        let (q, h) = paged_queue();
+        send(&q, &h, &ms);
+        assert_eq!(q.sweep_some(t, 100, 25).len(), 3);
+        assert_eq!(q.sweep_some(t, 100, 1).len(), 1, "at least one");
+        assert_eq!(q.sweep_some(t, 100, 1000).len(), 10);
     }
 
     /// Purge, delete and the quota with a paged tail: every charge and count comes back.
