@@ -191,7 +191,7 @@ pub struct FlowLimits {
     pub max_unacked_per_stream: u64,
     /// Most delivered, unacknowledged messages per connection.
     pub max_unacked_per_connection: u64,
-    /// Most bytes of deliveries (bodies and 256 B a message) the receive streams of one
+    /// Most bytes of deliveries (bodies, texts and 256 B a message) the receive streams of one
     /// connection hold before HTTP/2 has written them, i.e. before the client has read them;
     /// past it they take no more messages until it reads. Raised to at least one stream's
     /// budget (16 MiB, or two of the largest batches: 2 × (--max-body-bytes + 256 B)).

@@ -306,6 +306,18 @@ impl StoredMessage {
             + overhead
     }
 
+    /// What the message puts in a delivery beside its queue's name and its fixed-size fields:
+    /// its body and every text it carries.
+    pub fn delivered_bytes(&self) -> u64 {
+        self.body_len as u64
+            + (self.label.len() + self.correlation_id.len() + self.response_queue.len()) as u64
+            + self.admin_queue.as_deref().map_or(0, |a| a.len() as u64)
+            + self.sender.as_deref().map_or(0, |a| a.len() as u64)
+            + self.dead_letter.as_deref().map_or(0, |d| {
+                (d.reason.len() + d.destination.len() + d.broker.len()) as u64
+            })
+    }
+
     /// The same message without its body in memory (kept in the journal).
     pub fn without_body(&self) -> StoredMessage {
         StoredMessage {

@@ -829,9 +829,10 @@ impl Queue {
         self.take_until(max, Bound::Reach(max_bytes))
     }
 
-    /// [`Queue::take`], of messages whose bodies and `overhead` bytes each come to at most
-    /// `budget` (the first message is taken whatever its size). Stops at the first message
-    /// that does not fit, as the order of delivery requires.
+    /// [`Queue::take`], of messages that come to at most `budget` bytes, each counted as its
+    /// body and texts (`StoredMessage::delivered_bytes`) and `overhead` (the first message is
+    /// taken whatever its size). Stops at the first message that does not fit, as the order of
+    /// delivery requires.
     pub fn take_within(
         &self,
         max: usize,
@@ -877,7 +878,11 @@ impl Queue {
                     st.tombstones -= 1;
                     continue;
                 }
-                let cost = (e.msg.body_len as usize).saturating_add(overhead);
+                let cost = if within {
+                    (e.msg.delivered_bytes() as usize).saturating_add(overhead)
+                } else {
+                    e.msg.body_len as usize
+                };
                 if within && !out.is_empty() && bytes.saturating_add(cost) > max_bytes {
                     st.levels[p].push_front(e);
                     break 'levels;
@@ -1871,7 +1876,7 @@ impl Budget {
 enum Bound {
     /// Once the bodies taken reach this many bytes.
     Reach(usize),
-    /// Before the message whose body and `overhead` would take the total past `budget`.
+    /// Before the message whose body, texts and `overhead` would take the total past `budget`.
     Within { budget: usize, overhead: usize },
 }
 

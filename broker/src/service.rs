@@ -981,8 +981,13 @@ async fn consume(
     // Bytes of deliveries built and not yet written: each batch reserves the most it may take
     // before it takes anything, and holds what it took until HTTP/2 has written it.
     let unsent = conn.unsent(delivery_batch_bytes(broker.config()));
+    // Each delivered message counts its body and texts, its queue's name and 256 B.
+    let overhead = crate::unsent::DELIVERY_OVERHEAD_BYTES + dest.len();
     // A batch's bytes that came while the stream waited for them.
     let mut reserved: Option<crate::unsent::Reserved> = None;
+    // The wait for them, kept across turns of the loop: the stream keeps its place among
+    // those waiting for the connection's budget.
+    let mut waiting: Option<Pin<Box<dyn std::future::Future<Output = _> + Send + '_>>> = None;
     // Delivered, unacknowledged: tag, entry, and when it was delivered.
     let mut in_flight: VecDeque<(u64, Entry, tokio::time::Instant)> = VecDeque::new();
     let mut next_tag = 1u64;
@@ -1030,11 +1035,7 @@ async fn consume(
         }
         if let Some(budget) = budget {
             let taken = match queue
-                .take_within(
-                    granted as usize,
-                    budget.bytes(),
-                    crate::unsent::DELIVERY_OVERHEAD_BYTES,
-                )
+                .take_within(granted as usize, budget.bytes(), overhead)
                 .and_then(|t| broker.removable(&queue, t))
             {
                 Ok(t) => t,
@@ -1044,7 +1045,7 @@ async fn consume(
                 }
             };
             let used = taken.iter().fold(0usize, |n, e| {
-                n.saturating_add(e.msg.body_len as usize + crate::unsent::DELIVERY_OVERHEAD_BYTES)
+                n.saturating_add((e.msg.delivered_bytes() as usize).saturating_add(overhead))
             });
             // A message over the batch's bytes (stored under a larger --max-body-bytes) is
             // taken alone and counted at the batch's.
@@ -1096,9 +1097,15 @@ async fn consume(
             break Some(BrokerError::QueueNotFound(queue.def().name.clone()).into());
         }
         let ack_deadline = oldest.unwrap_or_else(tokio::time::Instant::now);
+        if short_of_bytes {
+            waiting.get_or_insert_with(|| Box::pin(unsent.reserve()));
+        } else {
+            waiting = None;
+        }
         tokio::select! {
-            // Wakes on deletion too, so a consumer without credit still notices it.
-            _ = notified => continue,
+            // Wakes on deletion too, so a consumer without credit still notices it. Not while
+            // the stream waits for bytes: more messages would not help it.
+            _ = notified, if !short_of_bytes => continue,
             // Blocked by the connection implies registered for room.
             _ = async {
                 match room.as_mut() {
@@ -1107,7 +1114,12 @@ async fn consume(
                 }
             }, if blocked_by_connection => continue,
             _ = tokio::time::sleep_until(ack_deadline), if oldest.is_some() => continue,
-            r = unsent.reserve(), if short_of_bytes => reserved = Some(r),
+            r = async { waiting.as_mut().expect("set while short of bytes").await },
+                if short_of_bytes => {
+                reserved = Some(r);
+                // Done: not to be polled again.
+                waiting = None;
+            }
             r = inbound.message() => match r {
                 Ok(Some(r)) => {
                     // Per-message acknowledgements waiting: one removal, one bigger delivery.

@@ -1103,25 +1103,33 @@ async fn receive_streams_nobody_reads_hold_at_most_their_connections_budget() {
     }
 }
 
-/// A stream nobody reads holds at most its own budget (16 MiB): another stream on the same
-/// connection, read and acknowledged, gets all of its queue's messages meanwhile.
+/// Streams nobody reads hold at most their own budget (16 MiB each), and give their
+/// connection's back when they end (the ack timeout, here 3 s): six of them fill the
+/// connection's 64 MiB, then a stream on the same connection, read and acknowledged, gets
+/// every message of its queue once they have ended. (The first version of the budget gave it
+/// back only once the unread deliveries were written: the reader waited for good.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_nobody_reads_does_not_stop_another_on_the_same_connection() {
-    const MESSAGES: usize = 12;
+async fn streams_nobody_reads_give_their_connections_budget_back_when_they_end() {
+    const STUCK: usize = 30;
+    const READ: usize = 12;
     const BODY: usize = 3 << 20;
     let (stuck, read) = (r".\private$\stuck", r".\private$\read");
     let dir = temp_data_dir("mq-unread-beside");
-    let (mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], stuck).await;
+    let (mqd, client) =
+        MqdProcess::launch_with_queue(dir.path(), &["--ack-timeout", "3s"], stuck).await;
     mq_tests::create_default_queue(&client, read).await;
-    send_numbered(&client, stuck, MESSAGES, BODY).await;
-    send_numbered(&client, read, MESSAGES, BODY).await;
+    send_numbered(&client, stuck, STUCK, BODY).await;
+    send_numbered(&client, read, READ, 1000).await;
     let mut rpc = small_window_client(&mqd).await;
-    let _unread = open_stream(&mut rpc, stuck, 1000).await;
+    let mut unread = Vec::new();
+    for _ in 0..6 {
+        unread.push(open_stream(&mut rpc, stuck, 1000).await);
+    }
     let stuck_in_flight = || async { client.queue_info(stuck).await.unwrap().in_flight };
     assert!(eventually(T, || async { stuck_in_flight().await > 0 }).await);
     let (acks, mut items) = open_stream(&mut rpc, read, 4).await;
     let mut n = 0usize;
-    while n < MESSAGES {
+    while n < READ {
         let item = tokio::time::timeout(T, items.message())
             .await
             .unwrap_or_else(|_| panic!("only {n} messages came"))
@@ -1130,7 +1138,7 @@ async fn a_stream_nobody_reads_does_not_stop_another_on_the_same_connection() {
         for d in item.messages {
             let m = d.message.unwrap();
             assert_eq!(m.label, n.to_string());
-            assert!(m.body == filler(n, BODY), "message {n} is not intact");
+            assert!(m.body == filler(n, 1000), "message {n} is not intact");
             n += 1;
             acks.send(v1::ReceiveRequest {
                 ack_through: d.tag,
@@ -1141,8 +1149,7 @@ async fn a_stream_nobody_reads_does_not_stop_another_on_the_same_connection() {
             .unwrap();
         }
     }
-    assert!(
-        stuck_in_flight().await < MESSAGES as u64,
-        "the unread stream took every message"
-    );
+    // The unread streams ended with the ack timeout; their messages went back.
+    assert!(eventually(T, || async { stuck_in_flight().await == 0 }).await);
+    drop(unread);
 }
