@@ -107,14 +107,17 @@ impl Broker {
                 if expired.is_empty() {
                     break;
                 }
-                b.dead_letter_expired(&q, expired, now).await;
+                if b.dead_letter_expired(&q, expired, now).await > 0 {
+                    // Some could not be moved (and went back): the next sweep tries again.
+                    break;
+                }
             }
         }
     }
 
     /// Moves `expired` (taken from `q` by a sweep at `now`) to a dead-letter queue, each with
-    /// why.
-    async fn dead_letter_expired(&self, q: &Arc<Queue>, expired: Vec<Entry>, now: u64) {
+    /// why; returns how many went back (not moved).
+    async fn dead_letter_expired(&self, q: &Arc<Queue>, expired: Vec<Entry>, now: u64) -> usize {
         let outgoing = matches!(q.def().role, QueueRole::Outgoing { .. });
         let items = expired
             .into_iter()
@@ -149,15 +152,15 @@ impl Broker {
                 }
             })
             .collect();
-        self.dead_letter(q, items).await;
+        self.dead_letter(q, items).await
     }
 
     /// Moves taken entries of `src` to the dead-letter queue that fits each (DEADXACT for
     /// transactional messages). Recoverable ones move in one journal record with their removal
-    /// from `src`; if that write fails they go back to `src`.
-    pub(crate) async fn dead_letter(&self, src: &Arc<Queue>, items: Vec<DeadLetterItem>) {
+    /// from `src`; if that write fails they go back to `src`. Returns how many went back.
+    pub(crate) async fn dead_letter(&self, src: &Arc<Queue>, items: Vec<DeadLetterItem>) -> usize {
         if items.is_empty() {
-            return;
+            return 0;
         }
         let now = now_ms();
         let me = self.config().name.clone();
@@ -307,6 +310,7 @@ impl Broker {
         for (class, _) in &classes {
             self.counters().dead_lettered(*class, 1);
         }
+        let went_back = back.len();
         let gone = src.restore(back);
         self.forget(src, &gone);
         if let QueueRole::Outgoing { destination, .. } = &src.def().role {
@@ -319,6 +323,7 @@ impl Broker {
                 o.count_dead_lettered(counted);
             }
         }
+        went_back
     }
 }
 

@@ -106,6 +106,11 @@ struct Tail {
     paged_charged: u64,
     /// No entry of the tail has an earlier deadline (a lower bound; `u64::MAX` if none).
     deadline: u64,
+    /// A sweep that stopped with a full batch goes on from this seq (0: from the start), so a
+    /// backlog that expires is read once, not once per batch ([`Queue::sweep_some`]).
+    sweep_from: u64,
+    /// No entry before `sweep_from` has an earlier deadline (a lower bound).
+    swept_deadline: u64,
 }
 
 impl Default for Tail {
@@ -116,6 +121,8 @@ impl Default for Tail {
             dead: 0,
             paged_charged: 0,
             deadline: u64::MAX,
+            sweep_from: 0,
+            swept_deadline: u64::MAX,
         }
     }
 }
@@ -148,6 +155,10 @@ impl Tail {
         }
         if let Some(d) = deadline {
             self.deadline = self.deadline.min(d);
+            // Behind where an unfinished sweep goes on: counted with what it has read.
+            if e.seq < self.sweep_from {
+                self.swept_deadline = self.swept_deadline.min(d);
+            }
         }
         if paged {
             self.paged_charged += e.msg.charged_bytes();
@@ -1008,23 +1019,39 @@ impl Queue {
         now: u64,
         out: &mut Budget,
     ) -> Result<(), BrokerError> {
-        let mut next = u64::MAX;
+        // Where the last sweep stopped, and the least deadline of what it read before.
+        let (mut i, mut next) = {
+            let tail = &st.tails[lane];
+            if tail.sweep_from == 0 {
+                (0, u64::MAX)
+            } else {
+                let at = tail.search(tail.sweep_from).unwrap_or_else(|i| i);
+                (at, tail.swept_deadline)
+            }
+        };
         let mut gone = Vec::new();
         let mut gone_bytes = 0u64;
-        let mut i = 0;
-        while i < st.tails[lane].seqs.len() {
+        // The seq the next sweep goes on from, once this one is full.
+        let mut resume = None;
+        while i < st.tails[lane].seqs.len() && resume.is_none() {
             if out.would_be_full(gone.len(), gone_bytes) {
-                // The rest is read by the next sweep, due at once.
-                next = next.min(now);
+                resume = Some(st.tails[lane].seqs[i] & !TAKEN);
                 break;
             }
             let (got, upto) = self.read_tail(st, lane, i, TAIL_READ)?;
             i = upto;
             for (idx, e) in got {
+                if resume.is_some() {
+                    break;
+                }
                 match self.deadline_ms(&e) {
-                    Some(d) if now >= d && !out.would_be_full(gone.len(), gone_bytes) => {
-                        gone_bytes += e.msg.body_len as u64;
-                        gone.push((idx, e));
+                    Some(d) if now >= d => {
+                        if out.would_be_full(gone.len(), gone_bytes) {
+                            resume = Some(e.seq);
+                        } else {
+                            gone_bytes += e.msg.body_len as u64;
+                            gone.push((idx, e));
+                        }
                     }
                     Some(d) => next = next.min(d),
                     None => {}
@@ -1045,7 +1072,17 @@ impl Queue {
         // Tombstones need not stay: an entry given back finds its place by its seq.
         tail.seqs.retain(|s| s & TAKEN == 0);
         tail.dead = 0;
-        tail.deadline = next;
+        match resume {
+            // Full: the next sweep, due at once, reads on from there.
+            Some(seq) => {
+                (tail.sweep_from, tail.swept_deadline) = (seq, next);
+                tail.deadline = now;
+            }
+            None => {
+                (tail.sweep_from, tail.swept_deadline) = (0, u64::MAX);
+                tail.deadline = next;
+            }
+        }
         if tail.seqs.is_empty() {
             tail.clear();
         }
@@ -2779,6 +2816,35 @@ mod tests {
         assert_eq!(q.sweep_some(t, 100, 25).len(), 3);
         assert_eq!(q.sweep_some(t, 100, 1).len(), 1, "at least one");
         assert_eq!(q.sweep_some(t, 100, 1000).len(), 10);
+    }
+
+    /// A sweep that stops with a full batch goes on where it stopped: 300 paged messages
+    /// without a deadline before 40 that expire are read once, not once per batch (helper-56:
+    /// 1,000,000 before 400,000 read 6.5 GB of headers, 42 s, one batch of 4,096 at a time).
+    #[test]
+    fn a_bounded_sweep_reads_on_from_where_it_stopped() {
+        let (q, h) = paged_queue();
+        let t = now_ms() + 60_000;
+        let mut ms: Vec<_> = (0..304).map(|i| rec(3, &format!("keep{i}"))).collect();
+        ms.extend((0..40).map(|i| {
+            let mut m = (*rec(3, &format!("gone{i}"))).clone();
+            m.receive_by_ms = t;
+            Arc::new(m)
+        }));
+        send(&q, &h, &ms);
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            assert!(q.needs_sweep(t));
+            got.extend(labels(&q.sweep_some(t, 10, u64::MAX)));
+        }
+        assert_eq!(got, (0..40).map(|i| format!("gone{i}")).collect::<Vec<_>>());
+        assert!(q.sweep_some(t, 10, u64::MAX).is_empty());
+        // The first sweep reads 340 headers (the 300 kept and the first 40 it comes to), the
+        // others only what is left after where the last one stopped: 30, 20, 10.
+        let reads = h.reads.load(Ordering::Relaxed);
+        assert!(reads <= 400, "{reads} headers read");
+        // A message given back behind where a sweep goes on still counts for the deadline.
+        assert!(!q.needs_sweep(u64::MAX - 1), "nothing timed is left");
     }
 
     /// Purge, delete and the quota with a paged tail: every charge and count comes back.

@@ -288,7 +288,11 @@ impl Broker {
             },
             ..(**m).clone()
         };
+        // The broker-wide quota counted the dead letter with its info (`charged_bytes`); the
+        // copy that goes on has none.
+        let less = m.charged_bytes().saturating_sub(moved.charged_bytes());
         let wire = self.place(src, entry, &target.queue, moved, false).await?;
+        self.release(m.delivery, less);
         tracing::info!(id = %m.id, from = %src.def().name, to = %quote(&name), "dead letter replayed");
         Ok(wire)
     }
