@@ -181,8 +181,24 @@ pub const ANONYMOUS: &str = "anonymous";
 pub const MAX_ACL_ENTRIES: usize = 256;
 /// Longest principal name in an ACL, in characters.
 pub const MAX_PRINCIPAL_CHARS: usize = 128;
+/// Default `--max-acl-bytes`: most bytes the ACLs of all queues together may hold, each entry
+/// counted as its principal and [`ACL_ENTRY_BYTES`]; a grant past it is refused
+/// (`RESOURCE_EXHAUSTED`). Every queue keeps its ACL in memory twice (its definition and the
+/// live copy): 256 entries of 128 four-byte characters cost ~563 KiB a queue, and at 200,000
+/// queues nothing else bounded it.
+pub const MAX_ACL_BYTES: u64 = 64 << 20;
+/// What an ACL entry is counted beside its principal's bytes.
+pub const ACL_ENTRY_BYTES: u64 = 64;
 
 impl Acl {
+    /// What this ACL counts against [`MAX_ACL_BYTES`].
+    pub fn counted_bytes(&self) -> u64 {
+        self.0
+            .keys()
+            .map(|p| p.len() as u64 + ACL_ENTRY_BYTES)
+            .sum()
+    }
+
     /// The ACL of a new queue: its creator gets every right (none recorded for anonymous).
     pub fn for_creator(who: &Identity) -> Acl {
         let mut acl = Acl::default();
@@ -999,8 +1015,26 @@ impl crate::broker::Broker {
         // In force only once journaled: a refused change leaves the ACL as it was.
         let _one = self.redefinitions.lock().await;
         let mut acl = (**q.acl_lock()).clone();
+        let before = acl.counted_bytes();
         acl.change(who, rights, grant)
             .map_err(BrokerError::InvalidArgument)?;
+        let after = acl.counted_bytes();
+        if after > before {
+            // Every queue's own ACL (a subqueue's or a journal queue's is its main queue's).
+            let all: u64 = self
+                .list()
+                .iter()
+                .filter(|q| q.rights_owner().is_none())
+                .map(|q| q.acl().counted_bytes())
+                .sum();
+            let total = all - before + after;
+            let limit = self.config().max_acl_bytes;
+            if total > limit {
+                return Err(BrokerError::QuotaExceeded(format!(
+                    "the ACLs of this broker's queues would hold {total} bytes (each entry its principal and {ACL_ENTRY_BYTES} bytes); the limit is {limit} (mqd --max-acl-bytes): grant to a group, or revoke entries elsewhere"
+                )));
+            }
+        }
         let def = crate::queue::QueueDef {
             acl: acl.clone(),
             ..q.current_def()

@@ -2152,6 +2152,48 @@ mod tests {
         b.close();
     }
 
+    /// The ACLs of all queues together hold at most `max_acl_bytes` (each entry its principal
+    /// and 64 B): a grant past it is refused, on any queue, until something is revoked.
+    #[tokio::test]
+    async fn grants_past_the_brokers_acl_bytes_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = BrokerConfig::new(dir.path());
+        // Entries of "uN", 66 B each: six fit in 400 B (396), a seventh does not (462).
+        config.max_acl_bytes = 400;
+        let (b, _) = Broker::open(config, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
+        let mut send = crate::auth::Rights::default();
+        send.insert(crate::auth::Right::Send);
+        let mut queues = Vec::new();
+        for name in ["a", "b"] {
+            b.create_queue(v1::CreateQueueRequest {
+                name: format!(r".\private$\{name}"),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            queues.push(b.queue(&format!(r".\private$\{name}")).unwrap());
+        }
+        for i in 0..6 {
+            let q = &queues[i % 2];
+            b.change_acl(q, &format!("u{i}"), send, true).await.unwrap();
+        }
+        // Granting more to a principal already there adds no entry.
+        b.change_acl(&queues[0], "u0", send, true).await.unwrap();
+        let err = b
+            .change_acl(&queues[1], "u9", send, true)
+            .await
+            .expect_err("past the broker's ACL bytes");
+        assert!(
+            matches!(&err, crate::error::BrokerError::QuotaExceeded(m) if m.contains("mqd --max-acl-bytes") && m.contains("462 bytes")),
+            "{err:?}"
+        );
+        assert!(b.change_acl(&queues[0], "u9", send, true).await.is_err());
+        // A revoke makes room, for any queue.
+        b.change_acl(&queues[0], "u0", send, false).await.unwrap();
+        b.change_acl(&queues[1], "u9", send, true).await.unwrap();
+        b.close();
+    }
+
     /// A Put for a queue with no definition (a send that raced the queue's deletion) is
     /// dropped by recovery with a tombstone, so it is not recovered and copied again forever.
     #[tokio::test]

@@ -156,6 +156,9 @@ pub struct BrokerConfig {
     pub max_outgoing_queues: usize,
     /// Most queues (subqueues included); a create beyond it is refused.
     pub max_queues: usize,
+    /// Most bytes all queues' ACLs together may hold (each entry its principal and 64 bytes);
+    /// a grant past it is refused.
+    pub max_acl_bytes: u64,
     /// Most incoming forwarding streams kept per peer address.
     pub max_forward_streams_per_peer: usize,
     /// Most incoming forwarding streams kept in all.
@@ -290,6 +293,7 @@ impl BrokerConfig {
             outgoing_idle_expiry: DEFAULT_OUTGOING_IDLE_EXPIRY,
             max_outgoing_queues: DEFAULT_MAX_OUTGOING_QUEUES,
             max_queues: DEFAULT_MAX_QUEUES,
+            max_acl_bytes: crate::auth::MAX_ACL_BYTES,
             max_forward_streams_per_peer: DEFAULT_MAX_FORWARD_STREAMS_PER_PEER,
             max_forward_streams: DEFAULT_MAX_FORWARD_STREAMS,
             forward_stream_idle: DEFAULT_FORWARD_STREAM_IDLE,

@@ -253,6 +253,11 @@ struct Args {
     /// Most queues (subqueues included); a create beyond it is refused.
     #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_QUEUES, value_parser = at_least_one())]
     max_queues: usize,
+    /// Most bytes the ACLs of all queues together may hold (each entry counted as its principal
+    /// and 64 bytes; every queue keeps its ACL in memory twice); a grant past it is refused
+    /// (RESOURCE_EXHAUSTED). Grant to groups rather than to many users one by one.
+    #[arg(long, default_value_t = mq_broker::BrokerConfig::new("").max_acl_bytes, value_name = "BYTES")]
+    max_acl_bytes: u64,
     /// Most incoming forwarding streams kept per sending address; beyond it the least recently
     /// used idle one is forgotten, and a new stream is refused if all are busy.
     #[arg(long, default_value_t = mq_broker::DEFAULT_MAX_FORWARD_STREAMS_PER_PEER, value_parser = at_least_one())]
@@ -500,6 +505,7 @@ async fn run() -> anyhow::Result<()> {
     config.outgoing_idle_expiry = args.outgoing_idle_expiry;
     config.max_outgoing_queues = args.max_outgoing_queues;
     config.max_queues = args.max_queues;
+    config.max_acl_bytes = args.max_acl_bytes;
     config.max_forward_streams_per_peer = args.max_forward_streams_per_peer;
     config.max_forward_streams = args.max_forward_streams;
     config.forward_stream_idle = args.forward_stream_idle;
