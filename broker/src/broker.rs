@@ -36,6 +36,8 @@ pub struct Broker {
     next_queue_id: AtomicU64,
     express_used: AtomicU64,
     stored_used: AtomicU64,
+    /// The header budget of the queues that page (`crate::header_windows`).
+    header_windows: Arc<crate::header_windows::HeaderWindows>,
     shutdown: tokio::sync::watch::Sender<bool>,
     dead_letter: Arc<Queue>,
     dead_xact: Arc<Queue>,
@@ -122,7 +124,8 @@ fn read_recovered_headers(
     Ok(())
 }
 
-fn page(q: &Queue, journal: &Journal, window: usize) {
+fn page(q: &Queue, journal: &Journal, windows: &Arc<crate::header_windows::HeaderWindows>) {
+    let window = windows.max();
     // The dead-letter queues too: a dead letter's journal record is a `Put` of its own header,
     // dead-letter info included (`deadletter.rs`). Subqueues, journal queues and outgoing
     // queues keep every header in memory.
@@ -133,6 +136,7 @@ fn page(q: &Queue, journal: &Journal, window: usize) {
     if paged && window > 0 {
         q.set_paging(crate::queue::Paging {
             window,
+            share: Some(windows.join()),
             source: Arc::new(JournalHeaders(journal.clone())),
         });
     }
@@ -416,6 +420,11 @@ impl Broker {
             ..RecoveryReport::default()
         };
         let mut queues = HashMap::new();
+        // The headers all paged queues' windows may hold, shared out among them.
+        let header_windows = crate::header_windows::HeaderWindows::new(
+            config.max_window_headers,
+            config.queue_header_window,
+        );
         let mut stored = 0u64;
         let mut streams = crate::inbound::Streams::default();
         let mut outcomes: Option<crate::outcome::Outcomes> = None;
@@ -463,7 +472,7 @@ impl Broker {
                 continue;
             }
             let q = Queue::new_counted(def, &changed_queues, &sweep_hint);
-            page(&q, &journal, config.queue_header_window);
+            page(&q, &journal, &header_windows);
             let mut entries = Vec::new();
             let mut loaded = 0u64;
             // One shared copy of each route (an outgoing queue's messages mostly share a few).
@@ -554,7 +563,7 @@ impl Broker {
                 return Arc::new(Queue::new(def));
             }
             let q = Queue::new_counted(def, &changed_queues, &sweep_hint);
-            page(&q, &journal, config.queue_header_window);
+            page(&q, &journal, &header_windows);
             queues.insert(key.to_string(), q.clone());
             q
         };
@@ -628,6 +637,7 @@ impl Broker {
             commit_order: std::sync::Mutex::new(()),
             next_queue_id: AtomicU64::new(next_queue_id),
             express_used: AtomicU64::new(0),
+            header_windows,
             // Every kept forwarding stream's record counts against the storage quota.
             stored_used: AtomicU64::new(
                 stored + streams.len() as u64 * crate::stream_bounds::STREAM_RECORD_CHARGE,
@@ -852,7 +862,7 @@ impl Broker {
                 def: QueueDefRecord::encode(&def),
             }]);
             let q = Queue::new_counted(def, &self.changed_queues, &self.sweep_hint);
-            page(&q, &self.journal, self.config.queue_header_window);
+            page(&q, &self.journal, &self.header_windows);
             queues.insert(key.clone(), q.clone());
             (q, commit)
         };
@@ -1043,7 +1053,7 @@ impl Broker {
             def: QueueDefRecord::encode(&def),
         }]);
         let q = Queue::new_counted(def, &self.changed_queues, &self.sweep_hint);
-        page(&q, &self.journal, self.config.queue_header_window);
+        page(&q, &self.journal, &self.header_windows);
         queues.insert(key.to_string(), q.clone());
         Ok((q, true))
     }
@@ -2149,6 +2159,64 @@ mod tests {
         dlq.complete(&taken);
         b.forget_received_acked(&dlq, &taken);
         assert_eq!(b.stored_used.load(Ordering::Acquire), 0);
+        b.close();
+    }
+
+    /// The queues that page share one header budget (`max_window_headers`): each level's
+    /// window is budget / (8 × queues that page, the two dead-letter queues included), at most
+    /// `queue_header_window`, and grows back as queues are deleted.
+    #[tokio::test]
+    async fn the_queues_that_page_share_one_header_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = BrokerConfig::new(dir.path());
+        config.queue_header_window = 4;
+        config.max_window_headers = 8 * 4 * 4;
+        let (b, _) = Broker::open(config, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
+        let b = Arc::new(b);
+        let create = |name: String| {
+            let b = &b;
+            async move {
+                b.create_queue(v1::CreateQueueRequest {
+                    name: format!(r".\private$\{name}"),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            }
+        };
+        let fill = |name: &'static str| {
+            let b = &b;
+            async move {
+                let q = format!(r".\private$\{name}");
+                let dests = b.destinations(&q, false).unwrap();
+                let msgs = (0..10)
+                    .map(|i| v1::OutMessage {
+                        body: Bytes::from(format!("m{i}")),
+                        delivery: v1::Delivery::Recoverable as i32,
+                        ..Default::default()
+                    })
+                    .collect();
+                assert!(b.send_batch(&dests, msgs, false).await.failures.is_empty());
+                b.queue(&q).unwrap().paged_out()
+            }
+        };
+        // Two dead-letter queues and two of ours: 4 headers a level each.
+        create("a".into()).await;
+        create("b".into()).await;
+        assert_eq!(fill("a").await, 6);
+        for i in 0..4 {
+            create(format!("more{i}")).await;
+        }
+        // Eight: 2 a level.
+        assert_eq!(fill("b").await, 8);
+        for i in 0..4 {
+            b.delete_queue(&format!(r".\private$\more{i}"))
+                .await
+                .unwrap();
+        }
+        create("c".into()).await;
+        // Five: 128 / 40 = 3.
+        assert_eq!(fill("c").await, 7);
         b.close();
     }
 

@@ -126,6 +126,10 @@ pub struct BrokerConfig {
     /// their headers are read back from the journal when needed. 0: every header stays in
     /// memory.
     pub queue_header_window: usize,
+    /// Most headers the windows of all queues that page together keep in memory: each level
+    /// of each such queue keeps `budget / (8 × queues)`, at most `queue_header_window`, at
+    /// least one (`crate::header_windows`).
+    pub max_window_headers: usize,
     /// Open even when the journal's last segment is damaged before records written after the
     /// damage, dropping them (logged). Off: the broker refuses to start.
     pub truncate_damaged_journal: bool,
@@ -279,6 +283,7 @@ impl BrokerConfig {
             journal_idle_spin: DEFAULT_JOURNAL_IDLE_SPIN,
             journal_inline_commits: true,
             queue_header_window: DEFAULT_QUEUE_HEADER_WINDOW,
+            max_window_headers: crate::header_windows::DEFAULT_MAX_WINDOW_HEADERS,
             truncate_damaged_journal: false,
             journal_io: None,
             tx_timeout: std::time::Duration::from_secs(60),
@@ -335,6 +340,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("journal_idle_spin", &self.journal_idle_spin)
             .field("journal_inline_commits", &self.journal_inline_commits)
             .field("queue_header_window", &self.queue_header_window)
+            .field("max_window_headers", &self.max_window_headers)
             .field("truncate_damaged_journal", &self.truncate_damaged_journal)
             .field("faulty_journal_io", &self.journal_io.is_some())
             .field("tx_timeout", &self.tx_timeout)

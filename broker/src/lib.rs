@@ -60,6 +60,7 @@ mod forward;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+mod header_windows;
 mod histogram;
 mod http;
 mod http_api;

@@ -74,10 +74,23 @@ pub trait HeaderSource: Send + Sync {
 
 /// How a queue pages its headers (see the module docs).
 pub struct Paging {
-    /// Entries each priority level keeps in memory at its head before it pages the rest.
+    /// Entries each priority level keeps in memory at its head before it pages the rest (at
+    /// most; `share` may say fewer).
     pub window: usize,
+    /// The broker's header budget, shared out among its queues that page
+    /// (`crate::header_windows`); `None`: `window` alone.
+    pub share: Option<crate::header_windows::Share>,
     /// Where paged headers are read from.
     pub source: Arc<dyn HeaderSource>,
+}
+
+impl Paging {
+    /// The window in force now.
+    fn window_now(&self) -> usize {
+        self.share
+            .as_ref()
+            .map_or(self.window, |s| s.windows().window().min(self.window))
+    }
 }
 
 impl std::fmt::Debug for Paging {
@@ -566,7 +579,7 @@ impl Queue {
             let into_tail = match tail.first_seq() {
                 Some(f) => e.seq >= f,
                 None => {
-                    level.len() >= p.window
+                    level.len() >= p.window_now()
                         && level.back().is_some_and(|b| b.seq < e.seq)
                         && Self::pageable(&e)
                 }
@@ -636,8 +649,13 @@ impl Queue {
     /// the back of its window, reading their headers. Tombstones at the tail's head go (their
     /// entries, if given back, return to the window).
     fn refill(&self, st: &mut State, lane: usize, want: usize) -> Result<(), BrokerError> {
-        let window = self.paging.get().map_or(1, |p| p.window);
-        let n = want.max(window / 2).clamp(1, window.max(1));
+        // As many as the take wants (one read), at most the configured window; half the window
+        // in force at least, so that a level does not read its tail a message at a time.
+        let (window, most) = self
+            .paging
+            .get()
+            .map_or((1, 1), |p| (p.window_now(), p.window));
+        let n = want.max(window / 2).clamp(1, most.max(1));
         let (got, upto) = self.read_tail(st, lane, 0, n)?;
         let tail = &mut st.tails[lane];
         let dropped = tail.seqs.drain(..upto).filter(|s| s & TAKEN != 0).count();
@@ -2601,6 +2619,7 @@ mod tests {
         let h = Arc::new(Headers::default());
         q.set_paging(Paging {
             window: 4,
+            share: None,
             source: h.clone(),
         });
         (q, h)

@@ -117,6 +117,16 @@ struct Args {
     /// head, or when looked up. 0 keeps every header in memory.
     #[arg(long, default_value_t = mq_broker::DEFAULT_QUEUE_HEADER_WINDOW, value_name = "MESSAGES")]
     queue_header_window: usize,
+    /// Most headers all queues' windows keep in memory together (about 330 bytes each): each
+    /// priority level of each queue keeps this / (8 × queues), at most --queue-header-window,
+    /// at least one. The default keeps the full window for up to 32 queues.
+    #[arg(
+        long,
+        default_value_t = mq_broker::BrokerConfig::new("").max_window_headers,
+        value_name = "HEADERS",
+        value_parser = at_least_one()
+    )]
+    max_window_headers: usize,
     /// Start even if the journal's last segment is damaged before records that were written
     /// after the damage: drop everything from the damage to the end of that segment, and log
     /// what is dropped. Without it mqd refuses to start and names the file and offset.
@@ -460,6 +470,7 @@ async fn run() -> anyhow::Result<()> {
     config.journal_idle_spin = args.journal_idle_spin;
     config.journal_inline_commits = args.journal_inline_commits;
     config.queue_header_window = args.queue_header_window;
+    config.max_window_headers = args.max_window_headers;
     config.truncate_damaged_journal = args.truncate_damaged_journal;
     config.tx_timeout = std::time::Duration::from_secs(args.tx_timeout_secs);
     config.tx_outcome_retention = args.tx_outcome_retention;
