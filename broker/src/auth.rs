@@ -1020,14 +1020,14 @@ impl crate::broker::Broker {
             .map_err(BrokerError::InvalidArgument)?;
         let after = acl.counted_bytes();
         if after > before {
-            // Every queue's own ACL (a subqueue's or a journal queue's is its main queue's).
+            // Every queue's own ACL (a subqueue's or a queue journal's is its main queue's),
+            // whatever its role (`SYSTEM$;JOURNAL` has one too); this one's as it will be.
             let all: u64 = self
-                .list()
+                .queues_where(|other| other.rights_owner().is_none() && !std::ptr::eq(other, &**q))
                 .iter()
-                .filter(|q| q.rights_owner().is_none())
                 .map(|q| q.acl().counted_bytes())
                 .sum();
-            let total = all - before + after;
+            let total = all + after;
             let limit = self.config().max_acl_bytes;
             if total > limit {
                 return Err(BrokerError::QuotaExceeded(format!(

@@ -2256,6 +2256,13 @@ mod tests {
             "{err:?}"
         );
         assert!(b.change_acl(&queues[0], "u9", send, true).await.is_err());
+        // Every queue with an ACL of its own counts, whatever its role: the broker's
+        // SYSTEM$;JOURNAL too (its grants were not counted, and the sum underflowed).
+        let journal = b.queue(r".\SYSTEM$;JOURNAL").unwrap();
+        assert!(matches!(
+            b.change_acl(&journal, "u9", send, true).await,
+            Err(crate::error::BrokerError::QuotaExceeded(_))
+        ));
         // A revoke makes room, for any queue.
         b.change_acl(&queues[0], "u0", send, false).await.unwrap();
         b.change_acl(&queues[1], "u9", send, true).await.unwrap();

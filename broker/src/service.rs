@@ -137,9 +137,23 @@ impl Service {
             })?;
         let queue = self.queue_for(&who, Right::Receive, &first.queue)?;
         let broker = self.broker.clone();
-        Ok(spawn_stream(4, |tx| {
-            consume(broker, queue, conn, inbound, first.credit as u64, tx)
-        }))
+        // The receiving end is shared with the stream's task, which drops what is still queued
+        // when the stream ends (see `consume`).
+        let (tx, rx) = mpsc::channel(4);
+        let rx = Arc::new(std::sync::Mutex::new(rx));
+        let queued = rx.clone();
+        tokio::spawn(consume(
+            broker,
+            queue,
+            conn,
+            inbound,
+            first.credit as u64,
+            Deliveries { tx, queued },
+        ));
+        let stream = futures::stream::poll_fn(move |cx| {
+            rx.lock().unwrap_or_else(|p| p.into_inner()).poll_recv(cx)
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 
     /// The connection a request came on.
@@ -974,8 +988,9 @@ async fn consume(
     conn: Arc<Connection>,
     mut inbound: Streaming<v1::ReceiveRequest>,
     mut credit: u64,
-    tx: mpsc::Sender<Result<Delivery, Status>>,
+    deliveries: Deliveries,
 ) {
+    let tx = &deliveries.tx;
     let flow = broker.config().flow.clone();
     let dest = queue.info().format_name;
     // Bytes of deliveries built and not yet written: each batch reserves the most it may take
@@ -1146,6 +1161,10 @@ async fn consume(
     conn.release_unacked(in_flight.len() as u64);
     let gone = queue.restore(in_flight.into_iter().map(|(_, e, _)| e).collect());
     broker.forget(&queue, &gone);
+    // Deliveries still queued for HTTP/2 go: their messages just went back (the client could
+    // not acknowledge them), and they give back what they count against the budgets of
+    // deliveries not yet written. What h2 holds of the stream stays counted until written.
+    deliveries.drop_queued();
     if let Some(status) = end {
         // Not waiting for a client that does not read (the ack timeout).
         let _ = tx.try_send(Err(status));
@@ -1182,6 +1201,20 @@ fn delivery_items(messages: Vec<v1::Delivered>) -> Vec<Vec<v1::Delivered>> {
         items.push(item);
     }
     items
+}
+
+/// Where a receive stream's task puts its deliveries, and the queue of those not yet taken by
+/// HTTP/2 (shared with the response's stream).
+struct Deliveries {
+    tx: mpsc::Sender<Result<Delivery, Status>>,
+    queued: Arc<std::sync::Mutex<mpsc::Receiver<Result<Delivery, Status>>>>,
+}
+
+impl Deliveries {
+    fn drop_queued(&self) {
+        let mut rx = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+        while rx.try_recv().is_ok() {}
+    }
 }
 
 /// Applies an acknowledgement and returns the credit granted.

@@ -175,9 +175,9 @@ struct Args {
     max_unacked_per_connection: u64,
     /// Most bytes of deliveries (bodies, texts and 256 B a message) the receive streams of one
     /// connection hold that the client has not read yet (built, not yet written); past it
-    /// they deliver no more until it reads (a stream that ends, e.g. by the ack timeout, gives
-    /// its share back). At most 4 GiB; raised to at least one stream's budget (16 MiB, or
-    /// 2 × (--max-body-bytes + 256) if more).
+    /// they deliver no more until it reads (a stream that ends, e.g. by the ack timeout, drops
+    /// what is still queued). At most 4 GiB; raised to at least one stream's budget (16 MiB,
+    /// or 2 × (--max-body-bytes + 256) if more).
     #[arg(
         long,
         default_value_t = mq_broker::FlowLimits::default().max_unsent_bytes_per_connection,

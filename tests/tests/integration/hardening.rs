@@ -1039,8 +1039,8 @@ async fn open_stream(
 /// deliveries not yet written (`--max-unsent-bytes-per-connection`, here 32 MiB), not what
 /// their credit allows: 8 unread streams of 3 MiB recoverable messages took all 48 (six a
 /// stream: its channel, the item being encoded and HTTP/2's buffer; 144 MiB of bodies read
-/// from the journal and held) before the budget; now about ten. Once read, every message
-/// arrives intact.
+/// from the journal and held) before the budget; now about ten. Streams ended by the client
+/// and opened again take no more. Once read, every message arrives intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receive_streams_nobody_reads_hold_at_most_their_connections_budget() {
     const STREAMS: usize = 8;
@@ -1071,7 +1071,36 @@ async fn receive_streams_nobody_reads_hold_at_most_their_connections_budget() {
     println!("unread streams took {taken} messages; mqd grew by {grown} KiB");
     assert!(!over, "the unread streams took {taken} messages of 3 MiB");
     assert!(grown < 56 * 1024, "mqd grew by {grown} KiB");
-    // Read: every message arrives, intact, across the streams.
+    // The client ends its streams (a half-close: their messages go back) without reading
+    // what HTTP/2 holds of them, and opens as many again: what the ended ones hold stays
+    // counted, so the new ones take no more than the budget leaves (helper-57: an ended
+    // stream that gave its count back at once let 48 such streams take +578 MiB).
+    // Three times over: what ended streams held would pile up if it were not counted.
+    let mut ended = Vec::new();
+    let mut streams = streams;
+    for round in 0..3 {
+        for (tx, items) in streams.drain(..) {
+            drop(tx);
+            ended.push(items);
+        }
+        assert!(eventually(T, || async { in_flight().await == 0 }).await);
+        for _ in 0..STREAMS {
+            streams.push(open_stream(&mut rpc, Q, 100).await);
+        }
+        let over = eventually(Duration::from_secs(2), || async { in_flight().await > 12 }).await;
+        let taken = in_flight().await;
+        println!("round {round}: new unread streams took {taken} messages");
+        assert!(
+            !over,
+            "the new unread streams took {taken} messages of 3 MiB"
+        );
+    }
+    let grown = mq_tests::rss_kib(mqd.pid()).saturating_sub(before);
+    println!("after ending and opening streams again, mqd grew by {grown} KiB");
+    assert!(grown < 56 * 1024, "mqd grew by {grown} KiB");
+    // The ended streams are reset (what they held goes); the new ones are read: every
+    // message arrives, intact, across them.
+    drop(ended);
     let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut readers = Vec::new();
     for (tx, mut items) in streams {
@@ -1103,11 +1132,12 @@ async fn receive_streams_nobody_reads_hold_at_most_their_connections_budget() {
     }
 }
 
-/// Streams nobody reads hold at most their own budget (16 MiB each), and give their
-/// connection's back when they end (the ack timeout, here 3 s): six of them fill the
-/// connection's 64 MiB, then a stream on the same connection, read and acknowledged, gets
-/// every message of its queue once they have ended. (The first version of the budget gave it
-/// back only once the unread deliveries were written: the reader waited for good.)
+/// Streams nobody reads hold at most their own budget (16 MiB each), and when they end (the
+/// ack timeout, here 3 s) drop the deliveries still queued (their messages went back), keeping
+/// counted only what HTTP/2 holds of them: six of them fill the connection's 64 MiB, then a
+/// stream on the same connection, read and acknowledged, gets every message of its queue once
+/// they have ended. (The first version of the budget kept the queued deliveries of an ended
+/// stream and their count: the reader waited for good.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_nobody_reads_give_their_connections_budget_back_when_they_end() {
     const STUCK: usize = 30;
