@@ -7,8 +7,10 @@
 //! quota to stop it. So the window in force is the broker's header budget shared out: each of
 //! the 8 levels of each queue that pages gets `budget / (8 × queues)`, at most the configured
 //! window and at least one. It is read on every placement, so it shrinks and grows as queues
-//! come and go; a level whose window is over it keeps what it holds and takes the rest from
-//! its tail as it drains.
+//! come and go. It decides where new messages go; a level that filled its window while there
+//! were fewer queues keeps what it holds until it drains (so the bound is soft: queues that
+//! each filled their backlog while the count grew from 32 to n hold about
+//! budget × (1 + ln(n / 32)), ~2.2 GB at 10,000 queues, against ~100 GB without it).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -29,8 +31,6 @@ pub struct HeaderWindows {
     max: usize,
     /// Queues that page now.
     queues: AtomicUsize,
-    /// The window in force.
-    in_force: AtomicUsize,
 }
 
 impl HeaderWindows {
@@ -39,13 +39,13 @@ impl HeaderWindows {
             budget,
             max,
             queues: AtomicUsize::new(0),
-            in_force: AtomicUsize::new(max.max(1)),
         })
     }
 
     /// The window each priority level keeps now.
     pub fn window(&self) -> usize {
-        self.in_force.load(Ordering::Relaxed)
+        let queues = self.queues.load(Ordering::Relaxed).max(1);
+        (self.budget / LEVELS.saturating_mul(queues)).clamp(1, self.max.max(1))
     }
 
     /// The most a level ever keeps (`--queue-header-window`).
@@ -55,15 +55,8 @@ impl HeaderWindows {
 
     /// Counts one more queue that pages, for as long as the returned share lives.
     pub fn join(self: &Arc<Self>) -> Share {
-        let n = self.queues.fetch_add(1, Ordering::AcqRel) + 1;
-        self.rescale(n);
+        self.queues.fetch_add(1, Ordering::AcqRel);
         Share(self.clone())
-    }
-
-    fn rescale(&self, queues: usize) {
-        let each = self.budget / LEVELS.saturating_mul(queues.max(1));
-        self.in_force
-            .store(each.clamp(1, self.max.max(1)), Ordering::Relaxed);
     }
 }
 
@@ -79,8 +72,7 @@ impl Share {
 
 impl Drop for Share {
     fn drop(&mut self) {
-        let n = self.0.queues.fetch_sub(1, Ordering::AcqRel) - 1;
-        self.0.rescale(n);
+        self.0.queues.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

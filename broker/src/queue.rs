@@ -105,6 +105,9 @@ impl std::fmt::Debug for Paging {
 const TAKEN: u64 = 1 << 63;
 /// Headers read at once while walking a tail (peeks, lookups, sweeps).
 const TAIL_READ: usize = 256;
+/// Headers a refill reads at least (the window in force may be one: with many queues, a
+/// one-at-a-time consumer would read the journal for every message).
+const REFILL_AT_LEAST: usize = 16;
 
 /// The ready messages of one priority level after its window (see the module docs).
 #[derive(Debug)]
@@ -655,7 +658,10 @@ impl Queue {
             .paging
             .get()
             .map_or((1, 1), |p| (p.window_now(), p.window));
-        let n = want.max(window / 2).clamp(1, most.max(1));
+        let n = want
+            .max(window / 2)
+            .max(REFILL_AT_LEAST)
+            .clamp(1, most.max(1));
         let (got, upto) = self.read_tail(st, lane, 0, n)?;
         let tail = &mut st.tails[lane];
         let dropped = tail.seqs.drain(..upto).filter(|s| s & TAKEN != 0).count();

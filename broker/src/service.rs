@@ -150,9 +150,11 @@ impl Service {
             first.credit as u64,
             Deliveries { tx, queued },
         ));
-        let stream = futures::stream::poll_fn(move |cx| {
-            rx.lock().unwrap_or_else(|p| p.into_inner()).poll_recv(cx)
-        });
+        // Dropped with the response (the client reset the stream or is gone): closed, so the
+        // stream's task sees its sends fail at once and puts its messages back, as it did
+        // when the receiver was the response's alone (not at the ack timeout).
+        let rx = CloseOnDrop(rx);
+        let stream = futures::stream::poll_fn(move |cx| rx.lock().poll_recv(cx));
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -1201,6 +1203,21 @@ fn delivery_items(messages: Vec<v1::Delivered>) -> Vec<Vec<v1::Delivered>> {
         items.push(item);
     }
     items
+}
+
+/// The response's end of a receive stream's deliveries: closes them when dropped.
+struct CloseOnDrop(Arc<std::sync::Mutex<mpsc::Receiver<Result<Delivery, Status>>>>);
+
+impl CloseOnDrop {
+    fn lock(&self) -> std::sync::MutexGuard<'_, mpsc::Receiver<Result<Delivery, Status>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.lock().close();
+    }
 }
 
 /// Where a receive stream's task puts its deliveries, and the queue of those not yet taken by

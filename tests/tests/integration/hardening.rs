@@ -1183,3 +1183,27 @@ async fn streams_nobody_reads_give_their_connections_budget_back_when_they_end()
     assert!(eventually(T, || async { stuck_in_flight().await == 0 }).await);
     drop(unread);
 }
+
+/// A client that resets a receive stream it did not read gets its messages back at once, not
+/// at the ack timeout (30 min): the stream's task, waiting to queue a delivery, sees the
+/// response gone (helper-58: with the queue shared between the response and the task, the
+/// task's sends waited for the ack timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_receive_stream_gives_its_messages_back_at_once() {
+    const Q: &str = r".\private$\reset-unread";
+    let dir = temp_data_dir("mq-reset-unread");
+    let (mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
+    send_numbered(&client, Q, 600, 1000).await;
+    let mut rpc = small_window_client(&mqd).await;
+    let (tx, items) = open_stream(&mut rpc, Q, 600).await;
+    let in_flight = || async { client.queue_info(Q).await.unwrap().in_flight };
+    // More are delivered than the client's windows hold: the stream's queue is full.
+    assert!(eventually(T, || async { in_flight().await >= 200 }).await);
+    drop((tx, items));
+    assert!(
+        eventually(T, || async { in_flight().await == 0 }).await,
+        "{} messages still in flight",
+        in_flight().await
+    );
+    assert_eq!(client.queue_info(Q).await.unwrap().messages, 600);
+}
