@@ -2010,11 +2010,14 @@ mod tests {
     use crate::journal::{Journal, JournalOptions, Op};
 
     fn open(dir: &std::path::Path) -> Arc<Broker> {
-        let (b, _) = Broker::open(
-            BrokerConfig::new(dir),
-            vec!["127.0.0.1:4000".parse().unwrap()],
-        )
-        .unwrap();
+        open_with(dir, |_| {})
+    }
+
+    /// [`open`], with the configuration changed by `change` first.
+    fn open_with(dir: &std::path::Path, change: impl FnOnce(&mut BrokerConfig)) -> Arc<Broker> {
+        let mut config = BrokerConfig::new(dir);
+        change(&mut config);
+        let (b, _) = Broker::open(config, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
         Arc::new(b)
     }
 
@@ -2089,12 +2092,7 @@ mod tests {
     async fn dead_letter_queues_page_their_headers() {
         const N: usize = 40;
         let dir = tempfile::tempdir().unwrap();
-        let open_paged = || {
-            let mut config = BrokerConfig::new(dir.path());
-            config.queue_header_window = 4;
-            let (b, _) = Broker::open(config, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
-            Arc::new(b)
-        };
+        let open_paged = || open_with(dir.path(), |c| c.queue_header_window = 4);
         let b = open_paged();
         b.create_queue(v1::CreateQueueRequest {
             name: r".\private$\q".into(),
@@ -2168,11 +2166,10 @@ mod tests {
     #[tokio::test]
     async fn the_queues_that_page_share_one_header_budget() {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = BrokerConfig::new(dir.path());
-        config.queue_header_window = 4;
-        config.max_window_headers = 8 * 4 * 4;
-        let (b, _) = Broker::open(config, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
-        let b = Arc::new(b);
+        let b = open_with(dir.path(), |c| {
+            c.queue_header_window = 4;
+            c.max_window_headers = 8 * 4 * 4;
+        });
         let create = |name: String| {
             let b = &b;
             async move {
@@ -2225,10 +2222,8 @@ mod tests {
     #[tokio::test]
     async fn grants_past_the_brokers_acl_bytes_are_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = BrokerConfig::new(dir.path());
         // Entries of "uN", 66 B each: six fit in 400 B (396), a seventh does not (462).
-        config.max_acl_bytes = 400;
-        let (b, _) = Broker::open(config, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
+        let b = open_with(dir.path(), |c| c.max_acl_bytes = 400);
         let mut send = crate::auth::Rights::default();
         send.insert(crate::auth::Right::Send);
         let mut queues = Vec::new();

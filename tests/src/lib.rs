@@ -1042,6 +1042,20 @@ pub async fn open_receive(
     .await
     .unwrap()
     .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE);
+    open_receive_on(&mut rpc, queue, credit).await
+}
+
+/// [`open_receive`] on a connection the caller made (its own HTTP/2 settings).
+pub async fn open_receive_on(
+    rpc: &mut mq_proto::v1::message_queue_service_client::MessageQueueServiceClient<
+        tonic::transport::Channel,
+    >,
+    queue: &str,
+    credit: u32,
+) -> (
+    tokio::sync::mpsc::Sender<mq_proto::v1::ReceiveRequest>,
+    tonic::Streaming<mq_proto::v1::ReceiveResponse>,
+) {
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tx.send(mq_proto::v1::ReceiveRequest {
         queue: queue.into(),

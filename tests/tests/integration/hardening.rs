@@ -1008,33 +1008,6 @@ async fn small_window_client(
         .max_decoding_message_size(mq_proto::MAX_GRPC_MESSAGE)
 }
 
-/// A receive stream on `rpc`'s connection asking for `credit` messages of `queue`.
-async fn open_stream(
-    rpc: &mut v1::message_queue_service_client::MessageQueueServiceClient<
-        tonic::transport::Channel,
-    >,
-    queue: &str,
-    credit: u32,
-) -> (
-    tokio::sync::mpsc::Sender<v1::ReceiveRequest>,
-    tonic::Streaming<v1::ReceiveResponse>,
-) {
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(v1::ReceiveRequest {
-        queue: queue.into(),
-        credit,
-        ack_through: 0,
-    })
-    .await
-    .unwrap();
-    let items = rpc
-        .receive(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    (tx, items)
-}
-
 /// Receive streams whose client does not read hold at most their connection's budget of
 /// deliveries not yet written (`--max-unsent-bytes-per-connection`, here 32 MiB), not what
 /// their credit allows: 8 unread streams of 3 MiB recoverable messages took all 48 (six a
@@ -1059,7 +1032,7 @@ async fn receive_streams_nobody_reads_hold_at_most_their_connections_budget() {
     let mut rpc = small_window_client(&mqd).await;
     let mut streams = Vec::new();
     for _ in 0..STREAMS {
-        streams.push(open_stream(&mut rpc, Q, 100).await);
+        streams.push(mq_tests::open_receive_on(&mut rpc, Q, 100).await);
     }
     let in_flight = || async { client.queue_info(Q).await.unwrap().in_flight };
     // Some are taken at once; then no more than the budget allows: 32 MiB of 3 MiB messages
@@ -1085,7 +1058,7 @@ async fn receive_streams_nobody_reads_hold_at_most_their_connections_budget() {
         }
         assert!(eventually(T, || async { in_flight().await == 0 }).await);
         for _ in 0..STREAMS {
-            streams.push(open_stream(&mut rpc, Q, 100).await);
+            streams.push(mq_tests::open_receive_on(&mut rpc, Q, 100).await);
         }
         let over = eventually(Duration::from_secs(2), || async { in_flight().await > 12 }).await;
         let taken = in_flight().await;
@@ -1153,11 +1126,11 @@ async fn streams_nobody_reads_give_their_connections_budget_back_when_they_end()
     let mut rpc = small_window_client(&mqd).await;
     let mut unread = Vec::new();
     for _ in 0..6 {
-        unread.push(open_stream(&mut rpc, stuck, 1000).await);
+        unread.push(mq_tests::open_receive_on(&mut rpc, stuck, 1000).await);
     }
     let stuck_in_flight = || async { client.queue_info(stuck).await.unwrap().in_flight };
     assert!(eventually(T, || async { stuck_in_flight().await > 0 }).await);
-    let (acks, mut items) = open_stream(&mut rpc, read, 4).await;
+    let (acks, mut items) = mq_tests::open_receive_on(&mut rpc, read, 4).await;
     let mut n = 0usize;
     while n < READ {
         let item = tokio::time::timeout(T, items.message())
@@ -1195,7 +1168,7 @@ async fn a_reset_receive_stream_gives_its_messages_back_at_once() {
     let (mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
     send_numbered(&client, Q, 600, 1000).await;
     let mut rpc = small_window_client(&mqd).await;
-    let (tx, items) = open_stream(&mut rpc, Q, 600).await;
+    let (tx, items) = mq_tests::open_receive_on(&mut rpc, Q, 600).await;
     let in_flight = || async { client.queue_info(Q).await.unwrap().in_flight };
     // More are delivered than the client's windows hold: the stream's queue is full.
     assert!(eventually(T, || async { in_flight().await >= 200 }).await);
