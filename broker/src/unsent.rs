@@ -37,8 +37,12 @@ pub(crate) const DELIVERY_OVERHEAD_BYTES: usize = 256;
 /// batches).
 pub(crate) const STREAM_UNSENT_BYTES: usize = 16 << 20;
 
-/// Default `--max-unsent-bytes-per-connection`.
-pub const DEFAULT_MAX_UNSENT_BYTES_PER_CONNECTION: u64 = 64 << 20;
+/// Default `--max-unsent-bytes-per-connection`: sixteen streams' budgets. A connection whose
+/// streams hold it all delivers nothing more until its client reads, so an application whose
+/// receivers share one connection and pause (each may hold its stream's 16 MiB of large
+/// messages) stops the others once sixteen have paused; at 64 MiB, four did (helper-59:
+/// ten paused streams of 3 MB messages stopped a reader of the same connection).
+pub const DEFAULT_MAX_UNSENT_BYTES_PER_CONNECTION: u64 = 256 << 20;
 
 /// The per-connection limit in force: at least one stream's ([`stream_limit`]).
 pub(crate) fn connection_limit(asked: u64, batch: usize) -> usize {

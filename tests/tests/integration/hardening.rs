@@ -1107,7 +1107,7 @@ async fn receive_streams_nobody_reads_hold_at_most_their_connections_budget() {
 
 /// Streams nobody reads hold at most their own budget (16 MiB each), and when they end (the
 /// ack timeout, here 3 s) drop the deliveries still queued (their messages went back), keeping
-/// counted only what HTTP/2 holds of them: six of them fill the connection's 64 MiB, then a
+/// counted only what HTTP/2 holds of them: six of them fill the connection's 64 MiB (here), then a
 /// stream on the same connection, read and acknowledged, gets every message of its queue once
 /// they have ended. (The first version of the budget kept the queued deliveries of an ended
 /// stream and their count: the reader waited for good.)
@@ -1118,8 +1118,17 @@ async fn streams_nobody_reads_give_their_connections_budget_back_when_they_end()
     const BODY: usize = 3 << 20;
     let (stuck, read) = (r".\private$\stuck", r".\private$\read");
     let dir = temp_data_dir("mq-unread-beside");
-    let (mqd, client) =
-        MqdProcess::launch_with_queue(dir.path(), &["--ack-timeout", "3s"], stuck).await;
+    let (mqd, client) = MqdProcess::launch_with_queue(
+        dir.path(),
+        &[
+            "--ack-timeout",
+            "3s",
+            "--max-unsent-bytes-per-connection",
+            "67108864",
+        ],
+        stuck,
+    )
+    .await;
     mq_tests::create_default_queue(&client, read).await;
     send_numbered(&client, stuck, STUCK, BODY).await;
     send_numbered(&client, read, READ, 1000).await;
