@@ -2013,6 +2013,16 @@ mod tests {
         open_with(dir, |_| {})
     }
 
+    /// Creates the queue `name` (a local path name) with the defaults.
+    async fn create(b: &Broker, name: &str) {
+        b.create_queue(v1::CreateQueueRequest {
+            name: name.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+
     /// [`open`], with the configuration changed by `change` first.
     fn open_with(dir: &std::path::Path, change: impl FnOnce(&mut BrokerConfig)) -> Arc<Broker> {
         let mut config = BrokerConfig::new(dir);
@@ -2027,12 +2037,7 @@ mod tests {
     async fn deleting_a_queue_with_sends_in_flight_gives_their_quota_back() {
         let dir = tempfile::tempdir().unwrap();
         let b = open(dir.path());
-        b.create_queue(v1::CreateQueueRequest {
-            name: r".\private$\q".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        create(&b, r".\private$\q").await;
         let dests = b.destinations(r".\private$\q", false).unwrap();
         let msgs = (0..10)
             .map(|i| v1::OutMessage {
@@ -2094,12 +2099,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let open_paged = || open_with(dir.path(), |c| c.queue_header_window = 4);
         let b = open_paged();
-        b.create_queue(v1::CreateQueueRequest {
-            name: r".\private$\q".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        create(&b, r".\private$\q").await;
         let dests = b.destinations(r".\private$\q", false).unwrap();
         let msgs = (0..N)
             .map(|i| v1::OutMessage {
@@ -2172,14 +2172,7 @@ mod tests {
         });
         let create = |name: String| {
             let b = &b;
-            async move {
-                b.create_queue(v1::CreateQueueRequest {
-                    name: format!(r".\private$\{name}"),
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
-            }
+            async move { create(b, &format!(r".\private$\{name}")).await }
         };
         let fill = |name: &'static str| {
             let b = &b;
@@ -2228,13 +2221,9 @@ mod tests {
         send.insert(crate::auth::Right::Send);
         let mut queues = Vec::new();
         for name in ["a", "b"] {
-            b.create_queue(v1::CreateQueueRequest {
-                name: format!(r".\private$\{name}"),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-            queues.push(b.queue(&format!(r".\private$\{name}")).unwrap());
+            let name = format!(r".\private$\{name}");
+            create(&b, &name).await;
+            queues.push(b.queue(&name).unwrap());
         }
         for i in 0..6 {
             let q = &queues[i % 2];

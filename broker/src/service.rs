@@ -140,7 +140,7 @@ impl Service {
         // The receiving end is shared with the stream's task, which drops what is still queued
         // when the stream ends (see `consume`).
         let (tx, rx) = mpsc::channel(4);
-        let rx = Arc::new(std::sync::Mutex::new(rx));
+        let rx = Queued(Arc::new(std::sync::Mutex::new(rx)));
         let queued = rx.clone();
         tokio::spawn(consume(
             broker,
@@ -154,7 +154,7 @@ impl Service {
         // stream's task sees its sends fail at once and puts its messages back, as it did
         // when the receiver was the response's alone (not at the ack timeout).
         let rx = CloseOnDrop(rx);
-        let stream = futures::stream::poll_fn(move |cx| rx.lock().poll_recv(cx));
+        let stream = futures::stream::poll_fn(move |cx| rx.0.lock().poll_recv(cx));
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -1205,18 +1205,23 @@ fn delivery_items(messages: Vec<v1::Delivered>) -> Vec<Vec<v1::Delivered>> {
     items
 }
 
-/// The response's end of a receive stream's deliveries: closes them when dropped.
-struct CloseOnDrop(Arc<std::sync::Mutex<mpsc::Receiver<Result<Delivery, Status>>>>);
+/// A receive stream's deliveries not yet taken by HTTP/2: read by the response's stream,
+/// emptied by the stream's task when it ends.
+#[derive(Clone)]
+struct Queued(Arc<std::sync::Mutex<mpsc::Receiver<Result<Delivery, Status>>>>);
 
-impl CloseOnDrop {
+impl Queued {
     fn lock(&self) -> std::sync::MutexGuard<'_, mpsc::Receiver<Result<Delivery, Status>>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
+/// The response's end of a receive stream's deliveries: closes them when dropped.
+struct CloseOnDrop(Queued);
+
 impl Drop for CloseOnDrop {
     fn drop(&mut self) {
-        self.lock().close();
+        self.0.lock().close();
     }
 }
 
@@ -1224,12 +1229,12 @@ impl Drop for CloseOnDrop {
 /// HTTP/2 (shared with the response's stream).
 struct Deliveries {
     tx: mpsc::Sender<Result<Delivery, Status>>,
-    queued: Arc<std::sync::Mutex<mpsc::Receiver<Result<Delivery, Status>>>>,
+    queued: Queued,
 }
 
 impl Deliveries {
     fn drop_queued(&self) {
-        let mut rx = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rx = self.queued.lock();
         while rx.try_recv().is_ok() {}
     }
 }
