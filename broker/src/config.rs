@@ -234,7 +234,23 @@ pub struct FlowLimits {
     /// is ended with DEADLINE_EXCEEDED; a Receive, Browse or Forward stream's first request
     /// must come within as long of its opening.
     pub message_arrival_timeout: std::time::Duration,
+    /// HTTP/2 flow-control window of each request stream: how many bytes a client may send on
+    /// one stream that the broker has not read yet (held in memory until it does).
+    pub http2_stream_window: u32,
+    /// The same for all the streams of one connection together: with
+    /// [`FlowLimits::max_connections`] it bounds the unread request data the broker may hold
+    /// (connections × this).
+    pub http2_connection_window: u32,
 }
+
+/// Default [`FlowLimits::http2_stream_window`]: 8 MiB.
+pub const DEFAULT_HTTP2_STREAM_WINDOW: u32 = 8 << 20;
+/// Default [`FlowLimits::http2_connection_window`]: 16 MiB.
+pub const DEFAULT_HTTP2_CONNECTION_WINDOW: u32 = 16 << 20;
+/// The smallest HTTP/2 window (the protocol's initial one, RFC 9113 §6.9.2).
+pub const MIN_HTTP2_WINDOW: u32 = 65_535;
+/// The largest HTTP/2 window (RFC 9113 §6.9.1: 2^31 − 1).
+pub const MAX_HTTP2_WINDOW: u32 = (1 << 31) - 1;
 
 /// Default [`FlowLimits::max_partial_bytes_per_connection`]: 64 MiB.
 pub const DEFAULT_MAX_PARTIAL_BYTES_PER_CONNECTION: u64 = 64 << 20;
@@ -243,6 +259,21 @@ pub const DEFAULT_MAX_PARTIAL_BYTES: u64 = 512 << 20;
 /// Default [`FlowLimits::message_arrival_timeout`]: 120 s.
 pub const DEFAULT_MESSAGE_ARRIVAL_TIMEOUT: std::time::Duration =
     std::time::Duration::from_secs(120);
+
+impl FlowLimits {
+    /// The HTTP/2 windows in force, (stream, connection): each within
+    /// [`MIN_HTTP2_WINDOW`]..=[`MAX_HTTP2_WINDOW`], the stream's at most the connection's.
+    pub fn http2_windows(&self) -> (u32, u32) {
+        let connection = self
+            .http2_connection_window
+            .clamp(MIN_HTTP2_WINDOW, MAX_HTTP2_WINDOW);
+        let stream = self
+            .http2_stream_window
+            .clamp(MIN_HTTP2_WINDOW, MAX_HTTP2_WINDOW)
+            .min(connection);
+        (stream, connection)
+    }
+}
 
 impl Default for FlowLimits {
     fn default() -> Self {
@@ -264,6 +295,8 @@ impl Default for FlowLimits {
             max_partial_bytes_per_connection: DEFAULT_MAX_PARTIAL_BYTES_PER_CONNECTION,
             max_partial_bytes: DEFAULT_MAX_PARTIAL_BYTES,
             message_arrival_timeout: DEFAULT_MESSAGE_ARRIVAL_TIMEOUT,
+            http2_stream_window: DEFAULT_HTTP2_STREAM_WINDOW,
+            http2_connection_window: DEFAULT_HTTP2_CONNECTION_WINDOW,
         }
     }
 }

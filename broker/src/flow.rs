@@ -331,6 +331,12 @@ impl Connection {
         crate::unsent::Unsent::new(self.unsent.clone(), self.unsent_limit, batch)
     }
 
+    /// The connection's budget of bytes built for its client and not yet taken: its receive
+    /// streams' deliveries and its send streams' answers (`crate::unsent`).
+    pub(crate) fn unsent_budget(&self) -> Arc<tokio::sync::Semaphore> {
+        self.unsent.clone()
+    }
+
     /// Takes up to `want` delivery slots, keeping the connection's unacknowledged messages at
     /// most `max`; returns how many it got.
     ///

@@ -220,11 +220,20 @@ impl<T> http_body::Body for ResponseBody<T> {
 /// Where a Send call's requests come from: tonic's `Streaming`, or [`FrameDecoder`]; either way
 /// with [`own_small_bodies`] applied.
 pub(crate) trait Inbound: Send + 'static {
+    /// Whether [`Inbound::arriving`] tells when the next request begins.
+    const TELLS_ARRIVAL: bool;
+    /// Waits until the next request's first byte is here or the requests ended, decoding
+    /// nothing; an error ends the stream as [`Inbound::message`]'s do.
+    fn arriving(&mut self) -> impl Future<Output = Result<(), Status>> + Send;
     /// The next request; `None` at the end of the requests; an error ends the stream.
     fn message(&mut self) -> impl Future<Output = Result<Option<v1::SendRequest>, Status>> + Send;
 }
 
 impl Inbound for Streaming<v1::SendRequest> {
+    const TELLS_ARRIVAL: bool = false;
+    async fn arriving(&mut self) -> Result<(), Status> {
+        Ok(())
+    }
     async fn message(&mut self) -> Result<Option<v1::SendRequest>, Status> {
         // tonic's decoder (a compressed Send) does not tell the length it decoded, but it
         // compacts a request with many unknown bytes (`mq_proto::codec::compacted`), so the
@@ -238,6 +247,10 @@ impl Inbound for Streaming<v1::SendRequest> {
 }
 
 impl Inbound for FrameDecoder<v1::SendRequest> {
+    const TELLS_ARRIVAL: bool = true;
+    async fn arriving(&mut self) -> Result<(), Status> {
+        FrameDecoder::arriving(self).await
+    }
     async fn message(&mut self) -> Result<Option<v1::SendRequest>, Status> {
         Ok(self.message_with_len().await?.map(|(mut req, len)| {
             own_small_bodies(&mut req.messages, len);

@@ -144,6 +144,20 @@ pub async fn run_with_ready(
             "--max-unsent-bytes-per-connection raised: it holds at least one receive stream's budget (16 MiB, or two batches of the largest message: 2 × (--max-body-bytes + 256))"
         );
     }
+    let (stream_window, connection_window) = flow.http2_windows();
+    if stream_window != flow.http2_stream_window {
+        tracing::warn!(
+            stream_window,
+            "--http2-stream-window lowered to the connection window (--http2-connection-window)"
+        );
+    }
+    tracing::info!(
+        stream_window,
+        connection_window,
+        max_connections = flow.max_connections,
+        most_unread_request_bytes = connection_window as u64 * flow.max_connections as u64,
+        "HTTP/2 windows: request data the broker has not read is at most the connection window per connection"
+    );
     let connections = Arc::new(crate::flow::Connections::new(
         flow.max_connections,
         unsent_limit,
@@ -223,8 +237,8 @@ pub async fn run_with_ready(
                 // dead network), so their streams end and give back what they hold.
                 .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
                 .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
-                .initial_stream_window_size(Some(8 * 1024 * 1024))
-                .initial_connection_window_size(Some(16 * 1024 * 1024))
+                .initial_stream_window_size(Some(stream_window))
+                .initial_connection_window_size(Some(connection_window))
                 .max_frame_size(Some(mq_proto::HTTP2_MAX_FRAME_SIZE))
                 .max_concurrent_streams(Some(flow.max_streams_per_connection))
                 .http2_max_header_list_size(Some(crate::config::MAX_HEADER_LIST_BYTES))

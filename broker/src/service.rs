@@ -11,7 +11,7 @@ use mq_proto::v1::{
     self, admin_service_server::AdminService, forward_service_server::ForwardService,
     message_queue_service_server::MessageQueueService,
 };
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -56,6 +56,9 @@ const SEND_ACK_WINDOW: usize = 64;
 /// batches of 10,000 messages that each fail and never read the answers held ~290 MB per
 /// stream (129 answers of 10,000 failures each), 256 streams a connection.
 const SEND_ANSWER_BYTES: usize = 8 << 20;
+/// The most a batch's answer reserves before it is built: a quarter of the stream's budget, so
+/// batches of a raised --max-batch-messages still overlap.
+const MAX_ANSWER_RESERVE: u32 = (SEND_ANSWER_BYTES / 4) as u32;
 /// Bytes reserved for a batch's acknowledgement per message before it is built (an id, or a
 /// failure with its texts; a failure with longer texts takes more once it is built).
 const SEND_ANSWER_BYTES_PER_MESSAGE: usize = 256;
@@ -96,11 +99,16 @@ impl Service {
                 "identity \"anonymous\" lacks the right \"send\" on every queue of this broker (no queue grants it to anonymous; give credentials)",
             ));
         }
+        let budget = crate::unsent::Unsent::answers(
+            self.connection(&req).unsent_budget(),
+            SEND_ANSWER_BYTES,
+        );
         let (broker, auth, inbound) = (self.broker.clone(), self.auth.clone(), req.into_inner());
-        // Each answer carries its share of the stream's answer budget, given back once tonic
-        // takes it from the channel to write it (SEND_ANSWER_BYTES).
+        // Each answer carries its share of the stream's answer budget and of its connection's
+        // budget of bytes built for a client that has not taken them (`crate::unsent`), given
+        // back once tonic takes it from the channel to write it (SEND_ANSWER_BYTES).
         let (tx, rx) = mpsc::channel::<Answer>(SEND_ACK_WINDOW);
-        tokio::spawn(send_stream(broker, auth, who, inbound, tx));
+        tokio::spawn(send_stream(broker, auth, who, inbound, tx, budget));
         let answers = futures::StreamExt::map(ReceiverStream::new(rx), |(answer, _budget)| answer);
         Ok(Response::new(Box::pin(answers)))
     }
@@ -727,18 +735,17 @@ pub(crate) async fn wait_for(
 /// later ones are already being written. What the answers hold in memory until the client
 /// takes them is bounded ([`SEND_ANSWER_BYTES`]): a client that does not read them stops the
 /// stream's reading.
-async fn send_stream(
+async fn send_stream<I: crate::large_bodies::Inbound>(
     broker: Arc<Broker>,
     auth: Arc<Auth>,
     who: Identity,
-    mut inbound: impl crate::large_bodies::Inbound,
+    mut inbound: I,
     tx: mpsc::Sender<Answer>,
+    budget: crate::unsent::Unsent,
 ) {
     type Pending = Pin<Box<dyn std::future::Future<Output = v1::SendResponse> + Send>>;
-    let budget = Arc::new(tokio::sync::Semaphore::new(SEND_ANSWER_BYTES));
     let (pending_tx, mut pending_rx) =
-        mpsc::channel::<(Pending, OwnedSemaphorePermit)>(SEND_ACK_WINDOW);
-    let acker_budget = budget.clone();
+        mpsc::channel::<(Pending, crate::unsent::Reserved)>(SEND_ACK_WINDOW);
     let acker = tokio::spawn(async move {
         // Every accepted batch's future runs to the end, even once the client is gone: it is
         // what makes stored messages visible (or gives their positions and quota back).
@@ -753,16 +760,7 @@ async fn send_stream(
             // this task gives back, may hold the remainder (waiting could never end). The
             // stream's reading then waits for more of the budget to come back.
             // One smaller than its reservation (ids only) gives the rest back.
-            let size = answer_bytes(&ack).min(SEND_ANSWER_BYTES);
-            let more = size.saturating_sub(held.num_permits());
-            if more > 0 {
-                let free = acker_budget.available_permits().min(more);
-                if let Ok(p) = acker_budget.clone().try_acquire_many_owned(free as u32) {
-                    held.merge(p);
-                }
-            } else {
-                drop(held.split(held.num_permits() - size));
-            }
+            held.resize_now(answer_bytes(&ack).min(SEND_ANSWER_BYTES));
             if tx.send((Ok(ack), Some(held))).await.is_err() {
                 client_gone = true;
             }
@@ -776,6 +774,30 @@ async fn send_stream(
     loop {
         // Once the broker is stopping, no new batch is taken even if one is waiting: express
         // messages accepted now would be answered and then lost with the process.
+        // A batch is decoded only once the budgets hold the most its answer may need (the
+        // decoded batch is about as large: 10,000 empty messages are ~40 KB on the wire and
+        // megabytes decoded): a client that does not read its answers stops its streams before
+        // they decode anything more. The wait for the batch's first byte holds nothing, so an
+        // idle stream takes nothing from its connection's budget (`crate::unsent`).
+        // tonic's decoder (a compressed Send) does not tell when a batch begins: its streams
+        // reserve once they have decoded it.
+        let mut early = None;
+        if I::TELLS_ARRIVAL {
+            let arriving = tokio::select! {
+                biased;
+                _ = broker.shutting_down() => break,
+                a = inbound.arriving() => a,
+            };
+            if let Err(status) = arriving {
+                refused = refused_input(status);
+                break;
+            }
+            early = Some(tokio::select! {
+                biased;
+                _ = broker.shutting_down() => break,
+                r = budget.reserve_bytes(MAX_ANSWER_RESERVE) => r,
+            });
+        }
         let batch = tokio::select! {
             biased;
             _ = broker.shutting_down() => break,
@@ -805,13 +827,16 @@ async fn send_stream(
         // overlap (an answer larger than its reservation takes more once built).
         let reserve = (n + 1)
             .saturating_mul(SEND_ANSWER_BYTES_PER_MESSAGE)
-            .min(SEND_ANSWER_BYTES / 4) as u32;
-        let held = tokio::select! {
-            biased;
-            _ = broker.shutting_down() => break,
-            p = budget.clone().acquire_many_owned(reserve) => match p {
-                Ok(p) => p,
-                Err(_) => break,
+            .min(MAX_ANSWER_RESERVE as usize);
+        let held = match early {
+            Some(mut held) => {
+                held.resize_now(reserve);
+                held
+            }
+            None => tokio::select! {
+                biased;
+                _ = broker.shutting_down() => break,
+                r = budget.reserve_bytes(reserve as u32) => r,
             },
         };
         let first_seq = batch.first_seq;
@@ -878,7 +903,7 @@ async fn send_stream(
 /// tonic takes it to write it.
 type Answer = (
     Result<v1::SendResponse, Status>,
-    Option<OwnedSemaphorePermit>,
+    Option<crate::unsent::Reserved>,
 );
 
 /// About what `ack` holds in memory: its ids and its failures with their texts.

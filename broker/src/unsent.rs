@@ -24,6 +24,12 @@
 //! opens new ones holds no more than the budget (a first version gave an ended stream's count
 //! back at once: +578 MiB for 48 streams, helper-57). A compressed Receive (tonic's encoder)
 //! gives its count back once tonic takes the batch.
+//!
+//! A send stream's answers (ids and failures) its client has not taken count against the same
+//! connection budget, beside the stream's own ([`Unsent::answers`]): each stream alone held
+//! 8 MiB of answers and one decoded batch, and a connection may open 256 streams (32 streams
+//! whose answers nobody read grew mqd by ~410 MiB). The stream reserves a batch's share once
+//! the batch's first byte comes and before it decodes it, so an idle stream holds nothing.
 
 use std::sync::Arc;
 
@@ -79,6 +85,31 @@ impl Unsent {
         }
     }
 
+    /// A send stream's budgets for the answers its client has not taken yet: its own (`limit`) and
+    /// its connection's (the same one its receive streams' deliveries count against).
+    pub(crate) fn answers(connection: Arc<Semaphore>, limit: usize) -> Self {
+        Unsent {
+            stream: Arc::new(Semaphore::new(limit)),
+            connection,
+            batch: 0,
+        }
+    }
+
+    /// `n` bytes once both budgets have them (the stream's first, then the connection's).
+    pub(crate) async fn reserve_bytes(&self, n: u32) -> Reserved {
+        let s = self.stream.acquire_many(n).await;
+        let c = self.connection.acquire_many(n).await;
+        if let (Ok(s), Ok(c)) = (s, c) {
+            s.forget();
+            c.forget();
+        }
+        Reserved {
+            bytes: n as usize,
+            stream: self.stream.clone(),
+            connection: self.connection.clone(),
+        }
+    }
+
     /// A batch's bytes if both budgets have them now.
     pub(crate) fn try_reserve(&self) -> Option<Reserved> {
         let s = self.stream.try_acquire_many(self.batch).ok()?;
@@ -127,6 +158,29 @@ impl Reserved {
         let back = self.bytes.saturating_sub(used);
         self.give_back(back);
         self
+    }
+
+    /// Counts up to `more` bytes more, as much as both budgets have now (without waiting:
+    /// what would free the rest may be waiting behind this), and keeps at most `size` bytes in
+    /// all: what an answer holds once it is built.
+    pub(crate) fn resize_now(&mut self, size: usize) {
+        if size <= self.bytes {
+            self.give_back(self.bytes - size);
+            return;
+        }
+        let more = (size - self.bytes)
+            .min(self.stream.available_permits())
+            .min(self.connection.available_permits())
+            .min(MAX_LIMIT) as u32;
+        let Ok(s) = self.stream.try_acquire_many(more) else {
+            return;
+        };
+        let Ok(c) = self.connection.try_acquire_many(more) else {
+            return;
+        };
+        s.forget();
+        c.forget();
+        self.bytes += more as usize;
     }
 
     fn give_back(&mut self, n: usize) {
@@ -203,6 +257,24 @@ mod tests {
         assert!(other.try_reserve().is_some());
         drop(held);
         assert!(unsent.try_reserve().is_some());
+    }
+
+    #[tokio::test]
+    async fn an_answer_resized_takes_only_what_both_budgets_have_now() {
+        let conn = Arc::new(Semaphore::new(100));
+        let answers = Unsent::answers(conn.clone(), 60);
+        let mut r = answers.reserve_bytes(20).await;
+        assert_eq!(conn.available_permits(), 80);
+        // Larger than reserved: what the stream's budget still has (40 of 60), not more.
+        r.resize_now(90);
+        assert_eq!(r.bytes(), 60);
+        assert_eq!(conn.available_permits(), 40);
+        // Smaller: the rest goes back to both.
+        r.resize_now(10);
+        assert_eq!(r.bytes(), 10);
+        assert_eq!(conn.available_permits(), 90);
+        drop(r);
+        assert_eq!(conn.available_permits(), 100);
     }
 
     #[tokio::test]

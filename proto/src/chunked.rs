@@ -415,29 +415,45 @@ impl<T: prost::Message + Default + 'static> FrameDecoder<T> {
                     )),
                 };
             }
-            let body = &mut self.body;
-            match std::future::poll_fn(|cx| http_body::Body::poll_frame(Pin::new(&mut *body), cx))
-                .await
-            {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => self.push(data),
-                    Err(frame) => {
-                        if let Ok(trailers) = frame.into_trailers() {
-                            self.status = Status::from_header_map(&trailers);
-                        }
-                    }
-                },
-                Some(Err(status)) => {
-                    // As tonic: a request stream the client cancelled has ended.
-                    if !self.response && status.code() == tonic::Code::Cancelled {
-                        self.ended = true;
-                        continue;
-                    }
-                    return Err(status);
-                }
-                None => self.ended = true,
-            }
+            self.read_frame().await?;
         }
+    }
+
+    /// Waits until the first byte of the next request message is here, or the stream ended
+    /// (`Ok` either way; the next [`FrameDecoder::message_with_len`] tells which), without
+    /// decoding anything: a stream can reserve what a message will cost once one is coming,
+    /// and hold nothing while its client is idle.
+    pub async fn arriving(&mut self) -> Result<(), Status> {
+        while self.buffered == 0 && !self.ended {
+            self.read_frame().await?;
+        }
+        Ok(())
+    }
+
+    /// Reads one frame of the body: data is buffered, trailers kept, the end noted.
+    async fn read_frame(&mut self) -> Result<(), Status> {
+        let body = &mut self.body;
+        match std::future::poll_fn(|cx| http_body::Body::poll_frame(Pin::new(&mut *body), cx)).await
+        {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => self.push(data),
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        self.status = Status::from_header_map(&trailers);
+                    }
+                }
+            },
+            Some(Err(status)) => {
+                // As tonic: a request stream the client cancelled has ended.
+                if !self.response && status.code() == tonic::Code::Cancelled {
+                    self.ended = true;
+                    return Ok(());
+                }
+                return Err(status);
+            }
+            None => self.ended = true,
+        }
+        Ok(())
     }
 }
 

@@ -176,8 +176,9 @@ struct Args {
     /// Most bytes of deliveries (bodies, texts and 256 B a message) the receive streams of one
     /// connection hold that the client has not read yet (built, not yet written); past it
     /// they deliver no more until it reads (a stream that ends, e.g. by the ack timeout, drops
-    /// what is still queued). At most 4 GiB; raised to at least one stream's budget (16 MiB,
-    /// or 2 × (--max-body-bytes + 256) if more).
+    /// what is still queued). Its send streams' answers the client has not taken count here
+    /// too (past it they decode no further batch). At most 4 GiB; raised to at least one
+    /// stream's budget (16 MiB, or 2 × (--max-body-bytes + 256) if more).
     #[arg(
         long,
         default_value_t = mq_broker::FlowLimits::default().max_unsent_bytes_per_connection,
@@ -245,6 +246,28 @@ struct Args {
     /// one naming the queue) within as long of its opening. E.g. 120s, 10m.
     #[arg(long, default_value = "120s", value_parser = nonzero_duration, value_name = "DURATION")]
     message_arrival_timeout: std::time::Duration,
+    /// HTTP/2 flow-control window of one request stream: bytes a client may send on a stream
+    /// before the broker reads them (held in memory meanwhile, e.g. behind a send stream whose
+    /// answers its client does not read). 65,535 to 2^31 − 1; at most the connection window
+    /// (lowered to it).
+    #[arg(
+        long,
+        default_value_t = mq_broker::FlowLimits::default().http2_stream_window,
+        value_name = "BYTES",
+        value_parser = clap::value_parser!(u32).range(mq_broker::MIN_HTTP2_WINDOW as i64..=mq_broker::MAX_HTTP2_WINDOW as i64)
+    )]
+    http2_stream_window: u32,
+    /// The same for all streams of one connection together: the broker holds at most
+    /// --max-connections × this of request data it has not read (16 GiB with the defaults;
+    /// lower it where many untrusted clients connect, at some cost to large sends: see
+    /// README's limits table). 65,535 to 2^31 − 1.
+    #[arg(
+        long,
+        default_value_t = mq_broker::FlowLimits::default().http2_connection_window,
+        value_name = "BYTES",
+        value_parser = clap::value_parser!(u32).range(mq_broker::MIN_HTTP2_WINDOW as i64..=mq_broker::MAX_HTTP2_WINDOW as i64)
+    )]
+    http2_connection_window: u32,
     /// Most elements in a multiple-element format name (FORMATNAME:a,b,...) one send may use.
     #[arg(
         long,
@@ -511,6 +534,8 @@ async fn run() -> anyhow::Result<()> {
         max_partial_bytes_per_connection: args.max_partial_bytes_per_connection,
         max_partial_bytes: args.max_partial_bytes,
         message_arrival_timeout: args.message_arrival_timeout,
+        http2_stream_window: args.http2_stream_window,
+        http2_connection_window: args.http2_connection_window,
     };
     config.max_format_name_elements = args.max_format_name_elements;
     config.outgoing_idle_expiry = args.outgoing_idle_expiry;

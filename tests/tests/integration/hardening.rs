@@ -872,40 +872,8 @@ async fn a_send_stream_whose_answers_are_not_read_stops_reading() {
         .connect()
         .await
         .unwrap();
-    let (feed, rx) = tokio::sync::mpsc::channel(BATCHES + 1);
-    for b in 0..BATCHES {
-        let bad = v1::OutMessage {
-            priority: Some(9),
-            ..Default::default()
-        };
-        let req = v1::SendRequest {
-            first_seq: (b * PER_BATCH + 1) as u64,
-            destination: Q.into(),
-            messages: vec![bad; PER_BATCH],
-            ..Default::default()
-        };
-        let mut frame = vec![0u8];
-        frame.extend_from_slice(&(req.encoded_len() as u32).to_be_bytes());
-        req.encode(&mut frame).unwrap();
-        feed.send(bytes::Bytes::from(frame)).await.unwrap();
-    }
     let before = mq_tests::rss_kib(mqd.pid());
-    let req = http::Request::builder()
-        .method("POST")
-        .uri(format!("{}/mq.v1.MessageQueueService/Send", mqd.url()))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(tonic::body::Body::new(crate::flow_limits::FedBody(rx)))
-        .unwrap();
-    let mut ch = channel.clone();
-    use tonic::client::GrpcService;
-    futures::future::poll_fn(|cx| GrpcService::poll_ready(&mut ch, cx))
-        .await
-        .unwrap();
-    let resp = tokio::time::timeout(T, GrpcService::call(&mut ch, req))
-        .await
-        .expect("response headers")
-        .unwrap();
+    let (feed, resp) = unread_send_stream(&channel, mqd.url(), Q, BATCHES, PER_BATCH).await;
     // Not read: the stream answers a few batches, then waits for its client. (Before, its
     // memory passed 128 MiB more within a second or two; now ~20 MiB: the budget, the
     // frames in HTTP/2's window, one decoded batch.)
@@ -958,6 +926,136 @@ async fn a_send_stream_whose_answers_are_not_read_stops_reading() {
     // client takes them (~50 MiB here): before, ~290 MiB.
     assert!(peak < 100 * 1024, "mqd's peak grew by {peak} KiB");
     println!("mqd grew by {peak} KiB at its peak");
+}
+
+/// A send stream on `channel` fed `batches` batches of `per_batch` messages that each fail
+/// (priority 9) to `queue`, whose answers nobody reads yet: the feed (drop it to end the
+/// requests) and the response.
+async fn unread_send_stream(
+    channel: &tonic::transport::Channel,
+    url: &str,
+    queue: &str,
+    batches: usize,
+    per_batch: usize,
+) -> (
+    tokio::sync::mpsc::Sender<bytes::Bytes>,
+    http::Response<tonic::body::Body>,
+) {
+    use prost::Message as _;
+    use tonic::client::GrpcService;
+    let (feed, rx) = tokio::sync::mpsc::channel(batches + 1);
+    for b in 0..batches {
+        let bad = v1::OutMessage {
+            priority: Some(9),
+            ..Default::default()
+        };
+        let req = v1::SendRequest {
+            first_seq: (b * per_batch + 1) as u64,
+            destination: queue.into(),
+            messages: vec![bad; per_batch],
+            ..Default::default()
+        };
+        let mut frame = vec![0u8];
+        frame.extend_from_slice(&(req.encoded_len() as u32).to_be_bytes());
+        req.encode(&mut frame).unwrap();
+        feed.send(bytes::Bytes::from(frame)).await.unwrap();
+    }
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("{url}/mq.v1.MessageQueueService/Send"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(tonic::body::Body::new(crate::flow_limits::FedBody(rx)))
+        .unwrap();
+    let mut ch = channel.clone();
+    futures::future::poll_fn(|cx| GrpcService::poll_ready(&mut ch, cx))
+        .await
+        .unwrap();
+    let resp = tokio::time::timeout(T, GrpcService::call(&mut ch, req))
+        .await
+        .expect("response headers")
+        .unwrap();
+    (feed, resp)
+}
+
+/// The answer budget was a stream's alone (8 MiB), and a connection may open 256 streams: 32
+/// send streams of one connection whose answers were not read (batches of 10,000 messages
+/// that each fail: ~40 KB on the wire, ~600 KB of answer and megabytes decoded) grew mqd by
+/// ~410 MiB, 128 of them by ~1.4 GiB. Now unread answers also count against their
+/// connection's budget (`--max-unsent-bytes-per-connection`, here 16 MiB), and a batch is
+/// decoded only once the budgets hold its answer's share: ~54 MiB for the 32. A stream of the
+/// same connection whose client reads still gets every answer once the others are read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_streams_whose_answers_are_not_read_hold_at_most_their_connections_budget() {
+    const STREAMS: usize = 32;
+    const BATCHES: usize = 10;
+    const PER_BATCH: usize = 10_000;
+    const Q: &str = r".\private$\unread";
+    let dir = temp_data_dir("mq-unread-answers-conn");
+    let (mqd, _client) = MqdProcess::launch_with_queue(
+        dir.path(),
+        &["--max-unsent-bytes-per-connection", "16777216"],
+        Q,
+    )
+    .await;
+    let channel = tonic::transport::Channel::from_shared(mqd.url().to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let before = mq_tests::rss_kib(mqd.pid());
+    let mut streams = Vec::new();
+    for _ in 0..STREAMS {
+        streams.push(unread_send_stream(&channel, mqd.url(), Q, BATCHES, PER_BATCH).await);
+    }
+    let grown = || mq_tests::rss_kib(mqd.pid()).saturating_sub(before);
+    // Before, past 160 MiB within seconds (~410 MiB in all).
+    let over = eventually(Duration::from_secs(6), || async { grown() > 160 * 1024 }).await;
+    assert!(!over, "mqd grew by {} KiB with no answer read", grown());
+    println!(
+        "mqd grew by {} KiB with {STREAMS} streams' answers unread",
+        grown()
+    );
+    // Read them all: every batch of every stream is answered.
+    let readers: Vec<_> = streams
+        .into_iter()
+        .map(|(feed, resp)| {
+            tokio::spawn(async move {
+                drop(feed);
+                let mut body = resp.into_body();
+                let mut answered = 0u64;
+                let mut buf = bytes::BytesMut::new();
+                while let Some(frame) = futures::future::poll_fn(|cx| {
+                    http_body::Body::poll_frame(std::pin::Pin::new(&mut body), cx)
+                })
+                .await
+                {
+                    if let Some(data) = frame.unwrap().data_ref() {
+                        buf.extend_from_slice(data);
+                        while buf.len() >= 5 {
+                            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+                            if buf.len() < 5 + len {
+                                break;
+                            }
+                            let msg = buf.split_to(5 + len);
+                            let ack =
+                                <v1::SendResponse as prost::Message>::decode(&msg[5..]).unwrap();
+                            assert_eq!(ack.failures.len(), PER_BATCH);
+                            answered += 1;
+                        }
+                    }
+                }
+                answered
+            })
+        })
+        .collect();
+    for r in readers {
+        let answered = tokio::time::timeout(T * 4, r)
+            .await
+            .expect("answers")
+            .unwrap();
+        assert_eq!(answered, BATCHES as u64);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
