@@ -1443,7 +1443,7 @@ impl Broker {
         msgs: Vec<v1::OutMessage>,
         transactional: bool,
     ) -> Pin<Box<dyn Future<Output = BatchOutcome> + Send + 'static>> {
-        self.send_batch_on(plan, msgs, transactional, None, None)
+        self.send_batch_on(plan, msgs, transactional, None, None, &mut |_| Ok(()))
     }
 
     /// [`Broker::send_batch`] of single-message transactions on a send stream with an id
@@ -1456,6 +1456,7 @@ impl Broker {
         transactional: bool,
         stream: Option<(u128, u64)>,
         sender: Option<&Arc<str>>,
+        may_acknowledge_to: &mut dyn FnMut(&str) -> Result<(), BrokerError>,
     ) -> Pin<Box<dyn Future<Output = BatchOutcome> + Send + 'static>> {
         let n = msgs.len();
         let mut ids = vec![None; n];
@@ -1466,6 +1467,14 @@ impl Broker {
             if self.is_shutting_down() {
                 failures.push((i, BrokerError::ShuttingDown));
                 continue;
+            }
+            // The broker posts acknowledgements to the admin queue in the sender's name: the
+            // sender must be allowed to send there (`authorize_admin_queue` in the service).
+            if !m.admin_queue.is_empty() {
+                if let Err(e) = may_acknowledge_to(&m.admin_queue) {
+                    failures.push((i, e));
+                    continue;
+                }
             }
             if transactional {
                 force_transactional(&mut m);

@@ -860,8 +860,15 @@ async fn send_stream<I: crate::large_bodies::Inbound>(
         let ack: Pending = match stream.and_then(|s| dests.map(|d| (d, s))) {
             Ok((dests, stream)) => {
                 // Each message's sender is the stream's identity (whatever the client put there).
-                let stored =
-                    broker.send_batch_on(&dests, batch.messages, tx, stream, Some(&who.name));
+                let mut acks_to = AdminQueues::new(&broker, &auth, &who);
+                let stored = broker.send_batch_on(
+                    &dests,
+                    batch.messages,
+                    tx,
+                    stream,
+                    Some(&who.name),
+                    &mut |q| acks_to.authorize(q),
+                );
                 Box::pin(async move {
                     let outcome = stored.await;
                     v1::SendResponse {
@@ -991,6 +998,76 @@ fn authorize_send(
             .map_err(|s| BrokerError::PermissionDenied(s.message().to_string()))?;
     }
     Ok(())
+}
+
+/// The admin queues of one batch's messages, checked as the broker will use them: it posts
+/// acknowledgements there in the sender's name, so the sender needs the right `send` there
+/// (a local queue's ACL; another broker's queue needs an authenticated caller, as a send there
+/// does). Before, the admin queue was checked for its syntax only, and anyone who could send
+/// to one queue could have acknowledgements, with their label and (a negative one) their body,
+/// written into any local queue, or an anonymous caller into another broker's (helper-61).
+/// A local admin queue that does not exist is allowed (its acknowledgements are dropped, as
+/// before). A name that is not a valid admin queue is left to the message's own checks (`acks::check_request`), which say why. The last name's answer is
+/// kept: a batch's messages usually share one.
+struct AdminQueues<'a> {
+    broker: &'a Arc<Broker>,
+    auth: &'a Auth,
+    who: &'a Identity,
+    last: Option<(String, Result<(), BrokerError>)>,
+}
+
+impl<'a> AdminQueues<'a> {
+    fn new(broker: &'a Arc<Broker>, auth: &'a Auth, who: &'a Identity) -> Self {
+        AdminQueues {
+            broker,
+            auth,
+            who,
+            last: None,
+        }
+    }
+
+    fn authorize(&mut self, admin_queue: &str) -> Result<(), BrokerError> {
+        if let Some((name, answer)) = &self.last {
+            if name == admin_queue {
+                return answer.clone();
+            }
+        }
+        let answer = self.check(admin_queue);
+        self.last = Some((admin_queue.to_string(), answer.clone()));
+        answer
+    }
+
+    fn check(&self, admin_queue: &str) -> Result<(), BrokerError> {
+        let Ok(parsed) = mq_proto::format_name::FormatName::parse(admin_queue) else {
+            return Ok(());
+        };
+        let Some(addr) = parsed.single() else {
+            return Ok(());
+        };
+        if addr.is_read_only() {
+            return Ok(());
+        }
+        let queue = if self.broker.is_local(addr) {
+            match self.broker.local_queue(admin_queue, addr) {
+                Ok(q) => Some(q),
+                // No such queue: acknowledgements to it are dropped (as MSMQ accepts any
+                // admin queue at the send), so there is nothing to allow.
+                Err(BrokerError::QueueNotFound(_)) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        self.auth
+            .authorize(self.who, Right::Send, queue.as_deref())
+            .map_err(|s| {
+                BrokerError::PermissionDenied(format!(
+                    "admin queue \"{}\": {} (acknowledgements are posted there in the sender's name)",
+                    crate::auth::quote(admin_queue),
+                    s.message()
+                ))
+            })
+    }
 }
 
 fn failure(seq: u64, e: &BrokerError) -> v1::SendFailure {
@@ -1481,10 +1558,18 @@ async fn transact(
                     let _ = out.send(Err(status)).await;
                     return;
                 }
-                // Refused for a missing right: the transaction ends now.
+                // Refused for a missing right (on a destination or an admin queue): the
+                // transaction ends now.
+                let mut acks_to = AdminQueues::new(&broker, &auth, &who);
                 if let Err(BrokerError::PermissionDenied(m)) = broker
                     .destinations(&s.destination, true)
                     .and_then(|d| authorize_send(&auth, &who, &d))
+                    .and_then(|()| {
+                        s.messages
+                            .iter()
+                            .filter(|m| !m.admin_queue.is_empty())
+                            .try_for_each(|m| acks_to.authorize(&m.admin_queue))
+                    })
                 {
                     drop(open.take());
                     let _ = out.send(Err(Status::permission_denied(m))).await;

@@ -1090,3 +1090,80 @@ async fn password_guessing_does_not_stall_the_broker_or_evict_logins() {
     let again = as_user(&url, "admin", "admin-pw").await;
     assert_eq!(again.list_queues().await.unwrap().len(), 1);
 }
+
+/// The broker posts acknowledgements to a message's admin queue in its sender's name, so the
+/// sender needs the right `send` there. It used to check the admin queue's syntax only:
+/// anyone allowed to send to one queue had acknowledgements (with their label, and a negative
+/// one with their body) written into any local queue, and an anonymous caller could have them
+/// sent to another broker (helper-61). Now such a message is refused naming the admin queue
+/// and the right; a transactional one ends its transaction; once granted, it works.
+#[tokio::test]
+async fn acknowledgements_go_only_where_their_sender_may_send() {
+    const PRIVATE: &str = r".\private$\admins-only";
+    const TQ: &str = r".\private$\secured-tx";
+    let (_pki, broker, admin) = users_broker_with_q().await;
+    let url = broker.url().to_string();
+    admin
+        .create_queue(PRIVATE, QueueOptions::default())
+        .await
+        .unwrap();
+    admin
+        .create_queue(
+            TQ,
+            QueueOptions {
+                transactional: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    admin.grant(Q, "alice", &["send"]).await.unwrap();
+    admin.grant(TQ, "alice", &["send"]).await.unwrap();
+    admin.grant(Q, "anonymous", &["send"]).await.unwrap();
+    let alice = as_user(&url, "alice", "alice-pw").await;
+    let to_q = alice.queue(Q).unwrap();
+    let injected = || {
+        Message::new("carried")
+            .label("INJECTED")
+            .admin_queue(PRIVATE)
+            .acknowledge(0x0F)
+    };
+    denied(
+        to_q.send(injected()).await,
+        &["alice", "\"send\"", "admins-only", "admin queue"],
+    );
+    let mut tx = alice.begin().await.unwrap();
+    tx.send(TQ, injected()).unwrap();
+    denied(tx.commit().await, &["alice", "admins-only"]);
+    // Anonymous: not to another broker's queue (a send there needs an identity).
+    let anon = Client::connect(&url).await.unwrap();
+    denied(
+        anon.queue(Q)
+            .unwrap()
+            .send(
+                Message::new("x")
+                    .admin_queue(r"DIRECT=TCP:127.0.0.1:9\private$\elsewhere")
+                    .acknowledge(0x0F),
+            )
+            .await,
+        &["anonymous", "admin queue"],
+    );
+    assert!(
+        admin.outgoing().await.unwrap().is_empty(),
+        "no outgoing queue was created"
+    );
+    // Nothing landed in the admin queue; the refused messages are not in Q either.
+    assert_eq!(admin.queue_info(PRIVATE).await.unwrap().messages, 0);
+    assert_eq!(admin.queue_info(Q).await.unwrap().messages, 0);
+    // Granted: the message is sent and its arrival acknowledged there.
+    admin.grant(PRIVATE, "alice", &["send"]).await.unwrap();
+    to_q.send(Message::new("fine").admin_queue(PRIVATE).acknowledge(0x01))
+        .await
+        .unwrap();
+    let acked = mq_tests::eventually(Duration::from_secs(10), || async {
+        admin.queue_info(PRIVATE).await.unwrap().messages == 1
+    })
+    .await;
+    assert!(acked, "the arrival acknowledgement reached the admin queue");
+    broker.stop().await.unwrap();
+}
