@@ -879,6 +879,14 @@ impl Auth {
     /// The one check: may `who` use `right` (on `queue`, for queue rights)? PERMISSION_DENIED
     /// names the identity, the right and the queue.
     #[allow(clippy::result_large_err)]
+    /// Whether `who` may read `queue` (peek or receive) or administer it: who may open its
+    /// subqueues and journal for a look (`Broker::queue_seen`).
+    pub fn may_read(&self, who: &Identity, queue: &Queue) -> bool {
+        [Right::Peek, Right::Receive, Right::Admin]
+            .into_iter()
+            .any(|r| self.allowed(who, r, Some(queue)))
+    }
+
     pub fn authorize(
         &self,
         who: &Identity,

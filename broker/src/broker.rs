@@ -1005,6 +1005,37 @@ impl Broker {
         Ok(q)
     }
 
+    /// As [`Broker::queue_allowed`], for a look at a queue (its info): a subqueue or queue
+    /// journal not opened yet is created only if `may_open` passes on its main queue (a caller
+    /// who may read it), else NOT_FOUND once `allow` passes there. `allow` here is any right at
+    /// all (`monitor`, `send`), and opening one for a look created it, journaled, for good: a
+    /// caller with `send` could use up a queue's 64 subqueues, its poison subqueue with them
+    /// (helper-61).
+    pub fn queue_seen<E: From<BrokerError>>(
+        &self,
+        name: &str,
+        allow: impl Fn(&Arc<Queue>) -> Result<(), E>,
+        may_open: impl Fn(&Arc<Queue>) -> bool,
+    ) -> Result<Arc<Queue>, E> {
+        let addr = self.resolve(name)?;
+        if matches!(addr.kind, QueueKind::Subqueue | QueueKind::Journal) {
+            let key = self.normal_queue_key(name, &addr)?;
+            if self.queue_by_key(&key).is_none() {
+                let main = self.local_queue(name, &addr.main_queue())?;
+                allow(&main)?;
+                if may_open(&main) {
+                    return self.queue_allowed(name, allow);
+                }
+                return Err(BrokerError::NotFound(format!(
+                    "\"{}\" is not open: a subqueue or queue journal comes into being when a message goes into it or a reader (peek, receive) opens it",
+                    quote(name)
+                ))
+                .into());
+            }
+        }
+        self.queue_allowed(name, allow)
+    }
+
     /// The queue an address already known to be local names (`name` as written, for errors).
     pub(crate) fn local_queue(
         &self,

@@ -1008,13 +1008,17 @@ async fn post_queue(c: Caller, body: axum::body::Body) -> ApiResult<(StatusCode,
 async fn get_queue(Caller { api, who }: Caller, Args(name): Args<String>) -> Answer {
     check_name("queue name", &name)?;
     let auth = api.auth()?;
-    let q = api.broker()?.queue_allowed(&name, |q| {
-        if auth.sees(&who, q) {
-            return Ok(());
-        }
-        auth.authorize(&who, Right::Peek, Some(q))
-            .map_err(ApiError::from)
-    })?;
+    let q = api.broker()?.queue_seen(
+        &name,
+        |q| {
+            if auth.sees(&who, q) {
+                return Ok(());
+            }
+            auth.authorize(&who, Right::Peek, Some(q))
+                .map_err(ApiError::from)
+        },
+        |q| auth.may_read(&who, q),
+    )?;
     Ok(Json(queue_json(&q, api.rates_of(&q))))
 }
 

@@ -448,12 +448,16 @@ impl AdminService for Service {
         req: Request<v1::GetQueueInfoRequest>,
     ) -> Result<Response<v1::QueueInfo>, Status> {
         let who = Identity::of(&req);
-        let q = self.broker.queue_allowed(&req.into_inner().name, |q| {
-            if self.auth.sees(&who, q) {
-                return Ok(());
-            }
-            self.auth.authorize(&who, Right::Peek, Some(q))
-        })?;
+        let q = self.broker.queue_seen(
+            &req.into_inner().name,
+            |q| {
+                if self.auth.sees(&who, q) {
+                    return Ok(());
+                }
+                self.auth.authorize(&who, Right::Peek, Some(q))
+            },
+            |q| self.auth.may_read(&who, q),
+        )?;
         Ok(Response::new(q.info()))
     }
 

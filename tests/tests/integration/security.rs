@@ -1167,3 +1167,33 @@ async fn acknowledgements_go_only_where_their_sender_may_send() {
     assert!(acked, "the arrival acknowledgement reached the admin queue");
     broker.stop().await.unwrap();
 }
+
+/// A look at a queue (its info) needs any right at all, and it opened a subqueue or queue
+/// journal that did not exist yet, journaled, for good: a caller allowed only to send used up
+/// the queue's 64 subqueues (the poison subqueue with them) and `--max-queues` (helper-61). Now
+/// a look creates nothing: NOT_FOUND until a message goes there or a reader opens it.
+#[tokio::test]
+async fn a_look_at_a_subqueue_creates_none() {
+    let (_pki, broker, admin) = users_broker_with_q().await;
+    let url = broker.url().to_string();
+    admin.grant(Q, "alice", &["send"]).await.unwrap();
+    let alice = as_user(&url, "alice", "alice-pw").await;
+    for i in 0..70 {
+        match alice.queue_info(&format!("{Q};look{i}")).await {
+            Err(Error::NotFound(m)) => assert!(m.contains("is not open"), "{m}"),
+            other => panic!("info of a subqueue never opened: {other:?}"),
+        }
+    }
+    match alice.queue_info(&format!("{Q};journal")).await {
+        Err(Error::NotFound(_)) => {}
+        other => panic!("info of a queue journal never opened: {other:?}"),
+    }
+    // All 64 subqueues are still there for who may open them; once open, alice sees it.
+    for i in 0..64 {
+        let q = admin.queue(&format!("{Q};s{i}")).unwrap();
+        assert!(q.peek(Duration::ZERO).await.unwrap().is_none());
+    }
+    let info = alice.queue_info(&format!("{Q};s0")).await.unwrap();
+    assert_eq!(info.messages, 0);
+    broker.stop().await.unwrap();
+}
