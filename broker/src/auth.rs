@@ -714,7 +714,12 @@ impl Auth {
         let refuse = |why: String| Status::unauthenticated(why);
         if let (Some(h), Some(users)) = (p.authorization, &users) {
             let h = h.map_err(|()| refuse("the authorization header is not text".into()))?;
-            if let Some(b) = h.strip_prefix("Basic ") {
+            // The scheme is case-insensitive, and may be followed by more than one space
+            // (RFC 9110 §11.1, §11.4): some clients send `basic`.
+            let (scheme, rest) = h.split_once(' ').unwrap_or((&h, ""));
+            let rest = rest.trim_start_matches(' ');
+            if scheme.eq_ignore_ascii_case("Basic") {
+                let b = rest;
                 let raw = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b)
                     .map_err(|_| refuse("the Basic credentials are not base64".into()))?;
                 let raw = String::from_utf8(raw)
@@ -726,7 +731,8 @@ impl Auth {
                 let name = self.verify_password(users, user, password, fails).await?;
                 return Ok(users.identity(&name, IdentityKind::Password, peer));
             }
-            if let Some(t) = h.strip_prefix("Bearer ") {
+            if scheme.eq_ignore_ascii_case("Bearer") {
+                let t = rest;
                 let key = format!("sha256:{}", hex(&Sha256::digest(t.trim().as_bytes())));
                 let name = users.by_token.get(&key).ok_or_else(|| {
                     refuse(
@@ -1322,6 +1328,30 @@ mod tests {
         let id = rt
             .block_on(auth.identify(Presented {
                 authorization: Some(Ok(format!("Bearer {token}"))),
+                ..Default::default()
+            }))
+            .unwrap();
+        assert_eq!(&*id.name, "ci");
+        // The scheme is case-insensitive and may be followed by several spaces (helper-60:
+        // `basic` was refused as "must be Basic or Bearer").
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD.encode("alice:pw");
+        for h in [
+            format!("basic {b64}"),
+            format!("BASIC  {b64}"),
+            format!("Basic {b64}"),
+        ] {
+            let id = rt
+                .block_on(auth.identify(Presented {
+                    authorization: Some(Ok(h.clone())),
+                    ..Default::default()
+                }))
+                .unwrap_or_else(|e| panic!("{h}: {e:?}"));
+            assert_eq!(&*id.name, "alice");
+        }
+        let id = rt
+            .block_on(auth.identify(Presented {
+                authorization: Some(Ok(format!("bearer {token}"))),
                 ..Default::default()
             }))
             .unwrap();

@@ -483,12 +483,13 @@ impl AdminService for Service {
             0 => crate::config::MAX_QUEUE_PAGE,
             n => (n as usize).min(crate::config::MAX_QUEUE_PAGE),
         };
-        let (page, next) = self.broker.list_page(&r.page_token, max);
-        let queues = page
-            .iter()
-            .filter(|q| self.auth.sees(&who, q))
-            .map(|q| q.info())
-            .collect();
+        // The queues the caller sees are chosen before the page is cut, so a page token
+        // names only a queue the caller sees: filtering after it told anonymous callers every
+        // queue's name, one page of one at a time (helper-61).
+        let (page, next) = self.broker.page_of_queues(&r.page_token, max, |q| {
+            q.def().role.is_normal() && self.auth.sees(&who, q)
+        });
+        let queues = page.iter().map(|q| q.info()).collect();
         Ok(Response::new(v1::ListQueuesResponse {
             queues,
             next_page_token: next.unwrap_or_default(),

@@ -1197,3 +1197,54 @@ async fn a_look_at_a_subqueue_creates_none() {
     assert_eq!(info.messages, 0);
     broker.stop().await.unwrap();
 }
+
+/// `ListQueues` answers the queues the caller sees, and its page token is the last of them: it
+/// used to cut the page before leaving out the queues the caller does not see, so a page of
+/// one, followed, named every queue to an anonymous caller (helper-61).
+#[tokio::test]
+async fn a_queue_list_page_token_names_only_queues_the_caller_sees() {
+    use mq_proto::v1;
+    let (_pki, broker, admin) = users_broker_with_q().await;
+    for i in 0..5 {
+        admin
+            .create_queue(&format!(r".\private$\hidden{i}"), QueueOptions::default())
+            .await
+            .unwrap();
+    }
+    admin
+        .create_queue(r".\private$\open", QueueOptions::default())
+        .await
+        .unwrap();
+    admin
+        .grant(r".\private$\open", "anonymous", &["peek"])
+        .await
+        .unwrap();
+    let mut anon = v1::admin_service_client::AdminServiceClient::connect(broker.url().to_string())
+        .await
+        .unwrap();
+    let mut token = String::new();
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        let page = anon
+            .list_queues(v1::ListQueuesRequest {
+                page_size: 1,
+                page_token: token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        seen.extend(page.queues.into_iter().map(|q| q.name));
+        seen.push(format!("token:{}", page.next_page_token));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert!(
+        seen.iter()
+            .all(|s| !s.contains("hidden") && !s.contains("secured")),
+        "{seen:?}"
+    );
+    assert!(seen.iter().any(|s| s.contains("open")), "{seen:?}");
+    broker.stop().await.unwrap();
+}
