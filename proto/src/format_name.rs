@@ -49,13 +49,18 @@ const SYSTEM: &str = "SYSTEM$";
 const JOURNAL_SEGMENT: &str = "journal$";
 const DEADLETTER_ALIAS: &str = "deadletter$";
 const DEADXACT_ALIAS: &str = "xactdeadletter$";
+/// What the broker's outgoing queues are kept under (`outgoing$;host:port`): a queue of this
+/// name had subqueues whose keys were outgoing queues' (helper-61: a user could tell which
+/// destinations have an outgoing queue by opening `.\outgoing$;host:port`).
+const OUTGOING: &str = "outgoing$";
 /// Words that have a meaning in a path and so cannot be queue names (compared ignoring case).
-const RESERVED: [&str; 5] = [
+const RESERVED: [&str; 6] = [
     PRIVATE,
     SYSTEM,
     JOURNAL_SEGMENT,
     DEADLETTER_ALIAS,
     DEADXACT_ALIAS,
+    OUTGOING,
 ];
 
 const PATH_EXAMPLE: &str = r#"a path name looks like ".\private$\orders" or "host\orders""#;
@@ -1317,6 +1322,8 @@ mod tests {
         err(r".\journal$", r#""journal$" is a reserved word"#);
         err(r".\private$\Deadletter$", "reserved word");
         err(r".\private$\system$", "reserved word");
+        err(r".\outgoing$", "reserved word");
+        err(r".\private$\OUTGOING$", "reserved word");
         err(
             r".\private$\journal$",
             "private$ needs a queue name after it",
