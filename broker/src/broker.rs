@@ -189,6 +189,26 @@ impl Destinations {
         })
     }
 
+    /// Refuses a local queue of the other kind: a transactional queue takes only
+    /// transactional sends, and the others only non-transactional ones.
+    pub(crate) fn check_kinds(&self, transactional: bool) -> Result<(), BrokerError> {
+        for q in self.local_queues().flatten() {
+            if q.def().transactional && !transactional {
+                return Err(BrokerError::FailedPrecondition(format!(
+                    "queue \"{}\" is transactional and accepts only transactional sends; this send is not transactional (use mq send --tx, or a transaction)",
+                    q.def().name
+                )));
+            }
+            if !q.def().transactional && transactional {
+                return Err(BrokerError::FailedPrecondition(format!(
+                    "queue \"{}\" is not transactional and accepts only non-transactional sends; this send is transactional (create the queue with --transactional)",
+                    q.def().name
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether every local queue still exists (so the resolution can be reused).
     pub(crate) fn is_current(&self) -> bool {
         self.planned.iter().all(|p| match p {
@@ -1207,6 +1227,15 @@ impl Broker {
         name: &str,
         transactional: bool,
     ) -> Result<Destinations, BrokerError> {
+        let plan = self.plan(name)?;
+        plan.check_kinds(transactional)?;
+        Ok(plan)
+    }
+
+    /// [`Broker::destinations`] without the check of the queues' kinds, so that a caller can
+    /// check its rights first: a refusal for the kind tells whether a queue is transactional,
+    /// and should go only to who may send there (helper-61).
+    pub(crate) fn plan(self: &Arc<Self>, name: &str) -> Result<Destinations, BrokerError> {
         let parsed =
             FormatName::parse_with_max_elements(name, self.config.max_format_name_elements)?;
         let mut out = Destinations {
@@ -1225,18 +1254,6 @@ impl Broker {
             }
             if self.is_local(addr) {
                 let q = self.local_queue(name, addr)?;
-                if q.def().transactional && !transactional {
-                    return Err(BrokerError::FailedPrecondition(format!(
-                        "queue \"{}\" is transactional and accepts only transactional sends; this send is not transactional (use mq send --tx, or a transaction)",
-                        q.def().name
-                    )));
-                }
-                if !q.def().transactional && transactional {
-                    return Err(BrokerError::FailedPrecondition(format!(
-                        "queue \"{}\" is not transactional and accepts only non-transactional sends; this send is transactional (create the queue with --transactional)",
-                        q.def().name
-                    )));
-                }
                 if seen_local.insert(Arc::as_ptr(&q)) {
                     out.planned.push(Planned::Local(q));
                 }

@@ -851,9 +851,12 @@ async fn send_stream<I: crate::large_bodies::Inbound>(
             Some((name, t, d)) if *name == batch.destination && *t == tx && d.is_current() => {
                 Ok(d.clone())
             }
+            // Rights first: a refusal for the queue's kind would tell a caller without them
+            // whether it is transactional.
             _ => broker
-                .destinations(&batch.destination, tx)
+                .plan(&batch.destination)
                 .and_then(|d| authorize_send(&auth, &who, &d).map(|()| d))
+                .and_then(|d| d.check_kinds(tx).map(|()| d))
                 .inspect(|d| {
                     cached = Some((batch.destination.clone(), tx, d.clone()));
                 }),
@@ -1566,28 +1569,39 @@ async fn transact(
                 // Refused for a missing right (on a destination or an admin queue): the
                 // transaction ends now.
                 let mut acks_to = AdminQueues::new(&broker, &auth, &who);
-                if let Err(BrokerError::PermissionDenied(m)) = broker
-                    .destinations(&s.destination, true)
-                    .and_then(|d| authorize_send(&auth, &who, &d))
-                    .and_then(|()| {
+                let checked = broker
+                    .plan(&s.destination)
+                    .and_then(|d| authorize_send(&auth, &who, &d).map(|()| d))
+                    .and_then(|d| {
                         s.messages
                             .iter()
                             .filter(|m| !m.admin_queue.is_empty())
                             .try_for_each(|m| acks_to.authorize(&m.admin_queue))
+                            .map(|()| d)
                     })
-                {
-                    drop(open.take());
-                    let _ = out.send(Err(Status::permission_denied(m))).await;
-                    return;
-                }
+                    .and_then(|d| d.check_kinds(true).map(|()| d));
+                let plan = match checked {
+                    Ok(plan) => plan,
+                    Err(BrokerError::PermissionDenied(m)) => {
+                        drop(open.take());
+                        let _ = out.send(Err(Status::permission_denied(m))).await;
+                        return;
+                    }
+                    // Any other refusal (no such queue, a bad name) makes the commit fail, and
+                    // the send is not looked up again unchecked: a queue created meanwhile
+                    // would have taken it without its rights checked (helper-61).
+                    Err(e) => {
+                        tx.refuse(e);
+                        continue;
+                    }
+                };
                 for m in &mut s.messages {
                     m.sender = who.name.to_string();
                 }
                 // A send refused by a limit (a quota, what a transaction may stage) ends the
                 // transaction now, so nothing more is sent and held for it; other refusals make
                 // the commit fail.
-                if let Err(e @ BrokerError::QuotaExceeded(_)) = tx.send(&s.destination, s.messages)
-                {
+                if let Err(e @ BrokerError::QuotaExceeded(_)) = tx.send_planned(&plan, s.messages) {
                     drop(open.take());
                     let _ = out.send(Err(e.into())).await;
                     return;
@@ -1595,13 +1609,14 @@ async fn transact(
                 continue;
             }
             Req::Receive(r) => {
+                // Any refusal ends the stream here (as the receive's own would): the queue is not
+                // looked up again unchecked, which a queue created meanwhile would have passed
+                // without its rights checked (helper-61).
                 if let Err(status) = broker
                     .queue_allowed(&r.queue, |q| auth.authorize(&who, Right::Receive, Some(q)))
                 {
-                    if status.code() == tonic::Code::PermissionDenied {
-                        let _ = out.send(Err(status)).await;
-                        return;
-                    }
+                    let _ = out.send(Err(status)).await;
+                    return;
                 }
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 let wait = Duration::from_millis(r.timeout_ms).min(left);

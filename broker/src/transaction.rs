@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use mq_proto::v1;
 
-use crate::broker::{force_transactional, journal_failed, Broker};
+use crate::broker::{force_transactional, journal_failed, Broker, Destinations};
 use crate::error::BrokerError;
 use crate::journal::Op;
 use crate::message::{Delivery, StoredMessage};
@@ -122,12 +122,41 @@ impl Transaction {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        if let Err(e) = self.try_send(destination, msgs) {
+        let plan = match self.broker.destinations(destination, true) {
+            Ok(p) => p,
+            Err(e) => {
+                self.refuse(e.clone());
+                return Err(e);
+            }
+        };
+        self.send_planned(&plan, msgs)
+    }
+
+    /// [`Transaction::send`] to destinations the caller resolved (and checked the rights and
+    /// kinds of) itself, so that they are not looked up again.
+    pub(crate) fn send_planned(
+        &mut self,
+        plan: &Destinations,
+        msgs: Vec<v1::OutMessage>,
+    ) -> Result<(), BrokerError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if let Err(e) = self.try_send(plan, msgs) {
             self.release_staged();
             self.failed = Some(e.clone());
             return Err(e);
         }
         Ok(())
+    }
+
+    /// Records a send refused before it was staged: [`Transaction::commit`] then fails with
+    /// `e` and aborts, as for [`Transaction::send`]'s own refusals.
+    pub(crate) fn refuse(&mut self, e: BrokerError) {
+        if self.failed.is_none() {
+            self.release_staged();
+            self.failed = Some(e);
+        }
     }
 
     /// Checks the transaction's message count (sends and receives) before adding one.
@@ -186,10 +215,9 @@ impl Transaction {
 
     fn try_send(
         &mut self,
-        destination: &str,
+        plan: &Destinations,
         msgs: Vec<v1::OutMessage>,
     ) -> Result<(), BrokerError> {
-        let plan = self.broker.destinations(destination, true)?;
         // Outgoing queues are looked up (created) once a message has passed its checks.
         let mut targets = None;
         for mut m in msgs {
@@ -200,7 +228,7 @@ impl Transaction {
             let charge = msg.charged_bytes();
             let dests = match &targets {
                 Some(t) => t,
-                None => targets.insert(self.broker.targets(&plan)?),
+                None => targets.insert(self.broker.targets(plan)?),
             };
             for t in dests.iter() {
                 self.check_count()?;

@@ -1248,3 +1248,42 @@ async fn a_queue_list_page_token_names_only_queues_the_caller_sees() {
     assert!(seen.iter().any(|s| s.contains("open")), "{seen:?}");
     broker.stop().await.unwrap();
 }
+
+/// A send refused for its queue's kind (a plain send to a transactional queue, a transactional
+/// one to a plain queue) said so before the rights were checked, telling a caller without
+/// rights what kind a queue is (helper-61). Rights come first now.
+#[tokio::test]
+async fn a_queues_kind_is_told_only_to_who_may_send_there() {
+    const TQ: &str = r".\private$\secured-tx";
+    let (_pki, broker, admin) = users_broker_with_q().await;
+    admin
+        .create_queue(
+            TQ,
+            QueueOptions {
+                transactional: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let alice = as_user(broker.url(), "alice", "alice-pw").await;
+    denied(
+        alice.queue(TQ).unwrap().send(Message::new("x")).await,
+        &["alice", "\"send\""],
+    );
+    let mut tx = alice.begin().await.unwrap();
+    let staged = tx.send(Q, Message::new("x"));
+    match (staged, tx.commit().await) {
+        (Err(Error::PermissionDenied(m)), _) | (Ok(_), Err(Error::PermissionDenied(m))) => {
+            assert!(m.contains("alice"), "{m}")
+        }
+        other => panic!("expected PERMISSION_DENIED, got {other:?}"),
+    }
+    // With the right, the kind is told.
+    admin.grant(TQ, "alice", &["send"]).await.unwrap();
+    match alice.queue(TQ).unwrap().send(Message::new("x")).await {
+        Err(Error::FailedPrecondition(m)) => assert!(m.contains("transactional"), "{m}"),
+        other => panic!("expected FAILED_PRECONDITION, got {other:?}"),
+    }
+    broker.stop().await.unwrap();
+}
