@@ -152,7 +152,16 @@ impl Rights {
                 }
                 continue;
             }
-            let r = Right::parse(part)?;
+            let r = Right::parse(part).map_err(|e| {
+                if queue_only {
+                    format!(
+                        "\"{}\" is not a queue right; queue rights are send, receive, peek, admin (or all)",
+                        crate::auth::quote(part.trim())
+                    )
+                } else {
+                    e
+                }
+            })?;
             if queue_only && !r.is_queue_right() {
                 return Err(format!(
                     "\"{}\" is a broker-wide right (given in the users file: mqd user add --rights); queue rights are send, receive, peek, admin",

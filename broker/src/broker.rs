@@ -840,6 +840,12 @@ impl Broker {
         }
         let poison = crate::subqueue::PoisonPolicy::from_request(&req)?;
         let journal = crate::journal_queue::JournalPolicy::from_request(&req)?;
+        if addr.kind == QueueKind::Journal {
+            return Err(BrokerError::InvalidArgument(format!(
+                "\"{}\" is a queue journal: it comes with its queue and is not created (create the queue, with --journal to keep copies of what is received)",
+                quote(&req.name)
+            )));
+        }
         if addr.kind != QueueKind::Normal {
             return Err(BrokerError::QueueExists(format!(
                 "{} (the dead-letter queues, SYSTEM$;JOURNAL and each queue's journal exist without being created)",
@@ -990,7 +996,7 @@ impl Broker {
         let queues = self.queues.read().unwrap_or_else(|p| p.into_inner());
         match queues.get(&q.def().key) {
             Some(cur) if Arc::ptr_eq(cur, q) && !q.is_deleted() => {}
-            _ => return Err(BrokerError::QueueNotFound(q.def().name.clone())),
+            _ => return Err(BrokerError::QueueDeleted(q.def().name.clone())),
         }
         Ok(self.journal.submit(vec![Op::DefineQueue {
             queue_id: def.id,

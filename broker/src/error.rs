@@ -12,6 +12,9 @@ pub enum BrokerError {
     /// No such queue.
     #[error("queue \"{0}\" does not exist; create it with `mq queue create {0}`")]
     QueueNotFound(String),
+    /// The queue a call or transaction was using was deleted meanwhile.
+    #[error("queue \"{0}\" does not exist: it was deleted while in use (a queue created since under the same name is another queue)")]
+    QueueDeleted(String),
     /// Something other than a queue does not exist; the text says what and what to do.
     #[error("{0}")]
     NotFound(String),
@@ -51,7 +54,9 @@ impl BrokerError {
     pub fn code(&self) -> Code {
         match self {
             BrokerError::InvalidArgument(_) => Code::InvalidArgument,
-            BrokerError::QueueNotFound(_) | BrokerError::NotFound(_) => Code::NotFound,
+            BrokerError::QueueNotFound(_)
+            | BrokerError::QueueDeleted(_)
+            | BrokerError::NotFound(_) => Code::NotFound,
             BrokerError::QueueExists(_) | BrokerError::AlreadyExists(_) => Code::AlreadyExists,
             BrokerError::QuotaExceeded(_) => Code::ResourceExhausted,
             BrokerError::FailedPrecondition(_) => Code::FailedPrecondition,
@@ -69,7 +74,7 @@ impl BrokerError {
         use mq_proto::reason as r;
         match self {
             BrokerError::InvalidArgument(_) => r::INVALID_ARGUMENT,
-            BrokerError::QueueNotFound(_) => r::QUEUE_NOT_FOUND,
+            BrokerError::QueueNotFound(_) | BrokerError::QueueDeleted(_) => r::QUEUE_NOT_FOUND,
             BrokerError::NotFound(_) => r::NOT_FOUND,
             BrokerError::QueueExists(_) => r::QUEUE_EXISTS,
             BrokerError::AlreadyExists(_) => r::ALREADY_EXISTS,

@@ -715,7 +715,7 @@ impl Queue {
     ) -> Result<Vec<Result<u64, BrokerError>>, BrokerError> {
         let mut st = self.lock();
         if st.deleted {
-            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+            return Err(BrokerError::QueueDeleted(self.def.name.clone()));
         }
         let mut out = Vec::with_capacity(msgs.len());
         for m in msgs {
@@ -746,7 +746,7 @@ impl Queue {
     pub fn reserve_quota(&self, charge: u64) -> Result<(), BrokerError> {
         let mut st = self.lock();
         if st.deleted {
-            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+            return Err(BrokerError::QueueDeleted(self.def.name.clone()));
         }
         if let Some(q) = st.quota {
             if st.charged + charge > q {
@@ -770,7 +770,7 @@ impl Queue {
     pub fn admit_reserved(&self) -> Result<u64, BrokerError> {
         let mut st = self.lock();
         if st.deleted {
-            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+            return Err(BrokerError::QueueDeleted(self.def.name.clone()));
         }
         let seq = st.next_seq;
         st.next_seq += 1;
@@ -885,7 +885,7 @@ impl Queue {
         let mut guard = self.lock();
         let st = &mut *guard;
         if st.deleted {
-            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+            return Err(BrokerError::QueueDeleted(self.def.name.clone()));
         }
         let now = if st.timed > 0 { now_ms() } else { 0 };
         // Outgoing queues: never past a position whose send is still being stored.
@@ -1247,7 +1247,7 @@ impl Queue {
     pub fn peek(&self, max: usize) -> Result<Vec<Entry>, BrokerError> {
         let st = self.lock();
         if st.deleted {
-            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+            return Err(BrokerError::QueueDeleted(self.def.name.clone()));
         }
         let now = now_ms();
         let limit = st.pending.first().copied().unwrap_or(u64::MAX);
@@ -1295,7 +1295,7 @@ impl Queue {
         let (max, max_bytes) = (max.max(1), max_bytes.max(1));
         let st = self.lock();
         if st.deleted {
-            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+            return Err(BrokerError::QueueDeleted(self.def.name.clone()));
         }
         let now = now_ms();
         // As `peek`: nothing at or past a position whose send is still being stored.
@@ -1562,7 +1562,7 @@ impl Queue {
     pub fn peek_by(&self, key: &Select) -> Result<Option<Entry>, BrokerError> {
         let mut st = self.lock();
         if st.deleted {
-            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+            return Err(BrokerError::QueueDeleted(self.def.name.clone()));
         }
         Ok(self.find(&mut st, key)?.map(|(lane, at)| match at {
             Found::Window(i) => {
@@ -1582,7 +1582,7 @@ impl Queue {
         let mut guard = self.lock();
         let st = &mut *guard;
         if st.deleted {
-            return Err(BrokerError::QueueNotFound(self.def.name.clone()));
+            return Err(BrokerError::QueueDeleted(self.def.name.clone()));
         }
         let Some((lane, at)) = self.find(st, key)? else {
             return Ok(None);

@@ -1221,7 +1221,7 @@ async fn consume(
             }
         }
         if queue.is_deleted() {
-            break Some(BrokerError::QueueNotFound(queue.def().name.clone()).into());
+            break Some(BrokerError::QueueDeleted(queue.def().name.clone()).into());
         }
         let ack_deadline = oldest.unwrap_or_else(tokio::time::Instant::now);
         if short_of_bytes {

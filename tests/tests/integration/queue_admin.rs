@@ -466,3 +466,45 @@ async fn list_queues_pages_are_at_most_ten_thousand() {
     assert_eq!(client.list_queues().await.unwrap().len(), QUEUES);
     broker.stop().await.unwrap();
 }
+
+/// Clear refusals (helper-60): creating a queue journal says it comes with its queue (it said
+/// "already exists" even for a queue that did not); a right that is not a queue right in an
+/// ACL names the queue rights (it listed the broker-wide ones too); a transaction whose queue
+/// was deleted and created again says it was deleted (it said "does not exist; create it").
+#[tokio::test]
+async fn refusals_say_what_is_wrong() {
+    let broker = InProcessBroker::start().await;
+    let client = broker.client().await;
+    match client
+        .create_queue(r".\private$\missing;journal", QueueOptions::default())
+        .await
+    {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("comes with its queue"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    const TQ: &str = r".\private$\tq";
+    let tx_queue = QueueOptions {
+        transactional: true,
+        ..Default::default()
+    };
+    client.create_queue(TQ, tx_queue.clone()).await.unwrap();
+    match client.grant(TQ, "alice", &["bogus"]).await {
+        Err(Error::InvalidArgument(m)) => {
+            assert!(m.contains("send, receive, peek, admin"), "{m}");
+            assert!(!m.contains("outgoing"), "{m}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut tx = client.begin().await.unwrap();
+    tx.send(TQ, Message::new("x")).unwrap();
+    // The send is staged once the broker has it: a receive in the same transaction waits for
+    // it to be read (nothing to receive from an empty queue, at once).
+    let _ = tx.receive(TQ, std::time::Duration::ZERO).await;
+    client.delete_queue(TQ).await.unwrap();
+    client.create_queue(TQ, tx_queue).await.unwrap();
+    match tx.commit().await {
+        Err(Error::NotFound(m)) => assert!(m.contains("was deleted"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    broker.stop().await.unwrap();
+}
