@@ -16,6 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -315,6 +316,9 @@ pub struct Identity {
     /// Broker-wide rights from the users file.
     rights: Rights,
     pub peer: Option<SocketAddr>,
+    /// The users file it was established against (its reading's number) and a fingerprint
+    /// of its entry there (`None`: not established against a users file). See [`Standing`].
+    entry: Option<(u64, u64)>,
 }
 
 impl Identity {
@@ -326,6 +330,7 @@ impl Identity {
             groups: Arc::from(Vec::new()),
             rights: Rights::default(),
             peer,
+            entry: None,
         }
     }
 
@@ -347,7 +352,7 @@ pub struct UsersFile {
     pub users: BTreeMap<String, UserEntry>,
 }
 
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UserEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -370,6 +375,16 @@ struct Users {
     /// this file: a reread starts a new one, so a login verified against the file before (and
     /// finishing after the reread) cannot outlive it.
     cache: Mutex<HashMap<[u8; 32], String>>,
+    /// Which reading of the file this is (0 the first, one more at each SIGHUP).
+    generation: u64,
+}
+
+/// A fingerprint of a user's entry in the users file (`None`: not in it).
+fn entry_fingerprint(entry: Option<&UserEntry>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    entry.hash(&mut h);
+    h.finish()
 }
 
 impl Users {
@@ -406,6 +421,7 @@ impl Users {
             rights,
             by_token,
             cache: Mutex::new(HashMap::new()),
+            generation: 0,
         })
     }
 
@@ -423,6 +439,10 @@ impl Users {
             groups: Arc::from(groups),
             rights: self.rights.get(name).copied().unwrap_or_default(),
             peer,
+            entry: Some((
+                self.generation,
+                entry_fingerprint(self.file.users.get(name)),
+            )),
         }
     }
 }
@@ -537,11 +557,51 @@ impl std::fmt::Debug for Presented {
     }
 }
 
+/// Ends a long-lived stream (receive, send, transaction, cursor) once its identity no longer
+/// stands: its user was removed from the users file, or its entry changed (password, tokens,
+/// groups, rights), when the file is reread (SIGHUP). Before, such a stream went on with the
+/// rights it was opened with for as long as it lived (helper-61): removing a user revoked
+/// nothing already open. Checked before each message or request a stream takes, and only
+/// after a reread (one atomic load otherwise).
+pub(crate) struct Standing {
+    auth: Arc<Auth>,
+    who: Identity,
+    seen: u64,
+}
+
+impl Standing {
+    pub(crate) fn new(auth: &Arc<Auth>, who: &Identity) -> Standing {
+        Standing {
+            auth: auth.clone(),
+            who: who.clone(),
+            seen: who.entry.map_or(0, |(g, _)| g),
+        }
+    }
+
+    /// The status that ends the stream, once its identity no longer stands.
+    pub(crate) fn lost(&mut self) -> Option<Status> {
+        self.who.entry?;
+        let now = self.auth.generation.load(Ordering::Acquire);
+        if now == self.seen {
+            return None;
+        }
+        self.seen = now;
+        (!self.auth.still_stands(&self.who)).then(|| {
+            Status::unauthenticated(format!(
+                "identity \"{}\" was removed from the users file or its entry changed (the file was reread): this stream ends; connect again with valid credentials",
+                quote(&self.who.name)
+            ))
+        })
+    }
+}
+
 /// Identities and rights of one broker.
 #[derive(Debug)]
 pub struct Auth {
     path: Option<PathBuf>,
     users: RwLock<Option<Arc<Users>>>,
+    /// The generation of the users file in force (see [`Users`]), read by [`Standing`].
+    generation: AtomicU64,
     refusals: Mutex<HashMap<IpAddr, (Instant, u64)>>,
     /// Per [`FailKey`]: start of its failure window, failures in it.
     failures: Mutex<HashMap<FailKey, (Instant, u32)>>,
@@ -571,6 +631,7 @@ fn named(
             groups: Arc::from(Vec::new()),
             rights: Rights::default(),
             peer,
+            entry: None,
         },
     }
 }
@@ -629,6 +690,7 @@ impl Auth {
         Auth {
             path,
             users: RwLock::new(users.map(Arc::new)),
+            generation: AtomicU64::new(0),
             refusals: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
             hashing: tokio::sync::Semaphore::new(cores),
@@ -687,16 +749,32 @@ impl Auth {
         let Some(path) = &self.path else {
             return Ok(0);
         };
-        let users = Users::load(path)?;
+        let mut users = Users::load(path)?;
         let n = users.file.users.len();
         // The remembered logins go with the old file (see `Users::cache`).
-        *self.users.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(users));
+        {
+            let mut slot = self.users.write().unwrap_or_else(|p| p.into_inner());
+            users.generation = self.generation.load(Ordering::Acquire) + 1;
+            *slot = Some(Arc::new(users));
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
         // Account names are looked up again too (an account renamed since).
         self.os_names
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
         Ok(n)
+    }
+
+    /// Whether `who` still stands as it was established: established without a users file,
+    /// or its entry in the file in force is the same (not removed, its password, tokens,
+    /// groups and rights unchanged).
+    pub(crate) fn still_stands(&self, who: &Identity) -> bool {
+        let Some((_, fingerprint)) = who.entry else {
+            return true;
+        };
+        self.users()
+            .is_some_and(|u| entry_fingerprint(u.file.users.get(&*who.name)) == fingerprint)
     }
 
     fn users(&self) -> Option<Arc<Users>> {
@@ -1207,6 +1285,7 @@ mod tests {
             groups: Arc::from(groups.iter().map(|g| g.to_string()).collect::<Vec<_>>()),
             rights: Rights::default(),
             peer: None,
+            entry: None,
         }
     }
 

@@ -83,6 +83,7 @@ pub(crate) async fn run(
     let idle = broker.config().flow.cursor_idle;
     let mut pos = Position::Start;
     let mut next = Some(first);
+    let mut standing = crate::auth::Standing::new(&auth, &who);
     loop {
         // The previous answer taken first (by tonic, to be written: which it does only once
         // HTTP/2's window has room, so only once the client reads): a client that sends
@@ -129,6 +130,10 @@ pub(crate) async fn run(
                 }
             }
         };
+        if let Some(lost) = standing.lost() {
+            slot.send(Err(lost));
+            return;
+        }
         let reply = act(&broker, &auth, &who, &queue, &mut pos, &req).await;
         let failed = reply.is_err();
         slot.send(reply);

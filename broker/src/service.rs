@@ -157,6 +157,7 @@ impl Service {
             inbound,
             first.credit as u64,
             Deliveries { tx, queued },
+            crate::auth::Standing::new(&self.auth, &who),
         ));
         // Dropped with the response (the client reset the stream or is gone): closed, so the
         // stream's task sees its sends fail at once and puts its messages back, as it did
@@ -776,6 +777,7 @@ async fn send_stream<I: crate::large_bodies::Inbound>(
     // The last destination's resolution, so a stream of batches to one queue parses it once.
     let mut cached: Option<(String, bool, crate::broker::Destinations)> = None;
     let mut tx_stream = crate::tx_stream::TxStream::new(broker.clone());
+    let mut standing = crate::auth::Standing::new(&auth, &who);
     loop {
         // Once the broker is stopping, no new batch is taken even if one is waiting: express
         // messages accepted now would be answered and then lost with the process.
@@ -823,6 +825,10 @@ async fn send_stream<I: crate::large_bodies::Inbound>(
             .and_then(|()| check_seqs(batch.first_seq, batch.messages.len()))
         {
             refused = Some(status);
+            break;
+        }
+        if let Some(lost) = standing.lost() {
+            refused = Some(lost);
             break;
         }
         let n = batch.messages.len();
@@ -1101,6 +1107,7 @@ async fn consume(
     mut inbound: Streaming<v1::ReceiveRequest>,
     mut credit: u64,
     deliveries: Deliveries,
+    mut standing: crate::auth::Standing,
 ) {
     let tx = &deliveries.tx;
     let flow = broker.config().flow.clone();
@@ -1125,6 +1132,9 @@ async fn consume(
         ))
     };
     let end: Option<Status> = 'stream: loop {
+        if let Some(lost) = standing.lost() {
+            break Some(lost);
+        }
         let notified = queue.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
@@ -1481,6 +1491,7 @@ async fn transact(
     let mut idle_since = tokio::time::Instant::now();
     // Created by a first `TxBegin` (the client's id), else by the first other request.
     let mut open: Option<Transaction> = None;
+    let mut standing = crate::auth::Standing::new(&auth, &who);
     let timed_out = || {
         Status::aborted(format!(
             "the transaction was open longer than the broker's transaction timeout ({}s, mqd --tx-timeout-secs) and was aborted",
@@ -1506,6 +1517,11 @@ async fn transact(
                 return;
             }
         };
+        if let Some(lost) = standing.lost() {
+            drop(open.take());
+            let _ = out.send(Err(lost)).await;
+            return;
+        }
         let op = match req {
             Ok(Some(v1::TransactRequest { op: Some(op) })) => op,
             Ok(Some(_)) => {

@@ -1287,3 +1287,99 @@ async fn a_queues_kind_is_told_only_to_who_may_send_there() {
     }
     broker.stop().await.unwrap();
 }
+
+/// A user removed from the users file loses the streams it has open when the file is reread
+/// (SIGHUP): they went on with the rights they were opened with for as long as they lived
+/// (helper-61). Its receive stream ends with UNAUTHENTICATED before it takes another message
+/// (the message stays for others), its send stream before it takes another batch.
+#[tokio::test]
+async fn a_removed_user_loses_its_open_streams_when_the_users_file_is_reread() {
+    let pki = TestPki::new("test CA");
+    let users = users(&pki);
+    let dir = mq_tests::temp_data_dir("mq-sec-");
+    let users_arg = users.to_str().unwrap().to_string();
+    let mqd = MqdProcess::launch(dir.path(), &["--users", &users_arg]);
+    let url = mqd.url().to_string();
+    let admin = as_user(&url, "admin", "admin-pw").await;
+    admin
+        .create_queue(Q, QueueOptions::default())
+        .await
+        .unwrap();
+    admin.grant(Q, "alice", &["send", "receive"]).await.unwrap();
+    let alice = as_user(&url, "alice", "alice-pw").await;
+    let q = alice.queue(Q).unwrap();
+    let sender = alice
+        .sender(Q, mq_client::SenderOptions::default())
+        .await
+        .unwrap();
+    sender.send(Message::new("before")).await.unwrap();
+    let mut consumer = q.consumer(Default::default()).await.unwrap();
+    let got = consumer
+        .next(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&got.body[..], b"before");
+    consumer.ack().await.unwrap();
+    // alice is removed: the file is written again without her.
+    std::fs::remove_file(&users).unwrap();
+    mq_tests::users_file(
+        &users,
+        &[
+            (
+                "admin",
+                "admin-pw",
+                &[],
+                &["create-queue", "outgoing", "dead-letter"],
+            ),
+            ("bob", "bob-pw", &["readers"], &[]),
+        ],
+    );
+    let s = std::process::Command::new("kill")
+        .args(["-HUP", &mqd.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(s.success());
+    assert!(
+        mq_tests::wait_until(Duration::from_secs(20), || mqd
+            .stderr()
+            .contains("SIGHUP: reread the users file")),
+        "{}",
+        mqd.stderr()
+    );
+    let admin = as_user(&url, "admin", "admin-pw").await;
+    admin
+        .queue(Q)
+        .unwrap()
+        .send(Message::new("after"))
+        .await
+        .unwrap();
+    match consumer.next(Duration::from_secs(10)).await {
+        Err(Error::Unauthenticated(m)) => assert!(m.contains("alice"), "{m}"),
+        other => panic!("alice's receive stream after her removal: {other:?}"),
+    }
+    let late = match sender.send_with_receipt(Message::new("late")).await {
+        Ok(receipt) => receipt.await,
+        Err(e) => Err(e),
+    };
+    match late {
+        Err(Error::Unauthenticated(_)) => {}
+        other => panic!("alice's send stream after her removal: {other:?}"),
+    }
+    // The message is still there for who may take it; alice's late one was not stored.
+    let left = admin
+        .queue(Q)
+        .unwrap()
+        .receive(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&left.body[..], b"after");
+    assert!(admin
+        .queue(Q)
+        .unwrap()
+        .receive(Duration::ZERO)
+        .await
+        .unwrap()
+        .is_none());
+}
