@@ -203,6 +203,9 @@ pub struct FlowLimits {
     /// past it they take no more messages until it reads. Raised to at least one stream's
     /// budget (16 MiB, or two of the largest batches: 2 × (--max-body-bytes + 256 B)).
     pub max_unsent_bytes_per_connection: u64,
+    /// The same for all connections together, beyond one batch a connection (each connection
+    /// may hold one batch whatever the others hold). Raised to at least one connection's.
+    pub max_unsent_bytes: u64,
     /// A receive stream holding a delivered message this long without acknowledging it is
     /// ended and its unacknowledged messages go back to the queue.
     pub ack_timeout: std::time::Duration,
@@ -283,6 +286,7 @@ impl Default for FlowLimits {
             max_unacked_per_stream: DEFAULT_MAX_UNACKED_PER_STREAM,
             max_unacked_per_connection: DEFAULT_MAX_UNACKED_PER_CONNECTION,
             max_unsent_bytes_per_connection: crate::unsent::DEFAULT_MAX_UNSENT_BYTES_PER_CONNECTION,
+            max_unsent_bytes: crate::unsent::DEFAULT_MAX_UNSENT_BYTES,
             ack_timeout: DEFAULT_ACK_TIMEOUT,
             max_tx_bytes: DEFAULT_MAX_TX_BYTES,
             max_tx_total_bytes: DEFAULT_MAX_TX_TOTAL_BYTES,

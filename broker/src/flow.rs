@@ -70,6 +70,10 @@ pub(crate) struct Connections {
     max: usize,
     /// Each connection's budget of deliveries not yet written (`crate::unsent`).
     unsent_limit: usize,
+    /// Of it, what a connection holds whatever the others hold (one batch).
+    unsent_floor: usize,
+    /// The rest is shared by every connection (`--max-unsent-bytes`).
+    unsent_shared: Arc<tokio::sync::Semaphore>,
     live: AtomicUsize,
     by_peer: Mutex<HashMap<Peer, Arc<Connection>>>,
     /// Numbers the connections on the Unix socket.
@@ -97,18 +101,26 @@ pub(crate) struct Connection {
     cursors: AtomicUsize,
     /// Bytes of request messages received in part (see `partial_requests`).
     partial: AtomicU64,
-    /// Bytes its receive streams may still build ahead of what HTTP/2 has written
-    /// (`crate::unsent`), of `unsent_limit`.
-    unsent: Arc<tokio::sync::Semaphore>,
+    /// Bytes its receive streams may still build ahead of what HTTP/2 has written, and its
+    /// send streams' answers (`crate::unsent`), of `unsent_limit`.
+    unsent: Arc<crate::unsent::Budget>,
     unsent_limit: usize,
 }
 
 impl Connections {
-    /// At most `max` connections, each with `unsent_limit` bytes of deliveries not yet written.
-    pub(crate) fn new(max: usize, unsent_limit: usize) -> Self {
+    /// At most `max` connections, each with `unsent_limit` bytes of deliveries not yet written,
+    /// `unsent_floor` of them its own and the rest from the broker's `unsent_shared` bytes.
+    pub(crate) fn new(
+        max: usize,
+        unsent_limit: usize,
+        unsent_floor: usize,
+        unsent_shared: usize,
+    ) -> Self {
         Connections {
             max,
             unsent_limit,
+            unsent_floor,
+            unsent_shared: Arc::new(tokio::sync::Semaphore::new(unsent_shared)),
             live: AtomicUsize::new(0),
             by_peer: Mutex::new(HashMap::new()),
             next_local: AtomicU64::new(1),
@@ -140,7 +152,7 @@ impl Connections {
         self.by_peer
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(peer, Arc::new(Connection::new(self.unsent_limit)));
+            .insert(peer, Arc::new(self.connection()));
         Some(ConnectionGuard {
             connections: self.clone(),
             peer,
@@ -171,7 +183,15 @@ impl Connections {
                 .get(&p)
                 .cloned()
         })
-        .unwrap_or_else(|| Arc::new(Connection::new(self.unsent_limit)))
+        .unwrap_or_else(|| Arc::new(self.connection()))
+    }
+
+    fn connection(&self) -> Connection {
+        Connection::new(crate::unsent::Budget::new(
+            self.unsent_limit,
+            self.unsent_floor,
+            self.unsent_shared.clone(),
+        ))
     }
 }
 
@@ -312,7 +332,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for CountedStream<S> {
 }
 
 impl Connection {
-    fn new(unsent_limit: usize) -> Self {
+    fn new(unsent: crate::unsent::Budget) -> Self {
+        let unsent_limit = unsent.limit();
         Connection {
             unacked: AtomicU64::new(0),
             room: Notify::new(),
@@ -320,7 +341,7 @@ impl Connection {
             transactions: AtomicUsize::new(0),
             cursors: AtomicUsize::new(0),
             partial: AtomicU64::new(0),
-            unsent: Arc::new(tokio::sync::Semaphore::new(unsent_limit)),
+            unsent: Arc::new(unsent),
             unsent_limit,
         }
     }
@@ -333,7 +354,7 @@ impl Connection {
 
     /// The connection's budget of bytes built for its client and not yet taken: its receive
     /// streams' deliveries and its send streams' answers (`crate::unsent`).
-    pub(crate) fn unsent_budget(&self) -> Arc<tokio::sync::Semaphore> {
+    pub(crate) fn unsent_budget(&self) -> Arc<crate::unsent::Budget> {
         self.unsent.clone()
     }
 
@@ -532,7 +553,11 @@ mod tests {
 
     #[test]
     fn unacked_slots_are_capped_per_connection() {
-        let c = Connection::new(64 << 20);
+        let c = Connection::new(crate::unsent::Budget::new(
+            64 << 20,
+            64 << 20,
+            Arc::new(tokio::sync::Semaphore::new(64 << 20)),
+        ));
         assert_eq!(c.reserve_unacked(8, 10), 8);
         assert_eq!(c.reserve_unacked(8, 10), 2);
         assert_eq!(c.reserve_unacked(1, 10), 0);
@@ -544,7 +569,11 @@ mod tests {
     /// and one that registered late sees, on its second ask, the slots given back before.
     #[tokio::test]
     async fn a_stream_waiting_for_room_is_woken_or_finds_it() {
-        let c = Connection::new(64 << 20);
+        let c = Connection::new(crate::unsent::Budget::new(
+            64 << 20,
+            64 << 20,
+            Arc::new(tokio::sync::Semaphore::new(64 << 20)),
+        ));
         assert_eq!(c.reserve_unacked(10, 10), 10);
         let wait = c.wait_for_room();
         assert_eq!(c.reserve_unacked(1, 10), 0);
@@ -562,7 +591,11 @@ mod tests {
 
     #[test]
     fn transaction_slots_are_capped_and_given_back() {
-        let c = Arc::new(Connection::new(64 << 20));
+        let c = Arc::new(Connection::new(crate::unsent::Budget::new(
+            64 << 20,
+            64 << 20,
+            Arc::new(tokio::sync::Semaphore::new(64 << 20)),
+        )));
         let a = c.open_transaction(2).unwrap();
         let _b = c.open_transaction(2).unwrap();
         assert!(c.open_transaction(2).is_none());
@@ -575,7 +608,7 @@ mod tests {
         use tokio::io::AsyncReadExt;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let conns = Arc::new(Connections::new(1, 64 << 20));
+        let conns = Arc::new(Connections::new(1, 64 << 20, 4 << 20, 1 << 30));
         let mut incoming = Box::pin(accept(listener, conns.clone()));
         let _first = TcpStream::connect(addr).await.unwrap();
         let served = futures::StreamExt::next(&mut incoming)

@@ -196,7 +196,12 @@ pub fn wire_requests(data: &[u8]) -> Vec<Option<String>> {
         });
         let service = crate::service::Service::new(
             broker.clone(),
-            Arc::new(crate::flow::Connections::new(16, 64 << 20)),
+            Arc::new(crate::flow::Connections::new(
+                16,
+                64 << 20,
+                4 << 20,
+                1 << 30,
+            )),
             Arc::new(crate::auth::Auth::open()),
         );
         // As mqd serves it: Receive through `large_bodies`, the rest through tonic.

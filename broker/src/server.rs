@@ -158,9 +158,21 @@ pub async fn run_with_ready(
         most_unread_request_bytes = connection_window as u64 * flow.max_connections as u64,
         "HTTP/2 windows: request data the broker has not read is at most the connection window per connection"
     );
+    // The broker's budget holds at least one connection's; each connection's first batch is
+    // its own (`crate::unsent::Budget`).
+    let unsent_floor = crate::service::delivery_batch_bytes(broker.config()).min(unsent_limit);
+    let unsent_shared = (flow.max_unsent_bytes as usize).max(unsent_limit);
+    if unsent_shared as u64 != flow.max_unsent_bytes {
+        tracing::warn!(
+            total = unsent_shared,
+            "--max-unsent-bytes raised: it holds at least one connection's budget (--max-unsent-bytes-per-connection)"
+        );
+    }
     let connections = Arc::new(crate::flow::Connections::new(
         flow.max_connections,
         unsent_limit,
+        unsent_floor,
+        unsent_shared,
     ));
     let service = Service::new(broker.clone(), connections.clone(), auth.clone())
         .with_readiness(ready.clone());

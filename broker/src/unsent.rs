@@ -50,6 +50,9 @@ pub(crate) const STREAM_UNSENT_BYTES: usize = 16 << 20;
 /// ten paused streams of 3 MB messages stopped a reader of the same connection).
 pub const DEFAULT_MAX_UNSENT_BYTES_PER_CONNECTION: u64 = 256 << 20;
 
+/// Default `--max-unsent-bytes`: what all connections together hold beyond one batch each.
+pub const DEFAULT_MAX_UNSENT_BYTES: u64 = 1 << 30;
+
 /// The per-connection limit in force: at least one stream's ([`stream_limit`]).
 pub(crate) fn connection_limit(asked: u64, batch: usize) -> usize {
     (asked.min(MAX_LIMIT as u64) as usize).max(stream_limit(batch))
@@ -65,10 +68,95 @@ fn stream_limit(batch: usize) -> usize {
 /// What a tokio semaphore acquires at once (`u32`), and more than any sensible limit.
 const MAX_LIMIT: usize = u32::MAX as usize;
 
+/// One connection's budget of bytes built for its client and not yet taken: its own limit
+/// (`--max-unsent-bytes-per-connection`), of which `floor` bytes (one batch) are its own
+/// whatever other connections hold, the rest shared with every connection of the broker
+/// (`--max-unsent-bytes`). Without the broker's share, each connection could hold its whole
+/// limit: clients that never read could grow mqd by 256 MiB a connection (helper-60: three
+/// connections of 50 unread receive streams each, +720 MiB), 1,024 connections allowed.
+/// With it the broker holds at most its budget plus one floor a connection, and a connection
+/// whose client reads still delivers a batch at a time when clients that do not read hold all
+/// of the shared part.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    own: Semaphore,
+    floor: Semaphore,
+    broker: Arc<Semaphore>,
+    limit: usize,
+}
+
+impl Budget {
+    /// A connection's budget: `limit` bytes, the first `floor` of them its own, the rest from
+    /// `broker`.
+    pub(crate) fn new(limit: usize, floor: usize, broker: Arc<Semaphore>) -> Self {
+        let limit = limit.min(MAX_LIMIT);
+        Budget {
+            own: Semaphore::new(limit),
+            floor: Semaphore::new(floor.min(limit)),
+            broker,
+            limit,
+        }
+    }
+
+    /// The connection's limit.
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// `n` bytes now, all or nothing; how many came from the floor.
+    fn try_take(&self, n: u32) -> Option<u32> {
+        let own = self.own.try_acquire_many(n).ok()?;
+        let floor = self.floor_part(n);
+        let from_floor = floor.as_ref().map_or(0, |p| p.num_permits() as u32);
+        let broker = self.broker.try_acquire_many(n - from_floor).ok()?;
+        own.forget();
+        if let Some(f) = floor {
+            f.forget();
+        }
+        broker.forget();
+        Some(from_floor)
+    }
+
+    /// `n` bytes once the budgets have them (the connection's own first, then what the floor
+    /// has, then the broker's for the rest); how many came from the floor.
+    async fn take(&self, n: u32) -> u32 {
+        // None of the semaphores is ever closed. A wait dropped halfway gives back what it
+        // had (the permits are forgotten only once all are held).
+        let Ok(own) = self.own.acquire_many(n).await else {
+            return 0;
+        };
+        let floor = self.floor_part(n);
+        let from_floor = floor.as_ref().map_or(0, |p| p.num_permits() as u32);
+        let Ok(broker) = self.broker.acquire_many(n - from_floor).await else {
+            return 0;
+        };
+        own.forget();
+        if let Some(f) = floor {
+            f.forget();
+        }
+        broker.forget();
+        from_floor
+    }
+
+    /// As much of `n` as the floor has now.
+    fn floor_part(&self, n: u32) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        let f = (self.floor.available_permits().min(MAX_LIMIT) as u32).min(n);
+        (f > 0)
+            .then(|| self.floor.try_acquire_many(f).ok())
+            .flatten()
+    }
+
+    fn give(&self, n: usize, from_floor: usize) {
+        self.own.add_permits(n);
+        self.floor.add_permits(from_floor);
+        self.broker.add_permits(n - from_floor);
+    }
+}
+
 /// One receive stream's budgets: its own and its connection's.
 pub(crate) struct Unsent {
     stream: Arc<Semaphore>,
-    connection: Arc<Semaphore>,
+    connection: Arc<Budget>,
     /// What a batch reserves before it takes its messages.
     batch: u32,
 }
@@ -76,7 +164,7 @@ pub(crate) struct Unsent {
 impl Unsent {
     /// The budgets of a stream on a connection whose budget is `connection` (of
     /// `connection_limit` bytes), for batches of at most `batch` bytes.
-    pub(crate) fn new(connection: Arc<Semaphore>, connection_limit: usize, batch: usize) -> Self {
+    pub(crate) fn new(connection: Arc<Budget>, connection_limit: usize, batch: usize) -> Self {
         let stream = stream_limit(batch).min(connection_limit);
         Unsent {
             stream: Arc::new(Semaphore::new(stream)),
@@ -87,7 +175,7 @@ impl Unsent {
 
     /// A send stream's budgets for the answers its client has not taken yet: its own (`limit`) and
     /// its connection's (the same one its receive streams' deliveries count against).
-    pub(crate) fn answers(connection: Arc<Semaphore>, limit: usize) -> Self {
+    pub(crate) fn answers(connection: Arc<Budget>, limit: usize) -> Self {
         Unsent {
             stream: Arc::new(Semaphore::new(limit)),
             connection,
@@ -97,44 +185,32 @@ impl Unsent {
 
     /// `n` bytes once both budgets have them (the stream's first, then the connection's).
     pub(crate) async fn reserve_bytes(&self, n: u32) -> Reserved {
-        let s = self.stream.acquire_many(n).await;
-        let c = self.connection.acquire_many(n).await;
-        if let (Ok(s), Ok(c)) = (s, c) {
-            s.forget();
-            c.forget();
-        }
-        Reserved {
-            bytes: n as usize,
-            stream: self.stream.clone(),
-            connection: self.connection.clone(),
-        }
+        let Ok(s) = self.stream.acquire_many(n).await else {
+            return self.reserved(0, 0);
+        };
+        let from_floor = self.connection.take(n).await;
+        s.forget();
+        self.reserved(n, from_floor)
     }
 
     /// A batch's bytes if both budgets have them now.
     pub(crate) fn try_reserve(&self) -> Option<Reserved> {
         let s = self.stream.try_acquire_many(self.batch).ok()?;
-        let c = self.connection.try_acquire_many(self.batch).ok()?;
+        let from_floor = self.connection.try_take(self.batch)?;
         s.forget();
-        c.forget();
-        Some(self.reserved())
+        Some(self.reserved(self.batch, from_floor))
     }
 
     /// A batch's bytes once both budgets have them (the stream's first, then the connection's,
     /// each in turn with the streams waiting before it).
     pub(crate) async fn reserve(&self) -> Reserved {
-        let s = self.stream.acquire_many(self.batch).await;
-        let c = self.connection.acquire_many(self.batch).await;
-        // Neither semaphore is ever closed.
-        if let (Ok(s), Ok(c)) = (s, c) {
-            s.forget();
-            c.forget();
-        }
-        self.reserved()
+        self.reserve_bytes(self.batch).await
     }
 
-    fn reserved(&self) -> Reserved {
+    fn reserved(&self, bytes: u32, from_floor: u32) -> Reserved {
         Reserved {
-            bytes: self.batch as usize,
+            bytes: bytes as usize,
+            from_floor: from_floor as usize,
             stream: self.stream.clone(),
             connection: self.connection.clone(),
         }
@@ -144,8 +220,10 @@ impl Unsent {
 /// Bytes counted against a stream's and its connection's budgets, given back when dropped.
 pub(crate) struct Reserved {
     bytes: usize,
+    /// Of `bytes`, those from the connection's floor (the rest are the broker's).
+    from_floor: usize,
     stream: Arc<Semaphore>,
-    connection: Arc<Semaphore>,
+    connection: Arc<Budget>,
 }
 
 impl Reserved {
@@ -170,24 +248,31 @@ impl Reserved {
         }
         let more = (size - self.bytes)
             .min(self.stream.available_permits())
-            .min(self.connection.available_permits())
+            .min(self.connection.own.available_permits())
             .min(MAX_LIMIT) as u32;
+        if more == 0 {
+            return;
+        }
         let Ok(s) = self.stream.try_acquire_many(more) else {
             return;
         };
-        let Ok(c) = self.connection.try_acquire_many(more) else {
+        let Some(from_floor) = self.connection.try_take(more) else {
             return;
         };
         s.forget();
-        c.forget();
         self.bytes += more as usize;
+        self.from_floor += from_floor as usize;
     }
 
+    /// Gives `n` bytes back: the broker's first, so the connection keeps its floor.
     fn give_back(&mut self, n: usize) {
         if n > 0 {
+            let from_broker = n.min(self.bytes - self.from_floor);
+            let from_floor = n - from_broker;
             self.bytes -= n;
+            self.from_floor -= from_floor;
             self.stream.add_permits(n);
-            self.connection.add_permits(n);
+            self.connection.give(n, from_floor);
         }
     }
 }
@@ -222,22 +307,61 @@ pub(crate) fn hold(chunk: Bytes, count: &Arc<Reserved>) -> Bytes {
 mod tests {
     use super::*;
 
+    /// A broker budget no test reaches.
+    fn broker() -> Arc<Semaphore> {
+        Arc::new(Semaphore::new(MAX_LIMIT))
+    }
+
+    #[tokio::test]
+    async fn connections_share_the_brokers_budget_beyond_their_floor() {
+        let shared = Arc::new(Semaphore::new(50));
+        let a = Arc::new(Budget::new(100, 10, shared.clone()));
+        let b = Arc::new(Budget::new(100, 10, shared.clone()));
+        let ua = Unsent::answers(a.clone(), 100);
+        let ub = Unsent::answers(b.clone(), 100);
+        // a takes its floor and all the shared part.
+        let ra = ua.reserve_bytes(60).await;
+        assert_eq!(shared.available_permits(), 0);
+        // b still has its floor, and no more.
+        let rb = ub.reserve_bytes(10).await;
+        let mut more = Box::pin(ub.reserve_bytes(1));
+        assert!(
+            futures::poll!(more.as_mut()).is_pending(),
+            "beyond its floor, b waits for the shared part"
+        );
+        // a gives back 30: the shared part first (it keeps its floor), and b's wait ends.
+        let ra = ra.keep(30);
+        assert_eq!(a.floor.available_permits(), 0);
+        let r1 = more.await;
+        assert_eq!(shared.available_permits(), 29);
+        drop((ra, rb, r1));
+        assert_eq!(shared.available_permits(), 50);
+        assert_eq!(a.floor.available_permits(), 10);
+        assert_eq!(b.floor.available_permits(), 10);
+        assert_eq!(a.own.available_permits(), 100);
+        assert_eq!(b.own.available_permits(), 100);
+    }
+
     #[test]
     fn a_batch_is_counted_until_its_last_chunk_is_dropped() {
-        let conn = Arc::new(Semaphore::new(100));
+        let conn = Arc::new(Budget::new(100, 100, broker()));
         let unsent = Unsent::new(conn.clone(), 100, 30);
         let r = unsent.try_reserve().expect("room");
-        assert_eq!(conn.available_permits(), 70);
+        assert_eq!(conn.own.available_permits(), 70);
         let count = Arc::new(r.keep(12));
-        assert_eq!(conn.available_permits(), 88);
+        assert_eq!(conn.own.available_permits(), 88);
         let a = hold(Bytes::from_static(b"abc"), &count);
         let b = hold(Bytes::from_static(b"def"), &count);
         drop(count);
         assert_eq!(&a[..], b"abc");
         drop(a);
-        assert_eq!(conn.available_permits(), 88, "one chunk is still unwritten");
+        assert_eq!(
+            conn.own.available_permits(),
+            88,
+            "one chunk is still unwritten"
+        );
         drop(b);
-        assert_eq!(conn.available_permits(), 100);
+        assert_eq!(conn.own.available_permits(), 100);
     }
 
     #[test]
@@ -246,7 +370,7 @@ mod tests {
         let limit = connection_limit(64 << 20, 40);
         assert_eq!(limit, 64 << 20);
         assert_eq!(connection_limit(10, 40), STREAM_UNSENT_BYTES);
-        let conn = Arc::new(Semaphore::new(limit));
+        let conn = Arc::new(Budget::new(limit, limit, broker()));
         let unsent = Unsent::new(conn.clone(), limit, 40);
         let held: Vec<_> = (0..(STREAM_UNSENT_BYTES / 40))
             .map(|_| unsent.try_reserve().expect("within the stream's limit"))
@@ -261,26 +385,26 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_resized_takes_only_what_both_budgets_have_now() {
-        let conn = Arc::new(Semaphore::new(100));
+        let conn = Arc::new(Budget::new(100, 100, broker()));
         let answers = Unsent::answers(conn.clone(), 60);
         let mut r = answers.reserve_bytes(20).await;
-        assert_eq!(conn.available_permits(), 80);
+        assert_eq!(conn.own.available_permits(), 80);
         // Larger than reserved: what the stream's budget still has (40 of 60), not more.
         r.resize_now(90);
         assert_eq!(r.bytes(), 60);
-        assert_eq!(conn.available_permits(), 40);
+        assert_eq!(conn.own.available_permits(), 40);
         // Smaller: the rest goes back to both.
         r.resize_now(10);
         assert_eq!(r.bytes(), 10);
-        assert_eq!(conn.available_permits(), 90);
+        assert_eq!(conn.own.available_permits(), 90);
         drop(r);
-        assert_eq!(conn.available_permits(), 100);
+        assert_eq!(conn.own.available_permits(), 100);
     }
 
     #[tokio::test]
     async fn a_waiting_stream_gets_its_batch_when_another_gives_bytes_back() {
         let limit = connection_limit(0, 8 << 20);
-        let conn = Arc::new(Semaphore::new(limit));
+        let conn = Arc::new(Budget::new(limit, limit, broker()));
         let a = Unsent::new(conn.clone(), limit, 8 << 20);
         let b = Unsent::new(conn.clone(), limit, 8 << 20);
         let first = a.try_reserve().expect("room");

@@ -186,6 +186,17 @@ struct Args {
         value_parser = clap::value_parser!(u64).range(1..=u32::MAX as u64)
     )]
     max_unsent_bytes_per_connection: u64,
+    /// The same for all connections together: beyond it a connection holds one batch at a time
+    /// (its own share, whatever the others hold), so clients that do not read cannot grow the
+    /// broker by the per-connection budget times --max-connections. Raised to at least one
+    /// connection's budget.
+    #[arg(
+        long,
+        default_value_t = mq_broker::FlowLimits::default().max_unsent_bytes,
+        value_name = "BYTES",
+        value_parser = clap::value_parser!(u64).range(1..=1 << 40)
+    )]
+    max_unsent_bytes: u64,
     /// A receiver holding a delivered message this long without acknowledging it loses its
     /// stream, and its unacknowledged messages go back to the queue, e.g. 30m, 90s.
     #[arg(long, default_value = "30m", value_parser = nonzero_duration, value_name = "DURATION")]
@@ -531,6 +542,7 @@ async fn run() -> anyhow::Result<()> {
         tx_stream_idle: args.tx_stream_idle,
         max_batch_messages: args.max_batch_messages,
         max_unsent_bytes_per_connection: args.max_unsent_bytes_per_connection,
+        max_unsent_bytes: args.max_unsent_bytes,
         max_partial_bytes_per_connection: args.max_partial_bytes_per_connection,
         max_partial_bytes: args.max_partial_bytes,
         message_arrival_timeout: args.message_arrival_timeout,

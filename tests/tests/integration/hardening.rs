@@ -1203,6 +1203,92 @@ async fn receive_streams_nobody_reads_hold_at_most_their_connections_budget() {
     }
 }
 
+/// Each connection's budget of deliveries not yet written (`--max-unsent-bytes-per-connection`)
+/// was the only bound: clients that never read held it on every connection (helper-60: three
+/// connections of 50 unread streams of 1 MiB messages, +720 MiB; 1,024 connections allowed).
+/// Now all connections share `--max-unsent-bytes` beyond one batch each (here 32 MiB, as
+/// each connection's): four connections of eight unread streams of 3 MiB messages take about
+/// 32 MiB and one batch a connection, not 32 MiB each, and a reader on another connection still
+/// gets its messages (its own batch). Once read, every message arrives intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receive_streams_of_many_connections_nobody_reads_hold_at_most_the_brokers_budget() {
+    const CONNECTIONS: usize = 4;
+    const STREAMS: usize = 8;
+    const MESSAGES: usize = 64;
+    const BODY: usize = 3 << 20;
+    const Q: &str = r".\private$\unread-everywhere";
+    const OTHER: &str = r".\private$\read";
+    let dir = temp_data_dir("mq-unread-broker");
+    let (mqd, client) = MqdProcess::launch_with_queue(
+        dir.path(),
+        &[
+            "--max-unsent-bytes-per-connection",
+            "33554432",
+            "--max-unsent-bytes",
+            "33554432",
+        ],
+        Q,
+    )
+    .await;
+    mq_tests::create_default_queue(&client, OTHER).await;
+    send_numbered(&client, Q, MESSAGES, BODY).await;
+    let before = mq_tests::rss_kib(mqd.pid());
+    let mut streams = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let mut rpc = small_window_client(&mqd).await;
+        for _ in 0..STREAMS {
+            streams.push(mq_tests::open_receive_on(&mut rpc, Q, 100).await);
+        }
+    }
+    let in_flight = || async { client.queue_info(Q).await.unwrap().in_flight };
+    assert!(eventually(T, || async { in_flight().await > 0 }).await);
+    // Before: ~10 a connection (32 MiB of 3 MiB messages), 40 in all.
+    let over = eventually(Duration::from_secs(4), || async { in_flight().await > 20 }).await;
+    let taken = in_flight().await;
+    let grown = mq_tests::rss_kib(mqd.pid()).saturating_sub(before);
+    println!("{CONNECTIONS} connections of unread streams took {taken} messages; mqd grew by {grown} KiB");
+    assert!(!over, "the unread streams took {taken} messages of 3 MiB");
+    // A reader on another connection gets its messages meanwhile.
+    let other = client.queue(OTHER).unwrap();
+    for i in 0..5 {
+        other.send(Message::new(format!("m{i}"))).await.unwrap();
+    }
+    for _ in 0..5 {
+        let m = other.receive(T).await.unwrap();
+        assert!(m.is_some(), "a reader on its own connection got nothing");
+    }
+    // Read: every message arrives, intact.
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut readers = Vec::new();
+    for (tx, mut items) in streams {
+        let got = got.clone();
+        readers.push(tokio::spawn(async move {
+            let _tx = tx;
+            while let Ok(Some(item)) = items.message().await {
+                for d in item.messages {
+                    let m = d.message.unwrap();
+                    got.lock().unwrap().push((m.label, m.body));
+                }
+            }
+        }));
+    }
+    let all = eventually(Duration::from_secs(60), || async {
+        got.lock().unwrap().len() >= MESSAGES
+    })
+    .await;
+    for r in &readers {
+        r.abort();
+    }
+    assert!(all, "only {} messages came", got.lock().unwrap().len());
+    let mut got = std::mem::take(&mut *got.lock().unwrap());
+    assert_eq!(got.len(), MESSAGES);
+    got.sort_by_key(|(label, _)| label.parse::<usize>().unwrap());
+    for (i, (label, body)) in got.into_iter().enumerate() {
+        assert_eq!(label, i.to_string());
+        assert!(body == filler(i, BODY), "message {i} is not intact");
+    }
+}
+
 /// Streams nobody reads hold at most their own budget (16 MiB each), and when they end (the
 /// ack timeout, here 3 s) drop the deliveries still queued (their messages went back), keeping
 /// counted only what HTTP/2 holds of them: six of them fill the connection's 64 MiB (here), then a
