@@ -177,6 +177,8 @@ pub struct BrokerConfig {
     pub http_max_connections: usize,
     /// An HTTP connection that moves no byte for this long is closed.
     pub http_idle_timeout: std::time::Duration,
+    /// A request on the HTTP port must be whole this long after its first byte.
+    pub http_request_timeout: std::time::Duration,
     /// Also serve gRPC on this Unix socket (clients on this machine: `unix:PATH`).
     pub unix_socket: Option<std::path::PathBuf>,
     /// A caller on the Unix socket without credentials is the user named as its operating
@@ -345,6 +347,7 @@ impl BrokerConfig {
             http_insecure: false,
             http_max_connections: 256,
             http_idle_timeout: std::time::Duration::from_secs(60),
+            http_request_timeout: std::time::Duration::from_secs(30),
         }
     }
 
@@ -404,6 +407,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("http_insecure", &self.http_insecure)
             .field("http_max_connections", &self.http_max_connections)
             .field("http_idle_timeout", &self.http_idle_timeout)
+            .field("http_request_timeout", &self.http_request_timeout)
             .finish()
     }
 }

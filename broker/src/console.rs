@@ -474,7 +474,9 @@ async fn queues(
     api.sample(b);
     let lq = api::QueueListQuery {
         after: qq.after.filter(|a| !a.is_empty()),
-        limit: Some(qq.limit.unwrap_or(QUEUES_PAGE_ROWS)),
+        // At most a page of the size the page is made for: ?limit=10000 built 8.9 MB of HTML
+        // per request (helper-63).
+        limit: Some(qq.limit.unwrap_or(QUEUES_PAGE_ROWS).min(QUEUES_PAGE_ROWS)),
     };
     let (page, next) = api::visible_queue_page(&api, &who, &lq)?;
     let limit = lq.limit.unwrap_or(QUEUES_PAGE_ROWS);

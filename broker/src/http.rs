@@ -36,7 +36,7 @@ pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     ready: Arc<Readiness>,
     tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
-    (max_connections, idle): (usize, std::time::Duration),
+    limits: crate::http_conns::Limits,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let api = crate::http_api::Api::new(ready.clone());
@@ -60,7 +60,7 @@ pub(crate) async fn serve(
         .into_make_service_with_connect_info::<crate::http_tls::Peer>();
     match tls {
         None => {
-            let listener = crate::http_conns::Bounded::new(listener, max_connections, idle);
+            let listener = crate::http_conns::Bounded::new(listener, limits);
             axum::serve(listener, app)
                 .with_graceful_shutdown(stop)
                 .await
@@ -68,8 +68,7 @@ pub(crate) async fn serve(
         Some(tls) => {
             let listener = crate::http_conns::Bounded::new(
                 crate::http_tls::TlsListener::new(listener, tls),
-                max_connections,
-                idle,
+                limits,
             );
             axum::serve(listener, app)
                 .with_graceful_shutdown(stop)

@@ -2,7 +2,26 @@
 //! as they are accepted), and one that moves no byte either way for `mqd --http-idle-timeout`
 //! is closed, so a client that opens connections and stalls (sends half a request, or nothing)
 //! holds them, and their file descriptors, no longer. (axum's server sets no timer: hyper's
-//! header read timeout is off.)
+//! header read timeout is off.) A request must also be whole within `mqd
+//! --http-request-timeout` of its first byte: the idle time restarts at every byte, so a client
+//! that trickled a byte every few seconds held its connection for good, and 256 of them (4 bytes
+//! a second) closed the port to everyone (helper-63). And the port speaks HTTP/1.1 only: axum's
+//! server also answers HTTP/2 (its builder detects the preface), 200 streams a connection with
+//! hyper's default windows, which let one connection hold ~200 times what the limits here
+//! assume (helper-63: 40 connections of stalled uploads, +650 MB); a connection that opens with
+//! the HTTP/2 preface is closed.
+
+/// The HTTP port's connection limits (`mqd --http-max-connections`, `--http-idle-timeout`,
+/// `--http-request-timeout`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) max_connections: usize,
+    pub(crate) idle: std::time::Duration,
+    pub(crate) request: std::time::Duration,
+}
+
+/// The first bytes of an HTTP/2 connection (RFC 9113 §3.4); no HTTP/1 method is `PRI`.
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 use std::future::Future as _;
 use std::io;
@@ -21,18 +40,20 @@ pub(crate) struct Bounded<L> {
     permits: Arc<Semaphore>,
     max: usize,
     idle: Duration,
+    request: Duration,
     /// Connections closed at accept for the limit, and when the last warning was logged.
     refused: u64,
     warned: Option<Instant>,
 }
 
 impl<L> Bounded<L> {
-    pub(crate) fn new(inner: L, max: usize, idle: Duration) -> Bounded<L> {
+    pub(crate) fn new(inner: L, limits: Limits) -> Bounded<L> {
         Bounded {
             inner,
-            permits: Arc::new(Semaphore::new(max)),
-            max,
-            idle,
+            permits: Arc::new(Semaphore::new(limits.max_connections)),
+            max: limits.max_connections,
+            idle: limits.idle,
+            request: limits.request,
             refused: 0,
             warned: None,
         }
@@ -50,7 +71,7 @@ where
         loop {
             let (io, peer) = self.inner.accept().await;
             match self.permits.clone().try_acquire_owned() {
-                Ok(permit) => return (Idle::new(io, permit, self.idle), peer),
+                Ok(permit) => return (Idle::new(io, permit, self.idle, self.request), peer),
                 Err(_) => {
                     drop(io);
                     self.refused += 1;
@@ -79,21 +100,53 @@ pub(crate) struct Idle<T> {
     io: T,
     idle: Duration,
     timer: Pin<Box<tokio::time::Sleep>>,
+    request: Duration,
+    /// Armed by the first byte read after the last byte written (a request begins); ended by
+    /// a byte written (its answer).
+    request_timer: Pin<Box<tokio::time::Sleep>>,
+    in_request: bool,
+    /// The connection's first bytes, until they tell HTTP/2's preface from HTTP/1.
+    head: Vec<u8>,
 }
 
 impl<T> Idle<T> {
-    fn new(io: T, permit: OwnedSemaphorePermit, idle: Duration) -> Idle<T> {
+    fn new(io: T, permit: OwnedSemaphorePermit, idle: Duration, request: Duration) -> Idle<T> {
         Idle {
             _permit: permit,
             io,
             idle,
             timer: Box::pin(tokio::time::sleep(idle)),
+            request,
+            request_timer: Box::pin(tokio::time::sleep(request)),
+            in_request: false,
+            head: Vec::with_capacity(HTTP2_PREFACE.len()),
         }
     }
 
     fn moved(&mut self) {
         let at = tokio::time::Instant::now() + self.idle;
         self.timer.as_mut().reset(at);
+    }
+
+    /// Bytes read: a request begins if none is under way.
+    fn read_some(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.moved();
+        if !self.in_request {
+            self.in_request = true;
+            let at = tokio::time::Instant::now() + self.request;
+            self.request_timer.as_mut().reset(at);
+        }
+        if self.head.len() < HTTP2_PREFACE.len() {
+            let k = (HTTP2_PREFACE.len() - self.head.len()).min(bytes.len());
+            self.head.extend_from_slice(&bytes[..k]);
+            if self.head.len() == HTTP2_PREFACE.len() && self.head == HTTP2_PREFACE {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "HTTP/2 on the HTTP port (it serves HTTP/1.1 only)",
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// A write's result: bytes written restart the idle time; pending, it may have run out.
@@ -106,6 +159,7 @@ impl<T> Idle<T> {
             Poll::Ready(r) => {
                 if matches!(r, Ok(n) if n > 0) {
                     self.moved();
+                    self.in_request = false;
                 }
                 Poll::Ready(r)
             }
@@ -113,8 +167,15 @@ impl<T> Idle<T> {
         }
     }
 
-    /// With the I/O pending: an error once the connection has been idle too long.
+    /// With the I/O pending: an error once the connection has been idle too long, or a
+    /// request has taken too long to come.
     fn expired<R>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
+        if self.in_request && self.request_timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "HTTP request not whole in time (mqd --http-request-timeout)",
+            )));
+        }
         match self.timer.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -133,12 +194,14 @@ impl<T: AsyncRead + Unpin> AsyncRead for Idle<T> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         match Pin::new(&mut self.io).poll_read(cx, buf) {
-            Poll::Ready(r) => {
+            Poll::Ready(Ok(())) => {
                 if buf.filled().len() > before {
-                    self.moved();
+                    let this = &mut *self;
+                    this.read_some(&buf.filled()[before..])?;
                 }
-                Poll::Ready(r)
+                Poll::Ready(Ok(()))
             }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => self.expired(cx),
         }
     }

@@ -393,6 +393,7 @@ pub(crate) async fn forward_stream(
             }
         }
     });
+    let mut standing = crate::auth::Standing::new(&auth, &who);
     let from = Forwarder {
         auth,
         who: who.clone(),
@@ -431,6 +432,12 @@ pub(crate) async fn forward_stream(
                 }
             }
         };
+        // The forwarding identity removed from the users file (or changed) since the stream
+        // opened: nothing more is stored (helper-62).
+        if let Some(lost) = standing.lost() {
+            let _ = pending_tx.send(Box::pin(async move { Err(lost) })).await;
+            break;
+        }
         if let Err(status) =
             crate::service::check_batch(&broker, batch.messages.len(), "a forwarded batch")
         {
@@ -474,6 +481,38 @@ impl Forwarder {
         Forwarder {
             auth: Arc::new(crate::auth::Auth::open()),
             who: crate::auth::Identity::anonymous(None),
+        }
+    }
+
+    /// `send` for the forwarding identity on `admin_queue` if it is one of this broker's
+    /// queues (acknowledgements go to another broker's in the forwarding identity's name,
+    /// which that broker checks), else the class and reason to refuse with. A name that does
+    /// not parse, or a local queue that does not exist, is left to the message's own handling
+    /// (its acknowledgements are dropped).
+    fn may_acknowledge_to(
+        &self,
+        broker: &Broker,
+        admin_queue: &str,
+    ) -> Result<(), (DeadLetterClass, String)> {
+        let Ok(parsed) = mq_proto::format_name::FormatName::parse(admin_queue) else {
+            return Ok(());
+        };
+        let Some(addr) = parsed.single() else {
+            return Ok(());
+        };
+        if !broker.is_local(addr) || addr.is_read_only() {
+            return Ok(());
+        }
+        match broker.local_queue(admin_queue, addr) {
+            Ok(q) => self
+                .may_send(&q, &broker.config().name)
+                .map_err(|(class, reason)| {
+                    (
+                        class,
+                        format!("its admin queue \"{}\": {reason}", quote(admin_queue)),
+                    )
+                }),
+            Err(_) => Ok(()),
         }
     }
 
@@ -613,6 +652,15 @@ impl Broker {
                     continue;
                 }
             };
+            // Its acknowledgements are posted here in the forwarding identity's name: a local
+            // admin queue needs `send` for it, as a destination does (helper-62: any user of
+            // the sending broker had acks written into any queue here).
+            if let Some(aq) = &msg.admin_queue {
+                if let Err((class, reason)) = from.may_acknowledge_to(self, aq) {
+                    rejected.push(rejection(i, class, reason));
+                    continue;
+                }
+            }
             if msg.reach_expired(now) {
                 rejected.push(rejection(
                     i,

@@ -220,18 +220,18 @@ impl<T> http_body::Body for ResponseBody<T> {
 /// Where a Send call's requests come from: tonic's `Streaming`, or [`FrameDecoder`]; either way
 /// with [`own_small_bodies`] applied.
 pub(crate) trait Inbound: Send + 'static {
-    /// Whether [`Inbound::arriving`] tells when the next request begins.
+    /// Whether [`Inbound::whole`] tells when the next request has arrived.
     const TELLS_ARRIVAL: bool;
-    /// Waits until the next request's first byte is here or the requests ended, decoding
-    /// nothing; an error ends the stream as [`Inbound::message`]'s do.
-    fn arriving(&mut self) -> impl Future<Output = Result<(), Status>> + Send;
+    /// Waits until the next request is all here (not decoded) or the requests ended; an
+    /// error ends the stream as [`Inbound::message`]'s do.
+    fn whole(&mut self) -> impl Future<Output = Result<(), Status>> + Send;
     /// The next request; `None` at the end of the requests; an error ends the stream.
     fn message(&mut self) -> impl Future<Output = Result<Option<v1::SendRequest>, Status>> + Send;
 }
 
 impl Inbound for Streaming<v1::SendRequest> {
     const TELLS_ARRIVAL: bool = false;
-    async fn arriving(&mut self) -> Result<(), Status> {
+    async fn whole(&mut self) -> Result<(), Status> {
         Ok(())
     }
     async fn message(&mut self) -> Result<Option<v1::SendRequest>, Status> {
@@ -248,8 +248,8 @@ impl Inbound for Streaming<v1::SendRequest> {
 
 impl Inbound for FrameDecoder<v1::SendRequest> {
     const TELLS_ARRIVAL: bool = true;
-    async fn arriving(&mut self) -> Result<(), Status> {
-        FrameDecoder::arriving(self).await
+    async fn whole(&mut self) -> Result<(), Status> {
+        FrameDecoder::whole(self).await
     }
     async fn message(&mut self) -> Result<Option<v1::SendRequest>, Status> {
         Ok(self.message_with_len().await?.map(|(mut req, len)| {

@@ -90,7 +90,11 @@ pub async fn run_with_ready(
             ready.set_http_addr(bound);
             tracing::info!(%bound, tls = http_tls.is_some(), "serving HTTP: the console at /, its API at /api/v1/, /metrics, /healthz, /readyz");
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            let limits = (config.http_max_connections, config.http_idle_timeout);
+            let limits = crate::http_conns::Limits {
+                max_connections: config.http_max_connections,
+                idle: config.http_idle_timeout,
+                request: config.http_request_timeout,
+            };
             let task = tokio::spawn(crate::http::serve(
                 l,
                 ready.clone(),

@@ -784,16 +784,19 @@ async fn send_stream<I: crate::large_bodies::Inbound>(
         // A batch is decoded only once the budgets hold the most its answer may need (the
         // decoded batch is about as large: 10,000 empty messages are ~40 KB on the wire and
         // megabytes decoded): a client that does not read its answers stops its streams before
-        // they decode anything more. The wait for the batch's first byte holds nothing, so an
-        // idle stream takes nothing from its connection's budget (`crate::unsent`).
-        // tonic's decoder (a compressed Send) does not tell when a batch begins: its streams
+        // they decode anything more. The batch is all read (its bytes, counted by
+        // `partial_requests`) before the stream reserves: a stream that held its reservation
+        // while its client was still sending stopped its connection's other streams, whose
+        // unread bytes then filled the HTTP/2 window it waited on (helper-62: eleven streams
+        // of 11 MiB batches stuck until the arrival timeout). An idle stream holds nothing.
+        // tonic's decoder (a compressed Send) does not tell when a batch is whole: its streams
         // reserve once they have decoded it.
         let mut early = None;
         if I::TELLS_ARRIVAL {
             let arriving = tokio::select! {
                 biased;
                 _ = broker.shutting_down() => break,
-                a = inbound.arriving() => a,
+                a = inbound.whole() => a,
             };
             if let Err(status) = arriving {
                 refused = refused_input(status);

@@ -273,8 +273,8 @@ impl<T: prost::Message + Default + 'static> FrameDecoder<T> {
         }
     }
 
-    /// The next whole message's bytes, without its prefix, if all of it has arrived.
-    fn take(&mut self) -> Result<Option<MessageBuf>, Status> {
+    /// The next message's declared length, once its prefix has arrived.
+    fn next_len(&self) -> Result<Option<usize>, Status> {
         if self.buffered < PREFIX_LEN {
             return Ok(None);
         }
@@ -309,6 +309,14 @@ impl<T: prost::Message + Default + 'static> FrameDecoder<T> {
                 self.limit
             )));
         }
+        Ok(Some(len))
+    }
+
+    /// The next whole message's bytes, without its prefix, if all of it has arrived.
+    fn take(&mut self) -> Result<Option<MessageBuf>, Status> {
+        let Some(len) = self.next_len()? else {
+            return Ok(None);
+        };
         if self.buffered < PREFIX_LEN + len {
             return Ok(None);
         }
@@ -419,15 +427,22 @@ impl<T: prost::Message + Default + 'static> FrameDecoder<T> {
         }
     }
 
-    /// Waits until the first byte of the next request message is here, or the stream ended
-    /// (`Ok` either way; the next [`FrameDecoder::message_with_len`] tells which), without
-    /// decoding anything: a stream can reserve what a message will cost once one is coming,
-    /// and hold nothing while its client is idle.
-    pub async fn arriving(&mut self) -> Result<(), Status> {
-        while self.buffered == 0 && !self.ended {
+    /// Waits until the next message is all here (not decoded), or the stream ended (`Ok`
+    /// either way; the next [`FrameDecoder::message_with_len`] tells which): a stream can
+    /// reserve what a message will cost once it has it, holding nothing while its client is
+    /// idle or still sending it.
+    pub async fn whole(&mut self) -> Result<(), Status> {
+        loop {
+            if let Some(len) = self.next_len()? {
+                if self.buffered >= PREFIX_LEN + len {
+                    return Ok(());
+                }
+            }
+            if self.ended {
+                return Ok(());
+            }
             self.read_frame().await?;
         }
-        Ok(())
     }
 
     /// Reads one frame of the body: data is buffered, trailers kept, the end noted.

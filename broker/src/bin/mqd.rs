@@ -357,6 +357,12 @@ struct Args {
     /// sends half a request, or nothing, holds it no longer), e.g. 60s, 5m.
     #[arg(long, default_value = "60s", value_parser = nonzero_duration, value_name = "DURATION")]
     http_idle_timeout: std::time::Duration,
+    /// A request on the HTTP port must have come whole (its headers and body) this long after
+    /// its first byte, or its connection is closed: a client that trickles a byte now and then
+    /// holds a connection no longer (the idle timeout alone restarted at every byte), e.g.
+    /// 30s.
+    #[arg(long, default_value = "30s", value_parser = nonzero_duration, value_name = "DURATION")]
+    http_request_timeout: std::time::Duration,
     /// Also serve gRPC on this Unix socket, for clients on this machine (`--broker
     /// unix:PATH`): the same services and users as --listen, without TLS, and a hop costs a
     /// fraction of loopback TCP's. The file is made owner and group read-write (0660); a stale
@@ -561,6 +567,7 @@ async fn run() -> anyhow::Result<()> {
     config.http_insecure = args.http_insecure;
     config.http_max_connections = args.http_max_connections;
     config.http_idle_timeout = args.http_idle_timeout;
+    config.http_request_timeout = args.http_request_timeout;
     config.unix_socket = args.unix_socket;
     config.unix_socket_os_users = args.unix_socket_os_users;
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -1040,6 +1040,74 @@ fn stalled_http_connections_are_closed_and_counted() {
     assert!(healthy(&http));
 }
 
+/// A request must be whole within `--http-request-timeout` of its first byte: a client that
+/// trickled a byte every few seconds restarted the idle time each time and held its connection
+/// for good (helper-63: 64 such connections closed a 64-connection port to everyone). And the
+/// port speaks HTTP/1.1 only: a connection that opens with HTTP/2's preface is closed (axum's
+/// server answered HTTP/2, 200 streams a connection, with hyper's windows).
+#[test]
+fn trickled_requests_and_http2_are_closed() {
+    use std::io::{Read, Write};
+    let dir = temp_data_dir("mq-api-");
+    let (_mqd, http) = mqd_with_http(
+        dir.path(),
+        &["--http-request-timeout", "2s", "--http-idle-timeout", "60s"],
+    );
+    let healthy =
+        |http: &str| raw_http(http, "GET", "/healthz", http, "").starts_with("HTTP/1.1 200");
+    assert!(healthy(&http));
+    // A byte every 200 ms: never idle, never whole. Closed after about 2 s (at most 30 s of
+    // trickling here).
+    let mut s = std::net::TcpStream::connect(&http).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    write!(s, "GET /healthz HTTP/1.1\r\nHost: {http}\r\n").unwrap();
+    let begun = std::time::Instant::now();
+    let mut closed = false;
+    for _ in 0..150 {
+        if s.write_all(b"X").is_err() {
+            closed = true;
+            break;
+        }
+        let mut b = [0u8; 64];
+        match s.read(&mut b) {
+            Ok(0) => {
+                closed = true;
+                break;
+            }
+            Ok(_) => panic!("a request never finished was answered"),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                closed = true;
+                break;
+            }
+            Err(_) => {} // the read timeout: still open
+        }
+    }
+    let took = begun.elapsed();
+    assert!(closed, "a trickling request was still open after {took:?}");
+    assert!(took >= Duration::from_secs(2), "closed after {took:?}");
+    assert!(healthy(&http));
+    println!("trickle closed after {took:?}");
+    // HTTP/2's preface (and a SETTINGS frame): closed, no HTTP/2 SETTINGS in answer.
+    let mut s = std::net::TcpStream::connect(&http).unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut got = Vec::new();
+    let begun = std::time::Instant::now();
+    let _ = s.read_to_end(&mut got);
+    println!(
+        "HTTP/2 attempt ended after {:?} with {} bytes",
+        begun.elapsed(),
+        got.len()
+    );
+    assert!(
+        got.is_empty() || got.starts_with(b"HTTP/1.1 4"),
+        "HTTP/2 was answered: {got:?}"
+    );
+    assert!(healthy(&http));
+}
+
 /// HTTPS handshakes: one address holds at most 8 in progress; more from it are closed as they
 /// are accepted, so a client's silent sockets cannot take all 64 places (70 of them held a
 /// browser's handshake for 9.5 s). The ninth is closed while the eight still wait (they would

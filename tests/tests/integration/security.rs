@@ -1383,3 +1383,80 @@ async fn a_removed_user_loses_its_open_streams_when_the_users_file_is_reread() {
         .unwrap()
         .is_none());
 }
+
+/// A forwarded message's acknowledgements are posted on this broker in the forwarding
+/// identity's name: a local admin queue needs that identity's `send`, as its destination does.
+/// It was not checked: any user of a sending broker had acknowledgements written into any
+/// queue here (helper-62). Now the message is refused (AccessDenied, a dead letter at the
+/// sender) and nothing lands in the admin queue.
+#[tokio::test]
+async fn a_forwarded_message_acknowledges_only_where_its_forwarder_may_send() {
+    use mq_proto::v1;
+    const PRIVATE: &str = r".\private$\admins-only";
+    let pki = TestPki::new("test CA");
+    let users = users(&pki);
+    mq_broker::add_user(
+        &users,
+        "fwd",
+        Some("fwd-pw"),
+        &[],
+        &["forward".into()],
+        false,
+    )
+    .unwrap();
+    let broker = InProcessBroker::start_with(|c| c.security.users_file = Some(users)).await;
+    let admin = as_user(broker.url(), "admin", "admin-pw").await;
+    for q in [Q, PRIVATE] {
+        admin
+            .create_queue(q, QueueOptions::default())
+            .await
+            .unwrap();
+    }
+    admin.grant(Q, "fwd", &["send"]).await.unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(broker.url().to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut forward = v1::forward_service_client::ForwardServiceClient::new(Raw::new(
+        channel,
+        mq_broker::Credentials::basic("fwd", "fwd-pw"),
+    ));
+    let message = |seq: u64, admin_queue: &str| v1::ForwardedMessage {
+        seq,
+        destination: format!(r"DIRECT=OS:{Q}"),
+        transactional: false,
+        message: Some(v1::Message {
+            id: bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
+            body: bytes::Bytes::from_static(b"carried"),
+            label: "INJECTED".into(),
+            admin_queue: admin_queue.into(),
+            acknowledge: if admin_queue.is_empty() { 0 } else { 0x0F },
+            ..Default::default()
+        }),
+    };
+    let batch = v1::ForwardRequest {
+        stream_id: bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
+        source: "a".into(),
+        batch: 1,
+        settled_below: 0,
+        messages: vec![message(1, PRIVATE), message(2, "")],
+    };
+    let mut acks = forward
+        .forward(futures::stream::iter(vec![batch]))
+        .await
+        .unwrap()
+        .into_inner();
+    let ack = acks.message().await.unwrap().expect("an answer");
+    assert_eq!(ack.rejected.len(), 1, "{ack:?}");
+    assert_eq!(ack.rejected[0].index, 0);
+    assert!(
+        ack.rejected[0].reason.contains("admins-only"),
+        "{:?}",
+        ack.rejected[0]
+    );
+    // The other message was stored; nothing reached the admin queue.
+    assert_eq!(admin.queue_info(Q).await.unwrap().messages, 1);
+    assert_eq!(admin.queue_info(PRIVATE).await.unwrap().messages, 0);
+    broker.stop().await.unwrap();
+}
