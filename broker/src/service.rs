@@ -802,11 +802,14 @@ async fn send_stream<I: crate::large_bodies::Inbound>(
                 refused = refused_input(status);
                 break;
             }
-            early = Some(tokio::select! {
-                biased;
-                _ = broker.shutting_down() => break,
-                r = budget.reserve_bytes(MAX_ANSWER_RESERVE) => r,
-            });
+            early = match budget.try_reserve_bytes(MAX_ANSWER_RESERVE) {
+                Some(r) => Some(r),
+                None => Some(tokio::select! {
+                    biased;
+                    _ = broker.shutting_down() => break,
+                    r = budget.reserve_bytes(MAX_ANSWER_RESERVE) => r,
+                }),
+            };
         }
         let batch = tokio::select! {
             biased;

@@ -26,7 +26,8 @@
 //! gives its count back once tonic takes the batch.
 //!
 //! A send stream's answers (ids and failures) its client has not taken count against the same
-//! connection budget, beside the stream's own ([`Unsent::answers`]): each stream alone held
+//! connection budget (its own limit, not the broker's share), beside the stream's own
+//! ([`Unsent::answers`]): each stream alone held
 //! 8 MiB of answers and one decoded batch, and a connection may open 256 streams (32 streams
 //! whose answers nobody read grew mqd by ~410 MiB). The stream reserves a batch's share once
 //! the batch's first byte comes and before it decodes it, so an idle stream holds nothing.
@@ -159,6 +160,10 @@ pub(crate) struct Unsent {
     connection: Arc<Budget>,
     /// What a batch reserves before it takes its messages.
     batch: u32,
+    /// Whether beyond the connection's floor the broker's budget is charged too (deliveries),
+    /// or only the connection's own (send answers: their per-batch cost stays at two
+    /// semaphores, on the send path's hot loop).
+    shared: bool,
 }
 
 impl Unsent {
@@ -170,16 +175,19 @@ impl Unsent {
             stream: Arc::new(Semaphore::new(stream)),
             connection,
             batch: batch.min(stream) as u32,
+            shared: true,
         }
     }
 
     /// A send stream's budgets for the answers its client has not taken yet: its own (`limit`) and
-    /// its connection's (the same one its receive streams' deliveries count against).
+    /// its connection's own (the one its receive streams' deliveries count against; not the
+    /// broker's, see `shared`).
     pub(crate) fn answers(connection: Arc<Budget>, limit: usize) -> Self {
         Unsent {
             stream: Arc::new(Semaphore::new(limit)),
             connection,
             batch: 0,
+            shared: false,
         }
     }
 
@@ -188,17 +196,35 @@ impl Unsent {
         let Ok(s) = self.stream.acquire_many(n).await else {
             return self.reserved(0, 0);
         };
-        let from_floor = self.connection.take(n).await;
+        let from_floor = if self.shared {
+            self.connection.take(n).await
+        } else {
+            match self.connection.own.acquire_many(n).await {
+                Ok(c) => c.forget(),
+                Err(_) => return self.reserved(0, 0),
+            }
+            0
+        };
         s.forget();
         self.reserved(n, from_floor)
     }
 
+    /// `n` bytes if both budgets have them now.
+    pub(crate) fn try_reserve_bytes(&self, n: u32) -> Option<Reserved> {
+        let s = self.stream.try_acquire_many(n).ok()?;
+        let from_floor = if self.shared {
+            self.connection.try_take(n)?
+        } else {
+            self.connection.own.try_acquire_many(n).ok()?.forget();
+            0
+        };
+        s.forget();
+        Some(self.reserved(n, from_floor))
+    }
+
     /// A batch's bytes if both budgets have them now.
     pub(crate) fn try_reserve(&self) -> Option<Reserved> {
-        let s = self.stream.try_acquire_many(self.batch).ok()?;
-        let from_floor = self.connection.try_take(self.batch)?;
-        s.forget();
-        Some(self.reserved(self.batch, from_floor))
+        self.try_reserve_bytes(self.batch)
     }
 
     /// A batch's bytes once both budgets have them (the stream's first, then the connection's,
@@ -211,6 +237,7 @@ impl Unsent {
         Reserved {
             bytes: bytes as usize,
             from_floor: from_floor as usize,
+            shared: self.shared,
             stream: self.stream.clone(),
             connection: self.connection.clone(),
         }
@@ -222,6 +249,8 @@ pub(crate) struct Reserved {
     bytes: usize,
     /// Of `bytes`, those from the connection's floor (the rest are the broker's).
     from_floor: usize,
+    /// Charged to the broker's budget beyond the floor (else to the connection's own only).
+    shared: bool,
     stream: Arc<Semaphore>,
     connection: Arc<Budget>,
 }
@@ -256,8 +285,17 @@ impl Reserved {
         let Ok(s) = self.stream.try_acquire_many(more) else {
             return;
         };
-        let Some(from_floor) = self.connection.try_take(more) else {
-            return;
+        let from_floor = if self.shared {
+            let Some(f) = self.connection.try_take(more) else {
+                return;
+            };
+            f
+        } else {
+            let Ok(c) = self.connection.own.try_acquire_many(more) else {
+                return;
+            };
+            c.forget();
+            0
         };
         s.forget();
         self.bytes += more as usize;
@@ -272,7 +310,11 @@ impl Reserved {
             self.bytes -= n;
             self.from_floor -= from_floor;
             self.stream.add_permits(n);
-            self.connection.give(n, from_floor);
+            if self.shared {
+                self.connection.give(n, from_floor);
+            } else {
+                self.connection.own.add_permits(n);
+            }
         }
     }
 }
@@ -317,8 +359,8 @@ mod tests {
         let shared = Arc::new(Semaphore::new(50));
         let a = Arc::new(Budget::new(100, 10, shared.clone()));
         let b = Arc::new(Budget::new(100, 10, shared.clone()));
-        let ua = Unsent::answers(a.clone(), 100);
-        let ub = Unsent::answers(b.clone(), 100);
+        let ua = Unsent::new(a.clone(), 100, 1);
+        let ub = Unsent::new(b.clone(), 100, 1);
         // a takes its floor and all the shared part.
         let ra = ua.reserve_bytes(60).await;
         assert_eq!(shared.available_permits(), 0);
