@@ -101,10 +101,11 @@ pub(crate) struct Idle<T> {
     idle: Duration,
     timer: Pin<Box<tokio::time::Sleep>>,
     request: Duration,
-    /// Armed by the first byte read after the last byte written (a request begins); ended by
-    /// a byte written (its answer).
-    request_timer: Pin<Box<tokio::time::Sleep>>,
-    in_request: bool,
+    /// Set by the first byte read after the last byte written (a request begins), cleared by
+    /// a byte written (its answer): a byte that comes after it ends the connection. Only
+    /// bytes that come are checked, so an answer that takes long to make (the server reads
+    /// nothing meanwhile) is bounded by the idle time alone, as before.
+    request_deadline: Option<tokio::time::Instant>,
     /// The connection's first bytes, until they tell HTTP/2's preface from HTTP/1.
     head: Vec<u8>,
 }
@@ -117,8 +118,7 @@ impl<T> Idle<T> {
             idle,
             timer: Box::pin(tokio::time::sleep(idle)),
             request,
-            request_timer: Box::pin(tokio::time::sleep(request)),
-            in_request: false,
+            request_deadline: None,
             head: Vec::with_capacity(HTTP2_PREFACE.len()),
         }
     }
@@ -131,10 +131,16 @@ impl<T> Idle<T> {
     /// Bytes read: a request begins if none is under way.
     fn read_some(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.moved();
-        if !self.in_request {
-            self.in_request = true;
-            let at = tokio::time::Instant::now() + self.request;
-            self.request_timer.as_mut().reset(at);
+        let now = tokio::time::Instant::now();
+        match self.request_deadline {
+            None => self.request_deadline = Some(now + self.request),
+            Some(d) if now >= d => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "HTTP request not whole in time (mqd --http-request-timeout)",
+                ))
+            }
+            Some(_) => {}
         }
         if self.head.len() < HTTP2_PREFACE.len() {
             let k = (HTTP2_PREFACE.len() - self.head.len()).min(bytes.len());
@@ -159,7 +165,7 @@ impl<T> Idle<T> {
             Poll::Ready(r) => {
                 if matches!(r, Ok(n) if n > 0) {
                     self.moved();
-                    self.in_request = false;
+                    self.request_deadline = None;
                 }
                 Poll::Ready(r)
             }
@@ -167,15 +173,8 @@ impl<T> Idle<T> {
         }
     }
 
-    /// With the I/O pending: an error once the connection has been idle too long, or a
-    /// request has taken too long to come.
+    /// With the I/O pending: an error once the connection has been idle too long.
     fn expired<R>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<R>> {
-        if self.in_request && self.request_timer.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "HTTP request not whole in time (mqd --http-request-timeout)",
-            )));
-        }
         match self.timer.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,

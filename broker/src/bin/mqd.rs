@@ -359,9 +359,9 @@ struct Args {
     #[arg(long, default_value = "60s", value_parser = nonzero_duration, value_name = "DURATION")]
     http_idle_timeout: std::time::Duration,
     /// A request on the HTTP port must have come whole (its headers and body) this long after
-    /// its first byte, or its connection is closed: a client that trickles a byte now and then
-    /// holds a connection no longer (the idle timeout alone restarted at every byte), e.g.
-    /// 30s.
+    /// its first byte, or its connection is closed when a later byte of it comes: a client
+    /// that trickles a byte now and then holds a connection no longer (the idle timeout alone
+    /// restarted at every byte), e.g. 30s.
     #[arg(long, default_value = "30s", value_parser = nonzero_duration, value_name = "DURATION")]
     http_request_timeout: std::time::Duration,
     /// Also serve gRPC on this Unix socket, for clients on this machine (`--broker
