@@ -282,9 +282,14 @@ pub(crate) fn queue_for(
     check_name("queue name", name)?;
     let broker = api.broker()?.clone();
     let auth = api.auth()?;
-    let q = broker.queue_allowed(name, |q| {
-        auth.authorize(who, right, Some(q)).map_err(ApiError::from)
-    })?;
+    let allow = |q: &Arc<Queue>| auth.authorize(who, right, Some(q)).map_err(ApiError::from);
+    // A peek is a GET (the console's and the API's message pages): it creates no subqueue
+    // (helper-64: those GETs still opened 64 subqueues of a queue by image links).
+    let q = if right == Right::Peek {
+        broker.queue_seen(name, allow, |_| false)?
+    } else {
+        broker.queue_allowed(name, allow)?
+    };
     Ok((broker, q))
 }
 
@@ -365,10 +370,24 @@ async fn json_body<T: DeserializeOwned>(body: axum::body::Body) -> ApiResult<T> 
 pub(crate) async fn read_body(body: axum::body::Body) -> ApiResult<bytes::Bytes> {
     axum::body::to_bytes(body, MAX_BODY_BYTES)
         .await
-        .map_err(|_| ApiError {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            code: "invalid_argument",
-            message: format!("the request body is over {MAX_BODY_BYTES} bytes (the limit)"),
+        .map_err(|e| {
+            // Over the limit, or the body did not come (the connection broke or timed out:
+            // helper-64 saw a trickled body past --http-request-timeout told it was too big).
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                ApiError {
+                    status: StatusCode::PAYLOAD_TOO_LARGE,
+                    code: "invalid_argument",
+                    message: format!("the request body is over {MAX_BODY_BYTES} bytes (the limit)"),
+                }
+            } else {
+                ApiError {
+                    status: StatusCode::BAD_REQUEST,
+                    code: "invalid_argument",
+                    message: format!("the request body did not come whole: {e}"),
+                }
+            }
         })
 }
 

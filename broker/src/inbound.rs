@@ -469,6 +469,9 @@ pub(crate) async fn forward_stream(
 /// broker's ACLs decide on. MSMQ checks the sender's own rights at the destination; here a
 /// destination that wants to tell the users of one sending broker apart gives that broker its
 /// own identity and grants per queue.
+/// Whether a forwarded message may be stored, else the class and reason it is refused with.
+type Refusal = Result<(), (DeadLetterClass, String)>;
+
 pub(crate) struct Forwarder {
     auth: Arc<crate::auth::Auth>,
     who: crate::auth::Identity,
@@ -585,6 +588,7 @@ impl Broker {
         let any_tx = batch.messages.iter().any(|m| m.transactional);
         let order_guard = any_tx.then(|| self.commit_order_lock());
         let mut cached: Option<(Arc<str>, bool, Arc<Queue>)> = None;
+        let mut last_admin: Option<(Arc<str>, Refusal)> = None;
         let seqs: Vec<u64> = batch.messages.iter().map(|m| m.seq).collect();
         let before = *accepted;
         for (i, fm) in batch.messages.into_iter().enumerate() {
@@ -656,7 +660,16 @@ impl Broker {
             // admin queue needs `send` for it, as a destination does (helper-62: any user of
             // the sending broker had acks written into any queue here).
             if let Some(aq) = &msg.admin_queue {
-                if let Err((class, reason)) = from.may_acknowledge_to(self, aq) {
+                // The last admin queue's answer is kept: a batch's messages usually share one.
+                let answer = match &last_admin {
+                    Some((name, answer)) if name == aq => answer.clone(),
+                    _ => {
+                        let answer = from.may_acknowledge_to(self, aq);
+                        last_admin = Some((aq.clone(), answer.clone()));
+                        answer
+                    }
+                };
+                if let Err((class, reason)) = answer {
                     rejected.push(rejection(i, class, reason));
                     continue;
                 }

@@ -186,9 +186,8 @@ struct Args {
         value_parser = clap::value_parser!(u64).range(1..=u32::MAX as u64)
     )]
     max_unsent_bytes_per_connection: u64,
-    /// The same for all connections together, for deliveries (send streams' answers count
-    /// against their connection's budget only): beyond it a connection holds one batch at a
-    /// time (its own share, whatever the others hold), so clients that do not read cannot grow
+    /// The same for all connections together (deliveries and send streams' answers): beyond
+    /// it a connection holds one batch at a time (its own share, whatever the others hold), so clients that do not read cannot grow
     /// the broker by the per-connection budget times --max-connections. Raised to at least one
     /// connection's budget.
     #[arg(

@@ -1075,6 +1075,47 @@ fn filler(i: usize, len: usize) -> bytes::Bytes {
         .into()
 }
 
+/// Reads `streams` (receive streams opened by `mq_tests::open_receive_on`) until `n` messages
+/// have come across them, and checks that each is message `i` of `len` bytes, intact.
+async fn read_every_message(
+    streams: Vec<(
+        tokio::sync::mpsc::Sender<v1::ReceiveRequest>,
+        tonic::Streaming<v1::ReceiveResponse>,
+    )>,
+    n: usize,
+    len: usize,
+) {
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut readers = Vec::new();
+    for (tx, mut items) in streams {
+        let got = got.clone();
+        readers.push(tokio::spawn(async move {
+            let _tx = tx;
+            while let Ok(Some(item)) = items.message().await {
+                for d in item.messages {
+                    let m = d.message.unwrap();
+                    got.lock().unwrap().push((m.label, m.body));
+                }
+            }
+        }));
+    }
+    let all = eventually(Duration::from_secs(60), || async {
+        got.lock().unwrap().len() >= n
+    })
+    .await;
+    for r in &readers {
+        r.abort();
+    }
+    assert!(all, "only {} messages came", got.lock().unwrap().len());
+    let mut got = std::mem::take(&mut *got.lock().unwrap());
+    assert_eq!(got.len(), n);
+    got.sort_by_key(|(label, _)| label.parse::<usize>().unwrap());
+    for (i, (label, body)) in got.into_iter().enumerate() {
+        assert_eq!(label, i.to_string());
+        assert!(body == filler(i, len), "message {i} is not intact");
+    }
+}
+
 /// `n` recoverable messages of `len` bytes on `queue`, labelled with their index.
 async fn send_numbered(client: &mq_client::Client, queue: &str, n: usize, len: usize) {
     let sender = client
@@ -1172,35 +1213,7 @@ async fn receive_streams_nobody_reads_hold_at_most_their_connections_budget() {
     // The ended streams are reset (what they held goes); the new ones are read: every
     // message arrives, intact, across them.
     drop(ended);
-    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut readers = Vec::new();
-    for (tx, mut items) in streams {
-        let got = got.clone();
-        readers.push(tokio::spawn(async move {
-            let _tx = tx;
-            while let Ok(Some(item)) = items.message().await {
-                for d in item.messages {
-                    let m = d.message.unwrap();
-                    got.lock().unwrap().push((m.label, m.body));
-                }
-            }
-        }));
-    }
-    let all = eventually(Duration::from_secs(60), || async {
-        got.lock().unwrap().len() >= MESSAGES
-    })
-    .await;
-    for r in &readers {
-        r.abort();
-    }
-    assert!(all, "only {} messages came", got.lock().unwrap().len());
-    let mut got = std::mem::take(&mut *got.lock().unwrap());
-    assert_eq!(got.len(), MESSAGES);
-    got.sort_by_key(|(label, _)| label.parse::<usize>().unwrap());
-    for (i, (label, body)) in got.into_iter().enumerate() {
-        assert_eq!(label, i.to_string());
-        assert!(body == filler(i, BODY), "message {i} is not intact");
-    }
+    read_every_message(streams, MESSAGES, BODY).await;
 }
 
 /// Each connection's budget of deliveries not yet written (`--max-unsent-bytes-per-connection`)
@@ -1258,35 +1271,7 @@ async fn receive_streams_of_many_connections_nobody_reads_hold_at_most_the_broke
         assert!(m.is_some(), "a reader on its own connection got nothing");
     }
     // Read: every message arrives, intact.
-    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut readers = Vec::new();
-    for (tx, mut items) in streams {
-        let got = got.clone();
-        readers.push(tokio::spawn(async move {
-            let _tx = tx;
-            while let Ok(Some(item)) = items.message().await {
-                for d in item.messages {
-                    let m = d.message.unwrap();
-                    got.lock().unwrap().push((m.label, m.body));
-                }
-            }
-        }));
-    }
-    let all = eventually(Duration::from_secs(60), || async {
-        got.lock().unwrap().len() >= MESSAGES
-    })
-    .await;
-    for r in &readers {
-        r.abort();
-    }
-    assert!(all, "only {} messages came", got.lock().unwrap().len());
-    let mut got = std::mem::take(&mut *got.lock().unwrap());
-    assert_eq!(got.len(), MESSAGES);
-    got.sort_by_key(|(label, _)| label.parse::<usize>().unwrap());
-    for (i, (label, body)) in got.into_iter().enumerate() {
-        assert_eq!(label, i.to_string());
-        assert!(body == filler(i, BODY), "message {i} is not intact");
-    }
+    read_every_message(streams, MESSAGES, BODY).await;
 }
 
 /// Streams nobody reads hold at most their own budget (16 MiB each), and when they end (the

@@ -1040,6 +1040,30 @@ fn stalled_http_connections_are_closed_and_counted() {
     assert!(healthy(&http));
 }
 
+/// A GET creates nothing: with no users file everyone may read, and a GET is not checked for
+/// the site it came from, so another site's page could make a browser open subqueues (64 a
+/// queue, journaled, for good) by image links to their info or message pages (helper-63,
+/// helper-64). Now those GETs answer 404 for a subqueue not opened yet, and the queue's 64
+/// subqueues are still there for a move.
+#[test]
+fn a_get_opens_no_subqueue() {
+    let dir = temp_data_dir("mq-api-");
+    let (_mqd, http) = mqd_with_http(dir.path(), &[]);
+    let body = format!(r#"{{"name": {}}}"#, serde_json::to_string(Q).unwrap());
+    let out = raw_http(&http, "POST", "/api/v1/queues", &http, &body);
+    assert!(out.starts_with("HTTP/1.1 201"), "{out}");
+    for i in 0..70 {
+        let sub = qpath(&format!("{Q};look{i}"));
+        for path in [sub.clone(), format!("{sub}/messages")] {
+            let out = raw_http(&http, "GET", &path, &http, "");
+            assert!(out.starts_with("HTTP/1.1 404"), "GET {path}: {out}");
+        }
+    }
+    let out = raw_http(&http, "GET", "/api/v1/queues?limit=1000", &http, "");
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(!out.contains("look"), "a GET opened a subqueue: {out}");
+}
+
 /// A request must be whole within `--http-request-timeout` of its first byte: a client that
 /// trickled a byte every few seconds restarted the idle time each time and held its connection
 /// for good (helper-63: 64 such connections closed a 64-connection port to everyone). And the

@@ -27,6 +27,17 @@ fn users(pki: &TestPki) -> std::path::PathBuf {
     )
 }
 
+/// An `mqd` process with [`users`]: its PKI (which holds the users file), the file's path, its
+/// data directory and the process.
+fn mqd_with_users() -> (TestPki, std::path::PathBuf, tempfile::TempDir, MqdProcess) {
+    let pki = TestPki::new("test CA");
+    let users = users(&pki);
+    let dir = mq_tests::temp_data_dir("mq-sec-");
+    let users_arg = users.to_str().unwrap().to_string();
+    let mqd = MqdProcess::launch(dir.path(), &["--users", &users_arg]);
+    (pki, users, dir, mqd)
+}
+
 async fn as_user(url: &str, user: &str, password: &str) -> Client {
     Client::builder(url)
         .user(user, password)
@@ -379,11 +390,7 @@ async fn mtls_requires_a_client_certificate_and_names_the_identity() {
 /// right and queue; rights survive a restart.
 #[tokio::test]
 async fn rights_through_mq_and_after_a_restart() {
-    let pki = TestPki::new("test CA");
-    let users = users(&pki);
-    let dir = mq_tests::temp_data_dir("mq-sec-");
-    let users_arg = users.to_str().unwrap().to_string();
-    let mut mqd = MqdProcess::launch(dir.path(), &["--users", &users_arg]);
+    let (_pki, users, dir, mut mqd) = mqd_with_users();
     let run = |url: &str, user: &str, pw: &str, args: &[&str]| {
         let mut cmd = std::process::Command::new(mq_tests::mq_path());
         cmd.args(["--user", user])
@@ -434,7 +441,7 @@ async fn rights_through_mq_and_after_a_restart() {
 
     // Restart: the ACL is in the journal.
     mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
-    let mqd = MqdProcess::launch(dir.path(), &["--users", &users_arg]);
+    let mqd = MqdProcess::launch(dir.path(), &["--users", users.to_str().unwrap()]);
     let url = mqd.url().to_string();
     let out = run(&url, "admin", "admin-pw", &["queue", "acl", Q, "--json"]);
     assert!(out.status.success(), "{out:?}");
@@ -727,11 +734,7 @@ async fn authenticated_forwarding_between_two_tls_brokers() {
 /// leaves the old one in force.
 #[tokio::test]
 async fn sighup_rereads_the_users_file() {
-    let pki = TestPki::new("test CA");
-    let users = users(&pki);
-    let dir = mq_tests::temp_data_dir("mq-sec-");
-    let users_arg = users.to_str().unwrap().to_string();
-    let mqd = MqdProcess::launch(dir.path(), &["--users", &users_arg]);
+    let (_pki, users, _dir, mqd) = mqd_with_users();
     let url = mqd.url().to_string();
     let dave = as_user(&url, "dave", "dave-pw").await;
     assert!(matches!(
@@ -890,11 +893,7 @@ async fn batches_of_too_many_messages_are_refused_whole() {
 
     // Anonymous with a users file and no queue granting anonymous `send`: refused at open,
     // before the broker reads (decodes) a single batch.
-    let pki = TestPki::new("test CA");
-    let users = users(&pki);
-    let dir = mq_tests::temp_data_dir("mq-sec-");
-    let users_arg = users.to_str().unwrap().to_string();
-    let mqd = MqdProcess::launch(dir.path(), &["--users", &users_arg]);
+    let (_pki, _users, _dir, mqd) = mqd_with_users();
     let mut anon =
         v1::message_queue_service_client::MessageQueueServiceClient::connect(mqd.url().to_string())
             .await
@@ -1024,11 +1023,7 @@ async fn guessing(url: &str, user: &'static str) -> GuessClient {
 /// distinct wrong passwords the right one still works (remembered successes are not evicted).
 #[tokio::test]
 async fn password_guessing_does_not_stall_the_broker_or_evict_logins() {
-    let pki = TestPki::new("test CA");
-    let users = users(&pki);
-    let dir = mq_tests::temp_data_dir("mq-sec-");
-    let users_arg = users.to_str().unwrap().to_string();
-    let mqd = MqdProcess::launch(dir.path(), &["--users", &users_arg]);
+    let (_pki, _users, _dir, mqd) = mqd_with_users();
     let url = mqd.url().to_string();
     let admin = as_user(&url, "admin", "admin-pw").await;
     admin
@@ -1294,11 +1289,7 @@ async fn a_queues_kind_is_told_only_to_who_may_send_there() {
 /// (the message stays for others), its send stream before it takes another batch.
 #[tokio::test]
 async fn a_removed_user_loses_its_open_streams_when_the_users_file_is_reread() {
-    let pki = TestPki::new("test CA");
-    let users = users(&pki);
-    let dir = mq_tests::temp_data_dir("mq-sec-");
-    let users_arg = users.to_str().unwrap().to_string();
-    let mqd = MqdProcess::launch(dir.path(), &["--users", &users_arg]);
+    let (_pki, users, _dir, mqd) = mqd_with_users();
     let url = mqd.url().to_string();
     let admin = as_user(&url, "admin", "admin-pw").await;
     admin
