@@ -57,8 +57,10 @@ fn keys_in(text: &str) -> BTreeSet<String> {
         .filter_map(|l| {
             let l = l.strip_prefix("# ").unwrap_or(l);
             let (k, _) = l.split_once(" = ")?;
-            (!k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
-                .then(|| k.to_string())
+            (!k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
+            .then(|| k.to_string())
         })
         .collect()
 }
