@@ -84,6 +84,65 @@ pub(crate) fn check_request(
     Ok((Some(Arc::from(admin_queue)), acknowledge as u8))
 }
 
+/// Where acknowledgements to an admin queue would be posted, for the check of the right to
+/// post there (the sender's on a send, the forwarding identity's on a forwarded message).
+pub(crate) enum AckTarget {
+    /// Nothing to check: a name the message's own checks refuse ([`check_request`] says
+    /// why), or a local queue that does not exist (its acknowledgements are dropped, as MSMQ
+    /// accepts any admin queue at the send).
+    Unchecked,
+    /// One of this broker's queues.
+    Local(Arc<Queue>),
+    /// Another broker's queue (that broker checks who posts there).
+    Remote,
+}
+
+/// The [`AckTarget`] of `admin_queue` on `broker`; an error only from looking up a local
+/// queue (other than its absence).
+pub(crate) fn ack_target(broker: &Broker, admin_queue: &str) -> Result<AckTarget, BrokerError> {
+    let Ok(parsed) = FormatName::parse(admin_queue) else {
+        return Ok(AckTarget::Unchecked);
+    };
+    let Some(addr) = parsed.single() else {
+        return Ok(AckTarget::Unchecked);
+    };
+    if addr.is_read_only() {
+        return Ok(AckTarget::Unchecked);
+    }
+    if !broker.is_local(addr) {
+        return Ok(AckTarget::Remote);
+    }
+    match broker.local_queue(admin_queue, addr) {
+        Ok(q) => Ok(AckTarget::Local(q)),
+        Err(BrokerError::QueueNotFound(_)) => Ok(AckTarget::Unchecked),
+        Err(e) => Err(e),
+    }
+}
+
+/// The answer of a check for the last admin queue it was asked about: a batch's messages
+/// usually share one, so it is checked once a batch.
+pub(crate) struct LastAnswer<T> {
+    last: Option<(String, T)>,
+}
+
+impl<T: Clone> LastAnswer<T> {
+    pub(crate) fn new() -> Self {
+        LastAnswer { last: None }
+    }
+
+    /// The answer for `name`: the kept one if `name` was the last asked, else `check`'s.
+    pub(crate) fn get(&mut self, name: &str, check: impl FnOnce() -> T) -> T {
+        match &self.last {
+            Some((last, answer)) if last == name => answer.clone(),
+            _ => {
+                let answer = check();
+                self.last = Some((name.to_string(), answer.clone()));
+                answer
+            }
+        }
+    }
+}
+
 /// Checks the class of a forwarded message: 0 or a class mq knows.
 pub(crate) fn check_class(code: u32) -> Result<u16, BrokerError> {
     match ack::class_name(code) {

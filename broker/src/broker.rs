@@ -1523,7 +1523,7 @@ impl Broker {
                 continue;
             }
             // The broker posts acknowledgements to the admin queue in the sender's name: the
-            // sender must be allowed to send there (`authorize_admin_queue` in the service).
+            // sender must be allowed to send there (the service's `AdminQueues`).
             if !m.admin_queue.is_empty() {
                 if let Err(e) = may_acknowledge_to(&m.admin_queue) {
                     failures.push((i, e));

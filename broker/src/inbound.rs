@@ -460,6 +460,9 @@ pub(crate) async fn forward_stream(
     drop(accepted);
 }
 
+/// Whether a forwarded message may be stored, else the class and reason it is refused with.
+type Refusal = Result<(), (DeadLetterClass, String)>;
+
 /// The identity forwarding on a stream, and the check of its rights on each destination queue.
 ///
 /// A forwarded message needs `send` on its queue here for the forwarding broker's identity
@@ -469,9 +472,6 @@ pub(crate) async fn forward_stream(
 /// broker's ACLs decide on. MSMQ checks the sender's own rights at the destination; here a
 /// destination that wants to tell the users of one sending broker apart gives that broker its
 /// own identity and grants per queue.
-/// Whether a forwarded message may be stored, else the class and reason it is refused with.
-type Refusal = Result<(), (DeadLetterClass, String)>;
-
 pub(crate) struct Forwarder {
     auth: Arc<crate::auth::Auth>,
     who: crate::auth::Identity,
@@ -489,25 +489,11 @@ impl Forwarder {
 
     /// `send` for the forwarding identity on `admin_queue` if it is one of this broker's
     /// queues (acknowledgements go to another broker's in the forwarding identity's name,
-    /// which that broker checks), else the class and reason to refuse with. A name that does
-    /// not parse, or a local queue that does not exist, is left to the message's own handling
-    /// (its acknowledgements are dropped).
-    fn may_acknowledge_to(
-        &self,
-        broker: &Broker,
-        admin_queue: &str,
-    ) -> Result<(), (DeadLetterClass, String)> {
-        let Ok(parsed) = mq_proto::format_name::FormatName::parse(admin_queue) else {
-            return Ok(());
-        };
-        let Some(addr) = parsed.single() else {
-            return Ok(());
-        };
-        if !broker.is_local(addr) || addr.is_read_only() {
-            return Ok(());
-        }
-        match broker.local_queue(admin_queue, addr) {
-            Ok(q) => self
+    /// which that broker checks); what is not checked: [`crate::acks::AckTarget::Unchecked`]
+    /// (and a failed lookup: its acknowledgements are dropped).
+    fn may_acknowledge_to(&self, broker: &Broker, admin_queue: &str) -> Refusal {
+        match crate::acks::ack_target(broker, admin_queue) {
+            Ok(crate::acks::AckTarget::Local(q)) => self
                 .may_send(&q, &broker.config().name)
                 .map_err(|(class, reason)| {
                     (
@@ -515,12 +501,12 @@ impl Forwarder {
                         format!("its admin queue \"{}\": {reason}", quote(admin_queue)),
                     )
                 }),
-            Err(_) => Ok(()),
+            _ => Ok(()),
         }
     }
 
     /// `send` on `queue` for the forwarding identity, else the class and reason to refuse with.
-    fn may_send(&self, queue: &Queue, broker: &str) -> Result<(), (DeadLetterClass, String)> {
+    fn may_send(&self, queue: &Queue, broker: &str) -> Refusal {
         if self
             .auth
             .allowed(&self.who, crate::auth::Right::Send, Some(queue))
@@ -588,7 +574,7 @@ impl Broker {
         let any_tx = batch.messages.iter().any(|m| m.transactional);
         let order_guard = any_tx.then(|| self.commit_order_lock());
         let mut cached: Option<(Arc<str>, bool, Arc<Queue>)> = None;
-        let mut last_admin: Option<(Arc<str>, Refusal)> = None;
+        let mut last_admin = crate::acks::LastAnswer::<Refusal>::new();
         let seqs: Vec<u64> = batch.messages.iter().map(|m| m.seq).collect();
         let before = *accepted;
         for (i, fm) in batch.messages.into_iter().enumerate() {
@@ -660,15 +646,7 @@ impl Broker {
             // admin queue needs `send` for it, as a destination does (helper-62: any user of
             // the sending broker had acks written into any queue here).
             if let Some(aq) = &msg.admin_queue {
-                // The last admin queue's answer is kept: a batch's messages usually share one.
-                let answer = match &last_admin {
-                    Some((name, answer)) if name == aq => answer.clone(),
-                    _ => {
-                        let answer = from.may_acknowledge_to(self, aq);
-                        last_admin = Some((aq.clone(), answer.clone()));
-                        answer
-                    }
-                };
+                let answer = last_admin.get(aq, || from.may_acknowledge_to(self, aq));
                 if let Err((class, reason)) = answer {
                     rejected.push(rejection(i, class, reason));
                     continue;

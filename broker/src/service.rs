@@ -802,14 +802,14 @@ async fn send_stream<I: crate::large_bodies::Inbound>(
                 refused = refused_input(status);
                 break;
             }
-            early = match budget.try_reserve_bytes(MAX_ANSWER_RESERVE) {
-                Some(r) => Some(r),
-                None => Some(tokio::select! {
+            early = Some(match budget.try_reserve_bytes(MAX_ANSWER_RESERVE) {
+                Some(r) => r,
+                None => tokio::select! {
                     biased;
                     _ = broker.shutting_down() => break,
                     r = budget.reserve_bytes(MAX_ANSWER_RESERVE) => r,
-                }),
-            };
+                },
+            });
         }
         let batch = tokio::select! {
             biased;
@@ -1026,14 +1026,12 @@ fn authorize_send(
 /// does). Before, the admin queue was checked for its syntax only, and anyone who could send
 /// to one queue could have acknowledgements, with their label and (a negative one) their body,
 /// written into any local queue, or an anonymous caller into another broker's (helper-61).
-/// A local admin queue that does not exist is allowed (its acknowledgements are dropped, as
-/// before). A name that is not a valid admin queue is left to the message's own checks (`acks::check_request`), which say why. The last name's answer is
-/// kept: a batch's messages usually share one.
+/// What is not checked: [`crate::acks::AckTarget::Unchecked`].
 struct AdminQueues<'a> {
     broker: &'a Arc<Broker>,
     auth: &'a Auth,
     who: &'a Identity,
-    last: Option<(String, Result<(), BrokerError>)>,
+    last: crate::acks::LastAnswer<Result<(), BrokerError>>,
 }
 
 impl<'a> AdminQueues<'a> {
@@ -1042,51 +1040,27 @@ impl<'a> AdminQueues<'a> {
             broker,
             auth,
             who,
-            last: None,
+            last: crate::acks::LastAnswer::new(),
         }
     }
 
     fn authorize(&mut self, admin_queue: &str) -> Result<(), BrokerError> {
-        if let Some((name, answer)) = &self.last {
-            if name == admin_queue {
-                return answer.clone();
-            }
-        }
-        let answer = self.check(admin_queue);
-        self.last = Some((admin_queue.to_string(), answer.clone()));
-        answer
-    }
-
-    fn check(&self, admin_queue: &str) -> Result<(), BrokerError> {
-        let Ok(parsed) = mq_proto::format_name::FormatName::parse(admin_queue) else {
-            return Ok(());
-        };
-        let Some(addr) = parsed.single() else {
-            return Ok(());
-        };
-        if addr.is_read_only() {
-            return Ok(());
-        }
-        let queue = if self.broker.is_local(addr) {
-            match self.broker.local_queue(admin_queue, addr) {
-                Ok(q) => Some(q),
-                // No such queue: acknowledgements to it are dropped (as MSMQ accepts any
-                // admin queue at the send), so there is nothing to allow.
-                Err(BrokerError::QueueNotFound(_)) => return Ok(()),
-                Err(e) => return Err(e),
-            }
-        } else {
-            None
-        };
-        self.auth
-            .authorize(self.who, Right::Send, queue.as_deref())
-            .map_err(|s| {
-                BrokerError::PermissionDenied(format!(
-                    "admin queue \"{}\": {} (acknowledgements are posted there in the sender's name)",
-                    crate::auth::quote(admin_queue),
-                    s.message()
-                ))
-            })
+        let (broker, auth, who) = (self.broker, self.auth, self.who);
+        self.last.get(admin_queue, || {
+            let queue = match crate::acks::ack_target(broker, admin_queue)? {
+                crate::acks::AckTarget::Unchecked => return Ok(()),
+                crate::acks::AckTarget::Local(q) => Some(q),
+                crate::acks::AckTarget::Remote => None,
+            };
+            auth.authorize(who, Right::Send, queue.as_deref())
+                .map_err(|s| {
+                    BrokerError::PermissionDenied(format!(
+                        "admin queue \"{}\": {} (acknowledgements are posted there in the sender's name)",
+                        crate::auth::quote(admin_queue),
+                        s.message()
+                    ))
+                })
+        })
     }
 }
 
