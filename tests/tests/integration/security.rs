@@ -1451,3 +1451,103 @@ async fn a_forwarded_message_acknowledges_only_where_its_forwarder_may_send() {
     assert_eq!(admin.queue_info(PRIVATE).await.unwrap().messages, 0);
     broker.stop().await.unwrap();
 }
+
+/// A forwarding identity removed from the users file loses its open Forward stream at the
+/// reread, as receive and send streams do: the next batch ends the stream with UNAUTHENTICATED
+/// and is not stored (helper-62 showed an open Forward stream kept storing after the removal).
+#[tokio::test]
+async fn a_removed_forwarder_loses_its_open_forward_stream() {
+    use mq_proto::v1;
+    let pki = TestPki::new("test CA");
+    let users = users(&pki);
+    let add_fwd = || {
+        mq_broker::add_user(
+            &users,
+            "fwd",
+            Some("fwd-pw"),
+            &[],
+            &["forward".into()],
+            false,
+        )
+        .unwrap()
+    };
+    add_fwd();
+    let dir = mq_tests::temp_data_dir("mq-sec-fwd-");
+    let users_arg = users.to_str().unwrap().to_string();
+    let mqd = MqdProcess::launch(dir.path(), &["--users", &users_arg]);
+    let admin = as_user(mqd.url(), "admin", "admin-pw").await;
+    admin
+        .create_queue(Q, QueueOptions::default())
+        .await
+        .unwrap();
+    admin.grant(Q, "fwd", &["send"]).await.unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(mqd.url().to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut forward = v1::forward_service_client::ForwardServiceClient::new(Raw::new(
+        channel,
+        mq_broker::Credentials::basic("fwd", "fwd-pw"),
+    ));
+    let stream_id = bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes());
+    let batch = |n: u64| v1::ForwardRequest {
+        stream_id: stream_id.clone(),
+        source: "a".into(),
+        batch: n,
+        settled_below: 0,
+        messages: vec![v1::ForwardedMessage {
+            seq: n,
+            destination: format!(r"DIRECT=OS:{Q}"),
+            transactional: false,
+            message: Some(v1::Message {
+                id: bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
+                body: bytes::Bytes::from(format!("batch {n}")),
+                ..Default::default()
+            }),
+        }],
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(batch(1)).await.unwrap();
+    let mut acks = forward
+        .forward(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let ack = acks.message().await.unwrap().expect("an answer");
+    assert!(ack.rejected.is_empty(), "{ack:?}");
+    assert_eq!(admin.queue_info(Q).await.unwrap().messages, 1);
+    // fwd is removed: the file is written again without it.
+    std::fs::remove_file(&users).unwrap();
+    let users = mq_tests::users_file(
+        &users,
+        &[(
+            "admin",
+            "admin-pw",
+            &[],
+            &["create-queue", "outgoing", "dead-letter"],
+        )],
+    );
+    assert!(!std::fs::read_to_string(&users).unwrap().contains("fwd"));
+    let s = std::process::Command::new("kill")
+        .args(["-HUP", &mqd.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(s.success());
+    assert!(
+        mq_tests::wait_until(Duration::from_secs(20), || mqd
+            .stderr()
+            .contains("SIGHUP: reread the users file")),
+        "{}",
+        mqd.stderr()
+    );
+    tx.send(batch(2)).await.unwrap();
+    match acks.message().await {
+        Err(s) => {
+            assert_eq!(s.code(), tonic::Code::Unauthenticated, "{s:?}");
+            assert!(s.message().contains("fwd"), "{s:?}");
+        }
+        Ok(other) => panic!("fwd's Forward stream after its removal: {other:?}"),
+    }
+    assert_eq!(admin.queue_info(Q).await.unwrap().messages, 1);
+}

@@ -1136,3 +1136,55 @@ pub(crate) async fn cli_output(url: &str, args: &[&str]) -> std::process::Output
     .await
     .unwrap()
 }
+
+/// Destinations nobody answers: "cannot deliver; will retry" is logged at most once a second
+/// for all outgoing queues together, each line counting the ones held back (400 unreachable
+/// destinations wrote ~350 lines a second, helper-60); every outgoing queue still shows its own
+/// last error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_to_many_unreachable_destinations_log_a_line_a_second() {
+    const DESTINATIONS: usize = 40;
+    const LINE: &str = "forwarding: cannot deliver; will retry";
+    let a = Node::started("a");
+    let client = a.client().await;
+    let started = std::time::Instant::now();
+    // Ports nothing listens on (free now; a port taken meanwhile still fails: not a broker).
+    let dests: Vec<String> = (0..DESTINATIONS)
+        .map(|_| loopback(free_port()).to_string())
+        .collect();
+    for d in &dests {
+        send_express(&client, &format!(r"DIRECT=TCP:{d}\private$\q"), "x", 1).await;
+    }
+    // Every destination has failed, and two more lines (each with what it held back) came: at
+    // least two seconds of retries every 200 ms at most.
+    let failed = eventually(WAIT, || async {
+        let list = client.outgoing().await.unwrap();
+        dests.iter().all(|d| {
+            list.iter().any(|o| {
+                &o.destination == d && o.last_error.as_deref().is_some_and(|e| !e.is_empty())
+            })
+        }) && a.logs().matches(LINE).count() >= 3
+    })
+    .await;
+    assert!(failed, "{:?}\n{}", client.outgoing().await, a.logs());
+    let logs = a.logs();
+    let lines: Vec<&str> = logs.lines().filter(|l| l.contains(LINE)).collect();
+    let seconds = started.elapsed().as_secs() as usize;
+    assert!(
+        lines.len() <= seconds + 2,
+        "{} lines in {seconds} s:\n{logs}",
+        lines.len()
+    );
+    let held_back: u64 = lines
+        .iter()
+        .filter_map(|l| {
+            l.split_once("held_back=")?
+                .1
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert!(held_back >= DESTINATIONS as u64, "{logs}");
+}
