@@ -11,11 +11,12 @@
 //!
 //! A full disk (ENOSPC) does not poison: the journal enters *disk-full* mode, where it refuses
 //! records that store data ([`Op::Put`], [`Op::DefineQueue`]; not a detached definition,
-//! [`Journal::submit_detached`], which is written while the active segment has room, as
-//! refusing it would poison) with [`JournalError::NoSpace`]
-//! and keeps writing records that only free data (removes, purges, deletes), for which it
-//! keeps a reserve file on disk (`reserve.bin`, one segment's size) that it gives up when a
-//! new segment cannot be allocated otherwise. It leaves disk-full mode by itself once the
+//! [`Journal::submit_detached`], as refusing it would poison) with [`JournalError::NoSpace`]
+//! and keeps writing records that only free data (removes, purges, deletes) and detached
+//! definitions, for which it keeps a reserve file on disk (`reserve.bin`, one segment's size)
+//! that it gives up when a new segment cannot be allocated otherwise. (The broker asks for
+//! no new queue while the journal is in disk-full mode, so detached definitions there are
+//! the few already under way when the disk filled.) It leaves disk-full mode by itself once the
 //! reserve can be allocated again (tried at most every [`DISK_FULL_RETRY`]).
 //!
 //! Submissions wait in a bounded queue ([`JournalOptions::max_queued_bytes`],
@@ -975,8 +976,9 @@ impl Journal {
     }
 
     /// Like [`Journal::submit`], for a record nobody waits for but that later records depend
-    /// on (a queue definition whose queue is used at once): if it fails for any reason,
-    /// including a full disk, the journal is poisoned, so no later record that depends on it
+    /// on (a queue definition whose queue is used at once): written even on a full disk, into
+    /// the reserve's space if need be, as removals are; if it fails anyway (no reserve left,
+    /// or any other failure) the journal is poisoned, so no later record that depends on it
     /// can become durable without it.
     pub fn submit_detached(&self, ops: Vec<Op>) {
         // A pending one is checked by the writer (`Msg::Submit::detached`).

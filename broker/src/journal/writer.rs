@@ -190,6 +190,25 @@ impl Sub {
     }
 }
 
+/// Puts a written record's ops (`ranges` of them in the batch's buffer, the record at `rec`
+/// of it) into the index: the record starts at `(segment, offset)`.
+fn index_record(
+    idx: &mut super::index::Index,
+    ops: &[Op],
+    ranges: &[Range<usize>],
+    rec: &Range<usize>,
+    (seg, file_off): (u64, u64),
+) {
+    for (op, r) in ops.iter().zip(ranges) {
+        let loc = Loc {
+            seg,
+            off: file_off + (r.start - rec.start) as u64,
+            len: r.len() as u32,
+        };
+        idx.apply(op, loc, false);
+    }
+}
+
 /// Whether a submission stores data (refused while the disk is full) or only frees it.
 fn stores_data(ops: &[Op]) -> bool {
     ops.iter()
@@ -818,17 +837,8 @@ impl Writer {
         };
         {
             let mut idx = self.shared.index.write().unwrap();
-            for ((i, ranges), (rec, &(seg, file_off))) in
-                rec_ops.iter().zip(recs.iter().zip(locs.iter()))
-            {
-                for (op, r) in batch[*i].ops.iter().zip(ranges) {
-                    let loc = Loc {
-                        seg,
-                        off: file_off + (r.start - rec.start) as u64,
-                        len: r.len() as u32,
-                    };
-                    idx.apply(op, loc, false);
-                }
+            for ((i, ranges), (rec, &loc)) in rec_ops.iter().zip(recs.iter().zip(locs.iter())) {
+                index_record(&mut idx, &batch[*i].ops, ranges, rec, loc);
             }
         }
         let c = &self.shared.counters;
@@ -842,9 +852,10 @@ impl Writer {
             .and_then(|r| r.last())
             .map_or(0, |r| r.end);
         c.bytes_written.fetch_add(written as u64, Ordering::Relaxed);
+        let dir = self.shared.dir.clone();
         let no_space = |bytes: usize| JournalError::NoSpace {
             action: "store a record in",
-            path: self.shared.dir.clone(),
+            path: dir.clone(),
             bytes: bytes as u64,
             source: Arc::new(std::io::Error::from_raw_os_error(libc::ENOSPC)),
         };
@@ -861,11 +872,39 @@ impl Writer {
                 rec_ops.get(locs.len()).map_or(batch.len(), |(i, _)| *i)
             }
         };
+        // Detached records (queue definitions nobody waits for, whose queues are in use)
+        // that failed for want of space are written again on their own, with the reserve if
+        // need be, as removals are: failing them would poison the journal, and a client that
+        // only looked at a subqueue or sent to a new remote broker while the disk filled did
+        // that (helper-66).
+        let mut rewritten: Vec<Option<Result<(), JournalError>>> = Vec::new();
+        if matches!(failure, Some(JournalError::NoSpace { .. })) {
+            let again: Vec<usize> = (durable_upto..batch.len())
+                .filter(|&i| {
+                    batch[i].detached
+                        && !refused[i]
+                        && chain_refused[i].is_none()
+                        && !batch[i].ops.is_empty()
+                })
+                .collect();
+            if !again.is_empty() {
+                let (written, err) = self.write_detached(again.iter().map(|&i| &batch[i].ops));
+                rewritten = (0..batch.len()).map(|_| None).collect();
+                for (k, &i) in again.iter().enumerate() {
+                    rewritten[i] = Some(match &err {
+                        Some(e) if k >= written => Err(e.clone()),
+                        _ => Ok(()),
+                    });
+                }
+            }
+        }
         for (i, sub) in batch.into_iter().enumerate() {
             let r = if let Some(e) = chain_refused[i].take() {
                 Err(e)
             } else if refused[i] {
                 Err(no_space(sub.ops.iter().map(Op::encoded_len).sum()))
+            } else if let Some(r) = rewritten.get_mut(i).and_then(Option::take) {
+                r
             } else if i < durable_upto {
                 Ok(())
             } else {
@@ -880,6 +919,59 @@ impl Writer {
         // Drop the references to this batch's bodies now, not at the next batch.
         buf.clear();
         self.buf = buf;
+    }
+
+    /// Writes records of `ops` each (detached ones whose batch failed for want of space) as
+    /// records that only free data are written: a new segment may take the reserve's space.
+    /// Returns how many are durable (in order) and, if not all, why the rest failed.
+    fn write_detached<'a>(
+        &mut self,
+        ops: impl Iterator<Item = &'a Vec<Op>>,
+    ) -> (usize, Option<JournalError>) {
+        let mut buf = Gather::default();
+        let mut recs: Vec<Range<usize>> = Vec::new();
+        let mut rec_ops: Vec<(&Vec<Op>, Vec<Range<usize>>)> = Vec::new();
+        for ops in ops {
+            let start = buf.len();
+            let mut ranges = Vec::with_capacity(ops.len());
+            encode_frame(&mut buf, |out| {
+                for op in ops {
+                    let s = out.len();
+                    op.encode(out);
+                    ranges.push(s..out.len());
+                }
+            });
+            recs.push(start..buf.len());
+            rec_ops.push((ops, ranges));
+        }
+        let growth = vec![false; recs.len()];
+        let (locs, failure) = match self.write_records(&mut buf, &recs, &growth) {
+            Ok(locs) => (locs, None),
+            Err((e @ JournalError::NoSpace { .. }, durable)) => {
+                (durable, Some(self.after_enospc(e)))
+            }
+            Err((e, durable)) => (durable, Some(e)),
+        };
+        {
+            let mut idx = self.shared.index.write().unwrap();
+            for ((ops, ranges), (rec, &loc)) in rec_ops.iter().zip(recs.iter().zip(locs.iter())) {
+                index_record(&mut idx, ops, ranges, rec, loc);
+            }
+        }
+        let c = &self.shared.counters;
+        c.records.fetch_add(locs.len() as u64, Ordering::Relaxed);
+        let written = recs
+            .get(..locs.len())
+            .and_then(|r| r.last())
+            .map_or(0, |r| r.end);
+        c.bytes_written.fetch_add(written as u64, Ordering::Relaxed);
+        if locs.len() < recs.len() {
+            tracing::error!(
+                records = recs.len() - locs.len(),
+                "journal: queue definitions could not be written even with the reserve's space"
+            );
+        }
+        (locs.len(), failure)
     }
 
     /// A write (or a segment's allocation) failed with ENOSPC, `e`: whatever part of it reached

@@ -420,3 +420,52 @@ fn a_detached_definition_in_disk_full_mode_does_not_poison() {
         "the definition is on disk"
     );
 }
+
+/// helper-66: queue definitions are submitted detached (a subqueue opened by a look, an
+/// outgoing queue made by a send to a new remote broker), and one that needed a new segment
+/// while the disk was full failed, which poisoned the journal: every receive refused until a
+/// restart. Now they are written as removals are, into the reserve's space if need be: the
+/// journal is in disk-full mode, not poisoned, and every definition is on disk.
+#[test]
+fn detached_definitions_that_need_a_new_segment_on_a_full_disk_use_the_reserve() {
+    const SEG: u64 = 16 << 10;
+    let io = FaultyIo::new(9);
+    let (j, _) = open(&io, small_opts(SEG));
+    assert_eq!(io.reserve(), Some(SEG));
+    io.set_capacity(Some(io.used() + 3 * SEG));
+    let (acked, err) = fill(&j, 1, 500);
+    assert_no_space(&err);
+    assert!(j.is_disk_full());
+    // Definitions of ~1 KiB: the first that does not fit the active segment needs a new one.
+    // Two batches: a put ahead of them (refused), and definitions alone.
+    let def = |n: u64| Op::DefineQueue {
+        queue_id: 100 + n,
+        def: Bytes::from(vec![b'd'; 1000]),
+    };
+    let refused = j.submit(vec![put(1, acked + 1, 10)]);
+    for n in 0..4 {
+        j.submit_detached(vec![def(n)]);
+    }
+    assert_no_space(&refused.wait().unwrap_err());
+    for n in 4..8 {
+        j.submit_detached(vec![def(n)]);
+    }
+    // A barrier: completes after the detached records.
+    j.submit(vec![]).wait().unwrap();
+    assert!(
+        !j.is_poisoned(),
+        "a detached definition poisoned the journal"
+    );
+    assert!(j.is_disk_full(), "still in disk-full mode");
+    assert_eq!(io.reserve(), None, "the reserve's space was used");
+    assert_no_space(&j.submit(vec![put(1, acked + 2, 10)]).wait().unwrap_err());
+    drop(j);
+    let (_, r) = open(&io.restart(), small_opts(SEG));
+    for n in 0..8 {
+        assert!(
+            r.queues.iter().any(|(id, _)| *id == 100 + n),
+            "definition {n} is on disk"
+        );
+    }
+    assert_eq!(seqs(&r, 1), (1..=acked).collect::<Vec<_>>());
+}
