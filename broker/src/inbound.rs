@@ -552,6 +552,20 @@ impl Broker {
             let status = Status::from(journal_failed(e));
             return Box::pin(async move { Err(status) });
         }
+        // A batch's numbers rise: each is checked against the stream's mark as it was before
+        // the batch, so a repeat within one batch (5, 5, 5) was stored as often as it came
+        // (helper-65: three copies in a transactional queue), and 9, 7, 8 out of order.
+        let mut last = 0u64;
+        for seq in batch.messages.iter().map(|m| m.seq).filter(|&s| s != 0) {
+            if seq <= last {
+                let status = Status::invalid_argument(format!(
+                    "forwarding stream {}: a batch's message numbers must rise; {seq} comes after {last}",
+                    stream.id
+                ));
+                return Box::pin(async move { Err(status) });
+            }
+            last = seq;
+        }
         {
             let mut r = stream.refused_seqs();
             r.settled_below = r.settled_below.max(batch.settled_below);
