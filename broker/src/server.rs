@@ -117,6 +117,8 @@ pub async fn run_with_ready(
         .with_os_users(config.unix_socket_os_users),
     );
     ready.set_auth(auth.clone());
+    // Before recovery, which may take a while: a SIGHUP then rereads the file too.
+    let _reloader = auth.has_users().then(|| spawn_reloader(auth.clone()));
     let _lock = lock_data_dir(&config)?;
     let local_listener = match &config.unix_socket {
         Some(path) => Some((bind_local(path)?, path.clone())),
@@ -206,7 +208,6 @@ pub async fn run_with_ready(
             .max_encoding_message_size(limit),
         auth.clone(),
     );
-    let _reloader = auth.has_users().then(|| spawn_reloader(auth.clone()));
     // Health and reflection are served beside the identity layer: they need no credentials
     // (README "Security"), and they only describe the broker.
     let health =
@@ -424,9 +425,24 @@ fn spawn_reloader(auth: Arc<crate::auth::Auth>) -> Option<tokio::task::JoinHandl
     };
     Some(tokio::spawn(async move {
         while hup.recv().await.is_some() {
-            match auth.reload() {
-                Ok(n) => tracing::info!(users = n, "SIGHUP: reread the users file"),
-                Err(e) => tracing::error!("SIGHUP: {e}; the previous users file stays in force"),
+            // Off the async workers: a big file (200,000 users stalled every client 2.8 s) or
+            // one on a hung file system (a FIFO stalled them all until written) must not stop
+            // the service (helper-67).
+            let a = auth.clone();
+            let started = std::time::Instant::now();
+            let reread = tokio::task::spawn_blocking(move || a.reload()).await;
+            let seconds = format!("{:.3}", started.elapsed().as_secs_f64());
+            match reread {
+                Ok(Ok(n)) => tracing::info!(users = n, seconds, "SIGHUP: reread the users file"),
+                Ok(Err(e)) => {
+                    tracing::error!(
+                        seconds,
+                        "SIGHUP: {e}; the previous users file stays in force"
+                    )
+                }
+                Err(e) => tracing::error!(
+                    "SIGHUP: rereading the users file failed ({e}); the previous one stays in force"
+                ),
             }
         }
     }))

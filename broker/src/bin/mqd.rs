@@ -19,8 +19,9 @@ static GLOBAL: mq_broker::Prefaulting<mimalloc::MiMalloc> =
 /// The mq message-queue broker.
 ///
 /// Prints `listening on <addr>` as its first line on stdout once it accepts connections; logs go
-/// to stderr (set the level with RUST_LOG, e.g. RUST_LOG=mq_broker=debug). SIGTERM or Ctrl-C stops
-/// accepting, finishes what is in flight, and exits 0.
+/// to stderr (set the level with RUST_LOG, e.g. RUST_LOG=mq_broker=debug; the default is
+/// info,h2=error,hyper=error). SIGTERM or Ctrl-C stops accepting, finishes what is in flight,
+/// and exits 0. SIGHUP rereads the --users file.
 ///
 /// Every option below can also be given as a key of the --config file (the flag without its
 /// dashes) or as an MQD_* variable (shown with each); the command line wins over the variable,
@@ -487,7 +488,11 @@ async fn run() -> anyhow::Result<()> {
     let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            // The HTTP/2 libraries' own warnings are about what peers did (a client resetting
+            // streams wrote a line per connection: 1,800 lines a second from four clients,
+            // helper-67); mqd says what matters to it, at most once a second.
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| DEFAULT_LOG_FILTER.into()),
         );
     match args.log_format {
         LogFormat::Text => logs
@@ -577,6 +582,10 @@ async fn run() -> anyhow::Result<()> {
     // Install the signal handlers before announcing the address, so a SIGTERM sent right after
     // the announcement is a graceful stop, not the default kill.
     let signal = shutdown_signal()?;
+    // SIGHUP rereads the users file (the broker's own handler, installed before recovery);
+    // without one it must not stop mqd either, as its default action would (the systemd unit's
+    // `ExecReload` sends it: helper-67 saw `systemctl reload` end a broker without `--users`).
+    ignore_sighup(config.security.users_file.is_some())?;
     // systemd (Type=notify): READY=1 at the broker's readiness hook (recovery done, requests
     // served), STOPPING=1 when the signal starts the graceful stop (where readiness ends).
     let shutdown = async move {
@@ -643,6 +652,24 @@ fn idle_spin(s: &str) -> Result<std::time::Duration, String> {
         ));
     }
     Ok(d)
+}
+
+/// The log filter without RUST_LOG.
+const DEFAULT_LOG_FILTER: &str = "info,h2=error,hyper=error";
+
+/// Takes SIGHUP from its default action (end the process) for good; without a users file,
+/// says at each one that there is nothing to reread.
+fn ignore_sighup(users_file_given: bool) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            if !users_file_given {
+                tracing::info!("SIGHUP: no users file to reread (mqd --users); nothing changed");
+            }
+        }
+    });
+    Ok(())
 }
 
 fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {

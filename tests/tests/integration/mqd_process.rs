@@ -71,6 +71,37 @@ fn sigterm_exits_zero_with_idle_streams_open() {
     });
 }
 
+/// SIGHUP (what the systemd unit's `ExecReload` sends) rereads the users file; without one it
+/// says there is nothing to reread and the broker serves on. Its default action ended an mqd
+/// started without `--users` (helper-67), and systemd counts that as a clean stop.
+#[test]
+fn sighup_without_a_users_file_leaves_the_broker_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut mqd = MqdProcess::start(dir.path()).unwrap();
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &mqd.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    assert!(
+        mq_tests::wait_until(Duration::from_secs(20), || mqd
+            .stderr()
+            .contains("SIGHUP: no users file to reread")
+            || !mqd.is_running()),
+        "{}",
+        mqd.stderr()
+    );
+    assert!(mqd.is_running(), "mqd ended at SIGHUP: {}", mqd.stderr());
+    let out = mq_tests::mq(
+        mqd.url(),
+        &["queue", "create", r".\private$\after-hup"],
+        None,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let status = mqd.terminate(Duration::from_secs(8)).unwrap();
+    assert_eq!(status.code(), Some(0), "stderr: {}", mqd.stderr());
+}
+
 #[test]
 fn sigterm_exits_zero_when_idle() {
     let dir = tempfile::tempdir().unwrap();

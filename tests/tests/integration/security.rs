@@ -1551,3 +1551,81 @@ async fn a_removed_forwarder_loses_its_open_forward_stream() {
     }
     assert_eq!(admin.queue_info(Q).await.unwrap().messages, 1);
 }
+
+/// A forwarded batch's message numbers must rise: a repeat within one batch was stored as
+/// often as it came (three copies of seq 5 in a transactional queue, which promises exactly
+/// once), and 9, 7, 8 were stored in that order (helper-65). Such a batch is refused whole
+/// (INVALID_ARGUMENT) and stores nothing.
+#[tokio::test]
+async fn a_forwarded_batch_whose_numbers_do_not_rise_is_refused() {
+    use mq_proto::v1;
+    let broker = InProcessBroker::start().await;
+    let client = broker.client().await;
+    client
+        .create_queue(
+            Q,
+            QueueOptions {
+                transactional: true,
+                ..QueueOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(broker.url().to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut forward = v1::forward_service_client::ForwardServiceClient::new(channel);
+    let stream_id = bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes());
+    let batch = |n: u64, seqs: &[u64]| v1::ForwardRequest {
+        stream_id: stream_id.clone(),
+        source: "a".into(),
+        batch: n,
+        settled_below: 0,
+        messages: seqs
+            .iter()
+            .map(|&seq| v1::ForwardedMessage {
+                seq,
+                destination: format!(r"DIRECT=OS:{Q}"),
+                transactional: true,
+                message: Some(v1::Message {
+                    id: bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes()),
+                    body: bytes::Bytes::from(format!("seq {seq}")),
+                    delivery: v1::Delivery::Recoverable as i32,
+                    ..Default::default()
+                }),
+            })
+            .collect(),
+    };
+    for (seqs, says) in [
+        (&[5, 5, 5][..], "5 comes after 5"),
+        (&[9, 7, 8][..], "7 comes after 9"),
+    ] {
+        let refused = match forward
+            .forward(futures::stream::iter(vec![batch(1, seqs)]))
+            .await
+        {
+            Ok(r) => r.into_inner().message().await.map(|m| format!("{m:?}")),
+            Err(s) => Err(s),
+        };
+        match refused {
+            Err(s) => {
+                assert_eq!(s.code(), tonic::Code::InvalidArgument, "{s:?}");
+                assert!(s.message().contains(says), "{s:?}");
+            }
+            Ok(answer) => panic!("{seqs:?} was answered {answer}"),
+        }
+        assert_eq!(client.queue_info(Q).await.unwrap().messages, 0);
+    }
+    // Rising numbers are stored, once each.
+    let mut acks = forward
+        .forward(futures::stream::iter(vec![batch(1, &[1, 2, 3])]))
+        .await
+        .unwrap()
+        .into_inner();
+    let ack = acks.message().await.unwrap().expect("an answer");
+    assert!(ack.rejected.is_empty(), "{ack:?}");
+    assert_eq!(client.queue_info(Q).await.unwrap().messages, 3);
+    broker.stop().await.unwrap();
+}
