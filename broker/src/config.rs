@@ -48,6 +48,9 @@ pub const DEFAULT_FORWARD_STREAM_IDLE: std::time::Duration =
     std::time::Duration::from_secs(24 * 3600);
 
 // Flow limits (README "Limits"): what one client or connection can hold of the broker.
+/// Default most open client connections from one IP address (`mqd
+/// --max-connections-per-address`): a quarter of the total.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
 /// Default most open client connections (`mqd --max-connections`).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// Default most concurrent HTTP/2 streams (calls) per connection.
@@ -192,8 +195,11 @@ pub const DEFAULT_QUEUE_HEADER_WINDOW: usize = 4096;
 /// What one client, connection or stream may hold of the broker (README "Limits").
 #[derive(Debug, Clone)]
 pub struct FlowLimits {
-    /// Most open client connections; more are closed at once.
+    /// Most open client connections; more are closed at once (or the oldest that has made
+    /// no request is closed for them).
     pub max_connections: usize,
+    /// Most open client connections from one IP address; more are closed at once.
+    pub max_connections_per_address: usize,
     /// Most concurrent HTTP/2 streams per connection (more wait, HTTP/2 flow control).
     pub max_streams_per_connection: u32,
     /// Most delivered, unacknowledged messages per receive stream, whatever credit it grants.
@@ -284,6 +290,7 @@ impl Default for FlowLimits {
     fn default() -> Self {
         FlowLimits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
             max_unacked_per_stream: DEFAULT_MAX_UNACKED_PER_STREAM,
             max_unacked_per_connection: DEFAULT_MAX_UNACKED_PER_CONNECTION,

@@ -2,15 +2,16 @@
 //! connection holds (open transactions, unacknowledged deliveries), and the broker-wide budget
 //! of bytes staged by open transactions.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use futures::task::AtomicWaker;
 use futures::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
@@ -76,15 +77,51 @@ pub(crate) struct Connections {
     unsent_shared: Arc<tokio::sync::Semaphore>,
     live: AtomicUsize,
     by_peer: Mutex<HashMap<Peer, Arc<Connection>>>,
+    /// Most connections from one IP address (`--max-connections-per-address`).
+    per_address: usize,
+    /// Live TCP connections by the peer's IP address.
+    by_ip: Mutex<HashMap<IpAddr, usize>>,
+    /// Live connections that have made no request yet, oldest first (by accept number): at
+    /// the limit, a new connection closes the oldest of them rather than being refused.
+    unproven: Mutex<BTreeMap<u64, Arc<Life>>>,
+    /// Numbers the accepted connections.
+    next_id: AtomicU64,
     /// Numbers the connections on the Unix socket.
     next_local: AtomicU64,
     /// Connections closed for the limit since the last warning, and when that was.
     refused: Mutex<(u64, Option<Instant>)>,
+    /// The same for the limit per address.
+    refused_address: Mutex<(u64, Option<Instant>)>,
+    /// The same for connections closed to make room.
+    evicted: Mutex<(u64, Option<Instant>)>,
+}
+
+/// Where a connection stands with the connection limit. One that has made a request
+/// (`proven`) keeps its place; one that has not (a TLS or HTTP/2 handshake that never ends, a
+/// socket that sends nothing) is closed to make room for a new connection at the limit: 1,024
+/// silent sockets from one address held every place for as long as they liked (helper-67).
+#[derive(Debug, Default)]
+pub(crate) struct Life {
+    proven: AtomicBool,
+    evicted: AtomicBool,
+    /// The connection's reader while it is unproven, woken when it is evicted.
+    waker: AtomicWaker,
+}
+
+impl Life {
+    /// The connection made a request: it keeps its place.
+    pub(crate) fn prove(&self) {
+        if !self.proven.load(Ordering::Relaxed) {
+            self.proven.store(true, Ordering::Release);
+        }
+    }
 }
 
 /// What one connection holds.
 #[derive(Debug)]
 pub(crate) struct Connection {
+    /// Its standing with the connection limit.
+    life: Arc<Life>,
     /// Delivered, unacknowledged messages of all its receive streams.
     unacked: AtomicU64,
     /// Wakes its receive streams when one of them gives room back.
@@ -123,9 +160,21 @@ impl Connections {
             unsent_shared: Arc::new(tokio::sync::Semaphore::new(unsent_shared)),
             live: AtomicUsize::new(0),
             by_peer: Mutex::new(HashMap::new()),
+            per_address: usize::MAX,
+            by_ip: Mutex::new(HashMap::new()),
+            unproven: Mutex::new(BTreeMap::new()),
+            next_id: AtomicU64::new(1),
             next_local: AtomicU64::new(1),
             refused: Mutex::new((0, None)),
+            refused_address: Mutex::new((0, None)),
+            evicted: Mutex::new((0, None)),
         }
+    }
+
+    /// At most `n` connections from one IP address (the Unix socket's do not count).
+    pub(crate) fn with_max_per_address(mut self, n: usize) -> Self {
+        self.per_address = n.max(1);
+        self
     }
 
     /// Connections open now.
@@ -133,43 +182,86 @@ impl Connections {
         self.live.load(Ordering::Acquire)
     }
 
-    /// Counts a new connection, or `None` if that would pass the limit.
+    /// Counts a new connection, or `None` if that would pass the limit per address, or the
+    /// limit with every connection proven (else the oldest unproven one is closed for it).
     fn admit(self: &Arc<Self>, peer: Peer) -> Option<ConnectionGuard> {
-        let mut cur = self.live.load(Ordering::Acquire);
-        loop {
-            if cur >= self.max {
-                self.warn_refused();
+        let ip = match peer {
+            Peer::Tcp(a) => Some(a.ip()),
+            Peer::Local(_) => None,
+        };
+        if let Some(ip) = ip {
+            let mut by_ip = self.by_ip.lock().unwrap_or_else(|p| p.into_inner());
+            let n = by_ip.entry(ip).or_insert(0);
+            if *n >= self.per_address {
+                drop(by_ip);
+                warn_every_10s(
+                    &self.refused_address,
+                    self.per_address,
+                    "closed new connections: their address has --max-connections-per-address open",
+                );
                 return None;
             }
-            match self
-                .live
-                .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => break,
-                Err(now) => cur = now,
-            }
+            *n += 1;
         }
+        // Evicted connections count until they have closed, which they do at once: the limit
+        // may be passed by as many for a moment.
+        if self.live.load(Ordering::Acquire) >= self.max && !self.evict_oldest_unproven() {
+            if let Some(ip) = ip {
+                self.forget_ip(ip);
+            }
+            warn_every_10s(
+                &self.refused,
+                self.max,
+                "closed new connections: the broker has --max-connections open, each of which has made a request",
+            );
+            return None;
+        }
+        self.live.fetch_add(1, Ordering::AcqRel);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let life = Arc::new(Life::default());
+        self.unproven
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, life.clone());
         self.by_peer
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(peer, Arc::new(self.connection()));
+            .insert(peer, Arc::new(self.connection(life.clone())));
         Some(ConnectionGuard {
             connections: self.clone(),
             peer,
+            id,
+            life,
         })
     }
 
-    /// One warning per 10 s at most, with how many were closed.
-    fn warn_refused(&self) {
-        let mut r = self.refused.lock().unwrap_or_else(|p| p.into_inner());
-        r.0 += 1;
-        if r.1.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-            tracing::warn!(
-                closed = r.0,
-                limit = self.max,
-                "closed new connections: the broker has --max-connections open"
+    /// Closes the oldest connection that has made no request; false if there is none.
+    fn evict_oldest_unproven(&self) -> bool {
+        let mut unproven = self.unproven.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some((_, life)) = unproven.pop_first() {
+            if life.proven.load(Ordering::Acquire) {
+                continue;
+            }
+            life.evicted.store(true, Ordering::Release);
+            life.waker.wake();
+            drop(unproven);
+            warn_every_10s(
+                &self.evicted,
+                self.max,
+                "closed connections that had made no request to make room for new ones (--max-connections)",
             );
-            *r = (0, Some(Instant::now()));
+            return true;
+        }
+        false
+    }
+
+    fn forget_ip(&self, ip: IpAddr) {
+        let mut by_ip = self.by_ip.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = by_ip.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                by_ip.remove(&ip);
+            }
         }
     }
 
@@ -183,15 +275,28 @@ impl Connections {
                 .get(&p)
                 .cloned()
         })
-        .unwrap_or_else(|| Arc::new(self.connection()))
+        .unwrap_or_else(|| Arc::new(self.connection(Arc::new(Life::default()))))
     }
 
-    fn connection(&self) -> Connection {
-        Connection::new(crate::unsent::Budget::new(
-            self.unsent_limit,
-            self.unsent_floor,
-            self.unsent_shared.clone(),
-        ))
+    fn connection(&self, life: Arc<Life>) -> Connection {
+        Connection::new(
+            crate::unsent::Budget::new(
+                self.unsent_limit,
+                self.unsent_floor,
+                self.unsent_shared.clone(),
+            ),
+            life,
+        )
+    }
+}
+
+/// One warning per 10 s at most for `what`, with how many it concerned since the last one.
+fn warn_every_10s(state: &Mutex<(u64, Option<Instant>)>, limit: usize, what: &str) {
+    let mut r = state.lock().unwrap_or_else(|p| p.into_inner());
+    r.0 += 1;
+    if r.1.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+        tracing::warn!(closed = r.0, limit, "{what}");
+        *r = (0, Some(Instant::now()));
     }
 }
 
@@ -200,16 +305,26 @@ impl Connections {
 struct ConnectionGuard {
     connections: Arc<Connections>,
     peer: Peer,
+    /// Its accept number (its place among the unproven).
+    id: u64,
+    life: Arc<Life>,
 }
 
 impl Drop for ConnectionGuard {
     fn drop(&mut self) {
-        self.connections
-            .by_peer
+        let c = &self.connections;
+        c.by_peer
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.peer);
-        self.connections.live.fetch_sub(1, Ordering::AcqRel);
+        c.unproven
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+        if let Peer::Tcp(a) = self.peer {
+            c.forget_ip(a.ip());
+        }
+        c.live.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -301,8 +416,27 @@ impl<S: AsyncRead + Unpin> AsyncRead for CountedStream<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        if self.guard.life.evicted.load(Ordering::Acquire) {
+            return Poll::Ready(Err(evicted()));
+        }
+        let read = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if read.is_pending() && !self.guard.life.proven.load(Ordering::Acquire) {
+            // Waiting for bytes that may never come: eviction must wake it.
+            let life = &self.guard.life;
+            life.waker.register(cx.waker());
+            if life.evicted.load(Ordering::Acquire) {
+                return Poll::Ready(Err(evicted()));
+            }
+        }
+        read
     }
+}
+
+fn evicted() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "closed to make room for a new connection (--max-connections): it had made no request",
+    )
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for CountedStream<S> {
@@ -332,9 +466,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for CountedStream<S> {
 }
 
 impl Connection {
-    fn new(unsent: crate::unsent::Budget) -> Self {
+    fn new(unsent: crate::unsent::Budget, life: Arc<Life>) -> Self {
         let unsent_limit = unsent.limit();
         Connection {
+            life,
             unacked: AtomicU64::new(0),
             room: Notify::new(),
             room_waiters: AtomicUsize::new(0),
@@ -344,6 +479,11 @@ impl Connection {
             unsent: Arc::new(unsent),
             unsent_limit,
         }
+    }
+
+    /// Its standing with the connection limit.
+    pub(crate) fn life(&self) -> &Life {
+        &self.life
     }
 
     /// A receive stream's budgets of deliveries not yet written, for batches of at most
@@ -553,11 +693,14 @@ mod tests {
 
     #[test]
     fn unacked_slots_are_capped_per_connection() {
-        let c = Connection::new(crate::unsent::Budget::new(
-            64 << 20,
-            64 << 20,
-            Arc::new(tokio::sync::Semaphore::new(64 << 20)),
-        ));
+        let c = Connection::new(
+            crate::unsent::Budget::new(
+                64 << 20,
+                64 << 20,
+                Arc::new(tokio::sync::Semaphore::new(64 << 20)),
+            ),
+            Arc::default(),
+        );
         assert_eq!(c.reserve_unacked(8, 10), 8);
         assert_eq!(c.reserve_unacked(8, 10), 2);
         assert_eq!(c.reserve_unacked(1, 10), 0);
@@ -569,11 +712,14 @@ mod tests {
     /// and one that registered late sees, on its second ask, the slots given back before.
     #[tokio::test]
     async fn a_stream_waiting_for_room_is_woken_or_finds_it() {
-        let c = Connection::new(crate::unsent::Budget::new(
-            64 << 20,
-            64 << 20,
-            Arc::new(tokio::sync::Semaphore::new(64 << 20)),
-        ));
+        let c = Connection::new(
+            crate::unsent::Budget::new(
+                64 << 20,
+                64 << 20,
+                Arc::new(tokio::sync::Semaphore::new(64 << 20)),
+            ),
+            Arc::default(),
+        );
         assert_eq!(c.reserve_unacked(10, 10), 10);
         let wait = c.wait_for_room();
         assert_eq!(c.reserve_unacked(1, 10), 0);
@@ -591,11 +737,14 @@ mod tests {
 
     #[test]
     fn transaction_slots_are_capped_and_given_back() {
-        let c = Arc::new(Connection::new(crate::unsent::Budget::new(
-            64 << 20,
-            64 << 20,
-            Arc::new(tokio::sync::Semaphore::new(64 << 20)),
-        )));
+        let c = Arc::new(Connection::new(
+            crate::unsent::Budget::new(
+                64 << 20,
+                64 << 20,
+                Arc::new(tokio::sync::Semaphore::new(64 << 20)),
+            ),
+            Arc::default(),
+        ));
         let a = c.open_transaction(2).unwrap();
         let _b = c.open_transaction(2).unwrap();
         assert!(c.open_transaction(2).is_none());
@@ -616,6 +765,8 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(conns.live(), 1);
+        // It made a request: it keeps its place.
+        served.guard.life.prove();
         // The second is accepted and closed: its reads end at once.
         let mut second = TcpStream::connect(addr).await.unwrap();
         let next = tokio::spawn(async move {
@@ -639,6 +790,43 @@ mod tests {
         assert!(got.is_some());
         assert_eq!(conns.live(), 1);
         drop(got);
+        assert_eq!(conns.live(), 0);
+    }
+
+    /// At the limit, a new connection closes the oldest one that has made no request: its
+    /// pending read ends with an error (it is woken), and the new one is served.
+    #[tokio::test]
+    async fn a_connection_that_made_no_request_gives_its_place_to_a_new_one() {
+        use tokio::io::AsyncReadExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns = Arc::new(Connections::new(1, 64 << 20, 4 << 20, 1 << 30));
+        let mut incoming = Box::pin(accept(listener, conns.clone()));
+        let _first = TcpStream::connect(addr).await.unwrap();
+        let mut silent = futures::StreamExt::next(&mut incoming)
+            .await
+            .unwrap()
+            .unwrap();
+        let reading = tokio::spawn(async move {
+            let mut buf = [0u8; 1];
+            silent.read(&mut buf).await
+        });
+        let _second = TcpStream::connect(addr).await.unwrap();
+        let served = tokio::time::timeout(
+            Duration::from_secs(10),
+            futures::StreamExt::next(&mut incoming),
+        )
+        .await
+        .expect("the second connection is accepted")
+        .unwrap()
+        .unwrap();
+        let read = tokio::time::timeout(Duration::from_secs(10), reading)
+            .await
+            .expect("the silent connection's read was woken")
+            .unwrap();
+        assert_eq!(read.unwrap_err().kind(), io::ErrorKind::ConnectionAborted);
+        assert_eq!(conns.live(), 1);
+        drop(served);
         assert_eq!(conns.live(), 0);
     }
 }

@@ -125,5 +125,5 @@ pub use prefault::{Prefaulting, POPULATE_MAX, POPULATE_MIN};
 pub use queue::{Queue, QueueStats, QueueTotals};
 pub use ready::Readiness;
 pub use server::{run, run_with_ready, RunError};
-pub use tls::{Credentials, ForwardCredentials, SecurityConfig};
+pub use tls::{Credentials, ForwardCredentials, SecurityConfig, TLS_HANDSHAKE_TIMEOUT};
 pub use transaction::{Committed, Transaction};

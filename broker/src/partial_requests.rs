@@ -107,6 +107,8 @@ where
             .layer
             .connections
             .get(crate::flow::peer_of_extensions(req.extensions()));
+        // A request: the connection keeps its place at the connection limit.
+        conn.life().prove();
         let limits = self.layer.limits.clone();
         self.inner.call(req.map(|body| {
             tonic::body::Body::new(Counted {

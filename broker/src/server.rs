@@ -174,12 +174,15 @@ pub async fn run_with_ready(
             "--max-unsent-bytes raised: it holds at least one connection's budget (--max-unsent-bytes-per-connection)"
         );
     }
-    let connections = Arc::new(crate::flow::Connections::new(
-        flow.max_connections,
-        unsent_limit,
-        unsent_floor,
-        unsent_shared,
-    ));
+    let connections = Arc::new(
+        crate::flow::Connections::new(
+            flow.max_connections,
+            unsent_limit,
+            unsent_floor,
+            unsent_shared,
+        )
+        .with_max_per_address(flow.max_connections_per_address),
+    );
     let service = Service::new(broker.clone(), connections.clone(), auth.clone())
         .with_readiness(ready.clone());
     // The identity of every call is established here, once per call (a stream is one call),

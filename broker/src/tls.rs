@@ -100,13 +100,19 @@ impl SecurityConfig {
             }
         };
         let mut tls = tonic::transport::ServerTlsConfig::new()
-            .identity(Identity::from_pem(read(cert)?, read(key)?));
+            .identity(Identity::from_pem(read(cert)?, read(key)?))
+            // A handshake that does not end (half a ClientHello) held its connection, and its
+            // place at --max-connections, for good (helper-67).
+            .timeout(TLS_HANDSHAKE_TIMEOUT);
         if let Some(ca) = &self.tls_client_ca {
             tls = tls.client_ca_root(Certificate::from_pem(read(ca)?));
         }
         Ok(Some(tls))
     }
 }
+
+/// Longest a TLS handshake on the gRPC port may take.
+pub const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn read(p: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))

@@ -150,9 +150,15 @@ struct Args {
     /// Store-and-forward: longest wait between attempts to reach a destination broker.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     forward_retry_max: std::time::Duration,
-    /// Most open client connections; connections past it are closed at once.
+    /// Most open client connections. Past it, a new connection closes the oldest one that has
+    /// made no request yet (a handshake that never ends, a socket that sends nothing), or is
+    /// closed at once if every one has.
     #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_connections, value_parser = at_least_one())]
     max_connections: usize,
+    /// Most open client connections from one IP address (the Unix socket's do not count);
+    /// more are closed at once.
+    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_connections_per_address, value_parser = at_least_one())]
+    max_connections_per_address: usize,
     /// Most concurrent calls (HTTP/2 streams) per connection; more wait for one to end.
     #[arg(
         long,
@@ -540,6 +546,7 @@ async fn run() -> anyhow::Result<()> {
     }
     config.flow = mq_broker::FlowLimits {
         max_connections: args.max_connections,
+        max_connections_per_address: args.max_connections_per_address,
         max_streams_per_connection: args.max_streams_per_connection,
         max_unacked_per_stream: args.max_unacked_per_stream,
         max_unacked_per_connection: args.max_unacked_per_connection,

@@ -97,6 +97,132 @@ async fn connections_past_max_connections_are_closed_and_their_places_come_back(
     a.list_queues().await.unwrap();
 }
 
+/// Whether the broker closes `sock` (end of stream or an error) within `WAIT`.
+fn closed_by_the_broker(sock: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    sock.set_read_timeout(Some(WAIT)).unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match sock.read(&mut buf) {
+            Ok(0) => return true,
+            // The server's HTTP/2 SETTINGS before it closes: read on.
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Sockets that never send a byte held every place at `--max-connections` for good (helper-67:
+/// 1,024 from one address locked every client out). At the limit a new connection now closes
+/// the oldest that has made no request; connections that have made one keep their places.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_give_their_places_to_new_ones() {
+    let dir = temp_data_dir("mq-flow-silent-");
+    let mqd = MqdProcess::launch(dir.path(), &["--max-connections", "3"]);
+    let working = mqd.connect().await;
+    working.list_queues().await.unwrap();
+    let mut silent: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| std::net::TcpStream::connect(mqd.addr()).unwrap())
+        .collect();
+    // Both are accepted and counted (the broker has 3 open); a new client is served, and the
+    // oldest silent one is closed for it.
+    let newcomer = mqd.connect().await;
+    newcomer.list_queues().await.unwrap();
+    assert!(
+        closed_by_the_broker(&mut silent[0]),
+        "the oldest silent connection was not closed"
+    );
+    // Now all three have made requests, or are the younger silent one: one more closes that.
+    let third = mqd.connect().await;
+    third.list_queues().await.unwrap();
+    assert!(closed_by_the_broker(&mut silent[1]));
+    // Every open connection has made a request: a fourth is refused, the others still work.
+    match Client::connect(mqd.url()).await {
+        Err(_) => {}
+        Ok(c) => {
+            let r = tokio::time::timeout(WAIT, c.list_queues()).await;
+            assert!(
+                matches!(r, Ok(Err(_))),
+                "a fourth connection was served: {r:?}"
+            );
+        }
+    }
+    for c in [&working, &newcomer, &third] {
+        c.list_queues().await.unwrap();
+    }
+    assert!(
+        mqd.stderr()
+            .contains("closed connections that had made no request to make room"),
+        "{}",
+        mqd.stderr()
+    );
+}
+
+/// `--max-connections-per-address`: past it a connection from the same address is closed at
+/// once, while one from another address is served.
+#[test]
+fn connections_past_the_limit_per_address_are_closed() {
+    let dir = temp_data_dir("mq-flow-per-address-");
+    let mqd = MqdProcess::launch(dir.path(), &["--max-connections-per-address", "2"]);
+    let from = |ip: [u8; 4]| {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind(std::net::SocketAddr::from((ip, 0))).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let s = rt
+            .block_on(s.connect(mqd.addr()))
+            .unwrap()
+            .into_std()
+            .unwrap();
+        s.set_nonblocking(false).unwrap();
+        s
+    };
+    let mut held: Vec<_> = (0..2).map(|_| from([127, 0, 0, 1])).collect();
+    let mut third = from([127, 0, 0, 1]);
+    assert!(
+        closed_by_the_broker(&mut third),
+        "a third connection from 127.0.0.1 stayed open"
+    );
+    // Another address is served: the broker answers its HTTP/2 preface with SETTINGS.
+    let mut other = from([127, 0, 0, 2]);
+    use std::io::{Read, Write};
+    other
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .unwrap();
+    other.set_read_timeout(Some(WAIT)).unwrap();
+    let mut head = [0u8; 9];
+    other.read_exact(&mut head).unwrap();
+    assert_eq!(head[3], 4, "a SETTINGS frame: {head:?}");
+    // The first two are still open.
+    for s in &mut held {
+        s.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 256];
+        loop {
+            match s.read(&mut b) {
+                // What the broker sent first (its HTTP/2 SETTINGS).
+                Ok(n) if n > 0 => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                other => panic!("a connection within the limit was closed: {other:?}"),
+            }
+        }
+    }
+    assert!(
+        mqd.stderr().contains("--max-connections-per-address"),
+        "{}",
+        mqd.stderr()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_past_the_streams_per_connection_limit_wait_for_a_free_stream() {
     let broker = InProcessBroker::start_with(|c| c.flow.max_streams_per_connection = 4).await;

@@ -1629,3 +1629,55 @@ async fn a_forwarded_batch_whose_numbers_do_not_rise_is_refused() {
     assert_eq!(client.queue_info(Q).await.unwrap().messages, 3);
     broker.stop().await.unwrap();
 }
+
+/// A TLS handshake on the gRPC port that never ends (half a ClientHello) is closed after
+/// `mq_broker::TLS_HANDSHAKE_TIMEOUT` (10 s); it held its connection and its place at
+/// `--max-connections` for good (helper-67). A whole handshake still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_handshake_that_never_ends_is_closed() {
+    use std::io::{Read, Write};
+    let pki = TestPki::new("test CA");
+    let (cert, key) = pki.issue("broker");
+    let broker = InProcessBroker::start_with(|c| {
+        c.security.tls_cert = Some(cert);
+        c.security.tls_key = Some(key);
+    })
+    .await;
+    let addr = broker.addr();
+    let started = std::time::Instant::now();
+    let closed = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        // A TLS record header announcing a handshake message of 512 bytes, and no more.
+        s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00]).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut b = [0u8; 64];
+        loop {
+            match s.read(&mut b) {
+                Ok(0) => return Ok(()),
+                Ok(_) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        closed.is_ok()
+            || closed
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "still open after {waited:?}: {closed:?}"
+    );
+    assert!(
+        waited >= mq_broker::TLS_HANDSHAKE_TIMEOUT - Duration::from_secs(1),
+        "closed after {waited:?}, before the handshake's time was up"
+    );
+    let ok = Client::builder(format!("https://{addr}"))
+        .ca_pem(pki.ca_pem())
+        .connect()
+        .await
+        .unwrap();
+    ok.list_queues().await.unwrap();
+    broker.stop().await.unwrap();
+}
