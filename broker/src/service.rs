@@ -259,14 +259,21 @@ impl MessageQueueService for Service {
         })?;
         let (broker, auth, inbound) = (self.broker.clone(), self.auth.clone(), req.into_inner());
         let (tx, rx) = mpsc::channel(4);
+        // The status the stream ends with when the replies' channel had no room for it (a
+        // client that does not read): it comes after what the channel holds.
+        let (last_tx, last_rx) = tokio::sync::oneshot::channel::<Status>();
         tokio::spawn(async move {
-            transact(broker, auth, who, inbound, tx).await;
+            transact(broker, auth, who, inbound, tx, last_tx).await;
             drop(slot);
+        });
+        let last = futures::StreamExt::filter_map(futures::stream::once(last_rx), |r| {
+            std::future::ready(r.ok().map(Err))
         });
         // Every error the broker ends a transaction with means it did not commit, but a commit
         // whose journal write failed after it was issued (in doubt, like a broken connection);
         // the client tells them apart by this mark.
-        let stream = tokio_stream::StreamExt::map(ReceiverStream::new(rx), |r| {
+        let replies = futures::StreamExt::chain(ReceiverStream::new(rx), last);
+        let stream = tokio_stream::StreamExt::map(replies, |r| {
             r.map_err(|mut s: Status| {
                 if s.metadata().get(TX_IN_DOUBT_METADATA).is_none() {
                     s.metadata_mut().insert(
@@ -1459,6 +1466,7 @@ async fn transact(
     who: Identity,
     mut inbound: Streaming<v1::TransactRequest>,
     out: mpsc::Sender<Result<v1::TransactResponse, Status>>,
+    last: tokio::sync::oneshot::Sender<Status>,
 ) {
     use v1::transact_request::Op as Req;
     use v1::transact_response::Result as Res;
@@ -1486,10 +1494,12 @@ async fn transact(
                 if expired == crate::tx_reuse::Expired::Idle {
                     return;
                 }
-                if let Some(t) = open.as_mut() {
+                // Aborted now (its received messages go back), not once the client has read
+                // the answer: one that does not read kept them (helper-65).
+                if let Some(mut t) = open.take() {
                     t.timed_out();
                 }
-                let _ = out.send(Err(timed_out())).await;
+                end_with(&out, last, timed_out());
                 return;
             }
             _ = broker.shutting_down() => {
@@ -1667,14 +1677,38 @@ async fn transact(
             }
         };
         let failed = reply.is_err();
-        if out
-            .send(reply.map(|r| v1::TransactResponse { result: Some(r) }))
-            .await
-            .is_err()
-            || failed
-        {
+        let reply = reply.map(|r| v1::TransactResponse { result: Some(r) });
+        // A reply waits for room (a client that does not read) at most until the transaction's
+        // deadline: waiting outside the deadline's `select!` kept the transaction, its received
+        // messages and its staged bytes for as long as the connection lived (helper-65).
+        let sent = match (tx_deadline, open.is_some()) {
+            (Some(deadline), true) => tokio::select! {
+                r = out.send(reply) => r.is_ok(),
+                _ = tokio::time::sleep_until(deadline) => {
+                    if let Some(mut t) = open.take() {
+                        t.timed_out();
+                    }
+                    end_with(&out, last, timed_out());
+                    return;
+                }
+            },
+            _ => out.send(reply).await.is_ok(),
+        };
+        if !sent || failed {
             return;
         }
+    }
+}
+
+/// Ends a Transact stream with `status`: after the replies its channel holds, through the
+/// channel if it has room, else through `last` (read once the channel is done).
+fn end_with(
+    out: &mpsc::Sender<Result<v1::TransactResponse, Status>>,
+    last: tokio::sync::oneshot::Sender<Status>,
+    status: Status,
+) {
+    if let Err(mpsc::error::TrySendError::Full(Err(status))) = out.try_send(Err(status)) {
+        let _ = last.send(status);
     }
 }
 

@@ -745,3 +745,99 @@ async fn many_small_transactions_from_several_clients_all_commit() {
     }
     broker.stop().await.unwrap();
 }
+
+/// A Transact client that stops reading its replies: the transaction is still aborted at the
+/// broker's transaction timeout, and its received messages go back to the queue. Its replies
+/// waited for room outside the deadline's reach, so the transaction, its 2,296 received messages
+/// in helper-65's probe, stayed open for as long as the connection lived. Once the client reads
+/// again it gets what was sent before, then the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_whose_client_stops_reading_still_times_out() {
+    use mq_proto::v1;
+    const N: u64 = 100;
+    const QT: &str = r".\private$\tx-unread";
+    let broker = InProcessBroker::start_with(|c| c.tx_timeout = Duration::from_secs(2)).await;
+    let client = broker.client().await;
+    client
+        .create_queue(
+            QT,
+            QueueOptions {
+                transactional: true,
+                ..QueueOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut tx = client.begin().await.unwrap();
+    for i in 0..N {
+        tx.send(QT, Message::new(vec![b'x'; 10_000]).label(format!("m{i}")))
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(broker.url().to_string())
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let mut raw = v1::message_queue_service_client::MessageQueueServiceClient::new(channel);
+    let (req_tx, req_rx) = tokio::sync::mpsc::channel(N as usize);
+    for _ in 0..N {
+        req_tx
+            .send(v1::TransactRequest {
+                op: Some(v1::transact_request::Op::Receive(v1::TxReceive {
+                    queue: QT.into(),
+                    timeout_ms: 0,
+                    ..Default::default()
+                })),
+            })
+            .await
+            .unwrap();
+    }
+    // Replies of 1 MB in all against the client's 64 KiB HTTP/2 window: most wait, unread.
+    let mut replies = raw
+        .transact(tokio_stream::wrappers::ReceiverStream::new(req_rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let taken = eventually(Duration::from_secs(30), || async {
+        client.queue_info(QT).await.unwrap().in_flight > 0
+    })
+    .await;
+    assert!(taken, "the transaction received nothing");
+    let back = eventually(Duration::from_secs(30), || async {
+        let i = client.queue_info(QT).await.unwrap();
+        i.messages == N && i.in_flight == 0
+    })
+    .await;
+    assert!(
+        back,
+        "the messages stayed with the unread transaction: {:?}",
+        client.queue_info(QT).await.unwrap()
+    );
+    // Another receiver gets the first message.
+    let first = client
+        .queue(QT)
+        .unwrap()
+        .peek(Duration::from_secs(1))
+        .await
+        .unwrap()
+        .expect("a message");
+    assert_eq!(first.label, "m0");
+    // Reading again: the replies sent before, then the timeout.
+    let mut received = 0;
+    let end = loop {
+        match tokio::time::timeout(WAIT, replies.message()).await {
+            Ok(Ok(Some(_))) => received += 1,
+            Ok(Ok(None)) => panic!("the stream ended without the timeout after {received}"),
+            Ok(Err(status)) => break status,
+            Err(_) => panic!("no end after {received} replies"),
+        }
+    };
+    assert!(received < N, "{received}");
+    assert_eq!(end.code(), tonic::Code::Aborted, "{end:?}");
+    assert!(end.message().contains("transaction timeout"), "{end:?}");
+    drop(req_tx);
+    broker.stop().await.unwrap();
+}
