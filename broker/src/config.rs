@@ -151,6 +151,9 @@ pub struct BrokerConfig {
     pub forward_retry_min: std::time::Duration,
     /// Longest wait between forwarding connection attempts.
     pub forward_retry_max: std::time::Duration,
+    /// Longest a destination broker may take to answer a forwarding stream or acknowledge its
+    /// oldest batch in flight; past it the connection is given up and retried.
+    pub forward_ack_timeout: std::time::Duration,
     /// Security: users file, TLS, protected mode, forwarding credentials (see `auth`).
     pub security: crate::tls::SecurityConfig,
     /// Flow limits: see [`FlowLimits`].
@@ -338,6 +341,7 @@ impl BrokerConfig {
             tx_outcome_max: crate::outcome::DEFAULT_TX_OUTCOME_MAX,
             forward_retry_min: DEFAULT_FORWARD_RETRY_MIN,
             forward_retry_max: DEFAULT_FORWARD_RETRY_MAX,
+            forward_ack_timeout: std::time::Duration::from_secs(60),
             security: Default::default(),
             flow: FlowLimits::default(),
             max_format_name_elements: mq_proto::limits::DEFAULT_MAX_FORMAT_NAME_ELEMENTS,
@@ -396,6 +400,7 @@ impl std::fmt::Debug for BrokerConfig {
             .field("tx_outcome_max", &self.tx_outcome_max)
             .field("forward_retry_min", &self.forward_retry_min)
             .field("forward_retry_max", &self.forward_retry_max)
+            .field("forward_ack_timeout", &self.forward_ack_timeout)
             .field("security", &self.security)
             .field("flow", &self.flow)
             .field("max_format_name_elements", &self.max_format_name_elements)

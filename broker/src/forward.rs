@@ -426,9 +426,22 @@ async fn session(
     next_batch += 1;
     // Room for WINDOW_BATCHES and the receiver is here: this cannot wait or fail.
     let _ = tx.try_send(batch);
-    let mut acks = match client.forward(ReceiverStream::new(rx)).await {
-        Ok(r) => r.into_inner(),
-        Err(s) => {
+    // A destination that takes the stream and never answers held its batches in flight for
+    // good, past their time to reach the queue (helper-65): it has `forward_ack_timeout` to
+    // answer the stream, and then to acknowledge the oldest batch in flight.
+    let ack_timeout = b.config().forward_ack_timeout;
+    let no_answer = |what: &str| {
+        format!(
+            "{} did not {what} within {}s (mqd --forward-ack-timeout)",
+            o.destination,
+            ack_timeout.as_secs_f64()
+        )
+    };
+    let opened = tokio::time::timeout(ack_timeout, client.forward(ReceiverStream::new(rx))).await;
+    let mut acks = match opened {
+        Err(_) => return Err((no_answer("answer the forwarding stream"), false)),
+        Ok(Ok(r)) => r.into_inner(),
+        Ok(Err(s)) => {
             return Err((
                 format!(
                     "{} refused the forwarding stream: {}",
@@ -473,21 +486,22 @@ async fn session(
         if paused && in_flight.batches.is_empty() {
             break Ok(());
         }
+        let ack_due = in_flight.batches.front().map(|b| b.3 + ack_timeout);
         tokio::select! {
             ack = acks.message() => match ack {
                 Ok(Some(ack)) => {
                     // Checked before anything is taken off the window: on a bad answer every
                     // unsettled entry goes back to the queue.
-                    let Some((n, entries, _)) = in_flight.batches.front() else {
+                    let Some((n, entries, _, _)) = in_flight.batches.front() else {
                         break Err((format!("{} acknowledged batch {} that was not sent", o.destination, ack.batch), progressed));
                     };
                     if ack.batch != *n || ack.count as usize != entries.len() {
                         break Err((format!("{} acknowledged batch {} ({} messages); expected batch {n} ({} messages)", o.destination, ack.batch, ack.count, entries.len()), progressed));
                     }
-                    let (n, entries, bytes) = in_flight.batches.pop_front().expect("checked above");
+                    let (n, entries, bytes, sent) = in_flight.batches.pop_front().expect("checked above");
                     in_flight.bytes -= bytes;
                     if let Err((e, entries)) = settle(b, o, entries, ack.rejected).await {
-                        in_flight.batches.push_front((n, entries, bytes));
+                        in_flight.batches.push_front((n, entries, bytes, sent));
                         break Err((e, progressed));
                     }
                     progressed = true;
@@ -495,6 +509,15 @@ async fn session(
                 Ok(None) => break Err((format!("{} ended the forwarding stream", o.destination), progressed)),
                 Err(s) => break Err((format!("{}: {}", o.destination, s.message()), progressed)),
             },
+            _ = async {
+                match ack_due {
+                    Some(due) => tokio::time::sleep_until(due).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let n = in_flight.batches.front().map_or(0, |b| b.0);
+                break Err((no_answer(&format!("acknowledge batch {n}")), progressed));
+            }
             _ = &mut notified, if room => {}
             _ = o.wake.notified() => {}
             _ = b.shutting_down() => break Ok(()),
@@ -511,7 +534,8 @@ async fn session(
 struct InFlight<'a> {
     b: &'a Broker,
     queue: &'a Queue,
-    batches: VecDeque<(u64, Vec<Entry>, usize)>,
+    /// Number, entries, body bytes and when it was sent.
+    batches: VecDeque<(u64, Vec<Entry>, usize, tokio::time::Instant)>,
     bytes: usize,
 }
 
@@ -548,7 +572,8 @@ impl InFlight<'_> {
                 message: Some(e.msg.to_wire(route, body, 0)),
             });
         }
-        self.batches.push_back((n, taken, bytes));
+        self.batches
+            .push_back((n, taken, bytes, tokio::time::Instant::now()));
         self.bytes += bytes;
         if let Some(err) = failed {
             return Err(err);
@@ -569,7 +594,7 @@ impl InFlight<'_> {
     fn settled_below(&self) -> u64 {
         self.batches
             .iter()
-            .filter_map(|(_, entries, _)| entries.iter().map(|e| e.seq).min())
+            .filter_map(|(_, entries, _, _)| entries.iter().map(|e| e.seq).min())
             .min()
             .unwrap_or(0)
     }
@@ -577,7 +602,7 @@ impl InFlight<'_> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        let back: Vec<Entry> = self.batches.drain(..).flat_map(|(_, e, _)| e).collect();
+        let back: Vec<Entry> = self.batches.drain(..).flat_map(|(_, e, _, _)| e).collect();
         if !back.is_empty() {
             let gone = self.queue.restore(back);
             self.b.forget(self.queue, &gone);

@@ -150,6 +150,11 @@ struct Args {
     /// Store-and-forward: longest wait between attempts to reach a destination broker.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     forward_retry_max: std::time::Duration,
+    /// Store-and-forward: longest a destination broker may take to answer a forwarding stream
+    /// or to acknowledge its oldest batch in flight; past it the connection is given up, the
+    /// batches go back to the outgoing queue and are sent again on the next connection.
+    #[arg(long, default_value = "60s", value_parser = nonzero_duration, value_name = "DURATION")]
+    forward_ack_timeout: std::time::Duration,
     /// Most open client connections. Past it, a new connection closes the oldest one that has
     /// made no request yet (a handshake that never ends, a socket that sends nothing), or is
     /// closed at once if every one has.
@@ -534,6 +539,7 @@ async fn run() -> anyhow::Result<()> {
     }
     config.forward_retry_min = args.forward_retry_min;
     config.forward_retry_max = args.forward_retry_max;
+    config.forward_ack_timeout = args.forward_ack_timeout;
     config.security.users_file = args.users;
     config.security.tls_cert = args.tls_cert;
     config.security.tls_key = args.tls_key;

@@ -1188,3 +1188,96 @@ async fn retries_to_many_unreachable_destinations_log_a_line_a_second() {
         .sum();
     assert!(held_back >= DESTINATIONS as u64, "{logs}");
 }
+
+/// A destination that takes a forwarding stream and then never answers it, or never
+/// acknowledges a batch: the sender gives the connection up after `--forward-ack-timeout`,
+/// the batches go back to the outgoing queue, and it tries again. It waited for good, the
+/// messages in flight past their time to reach the queue (helper-65).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_that_never_acknowledges_is_given_up_and_retried() {
+    use mq_proto::v1;
+    use v1::forward_service_server::{ForwardService, ForwardServiceServer};
+    /// Answers the stream (headers, then nothing) or not at all.
+    struct Hung {
+        headers: bool,
+    }
+    #[tonic::async_trait]
+    impl ForwardService for Hung {
+        type ForwardStream = std::pin::Pin<
+            Box<dyn futures::Stream<Item = Result<v1::ForwardResponse, tonic::Status>> + Send>,
+        >;
+        async fn forward(
+            &self,
+            req: tonic::Request<tonic::Streaming<v1::ForwardRequest>>,
+        ) -> Result<tonic::Response<Self::ForwardStream>, tonic::Status> {
+            if !self.headers {
+                std::future::pending::<()>().await;
+            }
+            // Read the batches (so the sender is not held by flow control), answer none.
+            let silent = futures::stream::unfold(req.into_inner(), |mut inbound| async move {
+                while let Ok(Some(_)) = inbound.message().await {}
+                std::future::pending::<
+                    Option<(
+                        Result<v1::ForwardResponse, tonic::Status>,
+                        tonic::Streaming<v1::ForwardRequest>,
+                    )>,
+                >()
+                .await
+            });
+            Ok(tonic::Response::new(Box::pin(silent)))
+        }
+    }
+    let dir = temp_data_dir("mq-saf-hung-");
+    let a = MqdProcess::launch(
+        dir.path(),
+        &[
+            "--forward-ack-timeout",
+            "1s",
+            "--forward-retry-max",
+            "200ms",
+        ],
+    );
+    let client = a.connect().await;
+    for (headers, says) in [
+        (false, "did not answer the forwarding stream within 1s"),
+        (true, "did not acknowledge batch 1 within 1s"),
+    ] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dest = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(ForwardServiceServer::new(Hung { headers }))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let sender = client
+            .sender(
+                &format!(r"DIRECT=TCP:{dest}\private$\q"),
+                SenderOptions::default(),
+            )
+            .await
+            .unwrap();
+        for i in 0..3 {
+            sender
+                .send(Message::new(format!("m{i}")).recoverable(true))
+                .await
+                .unwrap();
+        }
+        sender.close().await.unwrap();
+        let given_up = eventually(WAIT, || async {
+            outgoing_to(&client, &dest)
+                .await
+                .and_then(|o| o.last_error)
+                .is_some_and(|e| e.contains(says))
+        })
+        .await;
+        assert!(
+            given_up,
+            "{:?}\n{}",
+            outgoing_to(&client, &dest).await,
+            a.stderr()
+        );
+        // Nothing was lost: the three wait in the outgoing queue for the next attempt.
+        assert_eq!(outgoing_messages(&client, &dest).await, 3);
+        server.abort();
+    }
+}
