@@ -486,6 +486,33 @@ const REFUSAL_LOG_PEERS: usize = 4096;
 pub(crate) const MAX_FAILURES_PER_PEER: u32 = 20;
 /// The window [`MAX_FAILURES_PER_PEER`] counts in.
 pub(crate) const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+/// Password checks under way (waiting for a core or hashing) per [`FailKey`] at most.
+const MAX_CHECKS_PER_PEER: u32 = 2;
+/// Password checks under way in all at most (a hash takes ~15–30 ms of a core here, so the
+/// last of them waits about a second).
+const MAX_CHECKS: usize = 64;
+
+/// A password check under way (see `Auth::start_check`).
+struct Checking<'a> {
+    auth: &'a Auth,
+    key: Option<FailKey>,
+}
+
+impl Drop for Checking<'_> {
+    fn drop(&mut self) {
+        let mut c = self.auth.checking.lock().unwrap_or_else(|p| p.into_inner());
+        c.1 -= 1;
+        if let Some(k) = self.key {
+            if let Some(n) = c.0.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    c.0.remove(&k);
+                }
+            }
+        }
+    }
+}
+
 /// Peer addresses tracked by the failure limiter (when full, those whose window passed are
 /// dropped; a new peer beyond it is not tracked, the hashing semaphore still bounds the cost).
 const FAILURE_PEERS: usize = 4096;
@@ -607,6 +634,11 @@ pub struct Auth {
     failures: Mutex<HashMap<FailKey, (Instant, u32)>>,
     /// Password hashes computed at once (off the async workers), at most one per core.
     hashing: tokio::sync::Semaphore,
+    /// One more, only for callers whose address has no failure in its window: while others'
+    /// guesses keep every core busy, a caller from a clean address waits behind no queue.
+    clean_hashing: tokio::sync::Semaphore,
+    /// Password checks under way (waiting or hashing) per [`FailKey`], and in all.
+    checking: Mutex<(HashMap<FailKey, u32>, usize)>,
     /// `mqd --unix-socket-os-users`: a Unix socket caller without credentials is its account.
     os_users: bool,
     /// User id -> account name (`None`: no passwd entry), at most [`OS_USER_CACHE`] ids;
@@ -694,6 +726,8 @@ impl Auth {
             refusals: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
             hashing: tokio::sync::Semaphore::new(cores),
+            clean_hashing: tokio::sync::Semaphore::new(1),
+            checking: Mutex::new((HashMap::new(), 0)),
             os_users: false,
             os_names: Mutex::new(HashMap::new()),
         }
@@ -902,12 +936,18 @@ impl Auth {
         let known = hash.is_some();
         let hash = hash.unwrap_or_else(|| dummy_hash().to_string());
         let password = password.to_string();
+        let _checking = self.start_check(fails)?;
+        let clean = fails.is_none_or(|k| self.is_clean(k));
+        let shut = |_| Status::unavailable("the broker is shutting down");
         let ok = {
-            let _permit = self
-                .hashing
-                .acquire()
-                .await
-                .map_err(|_| Status::unavailable("the broker is shutting down"))?;
+            let _permit = if clean {
+                tokio::select! {
+                    p = self.hashing.acquire() => p.map_err(shut)?,
+                    p = self.clean_hashing.acquire() => p.map_err(shut)?,
+                }
+            } else {
+                self.hashing.acquire().await.map_err(shut)?
+            };
             // Again now: calls that waited for a permit count the failures of those before.
             if let Some(k) = fails {
                 self.check_failures(k)?;
@@ -931,6 +971,39 @@ impl Auth {
                 quote(user)
             )))
         }
+    }
+
+    /// Counts a password check under way, or refuses it: at most
+    /// [`MAX_CHECKS_PER_PEER`] per [`FailKey`] and [`MAX_CHECKS`] in all. Without these
+    /// bounds, failed logins from 800 addresses (each under its failure limit) queued for the
+    /// hashing cores without end: a new user's login waited 90 s and failed (helper-67).
+    #[allow(clippy::result_large_err)]
+    fn start_check(&self, key: Option<FailKey>) -> Result<Checking<'_>, Status> {
+        let mut c = self.checking.lock().unwrap_or_else(|p| p.into_inner());
+        if c.1 >= MAX_CHECKS {
+            return Err(Status::unavailable(format!(
+                "{MAX_CHECKS} password checks are under way; try again shortly (a login that \
+                 succeeded is remembered and costs no check)"
+            )));
+        }
+        if let Some(k) = key {
+            let n = c.0.entry(k).or_insert(0);
+            if *n >= MAX_CHECKS_PER_PEER {
+                return Err(Status::resource_exhausted(format!(
+                    "{k} has {MAX_CHECKS_PER_PEER} password checks under way; wait for their answers"
+                )));
+            }
+            *n += 1;
+        }
+        c.1 += 1;
+        Ok(Checking { auth: self, key })
+    }
+
+    /// Whether `k` has no failed login in its current window.
+    fn is_clean(&self, k: FailKey) -> bool {
+        let m = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&k)
+            .is_none_or(|(start, n)| *n == 0 || start.elapsed() >= FAILURE_WINDOW)
     }
 
     /// Refuses a peer that failed [`MAX_FAILURES_PER_PEER`] times in the current window.
@@ -1291,6 +1364,34 @@ mod tests {
 
     /// An ACL is journaled as it was before `monitor` widened the set past 8 bits: one byte
     /// of rights per principal, so journals written by earlier versions read the same.
+
+    /// Password checks under way: two per address, 64 in all; each slot comes back when its
+    /// check ends.
+    #[test]
+    fn password_checks_under_way_are_bounded_per_address_and_in_all() {
+        let auth = Auth::open();
+        let ip = |n: u32| FailKey::Ip(IpAddr::V4(std::net::Ipv4Addr::from(0x7f00_0000 + n)));
+        let a1 = auth.start_check(Some(ip(1))).unwrap();
+        let _a2 = auth.start_check(Some(ip(1))).unwrap();
+        let e = auth.start_check(Some(ip(1))).err().unwrap();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("password checks under way"), "{e:?}");
+        drop(a1);
+        let a3 = auth.start_check(Some(ip(1))).unwrap();
+        let mut held = vec![a3];
+        for n in 2..=63 {
+            held.push(auth.start_check(Some(ip(n))).unwrap());
+        }
+        // 64 under way (two from the first address, one from each of 62 others).
+        let e = auth.start_check(Some(ip(100))).err().unwrap();
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        let e = auth.start_check(None).err().unwrap();
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        held.pop();
+        let _last = auth.start_check(Some(ip(100))).unwrap();
+        drop(held);
+        assert_eq!(auth.checking.lock().unwrap().0.len(), 2, "ip 1 and ip 100");
+    }
     #[test]
     fn acls_keep_their_journaled_bytes() {
         let mut acl = Acl::default();
