@@ -1362,9 +1362,6 @@ mod tests {
         }
     }
 
-    /// An ACL is journaled as it was before `monitor` widened the set past 8 bits: one byte
-    /// of rights per principal, so journals written by earlier versions read the same.
-
     /// Password checks under way: two per address, 64 in all; each slot comes back when its
     /// check ends.
     #[test]
@@ -1392,6 +1389,9 @@ mod tests {
         drop(held);
         assert_eq!(auth.checking.lock().unwrap().0.len(), 2, "ip 1 and ip 100");
     }
+
+    /// An ACL is journaled as it was before `monitor` widened the set past 8 bits: one byte
+    /// of rights per principal, so journals written by earlier versions read the same.
     #[test]
     fn acls_keep_their_journaled_bytes() {
         let mut acl = Acl::default();
