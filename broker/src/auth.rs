@@ -405,7 +405,7 @@ impl Users {
             }
             rights.insert(name.clone(), r);
             if let Some(p) = &u.password {
-                argon2::PasswordHash::new(p).map_err(|e| {
+                check_hash(p).map_err(|e| {
                     format!(
                         "the users file {}: user \"{name}\": the password is not an argon2 hash ({e}); set it with mqd user add",
                         path.display()
@@ -1246,6 +1246,18 @@ pub(crate) fn cert_name(der: &[u8]) -> Option<Result<String, String>> {
     })
 }
 
+/// Whether `hash` is a PHC string of argon2 (id, i or d) with parameters argon2 accepts: the
+/// PHC syntax alone let `$argon9$…` in, and that user then never logged in (helper-67).
+fn check_hash(hash: &str) -> Result<(), String> {
+    let h = argon2::PasswordHash::new(hash).map_err(|e| e.to_string())?;
+    argon2::Algorithm::try_from(h.algorithm).map_err(|e| e.to_string())?;
+    argon2::Params::try_from(&h).map_err(|e| e.to_string())?;
+    if h.hash.is_none() {
+        return Err("no hash output".into());
+    }
+    Ok(())
+}
+
 fn verify_hash(hash: &str, password: &str) -> bool {
     use argon2::PasswordVerifier;
     match argon2::PasswordHash::new(hash) {
@@ -1388,6 +1400,24 @@ mod tests {
         let _last = auth.start_check(Some(ip(100))).unwrap();
         drop(held);
         assert_eq!(auth.checking.lock().unwrap().0.len(), 2, "ip 1 and ip 100");
+    }
+
+    /// A users file's password must be an argon2 hash with parameters argon2 takes; the PHC
+    /// syntax alone let `$argon9$…` in (helper-67).
+    #[test]
+    fn only_argon2_hashes_are_passwords() {
+        let good = hash_password("pw").unwrap();
+        assert!(check_hash(&good).is_ok(), "{good}");
+        let salt_and_hash = good.splitn(5, '$').nth(4).unwrap();
+        for bad in [
+            format!("$argon9$v=19$m=19456,t=2,p=1${salt_and_hash}"),
+            format!("$pbkdf2$v=19$m=19456,t=2,p=1${salt_and_hash}"),
+            format!("$argon2id$v=19$m=1,t=2,p=1${salt_and_hash}"),
+            "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHRzb21lc2FsdA".to_string(),
+            "plain".to_string(),
+        ] {
+            assert!(check_hash(&bad).is_err(), "{bad} was taken");
+        }
     }
 
     /// An ACL is journaled as it was before `monitor` widened the set past 8 bits: one byte

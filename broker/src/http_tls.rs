@@ -21,6 +21,28 @@ const MAX_HANDSHAKES_PER_PEER: usize = 8;
 
 /// The HTTP port's TLS configuration: whenever mqd has a certificate, the HTTP port uses it
 /// too (no client certificates: browsers log in with a user's password).
+/// Checks the gRPC port's TLS files as the HTTP port's are checked (the certificate, its key,
+/// that they match, and the client CA), before the journal is opened: tonic reported a bad
+/// file only as "transport error", after recovery (helper-67).
+pub(crate) fn check_grpc_files(sec: &crate::tls::SecurityConfig) -> Result<(), String> {
+    server_config(sec).map_err(|e| e.replace("TLS for the HTTP port", "TLS"))?;
+    if let Some(ca) = &sec.tls_client_ca {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca)
+            .and_then(|i| i.collect::<Result<_, _>>())
+            .map_err(|e| format!("cannot read the client CA {}: {e}", ca.display()))?;
+        if certs.is_empty() {
+            return Err(format!("no certificate in the client CA {}", ca.display()));
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        for c in certs {
+            roots
+                .add(c)
+                .map_err(|e| format!("the client CA {}: {e}", ca.display()))?;
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn server_config(
     sec: &crate::tls::SecurityConfig,
 ) -> Result<Option<Arc<rustls::ServerConfig>>, String> {

@@ -109,6 +109,7 @@ pub async fn run_with_ready(
         None => None,
     };
     let tls = sec.server_tls().map_err(RunError::Tls)?;
+    crate::http_tls::check_grpc_files(&sec).map_err(RunError::Tls)?;
     let auth = Arc::new(
         match &sec.users_file {
             Some(path) => crate::auth::Auth::from_file(path).map_err(RunError::Users)?,
@@ -436,6 +437,10 @@ fn spawn_reloader(auth: Arc<crate::auth::Auth>) -> Option<tokio::task::JoinHandl
             let reread = tokio::task::spawn_blocking(move || a.reload()).await;
             let seconds = format!("{:.3}", started.elapsed().as_secs_f64());
             match reread {
+                Ok(Ok(0)) => tracing::warn!(
+                    seconds,
+                    "SIGHUP: reread the users file: it has no users, so every caller is anonymous now"
+                ),
                 Ok(Ok(n)) => tracing::info!(users = n, seconds, "SIGHUP: reread the users file"),
                 Ok(Err(e)) => {
                     tracing::error!(

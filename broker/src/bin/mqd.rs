@@ -621,7 +621,14 @@ async fn run() -> anyhow::Result<()> {
     if let Err(e) = run.await {
         // One line an operator can act on (a damaged journal names file and offset), no
         // backtrace, exit status 1.
-        eprintln!("mqd: {e}");
+        // With its causes: tonic's "transport error" alone named nothing (helper-67).
+        let mut line = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            line.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        eprintln!("mqd: {line}");
         std::process::exit(1);
     }
     Ok(())

@@ -131,3 +131,55 @@ fn second_mqd_on_the_same_data_dir_fails_clearly() {
         "stderr should say the data directory is in use, and which: {err}"
     );
 }
+
+/// A TLS certificate, key or client CA mqd cannot use stops it at once with a line naming the
+/// file, before the journal is opened: it said only "the gRPC server failed: transport error",
+/// after recovering the journal (helper-67), and the systemd unit restarts it every 2 s.
+#[test]
+fn unusable_tls_files_are_named_before_the_journal_is_opened() {
+    let pki = mq_tests::TestPki::new("test CA");
+    let (cert, key) = pki.issue("broker");
+    let (_, other_key) = pki.issue("other");
+    let garbage = pki.path("garbage.pem");
+    std::fs::write(&garbage, "not a certificate\n").unwrap();
+    let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    for (args, says) in [
+        (
+            vec!["--tls-cert", &s(&garbage), "--tls-key", &s(&key)],
+            "garbage.pem",
+        ),
+        (
+            vec!["--tls-cert", &s(&cert), "--tls-key", &s(&other_key)],
+            "TLS",
+        ),
+        (
+            vec![
+                "--tls-cert",
+                &s(&cert),
+                "--tls-key",
+                &s(&key),
+                "--tls-client-ca",
+                &s(&garbage),
+            ],
+            "client CA",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let out = mq_tests::mqd_command(&data, &args)
+            .output()
+            .expect("run mqd");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        let last = err.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("mqd: ") && last.contains(says),
+            "{args:?}: {err}"
+        );
+        assert!(!last.contains("transport error"), "{err}");
+        assert!(
+            !data.join("journal").exists(),
+            "{args:?}: the journal was opened first"
+        );
+    }
+}
