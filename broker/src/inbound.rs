@@ -102,6 +102,19 @@ struct RefusedState {
 const REASON_FORGOTTEN: &str = "refused earlier; reason no longer known";
 
 impl InboundStream {
+    /// Whether no batch of it was ever accepted: no mark on disk or being written, so
+    /// forgetting it forgets nothing a resend could pass for new.
+    pub(crate) fn stored_nothing(&self) -> bool {
+        self.durable.load(Ordering::Acquire) == 0
+            && self.serving.try_lock().is_ok_and(|mark| *mark == 0)
+            && self
+                .refused_seqs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .accepted
+                .is_empty()
+    }
+
     fn new(id: uuid::Uuid, slot: u64, last_seq: u64) -> Self {
         InboundStream {
             id,
@@ -1335,6 +1348,44 @@ mod tests {
         }
         assert!(stored, "the resend was stored once space was back");
         assert_eq!(bodies(&b, r".\private$\q"), ["1", "2", "3", "4", "5", "6"]);
+    }
+
+    /// At the broker-wide limit of forwarding streams, another peer's idle stream that never
+    /// stored anything gives way to a new peer (there is no mark to forget); one that stored
+    /// something never does (helper-65: 4,096 empty streams refused every new peer for 24 h).
+    #[tokio::test]
+    async fn streams_that_stored_nothing_give_way_to_another_peer() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = BrokerConfig::new(dir.path());
+        c.max_forward_streams = 4;
+        let (b, _) = Broker::open(c, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
+        let b = Arc::new(b);
+        let q = r"DIRECT=TCP:127.0.0.1:4000\private$\missing";
+        for _ in 0..4 {
+            drop(b.open_stream(uuid::Uuid::now_v7(), "10.0.0.1").unwrap());
+        }
+        // Full of empty idle streams of 10.0.0.1: 10.0.0.2 still gets one.
+        let mut kept = Vec::new();
+        for _ in 0..4 {
+            let s = b.open_stream(uuid::Uuid::now_v7(), "10.0.0.2").unwrap();
+            let mut accepted = 0;
+            b.store_forwarded(
+                &s,
+                &mut accepted,
+                batch(1, vec![wire("x", 1, q, v1::Delivery::Recoverable)]),
+            )
+            .await
+            .unwrap();
+            kept.push(s.id);
+        }
+        assert_eq!(b.streams.lock().unwrap().len(), 4);
+        // Now every stream has a mark: a third peer is refused, and none of them is forgotten.
+        let e = b.open_stream(uuid::Uuid::now_v7(), "10.0.0.3").unwrap_err();
+        assert!(matches!(e, BrokerError::QuotaExceeded(_)), "{e}");
+        let streams = b.streams.lock().unwrap();
+        assert!(kept.iter().all(|id| streams.by_id.contains_key(id)));
+        drop(streams);
+        b.close();
     }
 
     /// Issue 11 (2): a loop of random stream ids from one peer keeps at most the per-peer limit

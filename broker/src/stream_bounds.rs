@@ -145,7 +145,13 @@ impl Broker {
         // At the broker-wide limit only the peer's own least recently used idle stream gives
         // way: another peer's stream (its duplicate mark, its owner) is never forgotten for a
         // new one, so one peer cannot make another's resends pass as new messages.
-        if streams.len() >= total && !self.evict_lru(&mut streams, Some(peer)) {
+        // A stream that never stored anything has no mark to keep: any peer's such idle stream
+        // gives way first (4,096 streams opened with an empty batch and closed, from 16
+        // addresses, refused every new peer for the 24 h of --forward-stream-idle: helper-65).
+        if streams.len() >= total
+            && !self.evict_empty(&mut streams)
+            && !self.evict_lru(&mut streams, Some(peer))
+        {
             return Err(BrokerError::QuotaExceeded(format!(
                 "this broker has {} forwarding streams in use; the limit is {total} (mqd --max-forward-streams), and no idle stream of {} can give way (other peers' streams are kept)",
                 streams.len(),
@@ -170,6 +176,24 @@ impl Broker {
         match victim {
             Some(id) => {
                 self.forget_stream(streams, id, "it was the least recently used at a limit");
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Forgets the least recently used idle stream, of any peer, that never stored anything.
+    /// False if there is none.
+    fn evict_empty(&self, streams: &mut Streams) -> bool {
+        let victim = streams
+            .by_id
+            .values()
+            .filter(|s| is_idle(s) && s.stored_nothing())
+            .min_by_key(|s| s.last_used_ms.load(std::sync::atomic::Ordering::Relaxed))
+            .map(|s| s.id);
+        match victim {
+            Some(id) => {
+                self.forget_stream(streams, id, "it had stored nothing, at the broker's limit");
                 true
             }
             None => false,
