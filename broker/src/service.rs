@@ -1683,6 +1683,8 @@ async fn transact(
         // messages and its staged bytes for as long as the connection lived (helper-65).
         let sent = match (tx_deadline, open.is_some()) {
             (Some(deadline), true) => tokio::select! {
+                // The send first: with room it is ready at once and no timer is set.
+                biased;
                 r = out.send(reply) => r.is_ok(),
                 _ = tokio::time::sleep_until(deadline) => {
                     if let Some(mut t) = open.take() {
