@@ -691,16 +691,21 @@ mod tests {
         assert_eq!(b.used(), 4);
     }
 
-    #[test]
-    fn unacked_slots_are_capped_per_connection() {
-        let c = Connection::new(
+    /// A connection with 64 MiB budgets.
+    fn test_connection() -> Connection {
+        Connection::new(
             crate::unsent::Budget::new(
                 64 << 20,
                 64 << 20,
                 Arc::new(tokio::sync::Semaphore::new(64 << 20)),
             ),
             Arc::default(),
-        );
+        )
+    }
+
+    #[test]
+    fn unacked_slots_are_capped_per_connection() {
+        let c = test_connection();
         assert_eq!(c.reserve_unacked(8, 10), 8);
         assert_eq!(c.reserve_unacked(8, 10), 2);
         assert_eq!(c.reserve_unacked(1, 10), 0);
@@ -712,14 +717,7 @@ mod tests {
     /// and one that registered late sees, on its second ask, the slots given back before.
     #[tokio::test]
     async fn a_stream_waiting_for_room_is_woken_or_finds_it() {
-        let c = Connection::new(
-            crate::unsent::Budget::new(
-                64 << 20,
-                64 << 20,
-                Arc::new(tokio::sync::Semaphore::new(64 << 20)),
-            ),
-            Arc::default(),
-        );
+        let c = test_connection();
         assert_eq!(c.reserve_unacked(10, 10), 10);
         let wait = c.wait_for_room();
         assert_eq!(c.reserve_unacked(1, 10), 0);
@@ -737,14 +735,7 @@ mod tests {
 
     #[test]
     fn transaction_slots_are_capped_and_given_back() {
-        let c = Arc::new(Connection::new(
-            crate::unsent::Budget::new(
-                64 << 20,
-                64 << 20,
-                Arc::new(tokio::sync::Semaphore::new(64 << 20)),
-            ),
-            Arc::default(),
-        ));
+        let c = Arc::new(test_connection());
         let a = c.open_transaction(2).unwrap();
         let _b = c.open_transaction(2).unwrap();
         assert!(c.open_transaction(2).is_none());

@@ -190,6 +190,20 @@ impl Sub {
     }
 }
 
+/// Encodes `ops` as one record at the end of `buf`: the record's range and each op's.
+fn encode_record(buf: &mut Gather, ops: &[Op]) -> (Range<usize>, Vec<Range<usize>>) {
+    let start = buf.len();
+    let mut ranges = Vec::with_capacity(ops.len());
+    encode_frame(buf, |out| {
+        for op in ops {
+            let s = out.len();
+            op.encode(out);
+            ranges.push(s..out.len());
+        }
+    });
+    (start..buf.len(), ranges)
+}
+
 /// Puts a written record's ops (`ranges` of them in the batch's buffer, the record at `rec`
 /// of it) into the index: the record starts at `(segment, offset)`.
 fn index_record(
@@ -808,16 +822,8 @@ impl Writer {
                 }
                 continue;
             }
-            let start = buf.len();
-            let mut ranges = Vec::with_capacity(ops.len());
-            encode_frame(&mut buf, |out| {
-                for op in ops {
-                    let s = out.len();
-                    op.encode(out);
-                    ranges.push(s..out.len());
-                }
-            });
-            recs.push(start..buf.len());
+            let (rec, ranges) = encode_record(&mut buf, ops);
+            recs.push(rec);
             growth.push(stores);
             rec_ops.push((i, ranges));
         }
@@ -825,15 +831,7 @@ impl Writer {
         let (locs, failure) = if recs.is_empty() {
             (Vec::new(), None)
         } else {
-            match self.write_records(&mut buf, &recs, &growth) {
-                Ok(locs) => (locs, None),
-                // `durable` holds the records synced before the failure (a batch that crossed
-                // a segment boundary): they are on disk and are acknowledged as such.
-                Err((e @ JournalError::NoSpace { .. }, durable)) => {
-                    (durable, Some(self.after_enospc(e)))
-                }
-                Err((e, durable)) => (durable, Some(e)),
-            }
+            self.write_or_note_enospc(&mut buf, &recs, &growth)
         };
         {
             let mut idx = self.shared.index.write().unwrap();
@@ -921,6 +919,24 @@ impl Writer {
         self.buf = buf;
     }
 
+    /// [`Writer::write_records`]: the records written (on a failure, those synced before it, on
+    /// disk and acknowledged as such: a batch that crossed a segment boundary) and the failure;
+    /// ENOSPC is noted ([`Writer::after_enospc`]).
+    fn write_or_note_enospc(
+        &mut self,
+        buf: &mut Gather,
+        recs: &[Range<usize>],
+        growth: &[bool],
+    ) -> (Vec<(u64, u64)>, Option<JournalError>) {
+        match self.write_records(buf, recs, growth) {
+            Ok(locs) => (locs, None),
+            Err((e @ JournalError::NoSpace { .. }, durable)) => {
+                (durable, Some(self.after_enospc(e)))
+            }
+            Err((e, durable)) => (durable, Some(e)),
+        }
+    }
+
     /// Writes records of `ops` each (detached ones whose batch failed for want of space) as
     /// records that only free data are written: a new segment may take the reserve's space.
     /// Returns how many are durable (in order) and, if not all, why the rest failed.
@@ -932,26 +948,12 @@ impl Writer {
         let mut recs: Vec<Range<usize>> = Vec::new();
         let mut rec_ops: Vec<(&Vec<Op>, Vec<Range<usize>>)> = Vec::new();
         for ops in ops {
-            let start = buf.len();
-            let mut ranges = Vec::with_capacity(ops.len());
-            encode_frame(&mut buf, |out| {
-                for op in ops {
-                    let s = out.len();
-                    op.encode(out);
-                    ranges.push(s..out.len());
-                }
-            });
-            recs.push(start..buf.len());
+            let (rec, ranges) = encode_record(&mut buf, ops);
+            recs.push(rec);
             rec_ops.push((ops, ranges));
         }
         let growth = vec![false; recs.len()];
-        let (locs, failure) = match self.write_records(&mut buf, &recs, &growth) {
-            Ok(locs) => (locs, None),
-            Err((e @ JournalError::NoSpace { .. }, durable)) => {
-                (durable, Some(self.after_enospc(e)))
-            }
-            Err((e, durable)) => (durable, Some(e)),
-        };
+        let (locs, failure) = self.write_or_note_enospc(&mut buf, &recs, &growth);
         {
             let mut idx = self.shared.index.write().unwrap();
             for ((ops, ranges), (rec, &loc)) in rec_ops.iter().zip(recs.iter().zip(locs.iter())) {
