@@ -486,27 +486,52 @@ const REFUSAL_LOG_PEERS: usize = 4096;
 pub(crate) const MAX_FAILURES_PER_PEER: u32 = 20;
 /// The window [`MAX_FAILURES_PER_PEER`] counts in.
 pub(crate) const FAILURE_WINDOW: Duration = Duration::from_secs(60);
-/// Password checks under way (waiting for a core or hashing) per [`FailKey`] at most.
+/// Password checks under way (waiting for a core or hashing) per [`FailKey`] that failed a
+/// login in its window, at most.
 const MAX_CHECKS_PER_PEER: u32 = 2;
+/// The same for a clean [`FailKey`] (a pool opening its connections at once).
+const MAX_CLEAN_CHECKS_PER_PEER: u32 = 16;
 /// Password checks under way in all at most (a hash takes ~15–30 ms of a core here, so the
 /// last of them waits about a second).
 const MAX_CHECKS: usize = 64;
+
+/// Password checks under way (see `Auth::start_check`).
+#[derive(Debug, Default)]
+struct Checks {
+    /// Per key that failed a login in its window.
+    per_key: HashMap<FailKey, u32>,
+    /// Per clean key.
+    clean_per_key: HashMap<FailKey, u32>,
+    /// Of callers whose key failed, in all.
+    failing: usize,
+    /// Of callers from clean keys, in all.
+    clean: usize,
+}
 
 /// A password check under way (see `Auth::start_check`).
 struct Checking<'a> {
     auth: &'a Auth,
     key: Option<FailKey>,
+    /// Counted with the clean keys' checks.
+    clean: bool,
 }
 
 impl Drop for Checking<'_> {
     fn drop(&mut self) {
         let mut c = self.auth.checking.lock().unwrap_or_else(|p| p.into_inner());
-        c.1 -= 1;
+        let c = &mut *c;
+        let per_key = if self.clean {
+            c.clean -= 1;
+            &mut c.clean_per_key
+        } else {
+            c.failing -= 1;
+            &mut c.per_key
+        };
         if let Some(k) = self.key {
-            if let Some(n) = c.0.get_mut(&k) {
+            if let Some(n) = per_key.get_mut(&k) {
                 *n -= 1;
                 if *n == 0 {
-                    c.0.remove(&k);
+                    per_key.remove(&k);
                 }
             }
         }
@@ -637,8 +662,9 @@ pub struct Auth {
     /// One more, only for callers whose address has no failure in its window: while others'
     /// guesses keep every core busy, a caller from a clean address waits behind no queue.
     clean_hashing: tokio::sync::Semaphore,
-    /// Password checks under way (waiting or hashing) per [`FailKey`], and in all.
-    checking: Mutex<(HashMap<FailKey, u32>, usize)>,
+    /// Password checks under way (waiting or hashing): per [`FailKey`] with failures, in all
+    /// for such keys, and in all for clean ones (see `Auth::start_check`).
+    checking: Mutex<Checks>,
     /// `mqd --unix-socket-os-users`: a Unix socket caller without credentials is its account.
     os_users: bool,
     /// User id -> account name (`None`: no passwd entry), at most [`OS_USER_CACHE`] ids;
@@ -727,7 +753,7 @@ impl Auth {
             failures: Mutex::new(HashMap::new()),
             hashing: tokio::sync::Semaphore::new(cores),
             clean_hashing: tokio::sync::Semaphore::new(1),
-            checking: Mutex::new((HashMap::new(), 0)),
+            checking: Mutex::new(Checks::default()),
             os_users: false,
             os_names: Mutex::new(HashMap::new()),
         }
@@ -936,8 +962,8 @@ impl Auth {
         let known = hash.is_some();
         let hash = hash.unwrap_or_else(|| dummy_hash().to_string());
         let password = password.to_string();
-        let _checking = self.start_check(fails)?;
         let clean = fails.is_none_or(|k| self.is_clean(k));
+        let _checking = self.start_check(fails, clean)?;
         let shut = |_| Status::unavailable("the broker is shutting down");
         let ok = {
             let _permit = if clean {
@@ -973,30 +999,60 @@ impl Auth {
         }
     }
 
-    /// Counts a password check under way, or refuses it: at most
-    /// [`MAX_CHECKS_PER_PEER`] per [`FailKey`] and [`MAX_CHECKS`] in all. Without these
+    /// Counts a password check under way, or refuses it. A caller whose address failed a
+    /// login in its window has at most [`MAX_CHECKS_PER_PEER`] under way, and such callers
+    /// [`MAX_CHECKS`] in all; a caller from a clean address (a pool opening its connections at
+    /// once) [`MAX_CLEAN_CHECKS_PER_PEER`], and such callers [`MAX_CHECKS`] of their own. Without these
     /// bounds, failed logins from 800 addresses (each under its failure limit) queued for the
     /// hashing cores without end: a new user's login waited 90 s and failed (helper-67).
     #[allow(clippy::result_large_err)]
-    fn start_check(&self, key: Option<FailKey>) -> Result<Checking<'_>, Status> {
+    fn start_check(&self, key: Option<FailKey>, clean: bool) -> Result<Checking<'_>, Status> {
         let mut c = self.checking.lock().unwrap_or_else(|p| p.into_inner());
-        if c.1 >= MAX_CHECKS {
-            return Err(Status::unavailable(format!(
+        let busy = || {
+            Status::unavailable(format!(
                 "{MAX_CHECKS} password checks are under way; try again shortly (a login that \
                  succeeded is remembered and costs no check)"
-            )));
+            ))
+        };
+        let (total, per_key, most) = if clean {
+            (c.clean, &c.clean_per_key, MAX_CLEAN_CHECKS_PER_PEER)
+        } else {
+            (c.failing, &c.per_key, MAX_CHECKS_PER_PEER)
+        };
+        if total >= MAX_CHECKS {
+            return Err(busy());
         }
         if let Some(k) = key {
-            let n = c.0.entry(k).or_insert(0);
-            if *n >= MAX_CHECKS_PER_PEER {
+            if per_key.get(&k).is_some_and(|&n| n >= most) {
+                let why = if clean {
+                    String::new()
+                } else {
+                    format!(
+                        " failed to log in within the last {}s and",
+                        FAILURE_WINDOW.as_secs()
+                    )
+                };
                 return Err(Status::resource_exhausted(format!(
-                    "{k} has {MAX_CHECKS_PER_PEER} password checks under way; wait for their answers"
+                    "{k}{why} has {most} password checks under way; wait for their answers"
                 )));
             }
-            *n += 1;
+            let m = if clean {
+                &mut c.clean_per_key
+            } else {
+                &mut c.per_key
+            };
+            *m.entry(k).or_insert(0) += 1;
         }
-        c.1 += 1;
-        Ok(Checking { auth: self, key })
+        if clean {
+            c.clean += 1;
+        } else {
+            c.failing += 1;
+        }
+        Ok(Checking {
+            auth: self,
+            key,
+            clean,
+        })
     }
 
     /// Whether `k` has no failed login in its current window.
@@ -1374,32 +1430,46 @@ mod tests {
         }
     }
 
-    /// Password checks under way: two per address, 64 in all; each slot comes back when its
-    /// check ends.
+    /// Password checks under way: an address that failed a login has two at most, such
+    /// addresses 64 in all; a clean address has 16 (a pool logging in at once, helper-68), and
+    /// clean ones 64 of their own, untouched by the failing ones'. Each slot comes back when
+    /// its check ends.
     #[test]
     fn password_checks_under_way_are_bounded_per_address_and_in_all() {
         let auth = Auth::open();
         let ip = |n: u32| FailKey::Ip(IpAddr::V4(std::net::Ipv4Addr::from(0x7f00_0000 + n)));
-        let a1 = auth.start_check(Some(ip(1))).unwrap();
-        let _a2 = auth.start_check(Some(ip(1))).unwrap();
-        let e = auth.start_check(Some(ip(1))).err().unwrap();
+        let a1 = auth.start_check(Some(ip(1)), false).unwrap();
+        let _a2 = auth.start_check(Some(ip(1)), false).unwrap();
+        let e = auth.start_check(Some(ip(1)), false).err().unwrap();
         assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
         assert!(e.message().contains("password checks under way"), "{e:?}");
         drop(a1);
-        let a3 = auth.start_check(Some(ip(1))).unwrap();
+        let a3 = auth.start_check(Some(ip(1)), false).unwrap();
         let mut held = vec![a3];
         for n in 2..=63 {
-            held.push(auth.start_check(Some(ip(n))).unwrap());
+            held.push(auth.start_check(Some(ip(n)), false).unwrap());
         }
-        // 64 under way (two from the first address, one from each of 62 others).
-        let e = auth.start_check(Some(ip(100))).err().unwrap();
+        // 64 failing ones under way (two from the first address, one from each of 62 others).
+        let e = auth.start_check(Some(ip(100)), false).err().unwrap();
         assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
-        let e = auth.start_check(None).err().unwrap();
+        // Clean callers have their own: sixteen from one address at once, up to 64 in all.
+        let mut clean: Vec<_> = (0..16)
+            .map(|_| auth.start_check(Some(ip(200)), true).unwrap())
+            .collect();
+        let e = auth.start_check(Some(ip(200)), true).err().unwrap();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+        for _ in 16..64 {
+            clean.push(auth.start_check(None, true).unwrap());
+        }
+        let e = auth.start_check(Some(ip(201)), true).err().unwrap();
         assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
         held.pop();
-        let _last = auth.start_check(Some(ip(100))).unwrap();
+        let _last = auth.start_check(Some(ip(100)), false).unwrap();
         drop(held);
-        assert_eq!(auth.checking.lock().unwrap().0.len(), 2, "ip 1 and ip 100");
+        drop(clean);
+        let c = auth.checking.lock().unwrap();
+        assert_eq!(c.per_key.len(), 2, "ip 1 and ip 100");
+        assert_eq!((c.failing, c.clean), (2, 0));
     }
 
     /// A users file's password must be an argon2 hash with parameters argon2 takes; the PHC

@@ -48,9 +48,6 @@ pub const DEFAULT_FORWARD_STREAM_IDLE: std::time::Duration =
     std::time::Duration::from_secs(24 * 3600);
 
 // Flow limits (README "Limits"): what one client or connection can hold of the broker.
-/// Default most open client connections from one IP address (`mqd
-/// --max-connections-per-address`): a quarter of the total.
-pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
 /// Default most open client connections (`mqd --max-connections`).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// Default most concurrent HTTP/2 streams (calls) per connection.
@@ -201,8 +198,9 @@ pub struct FlowLimits {
     /// Most open client connections; more are closed at once (or the oldest that has made
     /// no request is closed for them).
     pub max_connections: usize,
-    /// Most open client connections from one IP address; more are closed at once.
-    pub max_connections_per_address: usize,
+    /// Most open client connections from one IP address (more are closed at once); `None`:
+    /// no limit of its own.
+    pub max_connections_per_address: Option<usize>,
     /// Most concurrent HTTP/2 streams per connection (more wait, HTTP/2 flow control).
     pub max_streams_per_connection: u32,
     /// Most delivered, unacknowledged messages per receive stream, whatever credit it grants.
@@ -293,7 +291,7 @@ impl Default for FlowLimits {
     fn default() -> Self {
         FlowLimits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
-            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            max_connections_per_address: None,
             max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
             max_unacked_per_stream: DEFAULT_MAX_UNACKED_PER_STREAM,
             max_unacked_per_connection: DEFAULT_MAX_UNACKED_PER_CONNECTION,

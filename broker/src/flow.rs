@@ -439,16 +439,40 @@ fn evicted() -> io::Error {
     )
 }
 
+impl<S> CountedStream<S> {
+    /// A write's or flush's result for a connection that may be evicted: an error once it
+    /// is, and a pending one of an unproven connection wakes at eviction. A peer that sends
+    /// PINGs and reads nothing keeps the server flushing, never reading (helper-68).
+    fn watch_write<T>(&self, cx: &mut Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        let life = &self.guard.life;
+        if r.is_pending() && !life.proven.load(Ordering::Acquire) {
+            life.waker.register(cx.waker());
+        }
+        if life.evicted.load(Ordering::Acquire) {
+            return Poll::Ready(Err(evicted()));
+        }
+        r
+    }
+}
+
 impl<S: AsyncWrite + Unpin> AsyncWrite for CountedStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        if self.guard.life.evicted.load(Ordering::Acquire) {
+            return Poll::Ready(Err(evicted()));
+        }
+        let r = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.watch_write(cx, r)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        if self.guard.life.evicted.load(Ordering::Acquire) {
+            return Poll::Ready(Err(evicted()));
+        }
+        let r = Pin::new(&mut self.stream).poll_flush(cx);
+        self.watch_write(cx, r)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.stream).poll_shutdown(cx)
@@ -458,7 +482,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for CountedStream<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        if self.guard.life.evicted.load(Ordering::Acquire) {
+            return Poll::Ready(Err(evicted()));
+        }
+        let r = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.watch_write(cx, r)
     }
     fn is_write_vectored(&self) -> bool {
         self.stream.is_write_vectored()
@@ -782,6 +810,42 @@ mod tests {
         assert_eq!(conns.live(), 1);
         drop(got);
         assert_eq!(conns.live(), 0);
+    }
+
+    /// An evicted connection that is writing (its peer reads nothing, as one that sends
+    /// PINGs and never reads the answers) is woken too: its write fails (helper-68).
+    #[tokio::test]
+    async fn an_evicted_connection_stuck_writing_is_woken() {
+        use tokio::io::AsyncWriteExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns = Arc::new(Connections::new(1, 64 << 20, 4 << 20, 1 << 30));
+        let mut incoming = Box::pin(accept(listener, conns.clone()));
+        let _first = TcpStream::connect(addr).await.unwrap();
+        let mut silent = futures::StreamExt::next(&mut incoming)
+            .await
+            .unwrap()
+            .unwrap();
+        let writing = tokio::spawn(async move {
+            // Far more than the socket buffers hold: the write waits.
+            let chunk = vec![0u8; 1 << 20];
+            for _ in 0..256 {
+                silent.write_all(&chunk).await?;
+            }
+            Ok::<_, io::Error>(())
+        });
+        let _second = TcpStream::connect(addr).await.unwrap();
+        let _served = tokio::time::timeout(
+            Duration::from_secs(10),
+            futures::StreamExt::next(&mut incoming),
+        )
+        .await
+        .expect("the second connection is accepted");
+        let wrote = tokio::time::timeout(Duration::from_secs(10), writing)
+            .await
+            .expect("the stuck write was woken")
+            .unwrap();
+        assert_eq!(wrote.unwrap_err().kind(), io::ErrorKind::ConnectionAborted);
     }
 
     /// At the limit, a new connection closes the oldest one that has made no request: its

@@ -453,6 +453,10 @@ async fn session(
         }
     };
     let mut progressed = false;
+    // The last acknowledgement (or the stream's answer): a batch's time to be acknowledged
+    // counts from it or from its sending, whichever is later, so batches queued behind a slow
+    // one on a slow link are not cut off for the time they waited (helper-68).
+    let mut last_ack = tokio::time::Instant::now();
     let result = loop {
         let notified = queue.notified();
         tokio::pin!(notified);
@@ -486,7 +490,10 @@ async fn session(
         if paused && in_flight.batches.is_empty() {
             break Ok(());
         }
-        let ack_due = in_flight.batches.front().map(|b| b.3 + ack_timeout);
+        let ack_due = in_flight
+            .batches
+            .front()
+            .map(|b| b.3.max(last_ack) + ack_timeout);
         tokio::select! {
             ack = acks.message() => match ack {
                 Ok(Some(ack)) => {
@@ -500,6 +507,7 @@ async fn session(
                     }
                     let (n, entries, bytes, sent) = in_flight.batches.pop_front().expect("checked above");
                     in_flight.bytes -= bytes;
+                    last_ack = tokio::time::Instant::now();
                     if let Err((e, entries)) = settle(b, o, entries, ack.rejected).await {
                         in_flight.batches.push_front((n, entries, bytes, sent));
                         break Err((e, progressed));

@@ -182,7 +182,7 @@ pub async fn run_with_ready(
             unsent_floor,
             unsent_shared,
         )
-        .with_max_per_address(flow.max_connections_per_address),
+        .with_max_per_address(flow.max_connections_per_address.unwrap_or(usize::MAX)),
     );
     let service = Service::new(broker.clone(), connections.clone(), auth.clone())
         .with_readiness(ready.clone());
@@ -432,9 +432,23 @@ fn spawn_reloader(auth: Arc<crate::auth::Auth>) -> Option<tokio::task::JoinHandl
             // Off the async workers: a big file (200,000 users stalled every client 2.8 s) or
             // one on a hung file system (a FIFO stalled them all until written) must not stop
             // the service (helper-67).
+            // On a thread of its own, not the runtime's blocking pool: a reread that hangs
+            // must not hold up the runtime's end when mqd stops (helper-68).
             let a = auth.clone();
             let started = std::time::Instant::now();
-            let reread = tokio::task::spawn_blocking(move || a.reload()).await;
+            let (done, reread) = tokio::sync::oneshot::channel();
+            let spawned = std::thread::Builder::new()
+                .name("mqd-users-reread".into())
+                .spawn(move || {
+                    let _ = done.send(a.reload());
+                });
+            if let Err(e) = spawned {
+                tracing::error!(
+                    "SIGHUP: cannot start the reread ({e}); the previous users file stays in force"
+                );
+                continue;
+            }
+            let reread = reread.await;
             let seconds = format!("{:.3}", started.elapsed().as_secs_f64());
             match reread {
                 Ok(Ok(0)) => tracing::warn!(
@@ -448,8 +462,8 @@ fn spawn_reloader(auth: Arc<crate::auth::Auth>) -> Option<tokio::task::JoinHandl
                         "SIGHUP: {e}; the previous users file stays in force"
                     )
                 }
-                Err(e) => tracing::error!(
-                    "SIGHUP: rereading the users file failed ({e}); the previous one stays in force"
+                Err(_) => tracing::error!(
+                    "SIGHUP: rereading the users file failed; the previous one stays in force"
                 ),
             }
         }

@@ -1503,6 +1503,7 @@ async fn transact(
                 return;
             }
             _ = broker.shutting_down() => {
+                drop(open.take());
                 let _ = out.send(Err(BrokerError::ShuttingDown.into())).await;
                 return;
             }
@@ -1515,6 +1516,7 @@ async fn transact(
         let op = match req {
             Ok(Some(v1::TransactRequest { op: Some(op) })) => op,
             Ok(Some(_)) => {
+                drop(open.take());
                 let _ = out
                     .send(Err(Status::invalid_argument(
                         "a transaction request must carry an operation",
@@ -1552,6 +1554,7 @@ async fn transact(
                     continue;
                 }
                 Err(status) => {
+                    drop(open.take());
                     let _ = out.send(Err(status)).await;
                     return;
                 }
@@ -1621,6 +1624,9 @@ async fn transact(
                 if let Err(status) = broker
                     .queue_allowed(&r.queue, |q| auth.authorize(&who, Right::Receive, Some(q)))
                 {
+                    // Aborted before the answer waits for room (helper-68: a client that does
+                    // not read held its received messages with one bad Receive).
+                    drop(open.take());
                     let _ = out.send(Err(status)).await;
                     return;
                 }
@@ -1629,6 +1635,7 @@ async fn transact(
                 let select = match crate::cursor::select_of(&r.id, &r.correlation_id) {
                     Ok(s) => s,
                     Err(e) => {
+                        drop(open.take());
                         let _ = out.send(Err(e.into())).await;
                         return;
                     }

@@ -36,8 +36,6 @@ impl EmbeddedBroker {
         let addr = listener.local_addr()?;
         let mut config = mq_broker::BrokerConfig::new(data_dir.path());
         config.express_quota_bytes = config.express_quota_bytes.max(min_express_quota_bytes);
-        // Every client of a benchmark comes from 127.0.0.1.
-        config.flow.max_connections_per_address = config.flow.max_connections;
         let express_quota_bytes = config.express_quota_bytes;
         let max_body_bytes = config.max_body_bytes;
         let (stop, stopped) = oneshot::channel::<()>();

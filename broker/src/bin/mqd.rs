@@ -151,8 +151,10 @@ struct Args {
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     forward_retry_max: std::time::Duration,
     /// Store-and-forward: longest a destination broker may take to answer a forwarding stream
-    /// or to acknowledge its oldest batch in flight; past it the connection is given up, the
-    /// batches go back to the outgoing queue and are sent again on the next connection.
+    /// or to acknowledge its oldest batch in flight (from its sending or the last
+    /// acknowledgement, whichever is later); past it the connection is given up, the batches go
+    /// back to the outgoing queue and are sent again on the next connection. A batch is at most
+    /// 4 MiB: a link slower than 4 MiB per timeout needs a longer one.
     #[arg(long, default_value = "60s", value_parser = nonzero_duration, value_name = "DURATION")]
     forward_ack_timeout: std::time::Duration,
     /// Most open client connections. Past it, a new connection closes the oldest one that has
@@ -161,9 +163,10 @@ struct Args {
     #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_connections, value_parser = at_least_one())]
     max_connections: usize,
     /// Most open client connections from one IP address (the Unix socket's do not count);
-    /// more are closed at once.
-    #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_connections_per_address, value_parser = at_least_one())]
-    max_connections_per_address: usize,
+    /// more are closed at once. No limit of its own unless set: clients behind one proxy or
+    /// NAT address, and mqperf's --clients, come from one address.
+    #[arg(long, value_parser = at_least_one(), value_name = "N")]
+    max_connections_per_address: Option<usize>,
     /// Most concurrent calls (HTTP/2 streams) per connection; more wait for one to end.
     #[arg(
         long,
@@ -625,7 +628,11 @@ async fn run() -> anyhow::Result<()> {
         let mut line = e.to_string();
         let mut cause = std::error::Error::source(&e);
         while let Some(c) = cause {
-            line.push_str(&format!(": {c}"));
+            // Most of mqd's errors quote their cause already.
+            let text = c.to_string();
+            if !line.contains(&text) {
+                line.push_str(&format!(": {text}"));
+            }
             cause = c.source();
         }
         eprintln!("mqd: {line}");

@@ -1690,3 +1690,33 @@ async fn a_tls_handshake_that_never_ends_is_closed() {
     ok.list_queues().await.unwrap();
     broker.stop().await.unwrap();
 }
+
+/// A pool that logs in on many connections at once from one address (each login a password
+/// check: nothing is remembered yet) is served: an address with no failed login may have 16
+/// checks under way. At first every one past the second was refused (helper-68).
+#[tokio::test]
+async fn a_pool_of_connections_logs_in_at_once() {
+    let (_pki, _users, _dir, mqd) = mqd_with_users();
+    let url = mqd.url().to_string();
+    let mut logins = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let url = url.clone();
+        logins.spawn(async move {
+            let channel = tonic::transport::Endpoint::from_shared(url)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut c = mq_proto::v1::admin_service_client::AdminServiceClient::new(Raw::new(
+                channel,
+                mq_broker::Credentials::basic("bob", "bob-pw"),
+            ));
+            c.list_queues(mq_proto::v1::ListQueuesRequest::default())
+                .await
+                .map(|_| ())
+        });
+    }
+    while let Some(r) = logins.join_next().await {
+        r.unwrap().unwrap();
+    }
+}

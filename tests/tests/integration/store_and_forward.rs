@@ -1148,9 +1148,11 @@ async fn retries_to_many_unreachable_destinations_log_a_line_a_second() {
     let a = Node::started("a");
     let client = a.client().await;
     let started = std::time::Instant::now();
-    // Ports nothing listens on (free now; a port taken meanwhile still fails: not a broker).
+    // Nothing listens there: tests bind 127.0.0.1 (ports from the ephemeral range), and these
+    // are another loopback address's privileged ports (a free port of 127.0.0.1 could be taken
+    // by another test's broker meanwhile, helper-68).
     let dests: Vec<String> = (0..DESTINATIONS)
-        .map(|_| loopback(free_port()).to_string())
+        .map(|i| format!("127.0.0.77:{}", 1000 + i))
         .collect();
     for d in &dests {
         send_express(&client, &format!(r"DIRECT=TCP:{d}\private$\q"), "x", 1).await;
