@@ -448,24 +448,28 @@ fn spawn_reloader(auth: Arc<crate::auth::Auth>) -> Option<tokio::task::JoinHandl
                 );
                 continue;
             }
-            let reread = reread.await;
-            let seconds = format!("{:.3}", started.elapsed().as_secs_f64());
-            match reread {
-                Ok(Ok(0)) => tracing::warn!(
-                    seconds,
-                    "SIGHUP: reread the users file: it has no users, so every caller is anonymous now"
-                ),
-                Ok(Ok(n)) => tracing::info!(users = n, seconds, "SIGHUP: reread the users file"),
-                Ok(Err(e)) => {
-                    tracing::error!(
+            // Awaited apart: a reread that hangs must not keep the next SIGHUP from rereading
+            // (helper-69).
+            tokio::spawn(async move {
+                let reread = reread.await;
+                let seconds = format!("{:.3}", started.elapsed().as_secs_f64());
+                match reread {
+                    Ok(Ok(0)) => tracing::warn!(
+                        seconds,
+                        "SIGHUP: reread the users file: it has no users, so every caller is anonymous now"
+                    ),
+                    Ok(Ok(n)) => {
+                        tracing::info!(users = n, seconds, "SIGHUP: reread the users file")
+                    }
+                    Ok(Err(e)) => tracing::error!(
                         seconds,
                         "SIGHUP: {e}; the previous users file stays in force"
-                    )
+                    ),
+                    Err(_) => tracing::error!(
+                        "SIGHUP: rereading the users file failed; the previous one stays in force"
+                    ),
                 }
-                Err(_) => tracing::error!(
-                    "SIGHUP: rereading the users file failed; the previous one stays in force"
-                ),
-            }
+            });
         }
     }))
 }

@@ -628,9 +628,9 @@ async fn run() -> anyhow::Result<()> {
         let mut line = e.to_string();
         let mut cause = std::error::Error::source(&e);
         while let Some(c) = cause {
-            // Most of mqd's errors quote their cause already.
+            // Most of mqd's errors end with their cause already.
             let text = c.to_string();
-            if !line.contains(&text) {
+            if !line.ends_with(&text) {
                 line.push_str(&format!(": {text}"));
             }
             cause = c.source();
