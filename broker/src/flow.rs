@@ -94,7 +94,14 @@ pub(crate) struct Connections {
     refused_address: Mutex<(u64, Option<Instant>)>,
     /// The same for connections closed to make room.
     evicted: Mutex<(u64, Option<Instant>)>,
+    /// Connections closed for a limit since the start, by [`CLOSED_REASONS`].
+    closed: [AtomicU64; 3],
 }
+
+/// Why the port closed a connection for a limit (the metric's `reason` label): refused at
+/// `--max-connections` (every open one had made a request), refused at
+/// `--max-connections-per-address`, or closed to make room (it had made no request).
+pub(crate) const CLOSED_REASONS: [&str; 3] = ["max_connections", "per_address", "evicted"];
 
 /// Where a connection stands with the connection limit. One that has made a request
 /// (`proven`) keeps its place; one that has not (a TLS or HTTP/2 handshake that never ends, a
@@ -168,7 +175,13 @@ impl Connections {
             refused: Mutex::new((0, None)),
             refused_address: Mutex::new((0, None)),
             evicted: Mutex::new((0, None)),
+            closed: Default::default(),
         }
+    }
+
+    /// Connections closed for a limit since the start, by [`CLOSED_REASONS`].
+    pub(crate) fn closed_for_limits(&self) -> [u64; 3] {
+        self.closed.each_ref().map(|a| a.load(Ordering::Relaxed))
     }
 
     /// At most `n` connections from one IP address (the Unix socket's do not count).
@@ -194,6 +207,7 @@ impl Connections {
             let n = by_ip.entry(ip).or_insert(0);
             if *n >= self.per_address {
                 drop(by_ip);
+                self.closed[1].fetch_add(1, Ordering::Relaxed);
                 warn_every_10s(
                     &self.refused_address,
                     self.per_address,
@@ -209,6 +223,7 @@ impl Connections {
             if let Some(ip) = ip {
                 self.forget_ip(ip);
             }
+            self.closed[0].fetch_add(1, Ordering::Relaxed);
             warn_every_10s(
                 &self.refused,
                 self.max,
@@ -244,6 +259,7 @@ impl Connections {
             }
             life.evicted.store(true, Ordering::Release);
             life.waker.wake();
+            self.closed[2].fetch_add(1, Ordering::Relaxed);
             drop(unproven);
             warn_every_10s(
                 &self.evicted,
@@ -798,6 +814,11 @@ mod tests {
             .expect("the connection past the limit is closed")
             .unwrap_or(0);
         assert_eq!(n, 0);
+        assert_eq!(
+            conns.closed_for_limits(),
+            [1, 0, 0],
+            "one refused at the limit"
+        );
         // Closing the first frees its place.
         drop(served);
         assert_eq!(conns.live(), 0);
@@ -880,6 +901,7 @@ mod tests {
             .expect("the silent connection's read was woken")
             .unwrap();
         assert_eq!(read.unwrap_err().kind(), io::ErrorKind::ConnectionAborted);
+        assert_eq!(conns.closed_for_limits(), [0, 0, 1], "one evicted");
         assert_eq!(conns.live(), 1);
         drop(served);
         assert_eq!(conns.live(), 0);

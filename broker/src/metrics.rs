@@ -649,6 +649,20 @@ impl prometheus_client::collector::Collector for Collector {
                 "Open client connections on the gRPC port",
                 conns.live() as u64,
             )?;
+            let reasons: Vec<[(&'static str, &str); 1]> = crate::flow::CLOSED_REASONS
+                .iter()
+                .map(|r| [("reason", *r)])
+                .collect();
+            family(
+                &mut e,
+                "mq_connections_closed",
+                "Client connections the gRPC port closed for a limit since mqd started, by reason: max_connections (refused: every open connection had made a request), per_address (refused: --max-connections-per-address), evicted (had made no request; closed to make room at --max-connections)",
+                MetricType::Counter,
+                reasons
+                    .iter()
+                    .zip(conns.closed_for_limits())
+                    .map(|(l, v)| (&l[..], v)),
+            )?;
         }
         gauge(
             &mut e,

@@ -185,6 +185,12 @@ async fn metrics_count_a_known_workload() {
     assert!(s.value("mq_journal_segments", &[]) >= 1.0);
     assert!(s.value("mq_refused_requests_total", &[("code", "not_found")]) >= 1.0);
     assert!(s.value("mq_connections", &[]) >= 1.0);
+    for reason in ["max_connections", "per_address", "evicted"] {
+        assert_eq!(
+            s.value("mq_connections_closed_total", &[("reason", reason)]),
+            0.0
+        );
+    }
     assert_eq!(s.value("mq_ready", &[]), 1.0);
     // The histogram has its buckets.
     assert!(s
