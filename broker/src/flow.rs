@@ -735,6 +735,27 @@ mod tests {
         assert_eq!(b.used(), 4);
     }
 
+    /// A listener accepting at most one connection, and one connection accepted: its
+    /// address, the count, the accepting stream, the client's end and the server's.
+    async fn one_connection_of_one() -> (
+        SocketAddr,
+        Arc<Connections>,
+        Pin<Box<impl Stream<Item = io::Result<CountedStream<TcpStream>>>>>,
+        TcpStream,
+        CountedStream<TcpStream>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns = Arc::new(Connections::new(1, 64 << 20, 4 << 20, 1 << 30));
+        let mut incoming = Box::pin(accept(listener, conns.clone()));
+        let client = TcpStream::connect(addr).await.unwrap();
+        let served = futures::StreamExt::next(&mut incoming)
+            .await
+            .unwrap()
+            .unwrap();
+        (addr, conns, incoming, client, served)
+    }
+
     /// A connection with 64 MiB budgets.
     fn test_connection() -> Connection {
         Connection::new(
@@ -790,15 +811,7 @@ mod tests {
     #[tokio::test]
     async fn connections_past_the_limit_are_closed_and_counted_while_open() {
         use tokio::io::AsyncReadExt;
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let conns = Arc::new(Connections::new(1, 64 << 20, 4 << 20, 1 << 30));
-        let mut incoming = Box::pin(accept(listener, conns.clone()));
-        let _first = TcpStream::connect(addr).await.unwrap();
-        let served = futures::StreamExt::next(&mut incoming)
-            .await
-            .unwrap()
-            .unwrap();
+        let (addr, conns, mut incoming, _first, served) = one_connection_of_one().await;
         assert_eq!(conns.live(), 1);
         // It made a request: it keeps its place.
         served.guard.life.prove();
@@ -838,15 +851,7 @@ mod tests {
     #[tokio::test]
     async fn an_evicted_connection_stuck_writing_is_woken() {
         use tokio::io::AsyncWriteExt;
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let conns = Arc::new(Connections::new(1, 64 << 20, 4 << 20, 1 << 30));
-        let mut incoming = Box::pin(accept(listener, conns.clone()));
-        let _first = TcpStream::connect(addr).await.unwrap();
-        let mut silent = futures::StreamExt::next(&mut incoming)
-            .await
-            .unwrap()
-            .unwrap();
+        let (addr, _conns, mut incoming, _first, mut silent) = one_connection_of_one().await;
         let writing = tokio::spawn(async move {
             // Far more than the socket buffers hold: the write waits.
             let chunk = vec![0u8; 1 << 20];
@@ -874,15 +879,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_that_made_no_request_gives_its_place_to_a_new_one() {
         use tokio::io::AsyncReadExt;
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let conns = Arc::new(Connections::new(1, 64 << 20, 4 << 20, 1 << 30));
-        let mut incoming = Box::pin(accept(listener, conns.clone()));
-        let _first = TcpStream::connect(addr).await.unwrap();
-        let mut silent = futures::StreamExt::next(&mut incoming)
-            .await
-            .unwrap()
-            .unwrap();
+        let (addr, conns, mut incoming, _first, mut silent) = one_connection_of_one().await;
         let reading = tokio::spawn(async move {
             let mut buf = [0u8; 1];
             silent.read(&mut buf).await

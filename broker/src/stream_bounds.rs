@@ -167,33 +167,39 @@ impl Broker {
     /// Forgets the least recently used idle stream (of `peer`, or of anyone). False if none is
     /// idle.
     fn evict_lru(&self, streams: &mut Streams, peer: Option<&str>) -> bool {
-        let victim = streams
-            .by_id
-            .values()
-            .filter(|s| is_idle(s) && peer.is_none_or(|p| peer_of(s) == p))
-            .min_by_key(|s| s.last_used_ms.load(std::sync::atomic::Ordering::Relaxed))
-            .map(|s| s.id);
-        match victim {
-            Some(id) => {
-                self.forget_stream(streams, id, "it was the least recently used at a limit");
-                true
-            }
-            None => false,
-        }
+        self.evict_idle(
+            streams,
+            |s| peer.is_none_or(|p| peer_of(s) == p),
+            "it was the least recently used at a limit",
+        )
     }
 
     /// Forgets the least recently used idle stream, of any peer, that never stored anything.
     /// False if there is none.
     fn evict_empty(&self, streams: &mut Streams) -> bool {
+        self.evict_idle(
+            streams,
+            |s| s.stored_nothing(),
+            "it had stored nothing, at the broker's limit",
+        )
+    }
+
+    /// Forgets the least recently used idle stream that `which` picks; false if none.
+    fn evict_idle(
+        &self,
+        streams: &mut Streams,
+        which: impl Fn(&InboundStream) -> bool,
+        why: &str,
+    ) -> bool {
         let victim = streams
             .by_id
             .values()
-            .filter(|s| is_idle(s) && s.stored_nothing())
+            .filter(|s| is_idle(s) && which(s))
             .min_by_key(|s| s.last_used_ms.load(std::sync::atomic::Ordering::Relaxed))
             .map(|s| s.id);
         match victim {
             Some(id) => {
-                self.forget_stream(streams, id, "it had stored nothing, at the broker's limit");
+                self.forget_stream(streams, id, why);
                 true
             }
             None => false,

@@ -503,6 +503,39 @@ type Raw = tonic::service::interceptor::InterceptedService<
     mq_broker::Credentials,
 >;
 
+/// Sends `mqd` SIGHUP and waits until it says it reread its users file.
+fn reread_users(mqd: &MqdProcess) {
+    let s = std::process::Command::new("kill")
+        .args(["-HUP", &mqd.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(s.success());
+    assert!(
+        mq_tests::wait_until(Duration::from_secs(20), || mqd
+            .stderr()
+            .contains("SIGHUP: reread the users file")),
+        "{}",
+        mqd.stderr()
+    );
+}
+
+/// A Forward client on a plaintext `url` as `user`.
+async fn forward_as(
+    url: &str,
+    user: &str,
+    password: &str,
+) -> mq_proto::v1::forward_service_client::ForwardServiceClient<Raw> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    mq_proto::v1::forward_service_client::ForwardServiceClient::new(Raw::new(
+        channel,
+        mq_broker::Credentials::basic(user, password),
+    ))
+}
+
 /// A raw gRPC client over TLS as `user`: for what the client crate does not do (Forward).
 async fn raw(addr: std::net::SocketAddr, pki: &TestPki, user: &str, password: &str) -> Raw {
     let tls = tonic::transport::ClientTlsConfig::new()
@@ -1335,18 +1368,7 @@ async fn a_removed_user_loses_its_open_streams_when_the_users_file_is_reread() {
             ("bob", "bob-pw", &["readers"], &[]),
         ],
     );
-    let s = std::process::Command::new("kill")
-        .args(["-HUP", &mqd.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(s.success());
-    assert!(
-        mq_tests::wait_until(Duration::from_secs(20), || mqd
-            .stderr()
-            .contains("SIGHUP: reread the users file")),
-        "{}",
-        mqd.stderr()
-    );
+    reread_users(&mqd);
     let admin = as_user(&url, "admin", "admin-pw").await;
     admin
         .queue(Q)
@@ -1413,15 +1435,7 @@ async fn a_forwarded_message_acknowledges_only_where_its_forwarder_may_send() {
             .unwrap();
     }
     admin.grant(Q, "fwd", &["send"]).await.unwrap();
-    let channel = tonic::transport::Endpoint::from_shared(broker.url().to_string())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut forward = v1::forward_service_client::ForwardServiceClient::new(Raw::new(
-        channel,
-        mq_broker::Credentials::basic("fwd", "fwd-pw"),
-    ));
+    let mut forward = forward_as(broker.url(), "fwd", "fwd-pw").await;
     let message = |seq: u64, admin_queue: &str| v1::ForwardedMessage {
         seq,
         destination: format!(r"DIRECT=OS:{Q}"),
@@ -1490,15 +1504,7 @@ async fn a_removed_forwarder_loses_its_open_forward_stream() {
         .await
         .unwrap();
     admin.grant(Q, "fwd", &["send"]).await.unwrap();
-    let channel = tonic::transport::Endpoint::from_shared(mqd.url().to_string())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut forward = v1::forward_service_client::ForwardServiceClient::new(Raw::new(
-        channel,
-        mq_broker::Credentials::basic("fwd", "fwd-pw"),
-    ));
+    let mut forward = forward_as(mqd.url(), "fwd", "fwd-pw").await;
     let stream_id = bytes::Bytes::copy_from_slice(uuid::Uuid::now_v7().as_bytes());
     let batch = |n: u64| v1::ForwardRequest {
         stream_id: stream_id.clone(),
@@ -1538,18 +1544,7 @@ async fn a_removed_forwarder_loses_its_open_forward_stream() {
         )],
     );
     assert!(!std::fs::read_to_string(&users).unwrap().contains("fwd"));
-    let s = std::process::Command::new("kill")
-        .args(["-HUP", &mqd.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(s.success());
-    assert!(
-        mq_tests::wait_until(Duration::from_secs(20), || mqd
-            .stderr()
-            .contains("SIGHUP: reread the users file")),
-        "{}",
-        mqd.stderr()
-    );
+    reread_users(&mqd);
     tx.send(batch(2)).await.unwrap();
     match acks.message().await {
         Err(s) => {
