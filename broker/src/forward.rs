@@ -21,7 +21,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use mq_proto::limits::{quote, truncate, MAX_REASON_BYTES};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -39,8 +39,10 @@ use crate::queue::{Entry, Queue, QueueRole};
 const BATCH_MESSAGES: usize = 512;
 /// "cannot deliver; will retry" lines: one a second for all outgoing queues.
 static RETRY_LOG: crate::ratelog::RateLimitedLog = crate::ratelog::RateLimitedLog::new(1000);
-/// A batch is cut once its bodies reach this size.
+/// A batch is cut once its bodies reach this size (at first: see `Outgoing::batch_bytes`).
 const BATCH_BYTES: usize = 4 * 1024 * 1024;
+/// The smallest a batch is cut to after acknowledgements that did not come in time.
+const MIN_BATCH_BYTES: usize = 64 * 1024;
 /// Batches sent and not yet acknowledged, at most.
 const WINDOW_BATCHES: usize = 16;
 /// Body bytes sent and not yet acknowledged, at most.
@@ -76,6 +78,12 @@ pub struct Outgoing {
     pause_order: Mutex<()>,
     /// Unix ms of the last send to it or acknowledgement from its destination (idle expiry).
     last_used_ms: AtomicU64,
+    /// Where its batches are cut, in body bytes: a quarter of what it was (down to
+    /// `MIN_BATCH_BYTES`) after a batch was not acknowledged within `--forward-ack-timeout`,
+    /// twice (up to `BATCH_BYTES`) after a batch was acknowledged within a quarter of it. A
+    /// link too slow to carry a whole batch in the timeout was given up and retried with the
+    /// same batch for good.
+    batch_bytes: AtomicUsize,
 }
 
 impl Outgoing {
@@ -110,7 +118,26 @@ impl Outgoing {
             wake: Notify::new(),
             pause_order: Mutex::new(()),
             last_used_ms: AtomicU64::new(now_ms()),
+            batch_bytes: AtomicUsize::new(BATCH_BYTES),
         }
+    }
+
+    /// Where its next batch is cut, in body bytes.
+    pub(crate) fn batch_bytes(&self) -> usize {
+        self.batch_bytes.load(Ordering::Relaxed)
+    }
+
+    /// A batch was not acknowledged in time: smaller ones from here on. Returns the new size.
+    fn shrink_batches(&self) -> usize {
+        let smaller = (self.batch_bytes() / 4).max(MIN_BATCH_BYTES);
+        self.batch_bytes.store(smaller, Ordering::Relaxed);
+        smaller
+    }
+
+    /// A batch was acknowledged well within the time it had: larger ones may be.
+    fn grow_batches(&self) {
+        let larger = (self.batch_bytes() * 2).min(BATCH_BYTES);
+        self.batch_bytes.store(larger, Ordering::Relaxed);
     }
 
     /// Notes a use (a send to it, an acknowledgement): it is not idle.
@@ -404,7 +431,7 @@ async fn session(
             return Ok(());
         }
         let taken = queue
-            .take_bounded(BATCH_MESSAGES, BATCH_BYTES)
+            .take_bounded(BATCH_MESSAGES, o.batch_bytes())
             .map_err(|e| (e.to_string(), false))?;
         if !taken.is_empty() {
             break taken;
@@ -468,7 +495,7 @@ async fn session(
         let room =
             !paused && in_flight.batches.len() < WINDOW_BATCHES && in_flight.bytes < WINDOW_BYTES;
         if room {
-            let taken = match queue.take_bounded(BATCH_MESSAGES, BATCH_BYTES) {
+            let taken = match queue.take_bounded(BATCH_MESSAGES, o.batch_bytes()) {
                 Ok(t) => t,
                 Err(e) => break Err((e.to_string(), progressed)),
             };
@@ -507,7 +534,13 @@ async fn session(
                     }
                     let (n, entries, bytes, sent) = in_flight.batches.pop_front().expect("checked above");
                     in_flight.bytes -= bytes;
-                    last_ack = tokio::time::Instant::now();
+                    let now = tokio::time::Instant::now();
+                    // A batch cut at the size limit that took under a quarter of its time:
+                    // one twice its size would have been in time.
+                    if bytes >= o.batch_bytes() && now < sent.max(last_ack) + ack_timeout / 4 {
+                        o.grow_batches();
+                    }
+                    last_ack = now;
                     if let Err((e, entries)) = settle(b, o, entries, ack.rejected).await {
                         in_flight.batches.push_front((n, entries, bytes, sent));
                         break Err((e, progressed));
@@ -524,7 +557,8 @@ async fn session(
                 }
             } => {
                 let n = in_flight.batches.front().map_or(0, |b| b.0);
-                break Err((no_answer(&format!("acknowledge batch {n}")), progressed));
+                let smaller = o.shrink_batches();
+                break Err((format!("{}; batches are cut at {smaller} bytes from now on", no_answer(&format!("acknowledge batch {n}"))), progressed));
             }
             _ = &mut notified, if room => {}
             _ = o.wake.notified() => {}

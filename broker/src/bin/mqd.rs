@@ -153,8 +153,9 @@ struct Args {
     /// Store-and-forward: longest a destination broker may take to answer a forwarding stream
     /// or to acknowledge its oldest batch in flight (from its sending or the last
     /// acknowledgement, whichever is later); past it the connection is given up, the batches go
-    /// back to the outgoing queue and are sent again on the next connection. A batch is at most
-    /// 4 MiB: a link slower than 4 MiB per timeout needs a longer one.
+    /// back to the outgoing queue and are sent again on the next connection, in batches a
+    /// quarter of the size (4 MiB at first, at least 64 KiB). A link slower than one message
+    /// per timeout needs a longer one.
     #[arg(long, default_value = "60s", value_parser = nonzero_duration, value_name = "DURATION")]
     forward_ack_timeout: std::time::Duration,
     /// Most open client connections. Past it, a new connection closes the oldest one that has

@@ -1191,6 +1191,123 @@ async fn retries_to_many_unreachable_destinations_log_a_line_a_second() {
     assert!(held_back >= DESTINATIONS as u64, "{logs}");
 }
 
+/// A link too slow to carry a whole 4 MiB batch within `--forward-ack-timeout` (a destination
+/// that acknowledges only batches of at most 400 KB): after each timeout batches are cut at a
+/// quarter of the size, so everything arrives. Before, the same batch timed out for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_too_slow_for_a_whole_batch_is_sent_smaller_batches() {
+    use mq_proto::v1;
+    use std::sync::{Arc, Mutex};
+    use v1::forward_service_server::{ForwardService, ForwardServiceServer};
+    /// Acknowledges batches whose bodies come to at most `LINK` bytes at once; a larger batch
+    /// never arrives whole (a link too slow for it within the ack timeout), so neither it nor
+    /// any batch after it on the stream is acknowledged.
+    const LINK: usize = 400_000;
+    struct Slow {
+        stored: Arc<Mutex<HashSet<Vec<u8>>>>,
+    }
+    #[tonic::async_trait]
+    impl ForwardService for Slow {
+        type ForwardStream = std::pin::Pin<
+            Box<dyn futures::Stream<Item = Result<v1::ForwardResponse, tonic::Status>> + Send>,
+        >;
+        async fn forward(
+            &self,
+            req: tonic::Request<tonic::Streaming<v1::ForwardRequest>>,
+        ) -> Result<tonic::Response<Self::ForwardStream>, tonic::Status> {
+            let stored = self.stored.clone();
+            let acks = futures::stream::unfold(
+                (req.into_inner(), stored, false),
+                |(mut inbound, stored, mut stalled)| async move {
+                    while let Ok(Some(batch)) = inbound.message().await {
+                        let bytes: usize = batch
+                            .messages
+                            .iter()
+                            .map(|m| m.message.as_ref().map_or(0, |m| m.body.len()))
+                            .sum();
+                        if stalled || bytes > LINK {
+                            // Stalled: read on (so flow control holds nothing), answer none.
+                            stalled = true;
+                            continue;
+                        }
+                        let mut s = stored.lock().unwrap();
+                        for m in &batch.messages {
+                            s.insert(m.message.as_ref().unwrap().body.to_vec());
+                        }
+                        let ack = v1::ForwardResponse {
+                            batch: batch.batch,
+                            count: batch.messages.len() as u32,
+                            rejected: vec![],
+                        };
+                        return Some((Ok(ack), (inbound, stored.clone(), stalled)));
+                    }
+                    std::future::pending::<()>().await;
+                    None
+                },
+            );
+            Ok(tonic::Response::new(Box::pin(acks)))
+        }
+    }
+    let dir = temp_data_dir("mq-saf-slow-");
+    let a = MqdProcess::launch(
+        dir.path(),
+        &[
+            "--forward-ack-timeout",
+            "1s",
+            "--forward-retry-max",
+            "200ms",
+        ],
+    );
+    let client = a.connect().await;
+    let stored = Arc::new(Mutex::new(HashSet::new()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dest = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(ForwardServiceServer::new(Slow {
+                stored: stored.clone(),
+            }))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    // 3 MB: one 4 MiB batch at first, which this link never acknowledges.
+    let sender = client
+        .sender(
+            &format!(r"DIRECT=TCP:{dest}\private$\q"),
+            SenderOptions::default(),
+        )
+        .await
+        .unwrap();
+    let sent: HashSet<Vec<u8>> = (0..30u8)
+        .map(|i| {
+            let mut body = vec![i; 100_000];
+            body[..8].copy_from_slice(b"message ");
+            body
+        })
+        .collect();
+    for body in &sent {
+        sender
+            .send(Message::new(body.clone()).recoverable(true))
+            .await
+            .unwrap();
+    }
+    sender.close().await.unwrap();
+    let delivered = eventually(WAIT, || async {
+        outgoing_messages(&client, &dest).await == 0
+    })
+    .await;
+    let got = stored.lock().unwrap().clone();
+    assert!(
+        delivered && got == sent,
+        "{} of 30 stored; {:?}\n{}",
+        got.intersection(&sent).count(),
+        outgoing_to(&client, &dest).await,
+        a.stderr()
+    );
+    // The operator is told why batches got smaller.
+    assert!(a.stderr().contains("batches are cut at"), "{}", a.stderr());
+    server.abort();
+}
+
 /// A destination that takes a forwarding stream and then never answers it, or never
 /// acknowledges a batch: the sender gives the connection up after `--forward-ack-timeout`,
 /// the batches go back to the outgoing queue, and it tries again. It waited for good, the
