@@ -841,6 +841,14 @@ impl Auth {
         self.users.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Whether a call by `who` keeps its connection's place at `--max-connections`
+    /// ([`crate::flow::Proof`]): any call without a users file; with one, a call by someone
+    /// the broker knows (a password, token, certificate or account), not an anonymous one, so
+    /// that connections of callers nobody vouched for give way to new connections at the limit.
+    pub(crate) fn proves(&self, who: &Identity) -> bool {
+        !who.anonymous || self.users().is_none()
+    }
+
     /// Establishes the caller's identity (see [`crate::auth_layer`], in front of the service),
     /// or refuses: UNAUTHENTICATED for bad credentials, RESOURCE_EXHAUSTED for a peer over the
     /// failed-login limit. A password is hashed off the async workers, a core at a time.

@@ -84,6 +84,11 @@ where
         Box::pin(async move {
             match auth.authenticate(p).await {
                 Ok(who) => {
+                    if auth.proves(&who) {
+                        if let Some(proof) = req.extensions().get::<crate::flow::Proof>() {
+                            proof.prove();
+                        }
+                    }
                     req.extensions_mut().insert(who);
                     inner.call(req).await
                 }

@@ -107,8 +107,10 @@ where
             .layer
             .connections
             .get(crate::flow::peer_of_extensions(req.extensions()));
-        // A request: the connection keeps its place at the connection limit.
-        conn.life().prove();
+        // A request from someone keeps the connection's place at the connection limit: the
+        // identity layer (or a service without one) proves it with this.
+        let mut req = req;
+        req.extensions_mut().insert(conn.proof());
         let limits = self.layer.limits.clone();
         self.inner.call(req.map(|body| {
             tonic::body::Body::new(Counted {

@@ -160,7 +160,8 @@ struct Args {
     forward_ack_timeout: std::time::Duration,
     /// Most open client connections. Past it, a new connection closes the oldest one that has
     /// made no request yet (a handshake that never ends, a socket that sends nothing), or is
-    /// closed at once if every one has.
+    /// closed at once if every one has. With --users only a call by someone counts (not an
+    /// anonymous one, nor one refused for bad credentials); health checks never count.
     #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_connections, value_parser = at_least_one())]
     max_connections: usize,
     /// Most open client connections from one IP address (the Unix socket's do not count);

@@ -1715,3 +1715,57 @@ async fn a_pool_of_connections_logs_in_at_once() {
         r.unwrap().unwrap();
     }
 }
+
+/// With a users file, only a call by someone (a password, token, certificate or account) keeps
+/// a connection's place at `--max-connections`: connections whose calls were all anonymous or
+/// refused for bad credentials give way to a new connection at the limit, oldest first. Before,
+/// any call kept the place, so connections that made one bad-password call each and then idled
+/// held the port for good (stop 46's note).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_callers_who_are_someone_keep_their_connections_at_the_limit() {
+    let pki = TestPki::new("test CA");
+    let users = users(&pki);
+    let dir = mq_tests::temp_data_dir("mq-sec-proof-");
+    let users_arg = users.to_str().unwrap().to_string();
+    let mqd = MqdProcess::launch(
+        dir.path(),
+        &["--users", &users_arg, "--max-connections", "3"],
+    );
+    let url = mqd.url().to_string();
+    let alice = as_user(&url, "alice", "alice-pw").await;
+    alice.list_queues().await.unwrap();
+    let anonymous = Client::connect(url.clone()).await.unwrap();
+    let _ = anonymous.list_queues().await;
+    let wrong = as_user(&url, "bob", "not-bobs-password").await;
+    assert!(wrong.list_queues().await.is_err());
+    // The port is full. Each user's new connection is served, in the place of the oldest
+    // connection whose calls were nobody's.
+    let bob = as_user(&url, "bob", "bob-pw").await;
+    bob.list_queues().await.unwrap();
+    let admin = as_user(&url, "admin", "admin-pw").await;
+    admin.list_queues().await.unwrap();
+    for (who, c) in [("anonymous", &anonymous), ("bad password", &wrong)] {
+        assert!(
+            c.list_queues().await.is_err(),
+            "the {who} connection kept its place"
+        );
+    }
+    // Three users hold the port: a fourth connection is refused, theirs still work.
+    match Client::builder(url.clone())
+        .user("alice", "alice-pw")
+        .connect()
+        .await
+    {
+        Err(_) => {}
+        Ok(c) => {
+            let r = tokio::time::timeout(Duration::from_secs(30), c.list_queues()).await;
+            assert!(
+                matches!(r, Ok(Err(_))),
+                "a fourth connection was served: {r:?}"
+            );
+        }
+    }
+    for c in [&alice, &bob, &admin] {
+        c.list_queues().await.unwrap();
+    }
+}
