@@ -387,10 +387,33 @@ fn entry_fingerprint(entry: Option<&UserEntry>) -> u64 {
     h.finish()
 }
 
+/// The largest users file read (about 300,000 users with passwords): a bigger one (a wrong
+/// path, `/dev/zero`) is refused rather than read into memory whole.
+pub(crate) const MAX_USERS_FILE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The users file's text, at most [`MAX_USERS_FILE_BYTES`].
+fn read_users_file(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| format!("cannot read the users file {}: {e}", path.display());
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .map_err(cannot)?
+        .take(MAX_USERS_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(cannot)?;
+    if text.len() as u64 > MAX_USERS_FILE_BYTES {
+        return Err(format!(
+            "the users file {} is larger than {} MiB",
+            path.display(),
+            MAX_USERS_FILE_BYTES >> 20
+        ));
+    }
+    Ok(text)
+}
+
 impl Users {
     fn load(path: &Path) -> Result<Users, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read the users file {}: {e}", path.display()))?;
+        let text = read_users_file(path)?;
         let file: UsersFile = toml::from_str(&text)
             .map_err(|e| format!("the users file {} is not valid: {e}", path.display()))?;
         let mut rights = HashMap::new();
@@ -1496,6 +1519,24 @@ mod tests {
         ] {
             assert!(check_hash(&bad).is_err(), "{bad} was taken");
         }
+    }
+
+    /// A users file larger than 64 MiB (a wrong path, `/dev/zero`) is refused, not read into
+    /// memory whole; one at the limit is read.
+    #[test]
+    fn a_users_file_past_64_mib_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("users.toml");
+        let mut text = String::from("[users]\n");
+        text.push_str(&"#".repeat(MAX_USERS_FILE_BYTES as usize - text.len()));
+        std::fs::write(&path, &text).unwrap();
+        Users::load(&path).unwrap();
+        text.push('#');
+        std::fs::write(&path, &text).unwrap();
+        let e = Users::load(&path).err().unwrap();
+        assert!(e.contains("is larger than 64 MiB"), "{e}");
+        let e = Users::load(Path::new("/dev/zero")).err().unwrap();
+        assert!(e.contains("is larger than 64 MiB"), "{e}");
     }
 
     /// An ACL is journaled as it was before `monitor` widened the set past 8 bits: one byte
