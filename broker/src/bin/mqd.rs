@@ -474,14 +474,22 @@ fn user_command(cmd: UserCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
     mq_broker::tune_allocator();
-    tokio::runtime::Builder::new_multi_thread()
+    let ran = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         // After a memory trim each worker collects its own allocator heap (memtrim).
         .on_thread_park(mq_broker::on_worker_park)
-        .build()?
-        .block_on(run())
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(run()));
+    if let Err(e) = ran {
+        // One line with its causes, as the broker's own failures (`--listen` taken, a users
+        // file `mqd user` cannot write): anyhow's report was several lines, with a backtrace
+        // under RUST_BACKTRACE.
+        eprintln!("mqd: {e:#}");
+        std::process::exit(1);
+    }
 }
 
 async fn run() -> anyhow::Result<()> {

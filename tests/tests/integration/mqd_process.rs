@@ -132,6 +132,32 @@ fn second_mqd_on_the_same_data_dir_fails_clearly() {
     );
 }
 
+/// A `--listen` address another process holds ends mqd with one line that names the address
+/// and the cause, exit status 1 (anyhow's report was four lines, and a backtrace under
+/// RUST_BACKTRACE).
+#[test]
+fn a_taken_listen_address_is_one_line() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let out = mq_tests::mqd_command_on(&dir.path().join("data"), &addr, &[])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("run mqd");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("mqd: cannot listen on ")
+            && last.contains(&addr)
+            && last.contains("in use"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("Caused by") && !err.contains("backtrace"),
+        "{err}"
+    );
+}
 /// A TLS certificate, key or client CA mqd cannot use stops it at once with a line naming the
 /// file, before the journal is opened: it said only "the gRPC server failed: transport error",
 /// after recovering the journal (helper-67), and the systemd unit restarts it every 2 s.
