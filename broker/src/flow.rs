@@ -212,9 +212,10 @@ impl Connections {
     /// Counts a new connection, or `None` if that would pass the limit per address, or the
     /// limit with every connection proven (else the oldest unproven one is closed for it).
     fn admit(self: &Arc<Self>, peer: Peer) -> Option<ConnectionGuard> {
+        // Counted by address only when there is a limit per address (a map lock per accept).
         let ip = match peer {
-            Peer::Tcp(a) => Some(a.ip()),
-            Peer::Local(_) => None,
+            Peer::Tcp(a) if self.per_address != usize::MAX => Some(a.ip()),
+            _ => None,
         };
         if let Some(ip) = ip {
             let mut by_ip = self.by_ip.lock().unwrap_or_else(|p| p.into_inner());
@@ -352,7 +353,9 @@ impl Drop for ConnectionGuard {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.id);
         if let Peer::Tcp(a) = self.peer {
-            c.forget_ip(a.ip());
+            if c.per_address != usize::MAX {
+                c.forget_ip(a.ip());
+            }
         }
         c.live.fetch_sub(1, Ordering::AcqRel);
     }
