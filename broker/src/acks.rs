@@ -225,30 +225,44 @@ impl Prepared {
     }
 
     /// Takes `other`'s placed acks (its `ops` must already be in the same record).
-    pub(crate) fn absorb(&mut self, other: Prepared) {
+    pub(crate) fn absorb(&mut self, mut other: Prepared) {
         debug_assert!(other.ops.is_empty());
-        self.placed.extend(other.placed);
+        self.placed.append(&mut other.placed);
     }
 
     /// The event's record is durable (or it had none): the acks become receivable.
-    pub(crate) fn commit(self, b: &Broker) {
-        if self.placed.is_empty() {
+    pub(crate) fn commit(mut self, b: &Broker) {
+        let placed = std::mem::take(&mut self.placed);
+        if placed.is_empty() {
             return;
         }
         b.acks
             .posted
-            .fetch_add(self.placed.len() as u64, Ordering::Relaxed);
-        for (q, entries) in group_by_queue(self.placed) {
+            .fetch_add(placed.len() as u64, Ordering::Relaxed);
+        for (q, entries) in group_by_queue(placed) {
             b.insert_or_forget(&q, entries);
         }
     }
 
     /// The event's record failed: the acks never were.
-    pub(crate) fn abort(self, b: &Broker) {
-        for (q, e) in self.placed {
+    pub(crate) fn abort(mut self, b: &Broker) {
+        for (q, e) in std::mem::take(&mut self.placed) {
             let charge = e.msg.charged_bytes();
             q.unadmit(e.seq, charge);
             b.release(e.msg.delivery, charge);
+        }
+    }
+}
+
+impl Drop for Prepared {
+    /// Acks neither committed nor aborted (the task that held them was cancelled while their
+    /// record was being written) give their positions back, so an admin queue, which hands out
+    /// nothing past a position not yet inserted, does not wait for them for good. Their
+    /// broker-wide charge stays taken (this has no broker to give it to), and a record that was
+    /// written brings them back at the next start.
+    fn drop(&mut self) {
+        for (q, e) in self.placed.drain(..) {
+            q.unadmit(e.seq, e.msg.charged_bytes());
         }
     }
 }

@@ -238,6 +238,30 @@ pub struct QueueDef {
     pub journal: crate::journal_queue::JournalPolicy,
 }
 
+/// See [`Queue::unadmit_on_drop`].
+#[must_use = "dropped at once, it gives the position back at once"]
+pub(crate) struct Unadmitted<'a> {
+    queue: &'a Queue,
+    seq: u64,
+    charge: u64,
+    armed: bool,
+}
+
+impl Unadmitted<'_> {
+    /// The position is inserted (or given back) by the caller.
+    pub(crate) fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Unadmitted<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.queue.unadmit(self.seq, self.charge);
+        }
+    }
+}
+
 /// What a queue is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum QueueRole {
@@ -791,15 +815,32 @@ impl Queue {
         }
     }
 
+    /// Gives back `seq` (admitted, charged `charge`) when the returned guard is dropped before
+    /// [`Unadmitted::disarm`]: a task cancelled between admitting a message and inserting it
+    /// (a client gone while its move's journal record was written) would otherwise leave a
+    /// queue that keeps strict order handing out nothing past it, for good.
+    pub(crate) fn unadmit_on_drop(&self, seq: u64, charge: u64) -> Unadmitted<'_> {
+        Unadmitted {
+            queue: self,
+            seq,
+            charge,
+            armed: true,
+        }
+    }
+
     fn is_outgoing(&self) -> bool {
         matches!(self.def.role, QueueRole::Outgoing { .. })
     }
 
-    /// Outgoing queues (the stream sequence) and transactional queues (commit order) hand out
-    /// nothing past a position that is admitted but not yet inserted: sends and commits whose
-    /// journal writes finish out of order still become visible in queue order.
+    /// Outgoing queues (the stream sequence), transactional queues (commit order) and
+    /// applications' queues hand out nothing past a position that is admitted but not yet
+    /// inserted: sends and commits whose journal writes finish out of order still become
+    /// visible in queue order. Applications' queues did not: an express message sent after a
+    /// recoverable one, in the same batch, was received first (it is inserted at once, the
+    /// recoverable one after its sync), and a cursor waiting at the end skipped recoverable
+    /// messages of concurrent senders whose syncs ended out of order (helper-70).
     fn keeps_strict_order(&self) -> bool {
-        self.is_outgoing() || self.def.transactional
+        self.is_outgoing() || self.def.transactional || self.def.role == QueueRole::Normal
     }
 
     /// Second half of a send: makes admitted messages receivable, each in its `seq` position.
@@ -2389,6 +2430,40 @@ mod tests {
         assert_eq!(bodies(&first), ["1", "2"]);
         assert!(q.restore(first).is_empty());
         assert_eq!(bodies(&q.take(10).unwrap()), ["1", "2", "3"]);
+    }
+
+    /// An application's queue shows messages in their order too (helper-70): an express
+    /// message admitted after a recoverable one still being stored waits for it, whatever
+    /// their priorities, and a position given back by a cancelled task (the guard dropped)
+    /// releases what follows.
+    #[test]
+    fn applications_queues_hold_back_everything_after_a_send_still_being_stored() {
+        let q = Queue::new(QueueDef::new(
+            1,
+            ".\\q".into(),
+            "q".into(),
+            false,
+            None,
+            String::new(),
+        ));
+        let (r0, e1, e2) = (msg(3, "r0"), msg(3, "e1"), msg(7, "e2"));
+        let s = q.admit(&[r0.clone(), e1.clone(), e2.clone()]).unwrap();
+        let s: Vec<u64> = s.into_iter().map(Result::unwrap).collect();
+        assert!(q
+            .insert(vec![Entry::new(s[1], e1), Entry::new(s[2], e2)])
+            .is_empty());
+        assert!(q.take(10).unwrap().is_empty(), "e1 and e2 must wait for r0");
+        assert!(q.insert(vec![Entry::new(s[0], r0)]).is_empty());
+        assert_eq!(bodies(&q.take(10).unwrap()), ["e2", "r0", "e1"]);
+        let c = msg(3, "c");
+        let sc = q.admit(std::slice::from_ref(&c)).unwrap()[0]
+            .clone()
+            .unwrap();
+        let guard = q.unadmit_on_drop(sc, c.charged_bytes());
+        q.push(&[msg(3, "d")]).unwrap();
+        assert!(q.take(10).unwrap().is_empty(), "d must wait for c");
+        drop(guard);
+        assert_eq!(bodies(&q.take(10).unwrap()), ["d"]);
     }
 
     #[test]

@@ -320,19 +320,16 @@ impl Broker {
                 None => return Err(BrokerError::Internal("admit returned nothing".into())),
             }
         };
+        // Given back on every way out but an insert, a cancelled task's too.
+        let admitted = dest.unadmit_on_drop(seq, charge);
         let wire = moved.to_wire(&dest.info().format_name, Bytes::new(), 0);
         match moved.delivery {
             Delivery::Express => {
+                admitted.disarm();
                 self.insert_or_forget(dest, vec![Entry::new(seq, Arc::new(moved))]);
             }
             Delivery::Recoverable => {
-                let body = match self.body(src, entry) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        dest.unadmit(seq, charge);
-                        return Err(e);
-                    }
-                };
+                let body = self.body(src, entry)?;
                 let moved = StoredMessage {
                     body: Some(body),
                     ..moved
@@ -344,10 +341,8 @@ impl Broker {
                         seqs: vec![entry.seq],
                     },
                 ];
-                if let Err(e) = self.journal().submit(ops).await {
-                    dest.unadmit(seq, charge);
-                    return Err(journal_failed(e));
-                }
+                self.journal().submit(ops).await.map_err(journal_failed)?;
+                admitted.disarm();
                 self.insert_or_forget(dest, vec![Entry::new(seq, Arc::new(moved.without_body()))]);
             }
         }

@@ -531,3 +531,71 @@ async fn restart_with_many_segments() {
     assert_run_from(&got, next_send - got.len() as u64, "backlog after kill -9");
     assert!(got.len() as u64 >= next_send - next_recv);
 }
+
+/// One send batch of a recoverable message and then an express one, at the same priority, to a
+/// queue a consumer is waiting on: the consumer gets them in the order sent. The express one
+/// used to come first (it is in the queue at once, the recoverable one after its sync), in
+/// every round (helper-70).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_express_message_sent_after_a_recoverable_one_is_not_received_first() {
+    use mq_proto::v1;
+    const Q: &str = r".\private$\mixed-order";
+    const ROUNDS: usize = 30;
+    let broker = mq_tests::InProcessBroker::start().await;
+    let client = Client::connect(broker.url()).await.unwrap();
+    client
+        .create_queue(Q, QueueOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = client
+        .queue(Q)
+        .unwrap()
+        .consumer(ConsumerOptions {
+            prefetch: 128,
+            limit: Some(2 * ROUNDS as u64),
+        })
+        .await
+        .unwrap();
+    let mut rpc = v1::message_queue_service_client::MessageQueueServiceClient::connect(
+        broker.url().to_string(),
+    )
+    .await
+    .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let mut answers = rpc
+        .send(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let message = |body: String, delivery: v1::Delivery| v1::OutMessage {
+        body: body.into(),
+        priority: Some(3),
+        delivery: delivery as i32,
+        ..Default::default()
+    };
+    let mut got = Vec::new();
+    for round in 0..ROUNDS {
+        tx.send(v1::SendRequest {
+            first_seq: 1 + 2 * round as u64,
+            destination: Q.into(),
+            messages: vec![
+                message(format!("r{round}"), v1::Delivery::Recoverable),
+                message(format!("e{round}"), v1::Delivery::Express),
+            ],
+            transactional: false,
+            tx_stream: Default::default(),
+        })
+        .await
+        .unwrap();
+        let answer = answers.message().await.unwrap().unwrap();
+        assert!(answer.failures.is_empty(), "{answer:?}");
+        for _ in 0..2 {
+            let m = consumer.next(WAIT).await.unwrap().expect("a message");
+            got.push(String::from_utf8(m.body.to_vec()).unwrap());
+        }
+    }
+    let sent: Vec<String> = (0..ROUNDS)
+        .flat_map(|r| [format!("r{r}"), format!("e{r}")])
+        .collect();
+    assert_eq!(got, sent);
+}
