@@ -1175,6 +1175,12 @@ impl Broker {
     /// Removes every ready message of a queue; returns once their removal is on disk.
     pub async fn purge(&self, name: &str) -> Result<u64, BrokerError> {
         let q = self.queue(name)?;
+        self.purge_queue(&q).await
+    }
+
+    /// Removes every waiting message of `q` (an application or outgoing queue), posting the
+    /// purge's negative acknowledgements; journaled before it returns.
+    pub(crate) async fn purge_queue(&self, q: &Arc<Queue>) -> Result<u64, BrokerError> {
         if self.journal.is_poisoned()
             && q.peek(usize::MAX)?
                 .iter()
@@ -1187,8 +1193,8 @@ impl Broker {
             QueueRole::Outgoing { .. } => mq_proto::ack::class::NACK_PURGED,
             _ => mq_proto::ack::class::NACK_Q_PURGED,
         };
-        let mut nacks = self.acks_for_entries(&q, &purged, class);
-        let removal = self.forget_removal_with(&q, &purged, std::mem::take(&mut nacks.ops));
+        let mut nacks = self.acks_for_entries(q, &purged, class);
+        let removal = self.forget_removal_with(q, &purged, std::mem::take(&mut nacks.ops));
         if let Some(removal) = removal {
             if let Err(e) = removal.await {
                 nacks.abort(self);
@@ -1995,6 +2001,29 @@ impl Broker {
             .then(|| self.body(queue, entry))
     }
 
+    /// The body of a message that was looked at, not taken (a peek, a cursor, the console):
+    /// `None` if it was removed meanwhile (received, purged, moved, its queue deleted) and its
+    /// journal record is gone. A peek racing receivers answered INTERNAL "no live message with
+    /// seq .. in the journal" for the whole page (helper-71).
+    pub(crate) fn peeked_body(
+        &self,
+        queue: &Queue,
+        entry: &Entry,
+    ) -> Result<Option<Bytes>, BrokerError> {
+        match &entry.msg.body {
+            Some(b) => Ok(Some(b.clone())),
+            None => match self.journal.read_body(queue.def().id, entry.seq) {
+                Ok(b) => Ok(Some(b)),
+                Err(crate::journal::JournalError::NotFound { .. }) => Ok(None),
+                Err(e) => Err(BrokerError::Internal(format!(
+                    "cannot read message {} of {} from the journal: {e}",
+                    entry.msg.id,
+                    queue.def().name
+                ))),
+            },
+        }
+    }
+
     /// The body of a queued message: in memory, or read from the journal.
     pub fn body(&self, queue: &Queue, entry: &Entry) -> Result<Bytes, BrokerError> {
         match &entry.msg.body {
@@ -2116,6 +2145,36 @@ mod tests {
         let _ = sending.await;
         assert_eq!(b.stored_used.load(Ordering::Acquire), 0);
         assert_eq!(b.express_used.load(Ordering::Acquire), 0);
+    }
+
+    /// A message looked at (a peek page, a cursor, the console) and removed before its body was
+    /// read has no body (`None`), not an INTERNAL error: a peek racing receivers failed whole
+    /// with "no live message with seq .. in the journal" (helper-71).
+    #[tokio::test]
+    async fn a_peeked_message_removed_before_its_body_is_read_has_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path());
+        create(&b, r".\private$\q").await;
+        let dests = b.destinations(r".\private$\q", false).unwrap();
+        let msgs = vec![v1::OutMessage {
+            body: Bytes::from_static(b"peeked"),
+            delivery: v1::Delivery::Recoverable as i32,
+            ..Default::default()
+        }];
+        assert!(b.send_batch(&dests, msgs, false).await.failures.is_empty());
+        let q = b.queue(r".\private$\q").unwrap();
+        let seen = q.peek(1).unwrap();
+        assert_eq!(
+            b.peeked_body(&q, &seen[0]).unwrap().as_deref(),
+            Some(&b"peeked"[..])
+        );
+        assert_eq!(b.purge(r".\private$\q").await.unwrap(), 1);
+        assert_eq!(b.peeked_body(&q, &seen[0]).unwrap(), None);
+        assert!(matches!(
+            b.body(&q, &seen[0]),
+            Err(crate::error::BrokerError::Internal(_))
+        ));
+        b.close();
     }
 
     /// `--listen 0.0.0.0` and `--alias`: the machine's own addresses and the broker's aliases

@@ -198,7 +198,11 @@ async fn act(
     } else {
         *pos = Position::At(here);
         let dest = queue.info().format_name;
-        Some(e.msg.to_wire(&dest, broker.body(queue, e)?, e.aborts))
+        match broker.peeked_body(queue, e)? {
+            Some(body) => Some(e.msg.to_wire(&dest, body, e.aborts)),
+            // Received (or purged, moved) since it was found: the cursor is at it.
+            None => return Ok(status(CursorStatus::AlreadyReceived)),
+        }
     };
     Ok(v1::BrowseResponse {
         message,

@@ -66,7 +66,7 @@ fn service_of(method: &str) -> &'static str {
         "Forward" => "mq.v1.ForwardService",
         "CreateQueue" | "DeleteQueue" | "GetQueueInfo" | "ListQueues" | "Purge"
         | "SetQueueProperties" | "ChangeAcl" | "GetAcl" | "ListOutgoing" | "PauseOutgoing"
-        | "ResumeOutgoing" | "DeleteOutgoing" => "mq.v1.AdminService",
+        | "ResumeOutgoing" | "DeleteOutgoing" | "PurgeOutgoing" => "mq.v1.AdminService",
         _ => "mq.v1.MessageQueueService",
     }
 }

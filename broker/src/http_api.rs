@@ -651,7 +651,9 @@ pub(crate) fn message(
     let e = q
         .peek_by(&sel)?
         .ok_or_else(|| crate::cursor::not_found(&q, &Select::Id(id)))?;
-    let body = broker.body(&q, &e)?;
+    let body = broker
+        .peeked_body(&q, &e)?
+        .ok_or_else(|| crate::cursor::not_found(&q, &Select::Id(id)))?;
     Ok((q, e, crate::preview::preview(&body)))
 }
 

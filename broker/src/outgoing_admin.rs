@@ -32,7 +32,7 @@ impl Broker {
                 Some(o) => {
                     let st = o.queue().stats();
                     BrokerError::FailedPrecondition(format!(
-                        "the outgoing queue for {key} holds {} messages ({} in flight); only an empty one can be deleted: wait until they are forwarded, or receive or purge them on the destination's dead-letter path",
+                        "the outgoing queue for {key} holds {} messages ({} in flight); only an empty one can be deleted: wait until they are forwarded, or purge them (mq outgoing purge)",
                         st.messages, st.in_flight
                     ))
                 }
@@ -58,6 +58,25 @@ impl Broker {
         }
         tracing::info!(destination = %key, "outgoing queue deleted");
         Ok(())
+    }
+
+    /// Removes every message waiting in the outgoing queue for `destination` (`host:port`, or
+    /// the format name of a queue on that broker): MSMQ's purge of an outgoing queue, for a
+    /// destination that will never come back. Messages in flight to it stay (its answer
+    /// settles them, or they come back to the queue if the connection fails). Each purged
+    /// message that asked for negative acknowledgements gets `NACK_PURGED`.
+    pub async fn purge_outgoing(self: &Arc<Self>, destination: &str) -> Result<u64, BrokerError> {
+        let key = outgoing_key(|a| self.is_local(a), destination)?;
+        let found = self
+            .outgoing
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned();
+        let o = found.ok_or_else(|| no_outgoing_queue(&key))?;
+        let purged = self.purge_queue(o.queue()).await?;
+        tracing::info!(destination = %key, purged, "outgoing queue purged");
+        Ok(purged)
     }
 
     /// Puts back an outgoing queue whose deletion the journal refused before storing anything

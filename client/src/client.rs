@@ -459,6 +459,22 @@ impl Client {
         Ok(())
     }
 
+    /// Removes every message waiting in the outgoing queue for a destination broker (one that
+    /// will never come back), and returns how many; messages in flight to it are not removed
+    /// (pause it first to have none). `destination` as for [`Client::pause_outgoing`]. Needs the
+    /// broker-wide `outgoing` right.
+    pub async fn purge_outgoing(&self, destination: &str) -> Result<u64> {
+        let req = v1::PurgeOutgoingRequest {
+            destination: outgoing_destination(destination)?,
+        };
+        let mut grpc = self.admin.clone();
+        let rpc = grpc.purge_outgoing(req);
+        Ok(self
+            .call("purging the outgoing queue", Duration::ZERO, rpc)
+            .await?
+            .purged)
+    }
+
     /// Begins a transaction (see [`Transaction`]) with a new id (a UUID v7 chosen here).
     pub async fn begin(&self) -> Result<Transaction> {
         Transaction::begin(self, TxId::new()).await

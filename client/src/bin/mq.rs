@@ -39,7 +39,8 @@ States:
   ONHOLD      paused by an operator (mq outgoing pause); messages wait until mq outgoing resume
 
 An empty outgoing queue can be deleted (mq outgoing delete DEST); one that stays empty and unused
-for mqd --outgoing-idle-expiry (default 1h) is deleted by the broker.
+for mqd --outgoing-idle-expiry (default 1h) is deleted by the broker. The messages waiting for a
+destination that will never come back can be purged (mq outgoing purge DEST).
 
 DEST is the destination broker as `mq outgoing list` shows it (host:port), or the format name of
 any queue on that broker, e.g. 'DIRECT=TCP:10.0.0.5:1801\\private$\\orders'.
@@ -277,6 +278,15 @@ enum OutgoingCommand {
     /// broker creates a new one.
     #[command(after_help = OUTGOING_HELP)]
     Delete {
+        /// host:port as `mq outgoing list` shows it, or the format name of a queue on that broker.
+        #[arg(value_name = "DEST")]
+        destination: String,
+    },
+    /// Remove every message waiting to be forwarded to a destination broker (one that will
+    /// never come back); messages in flight to it stay (pause it first to have none). Purged
+    /// messages that asked for negative acknowledgements get NACK_PURGED.
+    #[command(after_help = OUTGOING_HELP)]
+    Purge {
         /// host:port as `mq outgoing list` shows it, or the format name of a queue on that broker.
         #[arg(value_name = "DEST")]
         destination: String,
@@ -640,7 +650,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Outgoing(
             OutgoingCommand::Pause { destination, .. }
             | OutgoingCommand::Resume { destination, .. }
-            | OutgoingCommand::Delete { destination },
+            | OutgoingCommand::Delete { destination }
+            | OutgoingCommand::Purge { destination },
         ) => {
             if destination.contains(['\\', '/', '=']) {
                 check_name(destination)?;
@@ -1076,6 +1087,15 @@ async fn outgoing_command(
         OutgoingCommand::Delete { destination } => {
             client.delete_outgoing(&destination).await?;
             writeln!(out, "deleted the outgoing queue for {}", destination.trim())?;
+            return Ok(());
+        }
+        OutgoingCommand::Purge { destination } => {
+            let n = client.purge_outgoing(&destination).await?;
+            writeln!(
+                out,
+                "purged {n} messages from the outgoing queue for {}",
+                destination.trim()
+            )?;
             return Ok(());
         }
     };

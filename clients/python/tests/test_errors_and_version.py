@@ -114,7 +114,8 @@ def test_protocol_version_check(client: Client, mqd: Mqd) -> None:
 
 def test_outgoing_queue_admin(client: Client) -> None:
     """A send to a queue on another broker (here: a port where none answers) waits in an
-    outgoing queue, which can be listed, paused, resumed, and not deleted while it holds it."""
+    outgoing queue, which can be listed, paused, resumed, not deleted while it holds it, and
+    purged; then deleted."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -127,3 +128,8 @@ def test_outgoing_queue_admin(client: Client) -> None:
     assert client.resume_outgoing(dest).state != "onhold"
     with pytest.raises(mq_client.FailedPrecondition):
         client.delete_outgoing(dest)
+    assert client.pause_outgoing(dest).state == "onhold"
+    assert client.purge_outgoing(dest) == 1
+    [out] = [o for o in client.outgoing() if o.destination == dest]
+    assert out.messages == 0
+    client.delete_outgoing(dest)

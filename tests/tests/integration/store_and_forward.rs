@@ -1400,3 +1400,66 @@ async fn a_destination_that_never_acknowledges_is_given_up_and_retried() {
         server.abort();
     }
 }
+
+/// `mq outgoing purge DEST` drops what waits for a destination that will never come back: the
+/// outgoing queue is empty at once and after a `kill -9` and restart (the purge is journaled
+/// before the answer), a message that asked for negative acknowledgements gets `NACK_PURGED`,
+/// and the queue can then be deleted. Before, such messages held their disk until their time
+/// to reach the queue ran out (or for good without one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outgoing_queue_for_a_destination_that_never_comes_back_is_purged() {
+    use mq_proto::ack::class;
+    const AQ: &str = r".\private$\purge-acks";
+    let dir = temp_data_dir("mq-saf-purge-");
+    let mut a = MqdProcess::launch(dir.path(), &["--forward-retry-max", "200ms"]);
+    let client = a.connect().await;
+    client
+        .create_queue(AQ, QueueOptions::default())
+        .await
+        .unwrap();
+    // A loopback address where nothing listens: every attempt is refused.
+    let dest = "127.0.0.77:1";
+    let far = client
+        .queue(&format!(r"DIRECT=TCP:{dest}\private$\far"))
+        .unwrap();
+    let nacked = far
+        .send(
+            Message::new("never")
+                .recoverable(true)
+                .admin_queue(AQ)
+                .acknowledge(4),
+        )
+        .await
+        .unwrap();
+    for i in 0..2 {
+        far.send(Message::new(format!("m{i}")).recoverable(true))
+            .await
+            .unwrap();
+    }
+    assert_eq!(outgoing_messages(&client, dest).await, 3);
+    let out = mq(a.url(), &["outgoing", "purge", dest], None);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("purged 3 messages"),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(outgoing_messages(&client, dest).await, 0);
+    let ack = client
+        .queue(AQ)
+        .unwrap()
+        .receive(WAIT)
+        .await
+        .unwrap()
+        .expect("a NACK_PURGED");
+    assert_eq!(ack.class, class::NACK_PURGED, "{ack:?}");
+    assert_eq!(ack.correlation_id, nacked.to_string(), "{ack:?}");
+    assert_eq!(ack.body.as_ref(), b"never", "{ack:?}");
+    // Journaled: nothing comes back after a kill -9.
+    a.kill9_checked();
+    let a = MqdProcess::launch(dir.path(), &["--forward-retry-max", "200ms"]);
+    let client = a.connect().await;
+    assert_eq!(outgoing_messages(&client, dest).await, 0);
+    client.delete_outgoing(dest).await.unwrap();
+    assert!(outgoing_to(&client, dest).await.is_none());
+}

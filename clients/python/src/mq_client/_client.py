@@ -514,6 +514,14 @@ class Client:
             self._stubs.admin.DeleteOutgoing, _wire.DeleteOutgoingRequest(destination=destination)
         )
 
+    def purge_outgoing(self, destination: str) -> int:
+        """Removes every message waiting to be forwarded to ``destination`` (a broker that will
+        never come back) and returns how many; those in flight to it stay (pause it first)."""
+        reply = self._call(
+            self._stubs.admin.PurgeOutgoing, _wire.PurgeOutgoingRequest(destination=destination)
+        )
+        return int(reply.purged)
+
     # -- sending, transactions ----------------------------------------------------------------
 
     def sender(

@@ -53,6 +53,7 @@ ListOutgoingRequest = pb.ListOutgoingRequest
 PauseOutgoingRequest = pb.PauseOutgoingRequest
 ResumeOutgoingRequest = pb.ResumeOutgoingRequest
 DeleteOutgoingRequest = pb.DeleteOutgoingRequest
+PurgeOutgoingRequest = pb.PurgeOutgoingRequest
 
 DELIVERY_EXPRESS = pb.DELIVERY_EXPRESS
 DELIVERY_RECOVERABLE = pb.DELIVERY_RECOVERABLE
