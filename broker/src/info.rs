@@ -67,7 +67,12 @@ pub(crate) fn broker_info(b: &Broker, ready: Option<&Readiness>) -> v1::BrokerIn
         stored_bytes: b.stored_used(),
         storage_quota_bytes: c.storage_quota_bytes,
         queues: queues.len() as u32,
-        messages: queues.iter().map(|q| q.stats().messages).sum(),
+        // Their subqueues' too (`Q;poison` piling up was in no total, helper-70).
+        messages: queues.iter().map(|q| q.stats().messages).sum::<u64>()
+            + b.queues_where(|q| q.def().role == crate::queue::QueueRole::Subqueue)
+                .iter()
+                .map(|q| q.stats().messages)
+                .sum::<u64>(),
         limits,
         ready: ready.is_some_and(|r| r.check().is_ok()),
     }

@@ -117,6 +117,8 @@ async fn move_to_a_subqueue_and_back_survives_kill9() {
     assert_eq!(bodies(&peek_all(&client, Q).await), ["m1"]);
     let sub = peek_all(&client, POISON).await;
     assert_eq!(bodies(&sub), ["m2", "ex"]);
+    // The broker's total counts subqueues too (it said 3 of 5, helper-70).
+    assert_eq!(client.broker_info().await.unwrap().messages, 5);
     assert_eq!(
         (sub[0].id, sub[0].move_count, sub[0].label.as_str()),
         (m2, 1, "m2")
