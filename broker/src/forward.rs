@@ -736,6 +736,17 @@ impl Broker {
         v
     }
 
+    /// The outgoing queue for `key` (`host:port`), if there is one. One read-lock guard,
+    /// dropped before it returns: taking the lock a second time while it is held deadlocks
+    /// against a writer queued in between.
+    pub(crate) fn outgoing_by_key(&self, key: &str) -> Option<Arc<Outgoing>> {
+        self.outgoing
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+    }
+
     /// Pauses (ONHOLD) or resumes the outgoing queue for `destination`: `host:port`, or a format
     /// name of a queue on that broker. The state is journaled, so it holds across restarts.
     pub async fn set_outgoing_paused(
@@ -744,15 +755,9 @@ impl Broker {
         paused: bool,
     ) -> Result<v1::OutgoingQueueInfo, crate::error::BrokerError> {
         let key = outgoing_key(|a| self.is_local(a), destination)?;
-        // One read-lock guard, dropped at the end of this statement: taking the lock a second
-        // time while it is held deadlocks against a writer queued in between.
-        let found = self
-            .outgoing
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .cloned();
-        let o = found.ok_or_else(|| no_outgoing_queue(&key))?;
+        let o = self
+            .outgoing_by_key(&key)
+            .ok_or_else(|| no_outgoing_queue(&key))?;
         // In force only once journaled: a refused change leaves the state as it was.
         let _one = self.redefinitions.lock().await;
         if o.is_paused() != paused {

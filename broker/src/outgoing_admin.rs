@@ -21,13 +21,7 @@ impl Broker {
         self.check_writable("delete an outgoing queue")?;
         let o = self.remove_outgoing(&key, |_| true)?;
         let Some(o) = o else {
-            let found = self
-                .outgoing
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&key)
-                .cloned();
-            return Err(match found {
+            return Err(match self.outgoing_by_key(&key) {
                 None => no_outgoing_queue(&key),
                 Some(o) => {
                     let st = o.queue().stats();
@@ -67,13 +61,9 @@ impl Broker {
     /// message that asked for negative acknowledgements gets `NACK_PURGED`.
     pub async fn purge_outgoing(self: &Arc<Self>, destination: &str) -> Result<u64, BrokerError> {
         let key = outgoing_key(|a| self.is_local(a), destination)?;
-        let found = self
-            .outgoing
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .cloned();
-        let o = found.ok_or_else(|| no_outgoing_queue(&key))?;
+        let o = self
+            .outgoing_by_key(&key)
+            .ok_or_else(|| no_outgoing_queue(&key))?;
         let purged = self.purge_queue(o.queue()).await?;
         tracing::info!(destination = %key, purged, "outgoing queue purged");
         Ok(purged)
