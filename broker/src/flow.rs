@@ -110,6 +110,12 @@ pub(crate) const CLOSED_REASONS: [&str; 3] = ["max_connections", "per_address", 
 #[derive(Debug, Default)]
 pub(crate) struct Life {
     proven: AtomicBool,
+    /// Calls under way whose request is still being read ([`Proof::call`]): such a connection
+    /// is not evicted, proven or not (a password being checked, an anonymous caller's receive
+    /// stream). Proving only on the identity layer's answer let a flood of idle connections
+    /// evict every first password login while its hash ran, and anonymous consumers mid-stream
+    /// (helper-72).
+    calls: AtomicUsize,
     evicted: AtomicBool,
     /// The connection's reader while it is unproven, woken when it is evicted.
     waker: AtomicWaker,
@@ -135,6 +141,22 @@ impl Proof {
     /// The connection keeps its place at the connection limit.
     pub(crate) fn prove(&self) {
         self.0.prove();
+    }
+
+    /// A call under way on the connection, until the returned guard is dropped.
+    pub(crate) fn call(&self) -> CallUnderWay {
+        self.0.calls.fetch_add(1, Ordering::AcqRel);
+        CallUnderWay(self.0.clone())
+    }
+}
+
+/// See [`Proof::call`].
+#[derive(Debug)]
+pub(crate) struct CallUnderWay(Arc<Life>);
+
+impl Drop for CallUnderWay {
+    fn drop(&mut self) {
+        self.0.calls.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -265,13 +287,16 @@ impl Connections {
         })
     }
 
-    /// Closes the oldest connection that has made no request; false if there is none.
+    /// Closes the oldest connection that is not proven and has no call under way; false if
+    /// there is none.
     fn evict_oldest_unproven(&self) -> bool {
         let mut unproven = self.unproven.lock().unwrap_or_else(|p| p.into_inner());
-        while let Some((_, life)) = unproven.pop_first() {
-            if life.proven.load(Ordering::Acquire) {
-                continue;
-            }
+        unproven.retain(|_, life| !life.proven.load(Ordering::Acquire));
+        let victim = unproven
+            .iter()
+            .find(|(_, life)| life.calls.load(Ordering::Acquire) == 0)
+            .map(|(&id, _)| id);
+        if let Some(life) = victim.and_then(|id| unproven.remove(&id)) {
             life.evicted.store(true, Ordering::Release);
             life.waker.wake();
             self.closed[2].fetch_add(1, Ordering::Relaxed);
@@ -861,6 +886,44 @@ mod tests {
         assert_eq!(conns.live(), 1);
         drop(got);
         assert_eq!(conns.live(), 0);
+    }
+
+    /// A connection with a call under way (a password being checked, an anonymous receive
+    /// stream) is not evicted, proven or not: at the limit the new connection is refused
+    /// instead; once the call is over the connection gives its place again (helper-72).
+    #[tokio::test]
+    async fn a_connection_with_a_call_under_way_keeps_its_place() {
+        use tokio::io::AsyncReadExt;
+        let (addr, conns, mut incoming, _first, served) = one_connection_of_one().await;
+        let call = Proof(served.guard.life.clone()).call();
+        let next = tokio::spawn(async move {
+            let s = futures::StreamExt::next(&mut incoming).await;
+            (s.and_then(|r| r.ok()), incoming)
+        });
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(10), second.read(&mut buf))
+            .await
+            .expect("the connection past the limit is closed")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+        assert_eq!(
+            conns.closed_for_limits(),
+            [1, 0, 0],
+            "refused, none evicted"
+        );
+        drop(call);
+        let _third = TcpStream::connect(addr).await.unwrap();
+        let (got, _incoming) = tokio::time::timeout(Duration::from_secs(10), next)
+            .await
+            .expect("the third connection is accepted")
+            .unwrap();
+        assert!(got.is_some());
+        assert_eq!(
+            conns.closed_for_limits(),
+            [1, 0, 1],
+            "the first was evicted"
+        );
     }
 
     /// An evicted connection that is writing (its peer reads nothing, as one that sends

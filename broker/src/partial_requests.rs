@@ -110,10 +110,15 @@ where
         // A request from someone keeps the connection's place at the connection limit: the
         // identity layer (or a service without one) proves it with this.
         let mut req = req;
-        req.extensions_mut().insert(conn.proof());
+        let proof = conn.proof();
+        // While its request is being read (authenticated, decoded; a stream's for as long as
+        // it lasts) the connection is not evicted at the limit.
+        let call = proof.call();
+        req.extensions_mut().insert(proof);
         let limits = self.layer.limits.clone();
         self.inner.call(req.map(|body| {
             tonic::body::Body::new(Counted {
+                _call: call,
                 inner: body,
                 framing: Framing::default(),
                 charged: 0,
@@ -172,6 +177,8 @@ impl Framing {
 
 /// A request body whose unfinished message is charged.
 struct Counted {
+    /// Keeps the connection from eviction while the body lives.
+    _call: crate::flow::CallUnderWay,
     inner: tonic::body::Body,
     framing: Framing,
     /// What this body has charged (its unfinished message's bytes).

@@ -161,7 +161,9 @@ struct Args {
     /// Most open client connections. Past it, a new connection closes the oldest one that has
     /// made no request yet (a handshake that never ends, a socket that sends nothing), or is
     /// closed at once if every one has. With --users only a call by someone counts (not an
-    /// anonymous one, nor one refused for bad credentials); health checks never count.
+    /// anonymous one, nor one refused for bad credentials); health checks never count. A
+    /// connection whose request is still being read (a login being checked, a stream open) is
+    /// never closed to make room.
     #[arg(long, default_value_t = mq_broker::FlowLimits::default().max_connections, value_parser = at_least_one())]
     max_connections: usize,
     /// Most open client connections from one IP address (the Unix socket's do not count);

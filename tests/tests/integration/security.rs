@@ -1769,3 +1769,57 @@ async fn only_callers_who_are_someone_keep_their_connections_at_the_limit() {
         c.list_queues().await.unwrap();
     }
 }
+
+/// A connection with a call under way keeps its place at `--max-connections` even when its
+/// caller is nobody: an anonymous consumer the ACL allows, its receive stream open, is not
+/// closed by a flood of idle connections (helper-72: with only identified calls proving a
+/// connection, the stream ended UNAVAILABLE and never got its second message).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anonymous_consumer_with_its_stream_open_keeps_its_connection_at_the_limit() {
+    let pki = TestPki::new("test CA");
+    let users = users(&pki);
+    let dir = mq_tests::temp_data_dir("mq-sec-anon-stream-");
+    let users_arg = users.to_str().unwrap().to_string();
+    let mqd = MqdProcess::launch(
+        dir.path(),
+        &["--users", &users_arg, "--max-connections", "3"],
+    );
+    let url = mqd.url().to_string();
+    let admin = as_user(&url, "admin", "admin-pw").await;
+    admin
+        .create_queue(Q, QueueOptions::default())
+        .await
+        .unwrap();
+    admin
+        .grant(Q, "anonymous", &["send", "receive"])
+        .await
+        .unwrap();
+    let anonymous = Client::connect(url.clone()).await.unwrap();
+    let q = anonymous.queue(Q).unwrap();
+    q.send(Message::new("first")).await.unwrap();
+    let mut consumer = q
+        .consumer(mq_client::ConsumerOptions {
+            prefetch: 1,
+            limit: Some(2),
+        })
+        .await
+        .unwrap();
+    let wait = Duration::from_secs(30);
+    let first = consumer.next(wait).await.unwrap().expect("first");
+    assert_eq!(first.body.as_ref(), b"first");
+    consumer.ack().await.unwrap();
+    // The port is full (admin, the consumer, one idle socket); more idle sockets each evict
+    // the oldest connection that is not proven and has no call under way: never the consumer.
+    let idle: Vec<_> = (0..4)
+        .map(|_| std::net::TcpStream::connect(mqd.addr()).unwrap())
+        .collect();
+    admin
+        .queue(Q)
+        .unwrap()
+        .send(Message::new("second"))
+        .await
+        .unwrap();
+    let second = consumer.next(wait).await.unwrap().expect("second");
+    assert_eq!(second.body.as_ref(), b"second");
+    drop(idle);
+}
