@@ -1378,11 +1378,11 @@ pub fn add_user(
     new_token: bool,
 ) -> Result<Option<String>, String> {
     check_user_name(name)?;
-    let mut file: UsersFile = match std::fs::read_to_string(path) {
-        Ok(text) => toml::from_str(&text)
-            .map_err(|e| format!("the users file {} is not valid: {e}", path.display()))?,
+    // Read as mqd reads it (at most 64 MiB): `mqd user add` grew a file mqd then refused.
+    let mut file: UsersFile = match std::fs::metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => UsersFile::default(),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        _ => toml::from_str(&read_users_file(path)?)
+            .map_err(|e| format!("the users file {} is not valid: {e}", path.display()))?,
     };
     let mut rights_checked = BTreeSet::new();
     for r in rights
@@ -1415,6 +1415,13 @@ pub fn add_user(
             .push(format!("sha256:{}", hex(&Sha256::digest(t.as_bytes()))));
     }
     let text = toml::to_string_pretty(&file).map_err(|e| e.to_string())?;
+    if text.len() as u64 > MAX_USERS_FILE_BYTES {
+        return Err(format!(
+            "the users file {} would be larger than {} MiB, which mqd does not read; remove users first",
+            path.display(),
+            MAX_USERS_FILE_BYTES >> 20
+        ));
+    }
     let tmp = path.with_extension("tmp");
     write_private(&tmp, text.as_bytes())
         .and_then(|_| std::fs::rename(&tmp, path))
@@ -1536,6 +1543,11 @@ mod tests {
         let e = Users::load(&path).err().unwrap();
         assert!(e.contains("is larger than 64 MiB"), "{e}");
         let e = Users::load(Path::new("/dev/zero")).err().unwrap();
+        assert!(e.contains("is larger than 64 MiB"), "{e}");
+        // `mqd user add` reads it the same way.
+        let e = add_user(&path, "alice", Some("pw"), &[], &[], false)
+            .err()
+            .unwrap();
         assert!(e.contains("is larger than 64 MiB"), "{e}");
     }
 

@@ -223,8 +223,12 @@ impl MessageQueueService for Service {
         // A peeked message removed by someone else before its body was read is looked for
         // again, a few times (it answered INTERNAL, helper-71).
         let mut looks = 0;
+        // One wait in all, whatever the looks (helper-72: each look waited the whole timeout
+        // again).
+        let until = tokio::time::Instant::now() + Duration::from_millis(req.timeout_ms);
         let message = loop {
-            let found = wait_for(&self.broker, &queue, req.timeout_ms, |q| {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            let found = wait_for(&self.broker, &queue, left.as_millis() as u64, |q| {
                 match (&select, peek) {
                     (Select::Head, true) => q.peek(1),
                     (Select::Head, false) => q.take(1),
