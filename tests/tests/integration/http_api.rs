@@ -1016,7 +1016,9 @@ fn stalled_http_connections_are_closed_and_counted() {
     let (_mqd, http) = mqd_with_http(dir.path(), &["--http-max-connections", "3"]);
     let healthy =
         |http: &str| raw_http(http, "GET", "/healthz", http, "").starts_with("HTTP/1.1 200");
-    assert!(healthy(&http));
+    // No request before the stalls (the port is bound before mqd's first line): the server
+    // may still count a request's connection a moment after the client has read its end, and
+    // then the third stall was refused and the fourth served (seen once under load).
     let held = stall(&http, 3);
     let mut fourth = std::net::TcpStream::connect(&http).unwrap();
     let _ = write!(fourth, "GET /healthz HTTP/1.1\r\nHost: {http}\r\n\r\n");
