@@ -2245,6 +2245,42 @@ mod tests {
         b.close();
     }
 
+    /// A move to a subqueue whose caller goes away while its record is written (a deadline)
+    /// still completes: the message ends in the subqueue, not in flight in its queue until a
+    /// restart (helper-72: 32-49 of 200 moves cut by their deadlines stayed in flight).
+    #[tokio::test]
+    async fn a_move_whose_caller_goes_away_still_completes() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path());
+        create(&b, r".\private$\q").await;
+        let dests = b.destinations(r".\private$\q", false).unwrap();
+        let msgs = vec![v1::OutMessage {
+            body: Bytes::from_static(b"moved"),
+            delivery: v1::Delivery::Recoverable as i32,
+            ..Default::default()
+        }];
+        let sent = b.send_batch(&dests, msgs, false).await;
+        let id = sent.ids[0].expect("stored");
+        let q = b.queue(r".\private$\q").unwrap();
+        let r = futures::FutureExt::now_or_never(b.move_message(&q, id, "poison", &|_| Ok(())));
+        assert!(r.is_none(), "the move waited for nothing: {r:?}");
+        let poison = b.queue(r".\private$\q;poison").unwrap();
+        for _ in 0..2000 {
+            if poison.info().messages == 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            poison.info().messages,
+            1,
+            "the message reached the subqueue"
+        );
+        let info = q.info();
+        assert_eq!((info.messages, info.in_flight), (0, 0), "{info:?}");
+        b.close();
+    }
+
     /// A message looked at (a peek page, a cursor, the console) and removed before its body was
     /// read has no body (`None`), not an INTERNAL error: a peek racing receivers failed whole
     /// with "no live message with seq .. in the journal" (helper-71).

@@ -199,7 +199,26 @@ impl Broker {
                     move_count: entry.msg.move_count.saturating_add(1),
                     ..(*entry.msg).clone()
                 };
-                self.place(src, &entry, &dest, moved, true).await
+                // In a task of its own, to the end: a caller that went away (a deadline) while
+                // the move's record was written left the message taken from `src`, in flight
+                // for good, until a restart (helper-72).
+                let (b, src, entry) = (self.clone(), src.clone(), entry);
+                let task = tokio::spawn(async move {
+                    let placed = b.place(&src, &entry, &dest, moved, true).await;
+                    match placed {
+                        Ok(wire) => {
+                            src.complete_moved(&entry, within_keeps_charge(&src));
+                            Ok(wire)
+                        }
+                        Err(e) => {
+                            b.give_back(&src, entry);
+                            Err(e)
+                        }
+                    }
+                });
+                return task
+                    .await
+                    .map_err(|e| BrokerError::Internal(format!("the move's task failed: {e}")))?;
             }
             None => self.replay(src, &entry, destination, may_send).await,
         };
