@@ -2202,6 +2202,17 @@ mod tests {
         assert_eq!(b.express_used.load(Ordering::Acquire), 0);
     }
 
+    /// How many messages `q` holds once it holds `n`, or after 10 s.
+    async fn holds_soon(q: &crate::queue::Queue, n: u64) -> u64 {
+        for _ in 0..2000 {
+            if q.info().messages == n {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        q.info().messages
+    }
+
     /// A purge whose caller goes away while its record is written (a deadline) still completes:
     /// its negative acknowledgements are posted and nothing stays out of the queue with its
     /// charge taken (helper-72: 160 of 480 NACKs lost and 32 MB of the storage quota leaked
@@ -2228,13 +2239,7 @@ mod tests {
         let r = futures::FutureExt::now_or_never(b.purge(r".\private$\q"));
         assert!(r.is_none(), "the purge waited for nothing: {r:?}");
         let acks = b.queue(r".\private$\acks").unwrap();
-        for _ in 0..2000 {
-            if acks.info().messages == 5 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-        assert_eq!(acks.info().messages, 5, "every NACK_Q_PURGED posted");
+        assert_eq!(holds_soon(&acks, 5).await, 5, "every NACK_Q_PURGED posted");
         assert_eq!(b.queue(r".\private$\q").unwrap().info().messages, 0);
         assert_eq!(b.purge(r".\private$\acks").await.unwrap(), 5);
         assert_eq!(
@@ -2265,14 +2270,8 @@ mod tests {
         let r = futures::FutureExt::now_or_never(b.move_message(&q, id, "poison", &|_| Ok(())));
         assert!(r.is_none(), "the move waited for nothing: {r:?}");
         let poison = b.queue(r".\private$\q;poison").unwrap();
-        for _ in 0..2000 {
-            if poison.info().messages == 1 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
         assert_eq!(
-            poison.info().messages,
+            holds_soon(&poison, 1).await,
             1,
             "the message reached the subqueue"
         );

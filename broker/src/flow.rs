@@ -798,6 +798,17 @@ mod tests {
         (addr, conns, incoming, client, served)
     }
 
+    /// Asserts that the broker closed `s` (a connection past the limit): its read ends.
+    async fn closed_at_once(s: &mut TcpStream) {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("the connection past the limit is closed")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+    }
+
     /// A connection with 64 MiB budgets.
     fn test_connection() -> Connection {
         Connection::new(
@@ -852,7 +863,6 @@ mod tests {
 
     #[tokio::test]
     async fn connections_past_the_limit_are_closed_and_counted_while_open() {
-        use tokio::io::AsyncReadExt;
         let (addr, conns, mut incoming, _first, served) = one_connection_of_one().await;
         assert_eq!(conns.live(), 1);
         // It made a request: it keeps its place.
@@ -863,12 +873,7 @@ mod tests {
             let s = futures::StreamExt::next(&mut incoming).await;
             (s.and_then(|r| r.ok()), incoming)
         });
-        let mut buf = [0u8; 1];
-        let n = tokio::time::timeout(Duration::from_secs(10), second.read(&mut buf))
-            .await
-            .expect("the connection past the limit is closed")
-            .unwrap_or(0);
-        assert_eq!(n, 0);
+        closed_at_once(&mut second).await;
         assert_eq!(
             conns.closed_for_limits(),
             [1, 0, 0],
@@ -893,7 +898,6 @@ mod tests {
     /// instead; once the call is over the connection gives its place again (helper-72).
     #[tokio::test]
     async fn a_connection_with_a_call_under_way_keeps_its_place() {
-        use tokio::io::AsyncReadExt;
         let (addr, conns, mut incoming, _first, served) = one_connection_of_one().await;
         let call = Proof(served.guard.life.clone()).call();
         let next = tokio::spawn(async move {
@@ -901,12 +905,7 @@ mod tests {
             (s.and_then(|r| r.ok()), incoming)
         });
         let mut second = TcpStream::connect(addr).await.unwrap();
-        let mut buf = [0u8; 1];
-        let n = tokio::time::timeout(Duration::from_secs(10), second.read(&mut buf))
-            .await
-            .expect("the connection past the limit is closed")
-            .unwrap_or(0);
-        assert_eq!(n, 0);
+        closed_at_once(&mut second).await;
         assert_eq!(
             conns.closed_for_limits(),
             [1, 0, 0],

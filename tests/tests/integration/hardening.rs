@@ -595,6 +595,12 @@ async fn errors_quote_huge_client_values_cut_short() {
         .await
         .map(|_| ())
         .unwrap_err(),
+        rpc.purge_outgoing(v1::PurgeOutgoingRequest {
+            destination: huge.clone(),
+        })
+        .await
+        .map(|_| ())
+        .unwrap_err(),
     ];
     for s in checks {
         assert!(

@@ -30,11 +30,20 @@ fn users(pki: &TestPki) -> std::path::PathBuf {
 /// An `mqd` process with [`users`]: its PKI (which holds the users file), the file's path, its
 /// data directory and the process.
 fn mqd_with_users() -> (TestPki, std::path::PathBuf, tempfile::TempDir, MqdProcess) {
+    mqd_with_users_and(&[])
+}
+
+/// [`mqd_with_users`] with more flags.
+fn mqd_with_users_and(
+    extra: &[&str],
+) -> (TestPki, std::path::PathBuf, tempfile::TempDir, MqdProcess) {
     let pki = TestPki::new("test CA");
     let users = users(&pki);
     let dir = mq_tests::temp_data_dir("mq-sec-");
     let users_arg = users.to_str().unwrap().to_string();
-    let mqd = MqdProcess::launch(dir.path(), &["--users", &users_arg]);
+    let mut args = vec!["--users", users_arg.as_str()];
+    args.extend_from_slice(extra);
+    let mqd = MqdProcess::launch(dir.path(), &args);
     (pki, users, dir, mqd)
 }
 
@@ -1723,14 +1732,7 @@ async fn a_pool_of_connections_logs_in_at_once() {
 /// held the port for good (stop 46's note).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_callers_who_are_someone_keep_their_connections_at_the_limit() {
-    let pki = TestPki::new("test CA");
-    let users = users(&pki);
-    let dir = mq_tests::temp_data_dir("mq-sec-proof-");
-    let users_arg = users.to_str().unwrap().to_string();
-    let mqd = MqdProcess::launch(
-        dir.path(),
-        &["--users", &users_arg, "--max-connections", "3"],
-    );
+    let (_pki, _users, _dir, mqd) = mqd_with_users_and(&["--max-connections", "3"]);
     let url = mqd.url().to_string();
     let alice = as_user(&url, "alice", "alice-pw").await;
     alice.list_queues().await.unwrap();
@@ -1776,14 +1778,7 @@ async fn only_callers_who_are_someone_keep_their_connections_at_the_limit() {
 /// connection, the stream ended UNAVAILABLE and never got its second message).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_anonymous_consumer_with_its_stream_open_keeps_its_connection_at_the_limit() {
-    let pki = TestPki::new("test CA");
-    let users = users(&pki);
-    let dir = mq_tests::temp_data_dir("mq-sec-anon-stream-");
-    let users_arg = users.to_str().unwrap().to_string();
-    let mqd = MqdProcess::launch(
-        dir.path(),
-        &["--users", &users_arg, "--max-connections", "3"],
-    );
+    let (_pki, _users, _dir, mqd) = mqd_with_users_and(&["--max-connections", "3"]);
     let url = mqd.url().to_string();
     let admin = as_user(&url, "admin", "admin-pw").await;
     admin
