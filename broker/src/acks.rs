@@ -217,6 +217,8 @@ pub(crate) struct AckEvent<'a> {
 pub(crate) struct Prepared {
     pub ops: Vec<Op>,
     placed: Vec<(Arc<Queue>, Entry)>,
+    /// Whose quotas the placed acks are charged to (for [`Drop`]).
+    broker: Weak<Broker>,
 }
 
 impl Prepared {
@@ -228,6 +230,9 @@ impl Prepared {
     pub(crate) fn absorb(&mut self, mut other: Prepared) {
         debug_assert!(other.ops.is_empty());
         self.placed.append(&mut other.placed);
+        if self.broker.strong_count() == 0 {
+            self.broker = std::mem::take(&mut other.broker);
+        }
     }
 
     /// The event's record is durable (or it had none): the acks become receivable.
@@ -257,12 +262,16 @@ impl Prepared {
 impl Drop for Prepared {
     /// Acks neither committed nor aborted (the task that held them was cancelled while their
     /// record was being written) give their positions back, so an admin queue, which hands out
-    /// nothing past a position not yet inserted, does not wait for them for good. Their
-    /// broker-wide charge stays taken (this has no broker to give it to), and a record that was
-    /// written brings them back at the next start.
+    /// nothing past a position not yet inserted, does not wait for them for good, and their
+    /// charges; a record that was written brings them back at the next start.
     fn drop(&mut self) {
+        let broker = self.broker.upgrade();
         for (q, e) in self.placed.drain(..) {
-            q.unadmit(e.seq, e.msg.charged_bytes());
+            let charge = e.msg.charged_bytes();
+            q.unadmit(e.seq, charge);
+            if let Some(b) = &broker {
+                b.release(e.msg.delivery, charge);
+            }
         }
     }
 }
@@ -274,7 +283,11 @@ impl Broker {
         &self,
         events: impl IntoIterator<Item = AckEvent<'a>>,
     ) -> Prepared {
-        let mut out = Prepared::default();
+        let mut out = Prepared {
+            ops: Vec::new(),
+            placed: Vec::new(),
+            broker: self.acks.me.get().cloned().unwrap_or_default(),
+        };
         for ev in events {
             if !wanted(ev.msg, ev.class) {
                 continue;

@@ -1550,7 +1550,7 @@ impl Broker {
         may_acknowledge_to: &mut dyn FnMut(&str) -> Result<(), BrokerError>,
     ) -> Pin<Box<dyn Future<Output = BatchOutcome> + Send + 'static>> {
         let n = msgs.len();
-        let mut ids = vec![None; n];
+        let ids = vec![None; n];
         let mut failures: Vec<(usize, BrokerError)> = Vec::new();
         let mut accepted: Vec<Arc<StoredMessage>> = Vec::with_capacity(n);
         let mut index: Vec<usize> = Vec::with_capacity(n);
@@ -1726,50 +1726,27 @@ impl Broker {
         ops.extend(source.take_ops());
         let commit = (!ops.is_empty()).then(|| self.journal.submit(ops));
         drop(order_guard);
-        let broker = self.clone();
+        let mut pending = Unsettled(Some(BatchTail {
+            broker: self.clone(),
+            commit,
+            stream,
+            source,
+            durable,
+            acks,
+            refused,
+            failures,
+            accepted,
+            index,
+            ids,
+        }));
         Box::pin(async move {
-            if let Some(commit) = commit {
-                let result = commit.await;
-                if let Some(batch) = stream {
-                    match &result {
-                        Ok(()) => broker.outcomes().stream_committed(batch),
-                        Err(_) => broker.outcomes().stream_failed(batch),
-                    }
-                }
-                match &result {
-                    Ok(()) => source.stored(&broker),
-                    Err(_) => source.failed(&broker),
-                }
-                match result {
-                    Ok(()) => {
-                        let placed = durable.into_iter().map(|(q, _, e)| (q, e));
-                        for (q, entries) in group_by_queue(placed) {
-                            broker.insert_or_forget(&q, entries);
-                        }
-                        acks.commit(&broker);
-                    }
-                    Err(e) => {
-                        acks.abort(&broker);
-                        let err = journal_failed(e);
-                        for (q, j, entry) in durable {
-                            let charge = entry.msg.charged_bytes();
-                            q.unadmit(entry.seq, charge);
-                            broker.release(Delivery::Recoverable, charge);
-                            if !refused[j] {
-                                refused[j] = true;
-                                failures.push((index[j], err.clone()));
-                            }
-                        }
-                    }
-                }
-            }
-            for (j, m) in accepted.iter().enumerate() {
-                if !refused[j] {
-                    ids[index[j]] = Some(m.id);
-                }
-            }
-            failures.sort_by_key(|(i, _)| *i);
-            BatchOutcome { ids, failures }
+            let result = match pending.0.as_mut().and_then(|t| t.commit.as_mut()) {
+                Some(commit) => Some(commit.await),
+                None => None,
+            };
+            let mut tail = pending.0.take().expect("settled once");
+            tail.commit = None;
+            tail.settle(result)
         })
     }
 
@@ -2098,6 +2075,108 @@ pub(crate) struct DurableRemoval {
     acks: crate::acks::Prepared,
 }
 
+/// What a send batch does once its record's outcome is known ([`Broker::send_batch_on`]).
+struct BatchTail {
+    broker: Arc<Broker>,
+    commit: Option<crate::journal::Commit>,
+    stream: Option<crate::outcome::StreamBatch>,
+    source: crate::journal_queue::Copies,
+    durable: Vec<(Arc<Queue>, usize, Entry)>,
+    acks: crate::acks::Prepared,
+    refused: Vec<bool>,
+    failures: Vec<(usize, BrokerError)>,
+    accepted: Vec<Arc<StoredMessage>>,
+    index: Vec<usize>,
+    ids: Vec<Option<uuid::Uuid>>,
+}
+
+impl BatchTail {
+    /// The batch's recoverable messages become receivable (`Some(Ok)`), or give their
+    /// positions and charges back (`Some(Err)`); `None`: it had no record.
+    fn settle(mut self, result: Option<Result<(), crate::journal::JournalError>>) -> BatchOutcome {
+        let broker = &self.broker;
+        if let Some(result) = result {
+            if let Some(batch) = self.stream.take() {
+                match &result {
+                    Ok(()) => broker.outcomes().stream_committed(batch),
+                    Err(_) => broker.outcomes().stream_failed(batch),
+                }
+            }
+            let source = std::mem::take(&mut self.source);
+            match &result {
+                Ok(()) => source.stored(broker),
+                Err(_) => source.failed(broker),
+            }
+            let acks = std::mem::take(&mut self.acks);
+            let durable = std::mem::take(&mut self.durable);
+            match result {
+                Ok(()) => {
+                    let placed = durable.into_iter().map(|(q, _, e)| (q, e));
+                    for (q, entries) in group_by_queue(placed) {
+                        broker.insert_or_forget(&q, entries);
+                    }
+                    acks.commit(broker);
+                }
+                Err(e) => {
+                    acks.abort(broker);
+                    let err = journal_failed(e);
+                    for (q, j, entry) in durable {
+                        let charge = entry.msg.charged_bytes();
+                        q.unadmit(entry.seq, charge);
+                        broker.release(Delivery::Recoverable, charge);
+                        if !self.refused[j] {
+                            self.refused[j] = true;
+                            self.failures.push((self.index[j], err.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        for (j, m) in self.accepted.iter().enumerate() {
+            if !self.refused[j] {
+                self.ids[self.index[j]] = Some(m.id);
+            }
+        }
+        let mut failures = std::mem::take(&mut self.failures);
+        failures.sort_by_key(|(i, _)| *i);
+        BatchOutcome {
+            ids: std::mem::take(&mut self.ids),
+            failures,
+        }
+    }
+}
+
+/// A send batch whose future was dropped before its record's outcome was known (an embedder's
+/// deadline, a cancelled task) is still settled: by a task of its own on a runtime, else on
+/// this thread. Its recoverable messages hold admitted positions, and an application's queue
+/// hands out nothing past a position admitted and not yet inserted, so an unsettled batch
+/// stopped its queue for good (review F6, stop 47).
+struct Unsettled(Option<BatchTail>);
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        let Some(mut tail) = self.0.take() else {
+            return;
+        };
+        let Some(commit) = tail.commit.take() else {
+            tail.settle(None);
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let result = commit.await;
+                    tail.settle(Some(result));
+                });
+            }
+            Err(_) => {
+                let result = commit.wait();
+                tail.settle(Some(result));
+            }
+        }
+    }
+}
+
 /// A purge's record holds at most about this many bytes of negative acknowledgements' bodies
 /// (see [`Broker::purge_queue`]).
 const PURGE_CHUNK_NACK_BYTES: u64 = 64 * 1024 * 1024;
@@ -2277,6 +2356,93 @@ mod tests {
         );
         let info = q.info();
         assert_eq!((info.messages, info.in_flight), (0, 0), "{info:?}");
+        b.close();
+    }
+
+    /// A send batch whose future is dropped before its record is on disk (an embedder's
+    /// deadline) is still settled: its recoverable messages arrive, with their acks, and the
+    /// queue, which hands out nothing past a position admitted and not yet inserted, does not
+    /// stop behind them (review F6, stop 47: the express message sent next was never received).
+    #[tokio::test]
+    async fn a_send_whose_future_is_dropped_still_arrives_and_its_queue_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path());
+        create(&b, r".\private$\q").await;
+        create(&b, r".\private$\acks").await;
+        let dests = b.destinations(r".\private$\q", false).unwrap();
+        let recoverable = (0..2)
+            .map(|i| v1::OutMessage {
+                body: Bytes::from(format!("r{i}")),
+                delivery: v1::Delivery::Recoverable as i32,
+                admin_queue: r".\private$\acks".into(),
+                acknowledge: 1,
+                ..Default::default()
+            })
+            .collect();
+        drop(b.send_batch(&dests, recoverable, false));
+        let express = vec![v1::OutMessage {
+            body: Bytes::from_static(b"e"),
+            ..Default::default()
+        }];
+        assert!(b
+            .send_batch(&dests, express, false)
+            .await
+            .failures
+            .is_empty());
+        let q = b.queue(r".\private$\q").unwrap();
+        let mut got = Vec::new();
+        for _ in 0..2000 {
+            got.extend(q.take(10).unwrap());
+            if got.len() == 3 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let bodies: Vec<String> = got
+            .iter()
+            .map(|e| {
+                let body = b.body(&q, e).unwrap();
+                String::from_utf8_lossy(&body).into_owned()
+            })
+            .collect();
+        assert_eq!(bodies, ["r0", "r1", "e"], "in send order, none held back");
+        let acks = b.queue(r".\private$\acks").unwrap();
+        assert_eq!(
+            holds_soon(&acks, 2).await,
+            2,
+            "both ACK_REACH_QUEUEs posted"
+        );
+        b.close();
+    }
+
+    /// Acks placed for a record that is never written (their holder was cancelled) give their
+    /// broker-wide charge back with their positions: it stayed taken until a restart.
+    #[tokio::test]
+    async fn acks_dropped_unwritten_give_their_charge_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path());
+        b.acks.set_broker(&b);
+        create(&b, r".\private$\acks").await;
+        let out = v1::OutMessage {
+            body: Bytes::from_static(b"m"),
+            delivery: v1::Delivery::Recoverable as i32,
+            admin_queue: r".\private$\acks".into(),
+            acknowledge: 1,
+            ..Default::default()
+        };
+        let msg =
+            crate::message::StoredMessage::accept(out, uuid::Uuid::now_v7(), &b.config).unwrap();
+        let before = b.stored_used.load(Ordering::Acquire);
+        let acks = b.prepare_acks([crate::acks::AckEvent {
+            msg: &msg,
+            class: mq_proto::ack::class::ACK_REACH_QUEUE,
+            destination: r".\private$\q".into(),
+            body: None,
+        }]);
+        assert!(!acks.is_empty());
+        assert!(b.stored_used.load(Ordering::Acquire) > before, "charged");
+        drop(acks);
+        assert_eq!(b.stored_used.load(Ordering::Acquire), before);
         b.close();
     }
 
