@@ -911,8 +911,18 @@ impl Broker {
         Ok(q)
     }
 
-    /// Deletes a queue and every message in it.
-    pub async fn delete_queue(&self, name: &str) -> Result<(), BrokerError> {
+    /// Deletes a queue and every message in it. In a task of its own, so a caller that goes
+    /// away (a deadline) while its records are written does not leave the deletion half done:
+    /// the queue out of the registry with its charges taken and its negative acknowledgements
+    /// unposted until a restart.
+    pub async fn delete_queue(self: &Arc<Self>, name: &str) -> Result<(), BrokerError> {
+        let (b, name) = (self.clone(), name.to_string());
+        tokio::spawn(async move { b.delete_queue_now(&name).await })
+            .await
+            .map_err(|e| BrokerError::Internal(format!("the deletion's task failed: {e}")))?
+    }
+
+    async fn delete_queue_now(self: &Arc<Self>, name: &str) -> Result<(), BrokerError> {
         let addr = self.resolve(name)?;
         let key = self.normal_queue_key(name, &addr)?;
         if addr.kind != QueueKind::Normal {
@@ -923,9 +933,16 @@ impl Broker {
         }
         let _one = self.redefinitions.lock().await;
         self.check_writable("delete a queue")?;
+        // More NACK_Q_DELETEDs than one record holds go first, with their messages' removals.
+        self.nack_ahead_of_deletion(&key).await?;
         // NACK_Q_DELETEDs of its waiting messages, prepared before the registry lock (they
         // read bodies and look up admin queues) and stored in the deletion's record.
-        let mut nacks = self.deletion_nacks(&key);
+        let mut nacks = {
+            let (b, key) = (self.clone(), key.clone());
+            tokio::task::spawn_blocking(move || b.deletion_nacks(&key))
+                .await
+                .map_err(|e| BrokerError::Internal(format!("reading the NACKs' bodies: {e}")))?
+        };
         // Out of the registry (with its subqueues and its journal) and the deletion submitted under its lock, so
         // no record of a later lookup comes before the deletion's; emptied only once the
         // deletion is on disk, and back in the registry if nothing was written.
@@ -1180,7 +1197,7 @@ impl Broker {
 
     /// Removes every waiting message of `q` (an application or outgoing queue), posting the
     /// purge's negative acknowledgements; journaled before it returns. One record per
-    /// [`PURGE_CHUNK_NACK_BYTES`] of negative acknowledgements' bodies (each carries its
+    /// [`NACK_CHUNK_BYTES`] of negative acknowledgements' bodies (each carries its
     /// message's): 270 purged messages of 4 MiB that asked for them made one record past the
     /// journal's 1 GiB limit, so the purge failed for good and read every body into memory
     /// first (helper-72). The records are written by a task of their own, so a caller that goes
@@ -1203,20 +1220,16 @@ impl Broker {
         let task = tokio::spawn(async move {
             let mut rest = purged.as_slice();
             while !rest.is_empty() {
-                let mut bytes = 0u64;
-                let n = rest
-                    .iter()
-                    .take_while(|e| {
-                        let more = bytes < PURGE_CHUNK_NACK_BYTES;
-                        if e.msg.acknowledge != 0 {
-                            bytes += u64::from(e.msg.body_len);
-                        }
-                        more
-                    })
-                    .count()
-                    .clamp(1, PURGE_CHUNK_MESSAGES);
+                let n = nack_chunk_len(rest);
                 let (chunk, after) = rest.split_at(n);
-                let mut nacks = b.acks_for_entries(&q, chunk, class);
+                let mut nacks = match b.acks_for_entries_off_runtime(&q, chunk, class).await {
+                    Ok(nacks) => nacks,
+                    Err(e) => {
+                        // Out of the queue already: their charges go with them.
+                        let _ = b.release_entries(&q, rest);
+                        return Err(e);
+                    }
+                };
                 let removal = b.forget_removal_with(&q, chunk, std::mem::take(&mut nacks.ops));
                 if let Some(removal) = removal {
                     if let Err(e) = removal.await {
@@ -1237,6 +1250,104 @@ impl Broker {
         });
         task.await
             .map_err(|e| BrokerError::Internal(format!("the purge's task failed: {e}")))?
+    }
+
+    /// Before a deletion: while the `NACK_Q_DELETED`s of the messages waiting in the
+    /// application queue `key` and its subqueues would not fit one record (bodies past
+    /// [`NACK_CHUNK_BYTES`] or more than [`NACK_CHUNK_MESSAGES`]), takes a chunk of those
+    /// messages and writes their removal with their NACKs, as a purge does. The deletion's own
+    /// record then holds the rest. It held them all: 270 waiting messages of 4 MiB that asked
+    /// for NACKs made one record past the journal's 1 GiB limit, so the deletion failed for
+    /// good after reading every body into memory. A crash in between leaves the queue with
+    /// fewer messages, each one removed having had its NACK; nothing is lost unacknowledged.
+    async fn nack_ahead_of_deletion(self: &Arc<Self>, key: &str) -> Result<(), BrokerError> {
+        let deleted = mq_proto::ack::class::NACK_Q_DELETED;
+        let prefix = format!("{key};");
+        // Each round removes a chunk or ends; the bound only guards against a queue refilled
+        // as fast as it is emptied.
+        for _ in 0..1_000_000 {
+            let family = self.queues_where(|q| {
+                let k = &q.def().key;
+                (k == key && q.def().role.is_normal())
+                    || (q.def().role == QueueRole::Subqueue && k.starts_with(&prefix))
+            });
+            let (mut bytes, mut count) = (0u64, 0usize);
+            let mut first: Option<(Arc<Queue>, Vec<Entry>)> = None;
+            for q in family {
+                let nacked = q.waiting_matching(|e| crate::acks::wanted(&e.msg, deleted));
+                bytes += nacked
+                    .iter()
+                    .map(|e| u64::from(e.msg.body_len))
+                    .sum::<u64>();
+                count += nacked.len();
+                if first.is_none() && !nacked.is_empty() {
+                    first = Some((q, nacked));
+                }
+            }
+            if bytes <= NACK_CHUNK_BYTES && count <= NACK_CHUNK_MESSAGES {
+                return Ok(());
+            }
+            let Some((q, nacked)) = first else {
+                return Ok(());
+            };
+            let mut taken = Vec::new();
+            for e in &nacked[..nack_chunk_len(&nacked)] {
+                // Not waiting any more (received, expired) is left to the deletion.
+                if let Some(t) = q.take_id(e.msg.id)? {
+                    taken.push(t);
+                }
+            }
+            if taken.is_empty() {
+                return Ok(());
+            }
+            let mut nacks = self
+                .acks_for_entries_off_runtime(&q, &taken, deleted)
+                .await?;
+            let mut ops = std::mem::take(&mut nacks.ops);
+            let seqs: Vec<u64> = taken
+                .iter()
+                .filter(|e| e.msg.delivery == Delivery::Recoverable)
+                .map(|e| e.seq)
+                .collect();
+            if !seqs.is_empty() {
+                ops.push(Op::Remove {
+                    queue_id: q.def().id,
+                    seqs,
+                });
+            }
+            match self.journal.submit(ops).await {
+                Ok(()) => {
+                    nacks.commit(self);
+                    q.complete(&taken);
+                    for e in &taken {
+                        self.release(e.msg.delivery, e.msg.charged_bytes());
+                    }
+                }
+                Err(e) => {
+                    nacks.abort(self);
+                    let gone = q.restore(taken);
+                    self.forget(&q, &gone);
+                    return Err(BrokerError::Unavailable(format!(
+                        "cannot store the negative acknowledgements ahead of the deletion, the queue is kept: {e}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Broker::acks_for_entries`] on a blocking thread: negative acknowledgements read their
+    /// messages' bodies, up to [`NACK_CHUNK_BYTES`] of them from the journal.
+    async fn acks_for_entries_off_runtime(
+        self: &Arc<Self>,
+        queue: &Arc<Queue>,
+        entries: &[Entry],
+        class: u16,
+    ) -> Result<crate::acks::Prepared, BrokerError> {
+        let (b, q, entries) = (self.clone(), queue.clone(), entries.to_vec());
+        tokio::task::spawn_blocking(move || b.acks_for_entries(&q, &entries, class))
+            .await
+            .map_err(|e| BrokerError::Internal(format!("reading the NACKs' bodies: {e}")))
     }
 
     /// Every queue of this broker, system and outgoing ones included.
@@ -2177,11 +2288,29 @@ impl Drop for Unsettled {
     }
 }
 
-/// A purge's record holds at most about this many bytes of negative acknowledgements' bodies
-/// (see [`Broker::purge_queue`]).
-const PURGE_CHUNK_NACK_BYTES: u64 = 64 * 1024 * 1024;
+/// A purge's or deletion's record holds at most about this many bytes of negative
+/// acknowledgements' bodies (see [`Broker::purge_queue`], [`Broker::nack_ahead_of_deletion`]).
+const NACK_CHUNK_BYTES: u64 = 64 * 1024 * 1024;
 /// And at most this many removals.
-const PURGE_CHUNK_MESSAGES: usize = 65_536;
+const NACK_CHUNK_MESSAGES: usize = 65_536;
+
+/// How many of `entries`, from the first, go into one record of removals with their negative
+/// acknowledgements: at least one, at most [`NACK_CHUNK_MESSAGES`], and bodies of about
+/// [`NACK_CHUNK_BYTES`] at most (one more message than fits).
+fn nack_chunk_len(entries: &[Entry]) -> usize {
+    let mut bytes = 0u64;
+    entries
+        .iter()
+        .take_while(|e| {
+            let more = bytes < NACK_CHUNK_BYTES;
+            if e.msg.acknowledge != 0 {
+                bytes += u64::from(e.msg.body_len);
+            }
+            more
+        })
+        .count()
+        .clamp(1, NACK_CHUNK_MESSAGES)
+}
 
 /// `host:port` of the broker a remote queue lives on (the outgoing queue's destination).
 pub(crate) fn remote_destination(addr: &QueueAddress) -> String {
@@ -2443,6 +2572,98 @@ mod tests {
         assert!(b.stored_used.load(Ordering::Acquire) > before, "charged");
         drop(acks);
         assert_eq!(b.stored_used.load(Ordering::Acquire), before);
+        b.close();
+    }
+
+    /// A deletion whose NACK_Q_DELETEDs carry more bodies than one record should hold writes
+    /// them ahead in chunks, each with its messages' removal, and the rest with the deletion
+    /// (one record of every body made 270 messages of 4 MiB fail the deletion for good, past
+    /// the journal's 1 GiB record limit). Every NACK is posted once, across a restart too.
+    #[tokio::test]
+    async fn a_deletion_writes_its_negative_acknowledgements_in_chunks() {
+        const N: usize = 17; // 68 MiB of bodies: one chunk of 16 ahead, one with the deletion
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path());
+        b.acks.set_broker(&b);
+        create(&b, r".\private$\q").await;
+        create(&b, r".\private$\acks").await;
+        let dests = b.destinations(r".\private$\q", false).unwrap();
+        let body = Bytes::from(vec![7u8; 4 << 20]);
+        for i in 0..N {
+            let delivery = if i % 2 == 0 {
+                v1::Delivery::Recoverable
+            } else {
+                v1::Delivery::Express
+            };
+            let msgs = vec![v1::OutMessage {
+                body: body.clone(),
+                delivery: delivery as i32,
+                admin_queue: r".\private$\acks".into(),
+                acknowledge: 8, // negative acks on receive
+                ..Default::default()
+            }];
+            let sent = b.send_batch(&dests, msgs, false).await;
+            assert!(sent.failures.is_empty(), "{:?}", sent.failures);
+        }
+        let acks = b.queue(r".\private$\acks").unwrap();
+        let q = b.queue(r".\private$\q").unwrap();
+        b.nack_ahead_of_deletion(&q.def().key).await.unwrap();
+        assert_eq!(q.info().messages, 1, "one chunk of 16 went ahead");
+        assert_eq!(holds_soon(&acks, 16).await, 16);
+        b.delete_queue(r".\private$\q").await.unwrap();
+        assert_eq!(holds_soon(&acks, N as u64).await, N as u64);
+        let nacks = acks.peek(N).unwrap();
+        assert!(nacks
+            .iter()
+            .all(|e| e.msg.class == mq_proto::ack::class::NACK_Q_DELETED
+                && e.msg.body_len == 4 << 20));
+        drop((q, acks));
+        b.close();
+        drop(b);
+        let b = open(dir.path());
+        assert!(b.queue(r".\private$\q").is_err(), "deleted for good");
+        let acks = b.queue(r".\private$\acks").unwrap();
+        let stored = acks.info().messages;
+        assert_eq!(
+            stored,
+            N.div_ceil(2) as u64,
+            "the recoverable messages' NACKs, once each"
+        );
+        b.close();
+    }
+
+    /// A deletion whose caller goes away while its record is written (a deadline) still
+    /// completes: its NACKs are posted and its messages' charges given back (inline, the queue
+    /// was out of the registry with its charges taken and its NACKs unposted until a restart).
+    #[tokio::test]
+    async fn a_deletion_whose_caller_goes_away_still_completes() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path());
+        b.acks.set_broker(&b);
+        create(&b, r".\private$\q").await;
+        create(&b, r".\private$\acks").await;
+        let dests = b.destinations(r".\private$\q", false).unwrap();
+        let msgs = (0..2)
+            .map(|i| v1::OutMessage {
+                body: Bytes::from(format!("m{i}")),
+                delivery: v1::Delivery::Recoverable as i32,
+                admin_queue: r".\private$\acks".into(),
+                acknowledge: 8,
+                ..Default::default()
+            })
+            .collect();
+        assert!(b.send_batch(&dests, msgs, false).await.failures.is_empty());
+        let r = futures::FutureExt::now_or_never(b.delete_queue(r".\private$\q"));
+        assert!(r.is_none(), "the deletion waited for nothing: {r:?}");
+        let acks = b.queue(r".\private$\acks").unwrap();
+        assert_eq!(holds_soon(&acks, 2).await, 2, "both NACK_Q_DELETEDs posted");
+        assert!(b.queue(r".\private$\q").is_err());
+        assert_eq!(b.purge(r".\private$\acks").await.unwrap(), 2);
+        assert_eq!(
+            b.stored_used.load(Ordering::Acquire),
+            0,
+            "every charge came back"
+        );
         b.close();
     }
 
@@ -2714,7 +2935,11 @@ mod tests {
         let io = crate::journal::FaultyIo::new(41);
         let mut config = BrokerConfig::new(dir.path());
         config.journal_io = Some(Arc::new(io.clone()));
-        let (b, _) = Broker::open(config, vec!["127.0.0.1:4000".parse().unwrap()]).unwrap();
+        let b = Arc::new(
+            Broker::open(config, vec!["127.0.0.1:4000".parse().unwrap()])
+                .unwrap()
+                .0,
+        );
         let req = |name: &str| v1::CreateQueueRequest {
             name: name.into(),
             ..Default::default()
@@ -2740,6 +2965,13 @@ mod tests {
         let delete = b.delete_queue(name);
         tokio::pin!(delete);
         let delete_waits = futures::poll!(delete.as_mut()).is_pending();
+        // The deletion runs in a task of its own: let it take the queue out.
+        for _ in 0..2000 {
+            if b.queue(name).is_err() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
         let out_while_deleting = b.queue(name).is_err();
         let create = b.create_queue(req(name));
         tokio::pin!(create);
