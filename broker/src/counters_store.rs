@@ -76,11 +76,36 @@ const BROKER_SLOT: u64 = 1;
 /// The broker-wide totals (postcard; field order is the format).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct BrokerTotals {
-    /// Dead letters by `DeadLetterClass` number.
+    /// Dead letters by `DeadLetterClass` number, 0 to 7.
     pub dead_lettered: [u64; 8],
     pub tx_committed: u64,
     /// Transactions aborted by `metrics::AbortReason`.
     pub tx_aborted: [u64; 4],
+    /// Dead letters of class 8 (`AccessDenied`); appended after 2026-12-07 (they were counted
+    /// as class 7): a record written before has none ([`BrokerTotalsV1`]).
+    pub access_denied: u64,
+}
+
+/// [`BrokerTotals`] as written before `access_denied` (read, never written).
+#[derive(serde::Deserialize)]
+struct BrokerTotalsV1 {
+    dead_lettered: [u64; 8],
+    tx_committed: u64,
+    tx_aborted: [u64; 4],
+}
+
+/// The broker-wide entry, in either layout.
+fn decode_broker(b: &[u8]) -> postcard::Result<BrokerTotals> {
+    postcard::from_bytes(b).or_else(|e| {
+        postcard::from_bytes::<BrokerTotalsV1>(b)
+            .map(|v| BrokerTotals {
+                dead_lettered: v.dead_lettered,
+                tx_committed: v.tx_committed,
+                tx_aborted: v.tx_aborted,
+                access_denied: 0,
+            })
+            .map_err(|_| e)
+    })
 }
 
 /// One queue's totals (postcard; field order is the format).
@@ -212,7 +237,7 @@ impl Store {
         let mut rec = Recovered::default();
         for r in records {
             let ok = if r.seq == BROKER_SLOT {
-                postcard::from_bytes(&r.header).map(|t| rec.broker = Some(t))
+                decode_broker(&r.header).map(|t| rec.broker = Some(t))
             } else {
                 postcard::from_bytes(&r.header).map(|q| {
                     rec.queues.insert(r.seq - 1, q);
@@ -446,6 +471,34 @@ mod tests {
             .unwrap()
     }
 
+    /// The broker's entry as written before `access_denied` was appended still reads.
+    #[test]
+    fn broker_totals_of_the_earlier_layout_read() {
+        #[derive(serde::Serialize)]
+        struct Earlier {
+            dead_lettered: [u64; 8],
+            tx_committed: u64,
+            tx_aborted: [u64; 4],
+        }
+        let old = postcard::to_allocvec(&Earlier {
+            dead_lettered: [1, 2, 3, 4, 5, 6, 7, 8],
+            tx_committed: 9,
+            tx_aborted: [10, 11, 12, 13],
+        })
+        .unwrap();
+        let t = super::decode_broker(&old).unwrap();
+        assert_eq!(t.dead_lettered, [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(
+            (t.tx_committed, t.tx_aborted, t.access_denied),
+            (9, [10, 11, 12, 13], 0)
+        );
+        let new = super::BrokerTotals {
+            access_denied: 14,
+            ..t
+        };
+        assert_eq!(super::decode_broker(&super::encode(&new)).unwrap(), new);
+    }
+
     /// The totals come back after a clean close (the last snapshot is written then), and the
     /// entry of a deleted queue is removed from the journal.
     #[tokio::test]
@@ -467,6 +520,8 @@ mod tests {
         a.poisoned.store(1, Ordering::Relaxed);
         b.counters()
             .dead_lettered(v1::DeadLetterClass::ReceiveTimeout, 4);
+        b.counters()
+            .dead_lettered(v1::DeadLetterClass::AccessDenied, 3);
         b.counters().tx_committed();
         let want = a.stats_and_totals().1;
         assert_eq!(
@@ -484,6 +539,11 @@ mod tests {
         assert_eq!(
             t.dead_lettered[v1::DeadLetterClass::ReceiveTimeout as usize],
             4
+        );
+        assert_eq!(
+            (t.access_denied, t.dead_lettered[7]),
+            (3, 0),
+            "access denied is a class of its own, not BadMessage"
         );
         assert_eq!(t.tx_committed, 1);
         assert_eq!(b.counters().tx_open(), 0);

@@ -50,6 +50,9 @@ const CODES: [&str; 17] = [
     "unauthenticated",
 ];
 
+/// `DeadLetterClass` numbers, 0 (unspecified) to 8 (access denied).
+const DEAD_LETTER_CLASSES: usize = 9;
+
 /// Broker-wide counters kept where the work happens: relaxed atomics, no lock, no allocation.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
@@ -57,7 +60,7 @@ pub(crate) struct Counters {
     tx_committed: AtomicU64,
     tx_aborted: [AtomicU64; 4],
     /// Dead-lettered messages by class (the `DeadLetterClass` number).
-    dead_lettered: [AtomicU64; 8],
+    dead_lettered: [AtomicU64; DEAD_LETTER_CLASSES],
     /// gRPC calls that ended with each status code (0 = OK is not counted here).
     refused: [AtomicU64; 17],
     calls: AtomicU64,
@@ -79,7 +82,7 @@ impl Counters {
         self.tx_aborted[why as usize].fetch_add(1, Ordering::Relaxed);
     }
     pub(crate) fn dead_lettered(&self, class: mq_proto::v1::DeadLetterClass, n: u64) {
-        let i = (class as usize).min(7);
+        let i = (class as usize).min(DEAD_LETTER_CLASSES - 1);
         self.dead_lettered[i].fetch_add(n, Ordering::Relaxed);
     }
     fn call_ended(&self, code: Option<usize>) {
@@ -92,7 +95,8 @@ impl Counters {
     pub(crate) fn durable(&self) -> crate::counters_store::BrokerTotals {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         crate::counters_store::BrokerTotals {
-            dead_lettered: self.dead_lettered.each_ref().map(load),
+            dead_lettered: std::array::from_fn(|i| load(&self.dead_lettered[i])),
+            access_denied: load(&self.dead_lettered[8]),
             tx_committed: load(&self.tx_committed),
             tx_aborted: self.tx_aborted.each_ref().map(load),
         }
@@ -103,6 +107,7 @@ impl Counters {
         for (a, v) in self.dead_lettered.iter().zip(t.dead_lettered) {
             a.store(v, Ordering::Relaxed);
         }
+        self.dead_lettered[8].store(t.access_denied, Ordering::Relaxed);
         for (a, v) in self.tx_aborted.iter().zip(t.tx_aborted) {
             a.store(v, Ordering::Relaxed);
         }
@@ -314,7 +319,7 @@ impl prometheus_client::collector::Collector for Collector {
             MetricType::Counter,
             &|_, t| t.receive_aborts,
         )?;
-        let classes: Vec<[(&'static str, &str); 1]> = (0..8)
+        let classes: Vec<[(&'static str, &str); 1]> = (0..DEAD_LETTER_CLASSES as i32)
             .map(|i| {
                 let class = mq_proto::v1::DeadLetterClass::try_from(i)
                     .unwrap_or(mq_proto::v1::DeadLetterClass::Unspecified);
