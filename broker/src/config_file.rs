@@ -130,10 +130,13 @@ fn file_args(cmd: &Command, first: &ArgMatches, path: &Path) -> Result<Vec<OsStr
     let mut out = Vec::new();
     for (key, value) in &table {
         let key_err = |what: String| LayerError::File(format!("{shown}: key `{key}`: {what}"));
-        let Some(arg) = cmd
-            .get_arguments()
-            .find(|a| is_layered(a) && a.get_long() == Some(key.as_str()))
-        else {
+        let Some(arg) = cmd.get_arguments().find(|a| {
+            is_layered(a)
+                && (a.get_long() == Some(key.as_str())
+                        // A flag's visible alias is a key too (`http-listen`).
+                        || a.get_visible_aliases()
+                            .is_some_and(|v| v.contains(&key.as_str())))
+        }) else {
             return Err(key_err(format!(
                 "unknown key (the keys are the long flags of {} --help without the dashes)",
                 cmd.get_name()

@@ -42,6 +42,20 @@ pub enum RunError {
     /// The Unix socket (`--unix-socket`) cannot be served.
     #[error("{0}")]
     Local(String),
+    /// The configuration refuses itself (an HTTP address protected mode refuses).
+    #[error("{0}")]
+    Config(String),
+}
+
+impl RunError {
+    /// Whether the configuration is at fault (users file, TLS files, protected mode), not the
+    /// machine or the journal: `mqd` exits 2 on these, as on a bad flag.
+    pub fn is_configuration(&self) -> bool {
+        matches!(
+            self,
+            RunError::Users(_) | RunError::Tls(_) | RunError::Protected(_) | RunError::Config(_)
+        )
+    }
 }
 
 /// Serves a broker on `listener` until `shutdown` resolves, then stops accepting, lets open
@@ -81,7 +95,8 @@ pub async fn run_with_ready(
     // The HTTP port answers from the start: live at once, ready after recovery.
     let http = match config.http_listen {
         Some(addr) => {
-            crate::http::check_address(addr, config.http_insecure, &sec).map_err(RunError::Http)?;
+            crate::http::check_address(addr, config.http_insecure, &sec)
+                .map_err(RunError::Config)?;
             let http_tls = crate::http_tls::server_config(&sec).map_err(RunError::Tls)?;
             let l = TcpListener::bind(addr)
                 .await

@@ -26,7 +26,8 @@ static GLOBAL: mq_broker::Prefaulting<mimalloc::MiMalloc> =
 /// Every option below can also be given as a key of the --config file (the flag without its
 /// dashes) or as an MQD_* variable (shown with each); the command line wins over the variable,
 /// the variable over the file. Exit codes: 0 stopped cleanly, 1 failed (one line on stderr),
-/// 2 usage or configuration error.
+/// 2 usage or configuration error (a flag, the --config file, the users or TLS files, an address
+/// protected mode refuses).
 #[derive(Debug, Parser)]
 #[command(name = "mqd", version, args_conflicts_with_subcommands = true)]
 struct Args {
@@ -84,7 +85,8 @@ struct Args {
     #[arg(long, default_value_t = mq_broker::DEFAULT_STORAGE_QUOTA_BYTES, value_name = "BYTES")]
     storage_quota_bytes: u64,
     /// Size of each preallocated journal segment file, in bytes (4 KiB to 4 GiB).
-    #[arg(long, default_value_t = mq_broker::DEFAULT_JOURNAL_SEGMENT_BYTES, value_name = "BYTES")]
+    #[arg(long, default_value_t = mq_broker::DEFAULT_JOURNAL_SEGMENT_BYTES, value_name = "BYTES",
+          value_parser = clap::value_parser!(u64).range(4096..=4 << 30))]
     journal_segment_bytes: u64,
     /// Bytes of recently written recoverable message bodies under 64 KiB kept in memory (each
     /// charged its length plus 128 bytes), so that a receiver keeping up with its senders is
@@ -450,6 +452,16 @@ fn user_command(cmd: UserCommand) -> anyhow::Result<()> {
         no_password,
         token,
     } = cmd;
+    // A right that does not exist is a usage error, found before the password is asked for.
+    for r in rights
+        .iter()
+        .flat_map(|r| r.split(','))
+        .filter(|r| !r.trim().is_empty())
+    {
+        if let Err(e) = mq_broker::Right::parse(r) {
+            usage_exit(&e);
+        }
+    }
     let password = if no_password {
         None
     } else {
@@ -562,7 +574,8 @@ async fn run() -> anyhow::Result<()> {
     config.security.insecure = args.insecure;
     if let Some(f) = &args.forward_credentials {
         config.security.forward = std::sync::Arc::new(
-            mq_broker::SecurityConfig::load_forward_credentials(f).map_err(anyhow::Error::msg)?,
+            mq_broker::SecurityConfig::load_forward_credentials(f)
+                .unwrap_or_else(|e| usage_exit(&e)),
         );
     }
     config.flow = mq_broker::FlowLimits {
@@ -648,7 +661,9 @@ async fn run() -> anyhow::Result<()> {
             cause = c.source();
         }
         eprintln!("mqd: {line}");
-        std::process::exit(1);
+        // A configuration mistake (users file, TLS files, protected mode) is exit status 2,
+        // as a bad flag: the systemd unit does not restart mqd on it (helper-73).
+        std::process::exit(if e.is_configuration() { 2 } else { 1 });
     }
     Ok(())
 }

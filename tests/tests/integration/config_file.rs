@@ -230,3 +230,17 @@ fn a_bad_config_file_is_one_line_naming_the_file_and_the_key() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nope.toml"));
 }
+
+/// A flag's visible alias is a file key too: `http-listen` (README's name for `--metrics-listen`)
+/// was refused as an unknown key (helper-73), while `--http-listen` worked on the command line.
+/// Its variable is `MQD_HTTP_LISTEN`, as the flag names it.
+#[test]
+fn an_alias_of_a_flag_is_a_key() {
+    let dir = temp_data_dir("config-alias");
+    let file = dir.path().join("mqd.toml");
+    std::fs::write(&file, "http-listen = \"127.0.0.1:9\"\n").unwrap();
+    let shown = print_config(&["--config", file.to_str().unwrap()], &[]);
+    assert_eq!(value_of(&shown, "metrics-listen"), "\"127.0.0.1:9\"");
+    let shown = print_config(&[], &[("MQD_HTTP_LISTEN", "127.0.0.1:8")]);
+    assert_eq!(value_of(&shown, "metrics-listen"), "\"127.0.0.1:8\"");
+}

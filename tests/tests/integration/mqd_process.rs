@@ -158,6 +158,48 @@ fn a_taken_listen_address_is_one_line() {
         "{err}"
     );
 }
+
+/// Configuration mistakes found past the flags' parsing exit 2 (usage or configuration), as
+/// `mqd --help` and the README say, not 1 (failed), which the systemd unit restarts every 2 s
+/// (helper-73: a segment size out of range passed the flags, then stopped mqd with "internal
+/// error", exit 1; so did a missing users file, an HTTP address protected mode refuses, a
+/// right that does not exist).
+#[test]
+fn configuration_mistakes_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let missing = dir.path().join("missing.toml");
+    let missing = missing.to_str().unwrap();
+    for (args, says) in [
+        (vec!["--journal-segment-bytes", "1000"], "4096"),
+        (
+            vec!["--journal-segment-bytes", "8589934592"],
+            "journal-segment-bytes",
+        ),
+        (vec!["--users", missing], "missing.toml"),
+        (vec!["--metrics-listen", "0.0.0.0:0"], "--http-insecure"),
+    ] {
+        let out = mq_tests::mqd_command(&data, &args)
+            .output()
+            .expect("run mqd");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("internal error"), "{args:?}: {err}");
+    }
+    let users = dir.path().join("users.toml");
+    let out = std::process::Command::new(mq_tests::mqd_path())
+        .args(["user", "add", "--users", users.to_str().unwrap(), "u"])
+        .args(["--rights", "send,fly"])
+        .env("MQD_PASSWORD", "pw")
+        .output()
+        .expect("run mqd user add");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("fly"), "{err}");
+    assert!(!users.exists(), "nothing written");
+}
+
 /// A TLS certificate, key or client CA mqd cannot use stops it at once with a line naming the
 /// file, before the journal is opened: it said only "the gRPC server failed: transport error",
 /// after recovering the journal (helper-67), and the systemd unit restarts it every 2 s.
@@ -196,7 +238,8 @@ fn unusable_tls_files_are_named_before_the_journal_is_opened() {
             .output()
             .expect("run mqd");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        // A configuration mistake: 2, so the systemd unit does not restart mqd on it.
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         let last = err.lines().last().unwrap_or_default();
         assert!(
             last.starts_with("mqd: ") && last.contains(says),

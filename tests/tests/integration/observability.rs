@@ -213,7 +213,11 @@ fn a_non_loopback_http_port_needs_http_insecure() {
         WAIT,
     )
     .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a configuration mistake: {out:?}"
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("--http-insecure") && err.contains("0.0.0.0:0"),

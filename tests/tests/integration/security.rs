@@ -495,7 +495,11 @@ fn protected_mode_refuses_a_public_address_without_tls_and_users() {
     // Port 0 on the wildcard address: mqd refuses before it serves anything.
     let cmd = mq_tests::mqd_command_on(dir.path(), "0.0.0.0:0", &[]);
     let out = mq_tests::run_with_timeout(cmd, None, mq_tests::START_TIMEOUT).unwrap();
-    assert!(!out.status.success());
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a configuration mistake: {out:?}"
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("non-loopback") && err.contains("--insecure"),
