@@ -35,6 +35,8 @@ pub struct Broker {
     commit_order: std::sync::Mutex<()>,
     next_queue_id: AtomicU64,
     express_used: AtomicU64,
+    /// How many of `queues` are the broker's own (not counted against `--max-queues`).
+    own_queues: usize,
     stored_used: AtomicU64,
     /// The header budget of the queues that page (`crate::header_windows`).
     header_windows: Arc<crate::header_windows::HeaderWindows>,
@@ -647,7 +649,23 @@ impl Broker {
             .chain(config.aliases.iter().cloned())
             .collect();
         let tx_staged = crate::flow::Budget::new(config.flow.max_tx_total_bytes);
+        // The broker's own queues (dead letters, forwarding streams, transaction outcomes,
+        // counters): never deleted, and not counted against --max-queues.
+        let own_queues = queues
+            .values()
+            .filter(|q| {
+                matches!(
+                    q.def().role,
+                    QueueRole::DeadLetter
+                        | QueueRole::DeadXact
+                        | QueueRole::Streams
+                        | QueueRole::TxOutcomes
+                        | QueueRole::Counters
+                )
+            })
+            .count();
         let broker = Broker {
+            own_queues,
             tx_staged,
             config,
             local_names,
@@ -868,7 +886,7 @@ impl Broker {
             if queues.contains_key(&key) {
                 return Err(BrokerError::QueueExists(local_path_name(&addr)));
             }
-            crate::queue_count::check(queues.len(), self.config.max_queues)?;
+            crate::queue_count::check(queues.len() - self.own_queues, self.config.max_queues)?;
             let id = self.next_queue_id.fetch_add(1, Ordering::AcqRel);
             let def = QueueDef {
                 acl,
@@ -1113,7 +1131,7 @@ impl Broker {
             return Ok((q.clone(), false));
         }
         check(&queues)?;
-        crate::queue_count::check(queues.len(), self.config.max_queues)?;
+        crate::queue_count::check(queues.len() - self.own_queues, self.config.max_queues)?;
         self.check_writable("create a queue")?;
         if self.journal.is_disk_full() {
             return Err(BrokerError::QuotaExceeded(
@@ -2664,6 +2682,26 @@ mod tests {
             0,
             "every charge came back"
         );
+        b.close();
+    }
+
+    /// `--max-queues N` lets N queues be made: the broker's own (its dead-letter queues and
+    /// internal ones) do not count (helper-73: with 3, the second create was refused).
+    #[tokio::test]
+    async fn the_brokers_own_queues_do_not_count_against_max_queues() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open_with(dir.path(), |c| c.max_queues = 3);
+        for i in 0..3 {
+            create(&b, &format!(r".\private$\q{i}")).await;
+        }
+        let e = b
+            .create_queue(v1::CreateQueueRequest {
+                name: r".\private$\q3".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("holds 3 queues"), "{e}");
         b.close();
     }
 
