@@ -309,10 +309,11 @@ async fn run(broker: Weak<Broker>, o: Arc<Outgoing>) {
         notified.as_mut().enable();
         if o.is_paused() || o.queue.stats().messages == 0 {
             if !o.is_paused() {
+                // Nothing to send: INACTIVE, whatever happened before (its last error stays
+                // shown). A queue emptied while WAITING (purged, expired) showed WAITING with a
+                // next retry of "now" for good, and retried nothing (helper-73).
                 let mut s = o.status.lock().unwrap_or_else(|p| p.into_inner());
-                if s.state != OutgoingState::Waiting {
-                    s.state = OutgoingState::Inactive;
-                }
+                s.state = OutgoingState::Inactive;
             }
             tokio::select! {
                 _ = &mut notified => {}

@@ -65,6 +65,8 @@ impl Broker {
             .outgoing_by_key(&key)
             .ok_or_else(|| no_outgoing_queue(&key))?;
         let purged = self.purge_queue(o.queue()).await?;
+        // Out of its back-off: an emptied queue is INACTIVE, not WAITING to retry nothing.
+        o.wake();
         tracing::info!(destination = %key, purged, "outgoing queue purged");
         Ok(purged)
     }

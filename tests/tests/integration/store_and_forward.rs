@@ -1445,6 +1445,25 @@ async fn an_outgoing_queue_for_a_destination_that_never_comes_back_is_purged() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(outgoing_messages(&client, dest).await, 0);
+    // Nothing left to send: INACTIVE, its last error still shown, not WAITING to retry nothing
+    // (it stayed WAITING with a next retry of "now" for good, helper-73).
+    let mut last = None;
+    for _ in 0..400 {
+        last = outgoing_to(&client, dest).await;
+        if last
+            .as_ref()
+            .is_some_and(|o| o.state == OutgoingState::Inactive)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let o = last.expect("the outgoing queue is listed");
+    assert_eq!(o.state, OutgoingState::Inactive, "{o:?}");
+    assert!(
+        o.last_error.as_deref().is_some_and(|e| !e.is_empty()),
+        "{o:?}"
+    );
     let ack = client
         .queue(AQ)
         .unwrap()
