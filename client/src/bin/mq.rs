@@ -834,6 +834,35 @@ async fn tx_command(client: &Client, cmd: TxCommand, out: &mut impl Write) -> Re
 async fn info_command(client: &Client, json: bool, out: &mut impl Write) -> Result<(), Failure> {
     let i = client.broker_info().await?;
     let limits: std::collections::BTreeMap<_, _> = i.limits.iter().collect();
+    // A broker with a users file tells an anonymous caller only its name, versions and
+    // readiness (`started_ms` 0): the rest is left out, not shown as zeros (helper-73).
+    if i.started_ms == 0 {
+        if json {
+            let v = serde_json::json!({
+                "name": i.name,
+                "version": i.version,
+                "protocol_version": i.protocol_version,
+                "ready": i.ready,
+                "details": false,
+            });
+            writeln!(out, "{v}")?;
+            return Ok(());
+        }
+        writeln!(out, "name        {}", i.name)?;
+        writeln!(
+            out,
+            "version     {} (protocol {}; this mq speaks {})",
+            i.version,
+            i.protocol_version,
+            mq_client::PROTOCOL_VERSION
+        )?;
+        writeln!(out, "ready       {}", if i.ready { "yes" } else { "no" })?;
+        writeln!(
+            out,
+            "(the broker tells the rest to an identity: --user, --token or a client certificate)"
+        )?;
+        return Ok(());
+    }
     if json {
         let v = serde_json::json!({
             "name": i.name,

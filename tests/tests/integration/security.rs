@@ -265,10 +265,36 @@ async fn anonymous_broker_info_says_only_what_a_client_checks() {
         seen.data_dir.is_empty() && seen.limits.is_empty() && seen.listen.is_empty(),
         "{seen:?}"
     );
+    assert_eq!(
+        seen.started_ms, 0,
+        "the sign of a withheld answer: {seen:?}"
+    );
     let full = alice.broker_info().await.unwrap();
     assert!(
-        !full.data_dir.is_empty() && !full.limits.is_empty(),
+        !full.data_dir.is_empty() && !full.limits.is_empty() && full.started_ms > 0,
         "{full:?}"
+    );
+    // `mq info` shows what it was told, not zeros for the rest (helper-73: "uptime 0s",
+    // "storage 0 of 0 bytes", "queues 0").
+    // (`mq` blocks: off this test's runtime, which serves the broker.)
+    let url = broker.url().to_string();
+    let mq = move |args: &'static [&'static str]| {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || mq_tests::mq(&url, args, None))
+    };
+    let out = mq(&["info"]).await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text.contains("name") && text.contains("--user") && !text.contains("uptime"),
+        "{text}"
+    );
+    let out = mq(&["info", "--json"]).await.unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["details"], false, "{v}");
+    assert!(
+        v.get("queues").is_none() && v.get("uptime_ms").is_none(),
+        "{v}"
     );
     broker.stop().await.unwrap();
 }
