@@ -523,6 +523,143 @@ def test_receive_bad_message_id_is_internal_error(fake: Fake) -> None:
             next(r)
 
 
+def _receive_then_end(fake: Fake, responses: List[List[int]], end: threading.Event) -> None:
+    """Answers a Receive stream with one response per list of tags, then, once ``end`` is set,
+    ends it as mqd does past its ack timeout (DEADLINE_EXCEEDED: the messages went back)."""
+
+    def receive(it: Any, ctx: Any) -> Iterator[Any]:
+        fake.record(next(it))
+        fake.drain(it)
+        for tags in responses:
+            yield pb.ReceiveResponse(
+                messages=[pb.Delivered(tag=t, message=wire_msg(b"tag%d" % t)) for t in tags]
+            )
+        end.wait(30)
+        ctx.abort(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            "no acknowledgement within the broker's ack timeout: the receive stream was ended "
+            "and its unacknowledged messages went back to the queue",
+        )
+
+    fake.handlers["Receive"] = receive
+
+
+def _acked_through(fake: Fake) -> int:
+    return max((r.ack_through for r in fake.logged() if not isinstance(r, str)), default=0)
+
+
+def _wait(cond: Callable[[], Any], what: str) -> None:
+    deadline = time.monotonic() + 5
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within 5 s")
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("auto_ack", [False, True], ids=["ack", "auto-ack"])
+def test_receive_ended_by_the_broker_hands_out_no_prefetched_message(
+    fake: Fake, auto_ack: bool
+) -> None:
+    """Messages prefetched before the broker ended the stream went back with it: the next call
+    raises the end's error (Timeout) instead of handing them out, and acknowledging the message
+    handed out before the end raises too (the broker never gets that acknowledgement)."""
+    end = threading.Event()
+    _receive_then_end(fake, [[1, 2, 3]], end)
+    q = fake.client().queue(Q)
+    r = q.receive(timeout=2.0, prefetch=4, auto_ack=auto_ack)
+    first = bounded(lambda: next(r))
+    assert first.body == b"tag1"
+    end.set()
+    _wait(lambda: r._stream.call.done(), "the end of the stream")
+    with pytest.raises(mq_client.Timeout, match="ack timeout"):
+        bounded(lambda: next(r))  # not tag2 (with auto_ack: tag1's acknowledgement)
+    with pytest.raises(mq_client.Timeout, match="not applied"):
+        first.ack()
+    with pytest.raises(mq_client.Timeout):
+        bounded(lambda: next(r))  # and on every later call
+    r.close()  # nothing was acknowledged: nothing to report
+    assert _acked_through(fake) == 0
+
+
+def test_acks_told_before_the_broker_ended_the_stream_stay_and_untold_ones_raise(
+    fake: Fake,
+) -> None:
+    """An acknowledgement told to the broker before the end stays fine (ack() again returns);
+    one made but not yet told when the stream ended raises on ack() and on close()."""
+    end = threading.Event()
+    _receive_then_end(fake, [[1, 2, 3]], end)
+    q = fake.client().queue(Q)
+    r = q.receive(timeout=2.0, prefetch=4)
+    m1 = bounded(lambda: next(r))
+    m1.ack()
+    # The stream's thread has read all that came (so an end would have been seen) ...
+    _wait(lambda: r._stream.caught_up(), "the stream's thread catching up")
+    m2 = bounded(lambda: next(r))  # ... when this tells the broker ack_through=1
+    _wait(lambda: _acked_through(fake) == 1, "the acknowledgement of tag 1")
+    m2.ack()  # not told yet (batched)
+    end.set()
+    _wait(lambda: r._stream.call.done(), "the end of the stream")
+    m1.ack()  # told before the end: fine
+    with pytest.raises(mq_client.Timeout, match="not applied"):
+        m2.ack()
+    with pytest.raises(mq_client.Timeout, match="ack timeout"):
+        bounded(lambda: next(r))  # not tag3
+    with pytest.raises(mq_client.Timeout, match="not have been applied"):
+        r.close()
+    assert _acked_through(fake) == 1
+
+
+def test_acks_told_while_responses_waited_unread_may_not_be_applied(
+    fake: Fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An acknowledgement told while the stream's thread had not read all that came (its buffer
+    full: an end may wait unseen behind the responses) may have gone to a stream already ended:
+    once the end is seen, ack() of its message and close() raise instead of returning as if it
+    was applied."""
+    end = threading.Event()
+    _receive_then_end(fake, [[1, 2, 3]], end)
+    q = fake.client().queue(Q)
+    r = q.receive(timeout=2.0, prefetch=4)
+    monkeypatch.setattr(r._stream, "caught_up", lambda: False)  # as if held back
+    m1 = bounded(lambda: next(r))
+    m1.ack()
+    bounded(lambda: next(r))  # tells the broker ack_through=1
+    _wait(lambda: _acked_through(fake) == 1, "the acknowledgement of tag 1")
+    end.set()
+    _wait(lambda: r._stream.call.done(), "the end of the stream")
+    with pytest.raises(mq_client.Timeout, match="may not have been applied"):
+        m1.ack()
+    with pytest.raises(mq_client.Timeout, match="ack timeout"):
+        bounded(lambda: next(r))
+    with pytest.raises(mq_client.Timeout, match="not have been applied"):
+        r.close()
+
+
+def test_stream_is_caught_up_only_while_it_has_read_all_that_came(fake: Fake) -> None:
+    """The stream's thread is caught up while it waits for the broker, not while responses wait
+    for room in its full buffer (then an end behind them would not be seen)."""
+    from mq_client import _stream
+
+    n = _stream.MAX_BUFFERED + 4
+    end = threading.Event()
+    _receive_then_end(fake, [[t] for t in range(1, n + 1)], end)
+    q = fake.client().queue(Q)
+    r = q.receive(timeout=2.0, prefetch=n)
+    _wait(
+        lambda: r._stream._responses.qsize() >= _stream.MAX_BUFFERED
+        and not r._stream.caught_up(),
+        "the stream's buffer filling",
+    )
+    time.sleep(0.1)
+    assert not r._stream.caught_up()  # held back for as long as nothing is read
+    got = [bounded(lambda: next(r)).body for _ in range(n)]
+    assert got == [b"tag%d" % t for t in range(1, n + 1)]
+    _wait(lambda: r._stream.caught_up(), "the stream's thread catching up")
+    end.set()
+    with pytest.raises(mq_client.Timeout, match="ack timeout"):
+        bounded(lambda: next(r))
+
+
 # -- 6. receives that remove before answering ------------------------------------------------
 
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import threading
 import uuid
+from typing import Iterator
 
 import pytest
 
 import mq_client
 from mq_client import Client, MessageNotFound
+
+from conftest import Mqd, wait_until
 
 
 def test_send_receive_ack(client: Client, qname: str) -> None:
@@ -62,6 +65,49 @@ def test_ack_after_close_is_refused(client: Client, qname: str) -> None:
     with pytest.raises(mq_client.FailedPrecondition):
         msg.ack()
     assert q.info().messages == 1
+
+
+@pytest.fixture(scope="module")
+def short_ack_mqd() -> Iterator[Mqd]:
+    """A broker of its own that ends a receive stream holding a message unacknowledged for 1 s
+    (``mqd --ack-timeout``)."""
+    broker = Mqd(["--ack-timeout", "1s"])
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def test_receive_stream_ended_by_the_ack_timeout_hands_out_and_acks_nothing(
+    short_ack_mqd: Mqd,
+) -> None:
+    """The broker ends the stream (IDLE_TIMEOUT) with messages prefetched into the receiver and
+    gives them all back: the next call fails with Timeout (README), the prefetched messages are
+    not handed out, and acknowledging one delivered before the end raises instead of
+    returning while the broker never applies it."""
+    with Client(short_ack_mqd.url) as c:
+        qname = ".\\private$\\py-" + uuid.uuid4().hex[:12]
+        c.create_queue(qname)
+        q = c.queue(qname)
+        for i in range(3):
+            q.send(f"a{i + 1}", recoverable=True)
+        r = q.receive(timeout=30.0)
+        first = next(r)
+        assert first.text == "a1"
+        # Held unacknowledged past the ack timeout: the broker ends the stream.
+        wait_until(lambda: r._stream.call.done(), timeout=15, what="the broker ending the stream")
+        with pytest.raises(mq_client.Timeout, match="ack timeout"):
+            next(r)  # not a2, prefetched before the end
+        with pytest.raises(mq_client.Timeout, match="not applied"):
+            first.ack()
+        with pytest.raises(mq_client.Timeout):
+            next(r)  # and on every later call
+        r.close()  # nothing was acknowledged: nothing to report
+        info = q.info()
+        assert (info.messages, info.in_flight, info.received) == (3, 0, 0)
+        # All three are still there, in order.
+        again = [m.text for m in q.receive(timeout=30.0, max_messages=3, auto_ack=True)]
+        assert again == ["a1", "a2", "a3"]
 
 
 def test_peek_leaves_messages(client: Client, qname: str) -> None:

@@ -284,7 +284,13 @@ class Message:
         """Acknowledges this message (streaming receive only): the broker removes it for good
         once it and every message delivered before it on the same receiver are acknowledged
         (acknowledgements are cumulative on the wire). Unacknowledged messages go back to the
-        head of the queue when the receiver closes. A no-op for messages that need no ack."""
+        head of the queue when the receiver closes. A no-op for messages that need no ack.
+
+        If the receive stream has ended before this acknowledgement was told to the broker (the
+        broker ended it, e.g. after ``mqd --ack-timeout``, or the connection broke), the broker
+        has taken the message back: this raises the error that ended the stream
+        (:class:`Timeout` for the ack timeout). After :meth:`Receiver.close`:
+        :class:`FailedPrecondition`."""
         if self._ack_fn is not None:
             self._ack_fn()
 

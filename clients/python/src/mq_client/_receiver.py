@@ -10,6 +10,17 @@ This receiver grants one credit per message handed to the application (so ``pref
 messages wait ahead of it), and acknowledges through the longest run of acknowledged tags:
 a message acknowledged after an unacknowledged one is removed only once that one is too.
 
+Once the stream has ended (the broker ended it: its ack timeout, a deleted queue, a shutdown, a
+broken connection), the broker has taken back every message delivered on it whose
+acknowledgement it did not have: messages still buffered here are not handed out (the
+iteration raises the error that ended the stream, :class:`Timeout` for the ack timeout), and
+:meth:`Message.ack` of a message delivered on it raises that error too, unless the
+acknowledgement was told to the broker before the end; :meth:`close` raises it if
+acknowledgements made before the end were not told. The end is known once the stream's
+thread has read it: behind more than ``_stream.MAX_BUFFERED`` unread responses it is not yet,
+so messages from those may still be handed out and acknowledged; acknowledgements told while
+responses waited unread like that count as maybe not applied once the end is seen.
+
 The broker is not trusted: every delivery's tag must be greater than the tag before it and
 within the credit granted so far (so it never pushes more than asked for), and every message
 id 16 bytes; anything else ends the stream with :class:`InternalError` (checked as responses
@@ -21,7 +32,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Deque, Iterator, Optional, Set
+from typing import TYPE_CHECKING, Any, Deque, Iterator, NoReturn, Optional, Set
 
 from . import _wire
 from ._errors import (
@@ -77,6 +88,10 @@ class Receiver:
         self._acked: Set[int] = set()
         self._through = 0  # every tag <= this is acknowledged (locally)
         self._sent_through = 0  # ... and told to the broker
+        # ... and told while this client would have seen the stream's end had it come: every
+        # response before it was read (an end behind unread responses is not seen; acks told
+        # then may have gone to a stream already ended, their fate is unknown).
+        self._safe_through = 0
         self._credit_owed = 0  # messages handed out whose credit is not yet granted again
         first = self._prefetch if max_messages is None else min(self._prefetch, max_messages)
         self._requested = first  # credit granted in all: no tag may exceed it
@@ -84,6 +99,10 @@ class Receiver:
         self._handed = 0
         self._last: Optional[Message] = None
         self._closed = False
+        # How the stream ended, once this receiver noticed (it is then closed too), and whether
+        # acknowledgements were not surely told to the broker then (maybe never applied).
+        self._end: Optional[StreamEnded] = None
+        self._unapplied = False
         self._managed = False  # in a `with` block: the block's end closes, not the iteration's
         self._stream: BidiStream[Any, Any] = BidiStream(
             client._stubs.queue.Receive, client._metadata, check=self._check_delivery
@@ -99,6 +118,8 @@ class Receiver:
         if self._auto_ack and self._last is not None:
             self._last.ack()
             self._last = None
+        if self._end is not None:
+            self._raise_end()
         if self._closed or (self._max is not None and self._handed >= self._max):
             self._end_iteration()
             raise StopIteration
@@ -111,16 +132,18 @@ class Receiver:
                 try:
                     batch = self._stream.recv(left)
                 except StreamEnded as end:
-                    self._close_ended()
-                    if end.mq_error is not None:
-                        raise end.mq_error from None
-                    if end.error is None:
-                        raise StopIteration from None
-                    raise from_rpc_error(end.error, not_found=QueueNotFound) from None
+                    self._note_end(end)
+                    self._raise_end()
                 if batch is None:
                     self._end_iteration()
                     raise StopIteration
                 self._buffer.extend(batch.messages)
+        # Buffered messages belong to the stream: once it has ended the broker has taken them
+        # back (they will be delivered again), so none is handed out.
+        over = self._stream.over()
+        if over is not None:
+            self._note_end(over)
+            self._raise_end()
         d = self._buffer.popleft()
         tag = d.tag
         msg = Message.from_wire(d.message, ack=lambda: self._ack(tag))
@@ -152,7 +175,23 @@ class Receiver:
         return None
 
     def _ack(self, tag: int) -> None:
+        if self._end is None and not self._closed:
+            end = self._stream.over()
+            if end is not None:
+                self._note_end(end)
         with self._lock:
+            if self._end is not None and tag > self._safe_through:
+                if tag > self._sent_through:
+                    # Not told to the broker before the stream ended: never applied.
+                    raise self._end_error(
+                        "this acknowledgement was not applied: the receive stream had ended, and "
+                        "the broker took the message back (it will be delivered again)"
+                    )
+                raise self._end_error(
+                    "this acknowledgement may not have been applied: it was told to the broker "
+                    "while the receive stream may have ended already (the message may be "
+                    "delivered again)"
+                )
             if tag <= self._through:
                 return
             if self._closed:
@@ -167,7 +206,10 @@ class Receiver:
 
     def _send_acks(self, force: bool) -> None:
         """Tells the broker the acknowledgements and grants credit for what was handed out: in
-        batches, or at once before waiting (``force``)."""
+        batches, or at once before waiting (``force``). Nothing once the stream is known to have
+        ended: acknowledgements not told by then stay untold (never applied)."""
+        if self._end is not None or self._stream.over() is not None:
+            return
         with self._lock:
             acks = self._through - self._sent_through
             credit = self._credit_owed
@@ -180,6 +222,8 @@ class Receiver:
             self._credit_owed = 0
             self._requested += credit
             self._sent_through = self._through
+            if self._stream.caught_up():
+                self._safe_through = self._through
             req = _wire.ReceiveRequest(credit=credit, ack_through=self._through)
         self._stream.send(req)
 
@@ -189,9 +233,42 @@ class Receiver:
         if not self._managed:
             self.close()
 
-    def _close_ended(self) -> None:
+    def _note_end(self, end: StreamEnded) -> None:
+        """The stream has ended: the receiver is closed, what is buffered went back."""
         with self._lock:
+            if self._end is None:
+                self._end = end
+                self._unapplied = self._through > self._safe_through
             self._closed = True
+            self._buffer.clear()
+
+    def _end_error(self, note: str = "") -> MqError:
+        """The error that ended the stream (``note`` added to its message); for a stream that
+        ended without one, :class:`FailedPrecondition`."""
+        end = self._end
+        assert end is not None
+        if end.mq_error is not None:
+            err: MqError = end.mq_error
+        elif end.error is not None:
+            err = from_rpc_error(end.error, not_found=QueueNotFound)
+        else:
+            return FailedPrecondition(
+                "the broker ended the receive stream" + (f"; {note}" if note else "")
+            )
+        if not note:
+            return err
+        return type(err)(
+            f"{err.message}; {note}", code=err.code, reason=err.reason, metadata=err.metadata
+        )
+
+    def _raise_end(self) -> NoReturn:
+        """The iteration's answer once the stream has ended: its error, or the end of the
+        iteration if it ended without one."""
+        end = self._end
+        assert end is not None
+        if end.mq_error is None and end.error is None:
+            raise StopIteration from None
+        raise self._end_error() from None
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Applies the acknowledgements and ends the stream; unacknowledged messages go back to
@@ -200,6 +277,12 @@ class Receiver:
         acknowledgements may not have been applied."""
         with self._lock:
             if self._closed:
+                if self._end is not None and self._unapplied:
+                    # The stream ended with acknowledgements not surely told to the broker.
+                    raise self._end_error(
+                        "acknowledgements made before that was seen may not have been applied "
+                        "(their messages may be delivered again)"
+                    )
                 return
             to_confirm = self._through > 0
             self._credit_owed = 0

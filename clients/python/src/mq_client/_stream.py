@@ -110,6 +110,10 @@ class BidiStream(Generic[Req, Resp]):
         self._requests: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._responses = _Buffer(max_buffered)
         self._ended: Optional[StreamEnded] = None
+        # The end as the pump thread saw it, before the reader has read up to it.
+        self._end_seen: Optional[StreamEnded] = None
+        # The pump thread waits for gRPC's next response: it has read all that came.
+        self._waiting = False
         self._half_closed = False
         self._check = check
         source = requests() if requests is not None else self._request_iter()
@@ -126,26 +130,38 @@ class BidiStream(Generic[Req, Resp]):
 
     def _pump(self) -> None:
         try:
-            for resp in self.call:
+            responses = iter(self.call)
+            while True:
+                self._waiting = True
+                try:
+                    resp = next(responses)
+                except StopIteration:
+                    break
+                finally:
+                    self._waiting = False
                 if self._check is not None:
                     bad = self._check(resp)
                     if bad is not None:
                         # The broker broke the protocol: end the stream here, with that reason.
-                        self._responses.put(StreamEnded(None, bad))
+                        self._end(StreamEnded(None, bad))
                         try:
                             self.call.cancel()
                         except Exception:  # noqa: BLE001
                             pass
                         return
                 self._responses.put(resp)
-            self._responses.put(StreamEnded(None))
+            self._end(StreamEnded(None))
         except grpc.RpcError as e:
-            self._responses.put(StreamEnded(e))
+            self._end(StreamEnded(e))
         except Exception as e:  # noqa: BLE001 - surfaced to the reader, never lost
-            self._responses.put(StreamEnded(_LocalError(e)))
+            self._end(StreamEnded(_LocalError(e)))
         finally:
             # The call is over: release grpcio's thread that waits in the request iterator.
             self._requests.put(_END)
+
+    def _end(self, end: StreamEnded) -> None:
+        self._end_seen = end
+        self._responses.put(end)
 
     def send(self, request: Req) -> None:
         if not self._half_closed:
@@ -169,6 +185,31 @@ class BidiStream(Generic[Req, Resp]):
     @property
     def ended(self) -> Optional[StreamEnded]:
         return self._ended
+
+    def caught_up(self) -> bool:
+        """Whether the pump thread has read every response that came and waits for the next:
+        an end that came would have been seen (not so while it handles a response or waits for
+        room in a full buffer: an end may then wait unseen behind responses)."""
+        return self._waiting
+
+    def over(self) -> Optional[StreamEnded]:
+        """How the stream ended if it is known to be over, though responses before the end may
+        still wait unread (``recv`` hands them out first); ``None`` while it may go on. Known
+        once the pump thread has read the end, or once gRPC has the call's status (which it
+        gives only after every response was read: a moment before the pump thread wakes)."""
+        end = self._ended if self._ended is not None else self._end_seen
+        if end is not None:
+            return end
+        try:
+            done = self.call.done()
+        except Exception:  # noqa: BLE001 - a call object without done(): the pump will tell
+            return None
+        if not done:
+            return None
+        end = self._end_seen  # the pump may have set it meanwhile, with a reason of its own
+        if end is not None:
+            return end
+        return StreamEnded(None if self.call.code() == grpc.StatusCode.OK else self.call)
 
     def recv(self, timeout: Optional[float]) -> Optional[Resp]:
         """The next response; ``None`` if none came within ``timeout`` seconds (``None``: wait
