@@ -659,7 +659,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Outgoing(OutgoingCommand::List { .. }) | Command::Stats(_) => {}
         Command::Tx(TxCommand::Status { id, .. }) => {
-            id.parse::<TxId>()?;
+            // A usage error, as a bad --tx-id or message id (helper-73: this one exited 1).
+            id.parse::<TxId>().map_err(|e| Failure {
+                code: 2,
+                message: e.to_string(),
+            })?;
         }
         Command::Move(a) => {
             check_name(&a.queue)?;
@@ -767,7 +771,14 @@ async fn move_command(client: &Client, a: MoveArgs, out: &mut impl Write) -> Res
     let id = parse_message_id(&a.id)?;
     let m = client.move_message(&a.queue, id, &a.destination).await?;
     if a.json {
-        writeln!(out, "{}", message_json(&m))?;
+        // Without a body, as the help says: the broker's answer carries none ("body": "" read as
+        // an empty body, helper-73).
+        let mut v = message_json(&m);
+        if let Some(o) = v.as_object_mut() {
+            o.remove("body");
+            o.remove("body_base64");
+        }
+        writeln!(out, "{v}")?;
     } else {
         writeln!(
             out,

@@ -250,6 +250,11 @@ fn every_endpoint_and_refusal_without_a_users_file() {
         Some(r#"{"destination": "retry"}"#),
     );
     assert_eq!(s, 200, "{m}");
+    // A move's answer carries no body, so no size (it said 0 bytes, helper-73).
+    assert!(
+        m["moved"]["id"].is_string() && m["moved"].get("body_bytes").is_none(),
+        "{m}"
+    );
     let sub = format!("{Q};retry");
     assert_eq!(api.get(&qpath(&sub)).1["messages"], 1);
     let (s, d) = api.json(

@@ -276,7 +276,14 @@ async fn mq_send_tx_with_the_same_id_commits_once_and_mq_tx_status_answers() {
     assert!(second.status.success(), "{err}");
     assert!(err.contains("already committed"), "{err}");
     assert_eq!(messages(&client).await, 3, "sent once");
+    // A usage error, as `--tx-id not-an-id` is (it exited 1, helper-73).
     let out = mq(mqd.url(), &["tx", "status", "not-an-id"], None);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
+    let out = mq(
+        mqd.url(),
+        &["send", Q, "x", "--tx", "--tx-id", "not-an-id"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2));
     mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
 }

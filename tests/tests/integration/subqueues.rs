@@ -183,6 +183,7 @@ async fn move_to_a_subqueue_and_back_survives_kill9() {
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["move_count"], 2);
     assert_eq!(v["id"], m2.to_string());
+    assert!(v.get("body").is_none(), "without body, as --help says: {v}");
     mq_ok(
         mqd.url(),
         &["move", r".\private$\txorders;held", &t1.to_string(), ""],
