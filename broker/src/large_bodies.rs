@@ -53,6 +53,9 @@ pub(crate) const RECEIVE_PATH: &str = "/mq.v1.MessageQueueService/Receive";
 
 /// The Send method's HTTP/2 path.
 pub(crate) const SEND_PATH: &str = "/mq.v1.MessageQueueService/Send";
+/// The unary calls whose answers carry bodies (`unsent::AnswerHold`).
+const PEEK_PATH: &str = "/mq.v1.MessageQueueService/Peek";
+const RECEIVE_ONE_PATH: &str = "/mq.v1.MessageQueueService/ReceiveOne";
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -410,6 +413,21 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let path = req.uri().path();
+        if path == PEEK_PATH || path == RECEIVE_ONE_PATH {
+            // Their answers hold their connection's budget until written (`unsent::AnswerHold`).
+            let answer = self.inner.call(req);
+            return Box::pin(async move {
+                let mut resp = answer.await?;
+                Ok(
+                    match resp.extensions_mut().remove::<crate::unsent::AnswerHold>() {
+                        Some(hold) => {
+                            resp.map(|body| tonic::body::Body::new(HeldBody { body, hold }))
+                        }
+                        None => resp,
+                    },
+                )
+            });
+        }
         let ours = (path == RECEIVE_PATH || path == SEND_PATH)
             && !req.headers().contains_key("grpc-encoding");
         if !ours {
@@ -439,6 +457,34 @@ where
                 encode_counted,
             ))
         })
+    }
+}
+
+/// A unary answer's body with its count ([`crate::unsent::AnswerHold`]), given back when
+/// HTTP/2 drops the body.
+struct HeldBody {
+    body: tonic::body::Body,
+    #[allow(dead_code)]
+    hold: crate::unsent::AnswerHold,
+}
+
+impl http_body::Body for HeldBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -211,6 +211,7 @@ impl MessageQueueService for Service {
         req: Request<v1::ReceiveOneRequest>,
     ) -> Result<Response<v1::ReceiveOneResponse>, Status> {
         let who = Identity::of(&req);
+        let budget = self.connection(&req).unsent_budget();
         let req = req.into_inner();
         let right = if req.peek {
             Right::Peek
@@ -218,6 +219,11 @@ impl MessageQueueService for Service {
             Right::Receive
         };
         let queue = self.queue_for(&who, right, &req.queue)?;
+        // Counted before a message is taken, as one delivery batch (at least the largest
+        // message, and what each connection has of its own): its answer waits for its client
+        // (unsent.rs).
+        let hold =
+            crate::unsent::reserve_answer(budget, delivery_batch_bytes(self.broker.config())).await;
         let peek = req.peek;
         let select = crate::cursor::select_of(&req.id, &req.correlation_id)?;
         // A peeked message removed by someone else before its body was read is looked for
@@ -256,7 +262,7 @@ impl MessageQueueService for Service {
                 break None;
             }
         };
-        Ok(Response::new(v1::ReceiveOneResponse { message }))
+        Ok(held(v1::ReceiveOneResponse { message }, hold))
     }
 
     type TransactStream = BoxStream<v1::TransactResponse>;
@@ -334,10 +340,16 @@ impl MessageQueueService for Service {
         req: Request<v1::PeekRequest>,
     ) -> Result<Response<v1::PeekResponse>, Status> {
         let who = Identity::of(&req);
+        let budget = self.connection(&req).unsent_budget();
         let req = req.into_inner();
         let queue = self.queue_for(&who, Right::Peek, &req.queue)?;
         // One page: the client asks for the next with `next_cursor`.
         let max = (req.max.max(1) as usize).min(crate::config::PEEK_PAGE_MESSAGES);
+        // Counted before it is built, as one delivery batch (what each connection has of its
+        // own, whatever the others hold), then at its size once built, as far as the budgets
+        // have it then (a page may pass a batch by one body and its messages' headers).
+        let hold =
+            crate::unsent::reserve_answer(budget, delivery_batch_bytes(self.broker.config())).await;
         let mut after = PeekCursor::decode(&req.cursor)?;
         if !req.from_id.is_empty() {
             // Start at that message (inclusive): just after the position before it.
@@ -371,10 +383,13 @@ impl MessageQueueService for Service {
                 messages.push(e.msg.to_wire(&dest, body, e.aborts));
             }
         }
-        Ok(Response::new(v1::PeekResponse {
-            messages,
-            next_cursor: next.map(|c| c.encode()).unwrap_or_default(),
-        }))
+        Ok(held(
+            v1::PeekResponse {
+                messages,
+                next_cursor: next.map(|c| c.encode()).unwrap_or_default(),
+            },
+            hold,
+        ))
     }
 
     type BrowseStream = BoxStream<v1::BrowseResponse>;
@@ -1749,6 +1764,16 @@ fn end_with(
     if let Err(mpsc::error::TrySendError::Full(Err(status))) = out.try_send(Err(status)) {
         let _ = last.send(status);
     }
+}
+
+/// A unary answer holding `hold` (its connection's count) at the answer's encoded size until
+/// HTTP/2 has written it (`unsent::AnswerHold`, moved into the body by `large_bodies`).
+fn held<M: prost::Message>(answer: M, mut hold: crate::unsent::Reserved) -> Response<M> {
+    hold.resize_now(answer.encoded_len() + crate::unsent::DELIVERY_OVERHEAD_BYTES);
+    let mut r = Response::new(answer);
+    r.extensions_mut()
+        .insert(crate::unsent::AnswerHold(Arc::new(hold)));
+    r
 }
 
 #[cfg(test)]

@@ -299,6 +299,24 @@ impl std::fmt::Debug for Reserved {
     }
 }
 
+/// A unary call's answer (a Peek page, a ReceiveOne message) counted against its connection's
+/// budget, in the answer's extensions; `large_bodies::LargeBodies` moves it into the answer's
+/// body, which HTTP/2 drops once it has written the last byte or the stream is reset. Unary
+/// answers were counted nowhere: a client that set its window to 0 and asked for 256 pages of
+/// 4 MiB on each connection held ~1 GiB of mqd per connection (helper-74).
+#[derive(Debug, Clone)]
+pub(crate) struct AnswerHold(#[allow(dead_code)] pub(crate) Arc<Reserved>);
+
+/// `bytes` of `connection`'s budget for one unary answer (at most the connection's limit),
+/// once the budget has them: a client that does not read its answers waits for its own.
+pub(crate) async fn reserve_answer(connection: Arc<Budget>, bytes: usize) -> Reserved {
+    let limit = connection.limit();
+    let n = bytes.min(limit).min(MAX_LIMIT) as u32;
+    // The answer's own limit is the connection's: once built it may count more
+    // ([`Reserved::resize_now`]), as far as the connection's budget has it.
+    Unsent::answers(connection, limit).reserve_bytes(n).await
+}
+
 /// `chunk`, keeping `count` until it is dropped (once HTTP/2 has written it).
 pub(crate) fn hold(chunk: Bytes, count: &Arc<Reserved>) -> Bytes {
     struct Held(Bytes, #[allow(dead_code)] Arc<Reserved>);

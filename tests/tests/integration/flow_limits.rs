@@ -1131,3 +1131,91 @@ async fn unfinished_request_messages_are_bounded_in_bytes_and_time() {
     assert_eq!(client.queue_info(Q).await.unwrap().messages, 1);
     broker.stop().await.unwrap();
 }
+
+/// Unary answers count against their connection's budget of bytes built and not yet taken
+/// (`--max-unsent-bytes-per-connection`), until HTTP/2 has written them: a client that set its
+/// window to 0 and sent 256 Peeks of a 4 MiB page on each connection held ~1 GiB of mqd per
+/// connection (helper-74). With a 16 MiB budget, three pages of ~4 MiB are built and wait for
+/// the client; the other Peeks wait for budget (no answer yet) and go on once the client
+/// resets one of the waiting answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unary_answers_a_client_does_not_read_hold_its_connections_budget() {
+    use futures::StreamExt;
+    use prost::Message as _;
+    const Q: &str = r".\private$\unread-pages";
+    let dir = temp_data_dir("mq-unread-pages-");
+    let mut mqd = MqdProcess::launch(
+        dir.path(),
+        &["--max-unsent-bytes-per-connection", "16777216"],
+    );
+    let client = mqd.connect().await;
+    client
+        .create_queue(Q, QueueOptions::default())
+        .await
+        .unwrap();
+    let q = client.queue(Q).unwrap();
+    for _ in 0..4 {
+        q.send(Message::new(vec![7u8; 1 << 20])).await.unwrap();
+    }
+    // A raw HTTP/2 client that never lets the broker send it a byte of data.
+    let tcp = tokio::net::TcpStream::connect(mqd.addr()).await.unwrap();
+    let (mut h2c, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let peek = v1::PeekRequest {
+        queue: Q.into(),
+        max: 10,
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(peek.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&peek);
+    let framed = Bytes::from(framed);
+    let mut answers = futures::stream::FuturesUnordered::new();
+    for i in 0..16 {
+        h2c = h2c.ready().await.unwrap();
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!(
+                "http://{}/mq.v1.MessageQueueService/Peek",
+                mqd.addr()
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let (answer, mut body) = h2c.send_request(req, false).unwrap();
+        body.send_data(framed.clone(), true).unwrap();
+        answers.push(async move { (i, answer.await, body) });
+    }
+    // Answers come as far as the budget has room: three pages of ~4 MiB in 16 MiB.
+    let mut answered = Vec::new();
+    while answered.len() < 3 {
+        let (i, r, body) = tokio::time::timeout(Duration::from_secs(30), answers.next())
+            .await
+            .expect("three answers within the budget")
+            .unwrap();
+        answered.push((i, r.expect("an answer"), body));
+    }
+    let more = tokio::time::timeout(Duration::from_secs(2), answers.next()).await;
+    assert!(
+        more.is_err(),
+        "a fourth page was built while three wait unread in a 16 MiB budget"
+    );
+    // The client gives up one unread answer (its stream is reset): one more is built.
+    drop(answered.remove(0));
+    let (_, r, _) = tokio::time::timeout(Duration::from_secs(30), answers.next())
+        .await
+        .expect("the budget given back lets another answer be built")
+        .unwrap();
+    assert_eq!(r.expect("an answer").status(), 200);
+    // Other connections go on meanwhile.
+    assert!(q.peek(Duration::ZERO).await.unwrap().is_some());
+    drop((answered, answers, h2c));
+    conn.abort();
+    mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
+}
