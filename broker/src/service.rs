@@ -278,13 +278,14 @@ impl MessageQueueService for Service {
                 "this connection has {max} open transactions (mqd --max-tx-per-connection); commit or abort one first"
             ))
         })?;
+        let budget = self.connection(&req).unsent_budget();
         let (broker, auth, inbound) = (self.broker.clone(), self.auth.clone(), req.into_inner());
-        let (tx, rx) = mpsc::channel(4);
+        let (tx, rx) = mpsc::channel::<TxReply>(4);
         // The status the stream ends with when the replies' channel had no room for it (a
         // client that does not read): it comes after what the channel holds.
         let (last_tx, last_rx) = tokio::sync::oneshot::channel::<Status>();
         tokio::spawn(async move {
-            transact(broker, auth, who, inbound, tx, last_tx).await;
+            transact(broker, auth, who, inbound, tx, last_tx, budget).await;
             drop(slot);
         });
         let last = futures::StreamExt::filter_map(futures::stream::once(last_rx), |r| {
@@ -293,7 +294,11 @@ impl MessageQueueService for Service {
         // Every error the broker ends a transaction with means it did not commit, but a commit
         // whose journal write failed after it was issued (in doubt, like a broken connection);
         // the client tells them apart by this mark.
-        let replies = futures::StreamExt::chain(ReceiverStream::new(rx), last);
+        // A reply's count goes as tonic takes it.
+        let replies = futures::StreamExt::chain(
+            futures::StreamExt::map(ReceiverStream::new(rx), |TxReply(r, _hold)| r),
+            last,
+        );
         let stream = tokio_stream::StreamExt::map(replies, |r| {
             r.map_err(|mut s: Status| {
                 if s.metadata().get(TX_IN_DOUBT_METADATA).is_none() {
@@ -1482,23 +1487,21 @@ fn commit_reply(
 async fn commit_and_answer(
     tx: Transaction,
     message: Option<v1::Message>,
-    out: &mpsc::Sender<Result<v1::TransactResponse, Status>>,
+    hold: Option<crate::unsent::Reserved>,
+    out: &mpsc::Sender<TxReply>,
 ) -> bool {
     let reply = commit_reply(tx.commit().await, message);
     let failed = reply.is_err();
-    out.send(reply).await.is_ok() && !failed
+    out.send(TxReply::held(reply, hold)).await.is_ok() && !failed
 }
 
 /// Aborts `tx` and answers `aborted`; false if the client is gone.
-async fn abort_and_answer(
-    tx: Transaction,
-    out: &mpsc::Sender<Result<v1::TransactResponse, Status>>,
-) -> bool {
+async fn abort_and_answer(tx: Transaction, out: &mpsc::Sender<TxReply>) -> bool {
     tx.abort();
     let aborted = v1::TransactResponse {
         result: Some(v1::transact_response::Result::Aborted(())),
     };
-    out.send(Ok(aborted)).await.is_ok()
+    out.send(Ok(aborted).into()).await.is_ok()
 }
 
 /// One transaction stream: transactions one after another, each ended by a commit or an abort
@@ -1510,8 +1513,9 @@ async fn transact(
     auth: Arc<Auth>,
     who: Identity,
     mut inbound: Streaming<v1::TransactRequest>,
-    out: mpsc::Sender<Result<v1::TransactResponse, Status>>,
+    out: mpsc::Sender<TxReply>,
     last: tokio::sync::oneshot::Sender<Status>,
+    budget: Arc<crate::unsent::Budget>,
 ) {
     use v1::transact_request::Op as Req;
     use v1::transact_response::Result as Res;
@@ -1532,6 +1536,9 @@ async fn transact(
         ))
     };
     loop {
+        // The count a received message's reply holds (set by the Receive request, the one
+        // whose reply follows the match below).
+        let mut hold: Option<crate::unsent::Reserved>;
         let req = tokio::select! {
             r = inbound.message() => r,
             expired = crate::tx_reuse::sleep_until(tx_deadline, idle_since + idle) => {
@@ -1549,13 +1556,13 @@ async fn transact(
             }
             _ = broker.shutting_down() => {
                 drop(open.take());
-                let _ = out.send(Err(BrokerError::ShuttingDown.into())).await;
+                let _ = out.send(Err(BrokerError::ShuttingDown.into()).into()).await;
                 return;
             }
         };
         if let Some(lost) = standing.lost() {
             drop(open.take());
-            let _ = out.send(Err(lost)).await;
+            let _ = out.send(Err(lost).into()).await;
             return;
         }
         let op = match req {
@@ -1563,16 +1570,19 @@ async fn transact(
             Ok(Some(_)) => {
                 drop(open.take());
                 let _ = out
-                    .send(Err(Status::invalid_argument(
-                        "a transaction request must carry an operation",
-                    )))
+                    .send(
+                        Err(Status::invalid_argument(
+                            "a transaction request must carry an operation",
+                        ))
+                        .into(),
+                    )
                     .await;
                 return;
             }
             Err(status) => {
                 if let Some(status) = refused_input(status) {
                     drop(open.take());
-                    let _ = out.send(Err(status)).await;
+                    let _ = out.send(Err(status).into()).await;
                 }
                 return;
             }
@@ -1600,7 +1610,7 @@ async fn transact(
                 }
                 Err(status) => {
                     drop(open.take());
-                    let _ = out.send(Err(status)).await;
+                    let _ = out.send(Err(status).into()).await;
                     return;
                 }
             }
@@ -1617,7 +1627,7 @@ async fn transact(
                 if let Err(status) = check_batch(&broker, s.messages.len(), "a transactional send")
                 {
                     drop(open.take());
-                    let _ = out.send(Err(status)).await;
+                    let _ = out.send(Err(status).into()).await;
                     return;
                 }
                 // Refused for a missing right (on a destination or an admin queue): the
@@ -1638,7 +1648,7 @@ async fn transact(
                     Ok(plan) => plan,
                     Err(BrokerError::PermissionDenied(m)) => {
                         drop(open.take());
-                        let _ = out.send(Err(Status::permission_denied(m))).await;
+                        let _ = out.send(Err(Status::permission_denied(m)).into()).await;
                         return;
                     }
                     // Any other refusal (no such queue, a bad name) makes the commit fail, and
@@ -1657,7 +1667,7 @@ async fn transact(
                 // the commit fail.
                 if let Err(e @ BrokerError::QuotaExceeded(_)) = tx.send_planned(&plan, s.messages) {
                     drop(open.take());
-                    let _ = out.send(Err(e.into())).await;
+                    let _ = out.send(Err(e.into()).into()).await;
                     return;
                 }
                 continue;
@@ -1672,16 +1682,33 @@ async fn transact(
                     // Aborted before the answer waits for room (helper-68: a client that does
                     // not read held its received messages with one bad Receive).
                     drop(open.take());
-                    let _ = out.send(Err(status)).await;
+                    let _ = out.send(Err(status).into()).await;
                     return;
                 }
+                // A received message's reply counts against the connection's budget until
+                // tonic takes it to write (`TxReply`), reserved before the message is taken,
+                // within the transaction's deadline: 64 transactions of a connection whose
+                // client did not read held four replies each in their channels (helper-74's
+                // unary finding, on this stream).
+                let reserved = tokio::select! {
+                    h = crate::unsent::reserve_answer(budget.clone(), delivery_batch_bytes(broker.config())) => Some(h),
+                    _ = tokio::time::sleep_until(deadline) => None,
+                };
+                let Some(reserved) = reserved else {
+                    if let Some(mut t) = open.take() {
+                        t.timed_out();
+                    }
+                    end_with(&out, last, timed_out());
+                    return;
+                };
+                hold = Some(reserved);
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 let wait = Duration::from_millis(r.timeout_ms).min(left);
                 let select = match crate::cursor::select_of(&r.id, &r.correlation_id) {
                     Ok(s) => s,
                     Err(e) => {
                         drop(open.take());
-                        let _ = out.send(Err(e.into())).await;
+                        let _ = out.send(Err(e.into()).into()).await;
                         return;
                     }
                 };
@@ -1689,7 +1716,7 @@ async fn transact(
                     // Received and committed in one round trip (TxReceive.commit).
                     Ok(Some(m)) if r.commit => {
                         let tx = open.take().expect("opened above");
-                        if !commit_and_answer(tx, Some(m), &out).await {
+                        if !commit_and_answer(tx, Some(m), hold.take(), &out).await {
                             return;
                         }
                         tx_deadline = None;
@@ -1712,7 +1739,7 @@ async fn transact(
                 }
             }
             Req::Commit(_) => {
-                if !commit_and_answer(open.take().expect("opened above"), None, &out).await {
+                if !commit_and_answer(open.take().expect("opened above"), None, None, &out).await {
                     return;
                 }
                 tx_deadline = None;
@@ -1729,7 +1756,10 @@ async fn transact(
             }
         };
         let failed = reply.is_err();
-        let reply = reply.map(|r| v1::TransactResponse { result: Some(r) });
+        let reply = TxReply::held(
+            reply.map(|r| v1::TransactResponse { result: Some(r) }),
+            hold.take(),
+        );
         // A reply waits for room (a client that does not read) at most until the transaction's
         // deadline: waiting outside the deadline's `select!` kept the transaction, its received
         // messages and its staged bytes for as long as the connection lived (helper-65).
@@ -1754,14 +1784,44 @@ async fn transact(
     }
 }
 
+/// One reply of a Transact stream, with the count a received message's reply holds against
+/// its connection's budget (`crate::unsent`) until tonic takes it from the channel to write.
+pub(crate) struct TxReply(
+    Result<v1::TransactResponse, Status>,
+    Option<crate::unsent::Reserved>,
+);
+
+impl TxReply {
+    /// `reply`, holding `hold` at its encoded size.
+    fn held(
+        reply: Result<v1::TransactResponse, Status>,
+        hold: Option<crate::unsent::Reserved>,
+    ) -> Self {
+        let hold = hold.map(|mut h| {
+            let size = reply.as_ref().map_or(0, prost::Message::encoded_len);
+            h.resize_now(size + crate::unsent::DELIVERY_OVERHEAD_BYTES);
+            h
+        });
+        TxReply(reply, hold)
+    }
+}
+
+impl From<Result<v1::TransactResponse, Status>> for TxReply {
+    fn from(r: Result<v1::TransactResponse, Status>) -> Self {
+        TxReply(r, None)
+    }
+}
+
 /// Ends a Transact stream with `status`: after the replies its channel holds, through the
 /// channel if it has room, else through `last` (read once the channel is done).
 fn end_with(
-    out: &mpsc::Sender<Result<v1::TransactResponse, Status>>,
+    out: &mpsc::Sender<TxReply>,
     last: tokio::sync::oneshot::Sender<Status>,
     status: Status,
 ) {
-    if let Err(mpsc::error::TrySendError::Full(Err(status))) = out.try_send(Err(status)) {
+    if let Err(mpsc::error::TrySendError::Full(TxReply(Err(status), _))) =
+        out.try_send(Err(status).into())
+    {
         let _ = last.send(status);
     }
 }

@@ -1141,7 +1141,6 @@ async fn unfinished_request_messages_are_bounded_in_bytes_and_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unary_answers_a_client_does_not_read_hold_its_connections_budget() {
     use futures::StreamExt;
-    use prost::Message as _;
     const Q: &str = r".\private$\unread-pages";
     let dir = temp_data_dir("mq-unread-pages-");
     let mut mqd = MqdProcess::launch(
@@ -1157,39 +1156,15 @@ async fn unary_answers_a_client_does_not_read_hold_its_connections_budget() {
     for _ in 0..4 {
         q.send(Message::new(vec![7u8; 1 << 20])).await.unwrap();
     }
-    // A raw HTTP/2 client that never lets the broker send it a byte of data.
-    let tcp = tokio::net::TcpStream::connect(mqd.addr()).await.unwrap();
-    let (mut h2c, conn) = h2::client::Builder::new()
-        .initial_window_size(0)
-        .handshake::<_, Bytes>(tcp)
-        .await
-        .unwrap();
-    let conn = tokio::spawn(conn);
+    let (mut h2c, conn) = unread_h2(mqd.addr()).await;
     let peek = v1::PeekRequest {
         queue: Q.into(),
         max: 10,
         ..Default::default()
-    }
-    .encode_to_vec();
-    let mut framed = vec![0u8];
-    framed.extend_from_slice(&(peek.len() as u32).to_be_bytes());
-    framed.extend_from_slice(&peek);
-    let framed = Bytes::from(framed);
+    };
     let mut answers = futures::stream::FuturesUnordered::new();
     for i in 0..16 {
-        h2c = h2c.ready().await.unwrap();
-        let req = http::Request::builder()
-            .method("POST")
-            .uri(format!(
-                "http://{}/mq.v1.MessageQueueService/Peek",
-                mqd.addr()
-            ))
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(())
-            .unwrap();
-        let (answer, mut body) = h2c.send_request(req, false).unwrap();
-        body.send_data(framed.clone(), true).unwrap();
+        let (answer, body) = h2_call(&mut h2c, mqd.addr(), "Peek", &peek, true).await;
         answers.push(async move { (i, answer.await, body) });
     }
     // Answers come as far as the budget has room: three pages of ~4 MiB in 16 MiB.
@@ -1217,5 +1192,133 @@ async fn unary_answers_a_client_does_not_read_hold_its_connections_budget() {
     assert!(q.peek(Duration::ZERO).await.unwrap().is_some());
     drop((answered, answers, h2c));
     conn.abort();
+    mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
+}
+
+/// A raw HTTP/2 connection to `addr` that never lets the broker send it a byte of data (its
+/// window is 0), and the task that runs it.
+async fn unread_h2(
+    addr: std::net::SocketAddr,
+) -> (h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (h2c, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (h2c, conn)
+}
+
+/// Starts the gRPC call `method` of MessageQueueService on `h2c` with `request` as its first
+/// message (the request stream ends after it if `end`).
+async fn h2_call(
+    h2c: &mut h2::client::SendRequest<Bytes>,
+    addr: std::net::SocketAddr,
+    method: &str,
+    request: &impl prost::Message,
+    end: bool,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    *h2c = h2c.clone().ready().await.unwrap();
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/mq.v1.MessageQueueService/{method}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (answer, mut body) = h2c.send_request(req, false).unwrap();
+    body.send_data(grpc_frame(request), end).unwrap();
+    (answer, body)
+}
+
+/// `message` in gRPC's framing (uncompressed).
+fn grpc_frame(message: &impl prost::Message) -> Bytes {
+    let encoded = message.encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(encoded.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&encoded);
+    Bytes::from(framed)
+}
+
+/// A Transact stream's received messages count against their connection's budget until tonic
+/// takes their replies to write: 64 transactions of a connection whose client does not read
+/// held four replies each in their channels, ~1 GiB of 4 MiB messages (as unary answers did,
+/// helper-74). Each stream's first reply is taken by HTTP/2 to wait for the window (not
+/// counted); of the others, a 16 MiB budget holds about seven of 2 MB: 10 transactions asking
+/// for 3 messages each got 30 (all of them) before, at most 10 + 7 now, the rest waiting in the
+/// queue until the client reads or goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_replies_a_client_does_not_read_hold_its_connections_budget() {
+    const TQ: &str = r".\private$\unread-tx";
+    let dir = temp_data_dir("mq-unread-tx-");
+    let mut mqd = MqdProcess::launch(
+        dir.path(),
+        &["--max-unsent-bytes-per-connection", "16777216"],
+    );
+    let client = mqd.connect().await;
+    client
+        .create_queue(
+            TQ,
+            QueueOptions {
+                transactional: true,
+                ..QueueOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    let q = client.queue(TQ).unwrap();
+    let mut tx = client.begin().await.unwrap();
+    for _ in 0..30 {
+        tx.send(&q, Message::new(vec![7u8; 2_000_000])).unwrap();
+    }
+    tx.commit().await.unwrap();
+    let (mut h2c, conn) = unread_h2(mqd.addr()).await;
+    let receive = v1::TransactRequest {
+        op: Some(v1::transact_request::Op::Receive(v1::TxReceive {
+            queue: TQ.into(),
+            timeout_ms: 30_000,
+            ..Default::default()
+        })),
+    };
+    let mut calls = Vec::new();
+    for _ in 0..10 {
+        let (answer, mut body) = h2_call(&mut h2c, mqd.addr(), "Transact", &receive, false).await;
+        for _ in 0..2 {
+            body.send_data(grpc_frame(&receive), false).unwrap();
+        }
+        calls.push((answer, body));
+    }
+    // Wait until what the budget allows is received (in flight), then a little longer.
+    let info = || async { q.info().await.unwrap() };
+    let mut in_flight = 0;
+    for _ in 0..400 {
+        in_flight = info().await.in_flight;
+        if in_flight >= 12 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(in_flight >= 12, "the transactions receive: {in_flight}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let i = info().await;
+    assert!(
+        i.in_flight <= 20 && i.messages == 30,
+        "ten replies taken by HTTP/2 and the budget's, the rest wait in the queue: {i:?}"
+    );
+    // The client goes: its transactions abort, every message is back.
+    drop((calls, h2c));
+    conn.abort();
+    let mut back = 0;
+    for _ in 0..400 {
+        back = info().await.in_flight;
+        if back == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(back, 0);
     mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
 }
