@@ -179,8 +179,17 @@ impl Consumer {
                 || (!self.ack_delay.is_zero() && since + self.ack_delay <= now)
                 || (self.buffer.is_empty() && self.ack_delay.is_zero())
             {
-                self.send_ack().await?;
+                self.take_in_ready()?;
+                if self.ended.is_none() {
+                    self.send_ack().await?;
+                }
             }
+        }
+        // Once the broker has ended the stream, what was fetched ahead went back to the queue
+        // (or went with it): none of it is handed out.
+        if let Some(e) = &self.ended {
+            self.buffer.clear();
+            return Err(e.clone());
         }
         let deadline = now + timeout;
         // A delivery without messages is no answer: wait on until the deadline.
@@ -295,11 +304,59 @@ impl Consumer {
     }
 
     /// Acknowledges every message returned so far: the broker removes them for good. If the
-    /// broker has already ended the stream, this has no effect and the next [`Consumer::next`]
-    /// reports why.
+    /// broker has ended the stream (its `--ack-timeout`, a deleted queue, a shutdown) before
+    /// they were acknowledged, as far as this consumer has learnt, it fails with the reason:
+    /// the broker has taken them back, and they will be delivered again.
     pub async fn ack(&mut self) -> Result<()> {
         if self.handed > self.acked {
-            self.send_ack().await?;
+            self.take_in_ready()?;
+            if self.ended.is_none() {
+                self.send_ack().await?;
+            }
+        }
+        if let Some(e) = &self.ended {
+            if self.handed > self.acked_at_end {
+                return Err(e.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the broker has ended this stream, as far as what has arrived tells (without
+    /// waiting); messages fetched ahead are then not handed out, and [`Consumer::next`] fails
+    /// with the reason.
+    pub fn is_ended(&mut self) -> bool {
+        let _ = self.take_in_ready();
+        self.ended.is_some()
+    }
+
+    /// Takes in, without waiting, what the stream has already delivered, and notes its end if
+    /// it came: checked before acknowledgements are sent and before [`Consumer::ack`] answers,
+    /// so an acknowledgement of messages the broker has already taken back is not reported as
+    /// done (it was, while they waited in the buffer: helper-75).
+    fn take_in_ready(&mut self) -> Result<()> {
+        while self.ended.is_none() {
+            let Some(inbound) = self.inbound.as_mut() else {
+                return Ok(());
+            };
+            let Some(got) = futures::FutureExt::now_or_never(inbound.message()) else {
+                return Ok(());
+            };
+            match got {
+                Ok(Some(batch)) => {
+                    let mut messages = batch.messages;
+                    messages.retain(|d| d.message.is_some());
+                    if let Err(e) = self.check_delivery(&messages) {
+                        self.end(e.clone());
+                        return Err(e);
+                    }
+                    self.buffer.extend(messages);
+                }
+                Ok(None) => self.end(Error::Unavailable(
+                    "the broker ended the receive stream".into(),
+                )),
+                Err(status) => self.end(Error::from(status)),
+            }
         }
         Ok(())
     }

@@ -916,6 +916,41 @@ async fn an_unacknowledged_message_comes_back_after_the_ack_timeout() {
     assert_eq!(client.queue_info(Q).await.unwrap().messages, 0);
 }
 
+/// Once the broker has ended a consumer's stream (its ack timeout), the messages the consumer
+/// had fetched ahead are not handed out and `Consumer::ack` of what it handed out fails: the
+/// broker took them all back. The consumer handed out the rest of its buffer, and its `ack`
+/// returned Ok while the acknowledgement went nowhere (helper-75, as in the Python client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_whose_stream_the_broker_ended_hands_out_and_acknowledges_nothing_more() {
+    let dir = temp_data_dir("mq-flow-ackto-buffer-");
+    let (_mqd, client) =
+        MqdProcess::launch_with_queue(dir.path(), &["--ack-timeout", "1s"], Q).await;
+    fill(&client, Q, 3, |i| Bytes::from(format!("m{i}"))).await;
+    let q = client.queue(Q).unwrap();
+    let mut holder = q.consumer(ConsumerOptions::default()).await.unwrap();
+    let first = holder.next(WAIT).await.unwrap().expect("a message");
+    // Past the ack timeout the broker ends the stream and gives all three back.
+    let mut ended = false;
+    for _ in 0..400 {
+        if holder.is_ended() {
+            ended = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(ended, "the broker ended the stream past --ack-timeout");
+    match holder.ack().await {
+        Err(Error::Timeout(m)) => assert!(m.contains("--ack-timeout"), "{m}"),
+        other => panic!("ack of {:?} after the stream ended: {other:?}", first.body),
+    }
+    match holder.next(Duration::from_secs(1)).await {
+        Err(Error::Timeout(_)) => {}
+        other => panic!("a message fetched ahead was handed out: {other:?}"),
+    }
+    let info = client.queue_info(Q).await.unwrap();
+    assert_eq!((info.messages, info.in_flight), (3, 0), "{info:?}");
+}
+
 /// The `mq_partial_request_bytes` gauge of the broker whose HTTP port is `http`.
 fn partial_gauge(http: &str) -> Option<u64> {
     let mut r = ureq::get(&format!("http://{http}/metrics")).call().ok()?;
