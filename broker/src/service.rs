@@ -219,13 +219,9 @@ impl MessageQueueService for Service {
             Right::Receive
         };
         let queue = self.queue_for(&who, right, &req.queue)?;
-        // Counted before a message is taken, as one delivery batch (at least the largest
-        // message, and what each connection has of its own): its answer waits for its client
-        // (unsent.rs).
-        let hold =
-            crate::unsent::reserve_answer(budget, delivery_batch_bytes(self.broker.config())).await;
         let peek = req.peek;
         let select = crate::cursor::select_of(&req.id, &req.correlation_id)?;
+        let mut hold = None;
         // A peeked message removed by someone else before its body was read is looked for
         // again, a few times (it answered INTERNAL, helper-71).
         let mut looks = 0;
@@ -246,6 +242,15 @@ impl MessageQueueService for Service {
             let gone = || crate::cursor::not_found(&queue, &select);
             if found.is_empty() && req.timeout_ms == 0 && select != Select::Head {
                 return Err(gone().into());
+            }
+            // Counted once a message is found, before its body is read: its answer waits for
+            // its client (unsent.rs). Not while the call waits for a message: a long poll held
+            // a batch of the budget, and 63 on one connection were all it could wait for
+            // (helper-76). A connection whose unread answers fill its budget waits here, its
+            // message taken (a receive) or not (a peek).
+            if hold.is_none() && !found.is_empty() {
+                let size = found_bytes(&found);
+                hold = Some(crate::unsent::reserve_answer(budget.clone(), size).await);
             }
             if !peek {
                 break hand_out(&self.broker, &queue, found).await?;
@@ -278,14 +283,13 @@ impl MessageQueueService for Service {
                 "this connection has {max} open transactions (mqd --max-tx-per-connection); commit or abort one first"
             ))
         })?;
-        let budget = self.connection(&req).unsent_budget();
         let (broker, auth, inbound) = (self.broker.clone(), self.auth.clone(), req.into_inner());
-        let (tx, rx) = mpsc::channel::<TxReply>(4);
+        let (tx, rx) = mpsc::channel(4);
         // The status the stream ends with when the replies' channel had no room for it (a
         // client that does not read): it comes after what the channel holds.
         let (last_tx, last_rx) = tokio::sync::oneshot::channel::<Status>();
         tokio::spawn(async move {
-            transact(broker, auth, who, inbound, tx, last_tx, budget).await;
+            transact(broker, auth, who, inbound, tx, last_tx).await;
             drop(slot);
         });
         let last = futures::StreamExt::filter_map(futures::stream::once(last_rx), |r| {
@@ -294,11 +298,7 @@ impl MessageQueueService for Service {
         // Every error the broker ends a transaction with means it did not commit, but a commit
         // whose journal write failed after it was issued (in doubt, like a broken connection);
         // the client tells them apart by this mark.
-        // A reply's count goes as tonic takes it.
-        let replies = futures::StreamExt::chain(
-            futures::StreamExt::map(ReceiverStream::new(rx), |TxReply(r, _hold)| r),
-            last,
-        );
+        let replies = futures::StreamExt::chain(ReceiverStream::new(rx), last);
         let stream = tokio_stream::StreamExt::map(replies, |r| {
             r.map_err(|mut s: Status| {
                 if s.metadata().get(TX_IN_DOUBT_METADATA).is_none() {
@@ -350,11 +350,6 @@ impl MessageQueueService for Service {
         let queue = self.queue_for(&who, Right::Peek, &req.queue)?;
         // One page: the client asks for the next with `next_cursor`.
         let max = (req.max.max(1) as usize).min(crate::config::PEEK_PAGE_MESSAGES);
-        // Counted before it is built, as one delivery batch (what each connection has of its
-        // own, whatever the others hold), then at its size once built, as far as the budgets
-        // have it then (a page may pass a batch by one body and its messages' headers).
-        let hold =
-            crate::unsent::reserve_answer(budget, delivery_batch_bytes(self.broker.config())).await;
         let mut after = PeekCursor::decode(&req.cursor)?;
         if !req.from_id.is_empty() {
             // Start at that message (inclusive): just after the position before it.
@@ -380,6 +375,9 @@ impl MessageQueueService for Service {
             Ok(page)
         })
         .await?;
+        // Counted once the page is found, before its bodies are read (not while it waits for
+        // messages: helper-76), then at its size once built.
+        let hold = crate::unsent::reserve_answer(budget, found_bytes(&found)).await;
         let dest = queue.info().format_name;
         let mut messages = Vec::with_capacity(found.len());
         for e in &found {
@@ -393,7 +391,7 @@ impl MessageQueueService for Service {
                 messages,
                 next_cursor: next.map(|c| c.encode()).unwrap_or_default(),
             },
-            hold,
+            Some(hold),
         ))
     }
 
@@ -1487,21 +1485,23 @@ fn commit_reply(
 async fn commit_and_answer(
     tx: Transaction,
     message: Option<v1::Message>,
-    hold: Option<crate::unsent::Reserved>,
-    out: &mpsc::Sender<TxReply>,
+    out: &mpsc::Sender<Result<v1::TransactResponse, Status>>,
 ) -> bool {
     let reply = commit_reply(tx.commit().await, message);
     let failed = reply.is_err();
-    out.send(TxReply::held(reply, hold)).await.is_ok() && !failed
+    out.send(reply).await.is_ok() && !failed
 }
 
 /// Aborts `tx` and answers `aborted`; false if the client is gone.
-async fn abort_and_answer(tx: Transaction, out: &mpsc::Sender<TxReply>) -> bool {
+async fn abort_and_answer(
+    tx: Transaction,
+    out: &mpsc::Sender<Result<v1::TransactResponse, Status>>,
+) -> bool {
     tx.abort();
     let aborted = v1::TransactResponse {
         result: Some(v1::transact_response::Result::Aborted(())),
     };
-    out.send(Ok(aborted).into()).await.is_ok()
+    out.send(Ok(aborted)).await.is_ok()
 }
 
 /// One transaction stream: transactions one after another, each ended by a commit or an abort
@@ -1513,9 +1513,8 @@ async fn transact(
     auth: Arc<Auth>,
     who: Identity,
     mut inbound: Streaming<v1::TransactRequest>,
-    out: mpsc::Sender<TxReply>,
+    out: mpsc::Sender<Result<v1::TransactResponse, Status>>,
     last: tokio::sync::oneshot::Sender<Status>,
-    budget: Arc<crate::unsent::Budget>,
 ) {
     use v1::transact_request::Op as Req;
     use v1::transact_response::Result as Res;
@@ -1536,9 +1535,6 @@ async fn transact(
         ))
     };
     loop {
-        // The count a received message's reply holds (set by the Receive request, the one
-        // whose reply follows the match below).
-        let mut hold: Option<crate::unsent::Reserved>;
         let req = tokio::select! {
             r = inbound.message() => r,
             expired = crate::tx_reuse::sleep_until(tx_deadline, idle_since + idle) => {
@@ -1556,13 +1552,13 @@ async fn transact(
             }
             _ = broker.shutting_down() => {
                 drop(open.take());
-                let _ = out.send(Err(BrokerError::ShuttingDown.into()).into()).await;
+                let _ = out.send(Err(BrokerError::ShuttingDown.into())).await;
                 return;
             }
         };
         if let Some(lost) = standing.lost() {
             drop(open.take());
-            let _ = out.send(Err(lost).into()).await;
+            let _ = out.send(Err(lost)).await;
             return;
         }
         let op = match req {
@@ -1570,19 +1566,16 @@ async fn transact(
             Ok(Some(_)) => {
                 drop(open.take());
                 let _ = out
-                    .send(
-                        Err(Status::invalid_argument(
-                            "a transaction request must carry an operation",
-                        ))
-                        .into(),
-                    )
+                    .send(Err(Status::invalid_argument(
+                        "a transaction request must carry an operation",
+                    )))
                     .await;
                 return;
             }
             Err(status) => {
                 if let Some(status) = refused_input(status) {
                     drop(open.take());
-                    let _ = out.send(Err(status).into()).await;
+                    let _ = out.send(Err(status)).await;
                 }
                 return;
             }
@@ -1610,7 +1603,7 @@ async fn transact(
                 }
                 Err(status) => {
                     drop(open.take());
-                    let _ = out.send(Err(status).into()).await;
+                    let _ = out.send(Err(status)).await;
                     return;
                 }
             }
@@ -1627,7 +1620,7 @@ async fn transact(
                 if let Err(status) = check_batch(&broker, s.messages.len(), "a transactional send")
                 {
                     drop(open.take());
-                    let _ = out.send(Err(status).into()).await;
+                    let _ = out.send(Err(status)).await;
                     return;
                 }
                 // Refused for a missing right (on a destination or an admin queue): the
@@ -1648,7 +1641,7 @@ async fn transact(
                     Ok(plan) => plan,
                     Err(BrokerError::PermissionDenied(m)) => {
                         drop(open.take());
-                        let _ = out.send(Err(Status::permission_denied(m)).into()).await;
+                        let _ = out.send(Err(Status::permission_denied(m))).await;
                         return;
                     }
                     // Any other refusal (no such queue, a bad name) makes the commit fail, and
@@ -1667,7 +1660,7 @@ async fn transact(
                 // the commit fail.
                 if let Err(e @ BrokerError::QuotaExceeded(_)) = tx.send_planned(&plan, s.messages) {
                     drop(open.take());
-                    let _ = out.send(Err(e.into()).into()).await;
+                    let _ = out.send(Err(e.into())).await;
                     return;
                 }
                 continue;
@@ -1682,33 +1675,16 @@ async fn transact(
                     // Aborted before the answer waits for room (helper-68: a client that does
                     // not read held its received messages with one bad Receive).
                     drop(open.take());
-                    let _ = out.send(Err(status).into()).await;
+                    let _ = out.send(Err(status)).await;
                     return;
                 }
-                // A received message's reply counts against the connection's budget until
-                // tonic takes it to write (`TxReply`), reserved before the message is taken,
-                // within the transaction's deadline: 64 transactions of a connection whose
-                // client did not read held four replies each in their channels (helper-74's
-                // unary finding, on this stream).
-                let reserved = tokio::select! {
-                    h = crate::unsent::reserve_answer(budget.clone(), delivery_batch_bytes(broker.config())) => Some(h),
-                    _ = tokio::time::sleep_until(deadline) => None,
-                };
-                let Some(reserved) = reserved else {
-                    if let Some(mut t) = open.take() {
-                        t.timed_out();
-                    }
-                    end_with(&out, last, timed_out());
-                    return;
-                };
-                hold = Some(reserved);
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 let wait = Duration::from_millis(r.timeout_ms).min(left);
                 let select = match crate::cursor::select_of(&r.id, &r.correlation_id) {
                     Ok(s) => s,
                     Err(e) => {
                         drop(open.take());
-                        let _ = out.send(Err(e.into()).into()).await;
+                        let _ = out.send(Err(e.into())).await;
                         return;
                     }
                 };
@@ -1716,7 +1692,7 @@ async fn transact(
                     // Received and committed in one round trip (TxReceive.commit).
                     Ok(Some(m)) if r.commit => {
                         let tx = open.take().expect("opened above");
-                        if !commit_and_answer(tx, Some(m), hold.take(), &out).await {
+                        if !commit_and_answer(tx, Some(m), &out).await {
                             return;
                         }
                         tx_deadline = None;
@@ -1739,7 +1715,7 @@ async fn transact(
                 }
             }
             Req::Commit(_) => {
-                if !commit_and_answer(open.take().expect("opened above"), None, None, &out).await {
+                if !commit_and_answer(open.take().expect("opened above"), None, &out).await {
                     return;
                 }
                 tx_deadline = None;
@@ -1756,10 +1732,7 @@ async fn transact(
             }
         };
         let failed = reply.is_err();
-        let reply = TxReply::held(
-            reply.map(|r| v1::TransactResponse { result: Some(r) }),
-            hold.take(),
-        );
+        let reply = reply.map(|r| v1::TransactResponse { result: Some(r) });
         // A reply waits for room (a client that does not read) at most until the transaction's
         // deadline: waiting outside the deadline's `select!` kept the transaction, its received
         // messages and its staged bytes for as long as the connection lived (helper-65).
@@ -1784,56 +1757,36 @@ async fn transact(
     }
 }
 
-/// One reply of a Transact stream, with the count a received message's reply holds against
-/// its connection's budget (`crate::unsent`) until tonic takes it from the channel to write.
-pub(crate) struct TxReply(
-    Result<v1::TransactResponse, Status>,
-    Option<crate::unsent::Reserved>,
-);
-
-impl TxReply {
-    /// `reply`, holding `hold` at its encoded size.
-    fn held(
-        reply: Result<v1::TransactResponse, Status>,
-        hold: Option<crate::unsent::Reserved>,
-    ) -> Self {
-        let hold = hold.map(|mut h| {
-            let size = reply.as_ref().map_or(0, prost::Message::encoded_len);
-            h.resize_now(size + crate::unsent::DELIVERY_OVERHEAD_BYTES);
-            h
-        });
-        TxReply(reply, hold)
-    }
-}
-
-impl From<Result<v1::TransactResponse, Status>> for TxReply {
-    fn from(r: Result<v1::TransactResponse, Status>) -> Self {
-        TxReply(r, None)
-    }
-}
-
 /// Ends a Transact stream with `status`: after the replies its channel holds, through the
 /// channel if it has room, else through `last` (read once the channel is done).
 fn end_with(
-    out: &mpsc::Sender<TxReply>,
+    out: &mpsc::Sender<Result<v1::TransactResponse, Status>>,
     last: tokio::sync::oneshot::Sender<Status>,
     status: Status,
 ) {
-    if let Err(mpsc::error::TrySendError::Full(TxReply(Err(status), _))) =
-        out.try_send(Err(status).into())
-    {
+    if let Err(mpsc::error::TrySendError::Full(Err(status))) = out.try_send(Err(status)) {
         let _ = last.send(status);
     }
 }
 
 /// A unary answer holding `hold` (its connection's count) at the answer's encoded size until
 /// HTTP/2 has written it (`unsent::AnswerHold`, moved into the body by `large_bodies`).
-fn held<M: prost::Message>(answer: M, mut hold: crate::unsent::Reserved) -> Response<M> {
-    hold.resize_now(answer.encoded_len() + crate::unsent::DELIVERY_OVERHEAD_BYTES);
+fn held<M: prost::Message>(answer: M, hold: Option<crate::unsent::Reserved>) -> Response<M> {
     let mut r = Response::new(answer);
-    r.extensions_mut()
-        .insert(crate::unsent::AnswerHold(Arc::new(hold)));
+    if let Some(mut hold) = hold {
+        hold.resize_now(r.get_ref().encoded_len() + crate::unsent::DELIVERY_OVERHEAD_BYTES);
+        r.extensions_mut()
+            .insert(crate::unsent::AnswerHold(Arc::new(hold)));
+    }
     r
+}
+
+/// What the answer carrying `found` will hold, from their sizes (before their bodies are read).
+fn found_bytes(found: &[crate::queue::Entry]) -> usize {
+    found
+        .iter()
+        .map(|e| e.msg.body_len as usize + crate::unsent::DELIVERY_OVERHEAD_BYTES)
+        .sum()
 }
 
 #[cfg(test)]

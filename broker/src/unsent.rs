@@ -81,6 +81,8 @@ const MAX_LIMIT: usize = u32::MAX as usize;
 pub(crate) struct Budget {
     own: Semaphore,
     floor: Semaphore,
+    /// The floor's size.
+    floor_size: usize,
     broker: Arc<Semaphore>,
     limit: usize,
 }
@@ -93,6 +95,7 @@ impl Budget {
         Budget {
             own: Semaphore::new(limit),
             floor: Semaphore::new(floor.min(limit)),
+            floor_size: floor.min(limit),
             broker,
             limit,
         }
@@ -125,17 +128,41 @@ impl Budget {
         let Ok(own) = self.own.acquire_many(n).await else {
             return 0;
         };
-        let floor = self.floor_part(n);
-        let from_floor = floor.as_ref().map_or(0, |p| p.num_permits() as u32);
-        let Ok(broker) = self.broker.acquire_many(n - from_floor).await else {
-            return 0;
-        };
-        own.forget();
-        if let Some(f) = floor {
-            f.forget();
+        loop {
+            let floor = self.floor_part(n);
+            let from_floor = floor.as_ref().map_or(0, |p| p.num_permits() as u32);
+            if let Ok(broker) = self.broker.try_acquire_many(n - from_floor) {
+                own.forget();
+                if let Some(f) = floor {
+                    f.forget();
+                }
+                broker.forget();
+                return from_floor;
+            }
+            if n as usize > self.floor_size {
+                // More than the floor ever holds: what it has now, the rest from the broker's
+                // share once it has it.
+                let Ok(broker) = self.broker.acquire_many(n - from_floor).await else {
+                    return 0;
+                };
+                own.forget();
+                if let Some(f) = floor {
+                    f.forget();
+                }
+                broker.forget();
+                return from_floor;
+            }
+            drop(floor);
+            // Until the floor or the broker's share has all of it, whichever comes first; then
+            // look again. Waiting on the broker's share alone (for what the floor lacked then)
+            // missed the floor coming free: while other connections held the whole share, a
+            // connection's second call waited for them to go, though its first had long given
+            // its floor back (helper-76).
+            tokio::select! {
+                p = self.floor.acquire_many(n) => drop(p),
+                p = self.broker.acquire_many(n) => drop(p),
+            }
         }
-        broker.forget();
-        from_floor
     }
 
     /// As much of `n` as the floor has now.
@@ -335,6 +362,27 @@ mod tests {
     /// A broker budget no test reaches.
     fn broker() -> Arc<Semaphore> {
         Arc::new(Semaphore::new(MAX_LIMIT))
+    }
+
+    /// A take waiting for the broker's share while other connections hold all of it goes on
+    /// once its own connection's floor comes free (it waited for the others to go: helper-76).
+    #[tokio::test]
+    async fn a_take_waiting_for_the_share_goes_on_when_its_floor_comes_free() {
+        let shared = Arc::new(Semaphore::new(50));
+        let greedy = Arc::new(Budget::new(100, 10, shared.clone()));
+        let honest = Arc::new(Budget::new(100, 10, shared.clone()));
+        // The greedy connection holds its floor and the whole share.
+        let _held = Unsent::new(greedy.clone(), 100, 1).reserve_bytes(60).await;
+        let mine = Unsent::new(honest.clone(), 100, 1);
+        let first = mine.reserve_bytes(10).await; // the floor
+        let second = mine.reserve_bytes(10);
+        tokio::pin!(second);
+        assert!(futures::poll!(second.as_mut()).is_pending());
+        drop(first);
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), second)
+            .await
+            .expect("the floor came free");
+        assert_eq!(got.bytes(), 10);
     }
 
     #[tokio::test]
