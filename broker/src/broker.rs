@@ -2386,6 +2386,20 @@ mod tests {
         open_with(dir, |_| {})
     }
 
+    /// `n` recoverable messages `{prefix}0`, `{prefix}1`, ... asking the admin queue
+    /// `.\private$\acks` for the acknowledgements `acknowledge` names.
+    fn asking_acks(n: usize, prefix: &str, acknowledge: u32) -> Vec<v1::OutMessage> {
+        (0..n)
+            .map(|i| v1::OutMessage {
+                body: Bytes::from(format!("{prefix}{i}")),
+                delivery: v1::Delivery::Recoverable as i32,
+                admin_queue: r".\private$\acks".into(),
+                acknowledge,
+                ..Default::default()
+            })
+            .collect()
+    }
+
     /// Creates the queue `name` (a local path name) with the defaults.
     async fn create(b: &Broker, name: &str) {
         b.create_queue(v1::CreateQueueRequest {
@@ -2450,15 +2464,7 @@ mod tests {
         create(&b, r".\private$\q").await;
         create(&b, r".\private$\acks").await;
         let dests = b.destinations(r".\private$\q", false).unwrap();
-        let msgs = (0..5)
-            .map(|i| v1::OutMessage {
-                body: Bytes::from(format!("m{i}")),
-                delivery: v1::Delivery::Recoverable as i32,
-                admin_queue: r".\private$\acks".into(),
-                acknowledge: 8,
-                ..Default::default()
-            })
-            .collect();
+        let msgs = asking_acks(5, "m", 8);
         assert!(b.send_batch(&dests, msgs, false).await.failures.is_empty());
         let charged = b.stored_used.load(Ordering::Acquire);
         // Polled until it waits for its record, then dropped.
@@ -2517,16 +2523,7 @@ mod tests {
         create(&b, r".\private$\q").await;
         create(&b, r".\private$\acks").await;
         let dests = b.destinations(r".\private$\q", false).unwrap();
-        let recoverable = (0..2)
-            .map(|i| v1::OutMessage {
-                body: Bytes::from(format!("r{i}")),
-                delivery: v1::Delivery::Recoverable as i32,
-                admin_queue: r".\private$\acks".into(),
-                acknowledge: 1,
-                ..Default::default()
-            })
-            .collect();
-        drop(b.send_batch(&dests, recoverable, false));
+        drop(b.send_batch(&dests, asking_acks(2, "r", 1), false));
         let express = vec![v1::OutMessage {
             body: Bytes::from_static(b"e"),
             ..Default::default()
@@ -2661,15 +2658,7 @@ mod tests {
         create(&b, r".\private$\q").await;
         create(&b, r".\private$\acks").await;
         let dests = b.destinations(r".\private$\q", false).unwrap();
-        let msgs = (0..2)
-            .map(|i| v1::OutMessage {
-                body: Bytes::from(format!("m{i}")),
-                delivery: v1::Delivery::Recoverable as i32,
-                admin_queue: r".\private$\acks".into(),
-                acknowledge: 8,
-                ..Default::default()
-            })
-            .collect();
+        let msgs = asking_acks(2, "m", 8);
         assert!(b.send_batch(&dests, msgs, false).await.failures.is_empty());
         let r = futures::FutureExt::now_or_never(b.delete_queue(r".\private$\q"));
         assert!(r.is_none(), "the deletion waited for nothing: {r:?}");

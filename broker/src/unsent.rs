@@ -128,39 +128,48 @@ impl Budget {
         let Ok(own) = self.own.acquire_many(n).await else {
             return 0;
         };
-        loop {
-            let floor = self.floor_part(n);
-            let from_floor = floor.as_ref().map_or(0, |p| p.num_permits() as u32);
-            if let Ok(broker) = self.broker.try_acquire_many(n - from_floor) {
-                own.forget();
-                if let Some(f) = floor {
-                    f.forget();
-                }
-                broker.forget();
-                return from_floor;
+        let floor = self.floor_part(n);
+        let from_floor = floor.as_ref().map_or(0, |p| p.num_permits() as u32);
+        if let Ok(broker) = self.broker.try_acquire_many(n - from_floor) {
+            own.forget();
+            if let Some(f) = floor {
+                f.forget();
             }
-            if n as usize > self.floor_size {
-                // More than the floor ever holds: what it has now, the rest from the broker's
-                // share once it has it.
-                let Ok(broker) = self.broker.acquire_many(n - from_floor).await else {
-                    return 0;
-                };
-                own.forget();
-                if let Some(f) = floor {
-                    f.forget();
-                }
-                broker.forget();
-                return from_floor;
+            broker.forget();
+            return from_floor;
+        }
+        if n as usize > self.floor_size {
+            // More than the floor ever holds: what it has now, the rest from the broker's
+            // share once it has it.
+            let Ok(broker) = self.broker.acquire_many(n - from_floor).await else {
+                return 0;
+            };
+            own.forget();
+            if let Some(f) = floor {
+                f.forget();
             }
-            drop(floor);
-            // Until the floor or the broker's share has all of it, whichever comes first; then
-            // look again. Waiting on the broker's share alone (for what the floor lacked then)
-            // missed the floor coming free: while other connections held the whole share, a
-            // connection's second call waited for them to go, though its first had long given
-            // its floor back (helper-76).
-            tokio::select! {
-                p = self.floor.acquire_many(n) => drop(p),
-                p = self.broker.acquire_many(n) => drop(p),
+            broker.forget();
+            return from_floor;
+        }
+        drop(floor);
+        // All of it from the floor or from the broker's share, whichever has it first (what is
+        // acquired is kept: given back and looked for again, the permits went round the
+        // waiters and none of them got any). Waiting on the broker's share alone missed the
+        // floor coming free: while other connections held the whole share, a connection's
+        // second call waited for them to go, though its first had long given its floor back
+        // (helper-76).
+        tokio::select! {
+            p = self.floor.acquire_many(n) => {
+                let Ok(p) = p else { return 0 };
+                own.forget();
+                p.forget();
+                n
+            }
+            p = self.broker.acquire_many(n) => {
+                let Ok(p) = p else { return 0 };
+                own.forget();
+                p.forget();
+                0
             }
         }
     }

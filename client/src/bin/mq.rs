@@ -859,14 +859,7 @@ async fn info_command(client: &Client, json: bool, out: &mut impl Write) -> Resu
             writeln!(out, "{v}")?;
             return Ok(());
         }
-        writeln!(out, "name        {}", i.name)?;
-        writeln!(
-            out,
-            "version     {} (protocol {}; this mq speaks {})",
-            i.version,
-            i.protocol_version,
-            mq_client::PROTOCOL_VERSION
-        )?;
+        name_and_version(&i, out)?;
         writeln!(out, "ready       {}", if i.ready { "yes" } else { "no" })?;
         writeln!(
             out,
@@ -899,14 +892,7 @@ async fn info_command(client: &Client, json: bool, out: &mut impl Write) -> Resu
         return Ok(());
     }
     let uptime = std::time::Duration::from_secs(i.uptime_ms / 1000);
-    writeln!(out, "name        {}", i.name)?;
-    writeln!(
-        out,
-        "version     {} (protocol {}; this mq speaks {})",
-        i.version,
-        i.protocol_version,
-        mq_client::PROTOCOL_VERSION
-    )?;
+    name_and_version(&i, out)?;
     writeln!(out, "uptime      {}", humantime::format_duration(uptime))?;
     writeln!(out, "ready       {}", if i.ready { "yes" } else { "no" })?;
     writeln!(out, "listen      {}", i.listen.join(", "))?;
@@ -936,6 +922,19 @@ async fn info_command(client: &Client, json: bool, out: &mut impl Write) -> Resu
     for (k, v) in limits {
         writeln!(out, "  {k:<30} {v}")?;
     }
+    Ok(())
+}
+
+/// `mq info`'s first two lines: the broker's name and versions.
+fn name_and_version(i: &mq_client::BrokerInfo, out: &mut impl Write) -> Result<(), Failure> {
+    writeln!(out, "name        {}", i.name)?;
+    writeln!(
+        out,
+        "version     {} (protocol {}; this mq speaks {})",
+        i.version,
+        i.protocol_version,
+        mq_client::PROTOCOL_VERSION
+    )?;
     Ok(())
 }
 
