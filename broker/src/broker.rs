@@ -2386,18 +2386,33 @@ mod tests {
         open_with(dir, |_| {})
     }
 
+    /// A recoverable message of `body`.
+    fn recoverable(body: impl Into<Bytes>) -> v1::OutMessage {
+        v1::OutMessage {
+            body: body.into(),
+            delivery: v1::Delivery::Recoverable as i32,
+            ..Default::default()
+        }
+    }
+
     /// `n` recoverable messages `{prefix}0`, `{prefix}1`, ... asking the admin queue
     /// `.\private$\acks` for the acknowledgements `acknowledge` names.
     fn asking_acks(n: usize, prefix: &str, acknowledge: u32) -> Vec<v1::OutMessage> {
         (0..n)
             .map(|i| v1::OutMessage {
-                body: Bytes::from(format!("{prefix}{i}")),
-                delivery: v1::Delivery::Recoverable as i32,
                 admin_queue: r".\private$\acks".into(),
                 acknowledge,
-                ..Default::default()
+                ..recoverable(format!("{prefix}{i}"))
             })
             .collect()
+    }
+
+    /// Sends `msgs` to the local queue `name` and waits until every one is stored; their ids.
+    async fn store(b: &Arc<Broker>, name: &str, msgs: Vec<v1::OutMessage>) -> Vec<uuid::Uuid> {
+        let dests = b.destinations(name, false).unwrap();
+        let sent = b.send_batch(&dests, msgs, false).await;
+        assert!(sent.failures.is_empty(), "{:?}", sent.failures);
+        sent.ids.into_iter().map(|id| id.expect("stored")).collect()
     }
 
     /// Creates the queue `name` (a local path name) with the defaults.
@@ -2463,9 +2478,7 @@ mod tests {
         let b = open(dir.path());
         create(&b, r".\private$\q").await;
         create(&b, r".\private$\acks").await;
-        let dests = b.destinations(r".\private$\q", false).unwrap();
-        let msgs = asking_acks(5, "m", 8);
-        assert!(b.send_batch(&dests, msgs, false).await.failures.is_empty());
+        store(&b, r".\private$\q", asking_acks(5, "m", 8)).await;
         let charged = b.stored_used.load(Ordering::Acquire);
         // Polled until it waits for its record, then dropped.
         let r = futures::FutureExt::now_or_never(b.purge(r".\private$\q"));
@@ -2490,14 +2503,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let b = open(dir.path());
         create(&b, r".\private$\q").await;
-        let dests = b.destinations(r".\private$\q", false).unwrap();
-        let msgs = vec![v1::OutMessage {
-            body: Bytes::from_static(b"moved"),
-            delivery: v1::Delivery::Recoverable as i32,
-            ..Default::default()
-        }];
-        let sent = b.send_batch(&dests, msgs, false).await;
-        let id = sent.ids[0].expect("stored");
+        let id = store(&b, r".\private$\q", vec![recoverable("moved")]).await[0];
         let q = b.queue(r".\private$\q").unwrap();
         let r = futures::FutureExt::now_or_never(b.move_message(&q, id, "poison", &|_| Ok(())));
         assert!(r.is_none(), "the move waited for nothing: {r:?}");
@@ -2602,7 +2608,6 @@ mod tests {
         b.acks.set_broker(&b);
         create(&b, r".\private$\q").await;
         create(&b, r".\private$\acks").await;
-        let dests = b.destinations(r".\private$\q", false).unwrap();
         let body = Bytes::from(vec![7u8; 4 << 20]);
         for i in 0..N {
             let delivery = if i % 2 == 0 {
@@ -2610,15 +2615,13 @@ mod tests {
             } else {
                 v1::Delivery::Express
             };
-            let msgs = vec![v1::OutMessage {
-                body: body.clone(),
+            let msg = v1::OutMessage {
                 delivery: delivery as i32,
                 admin_queue: r".\private$\acks".into(),
                 acknowledge: 8, // negative acks on receive
-                ..Default::default()
-            }];
-            let sent = b.send_batch(&dests, msgs, false).await;
-            assert!(sent.failures.is_empty(), "{:?}", sent.failures);
+                ..recoverable(body.clone())
+            };
+            store(&b, r".\private$\q", vec![msg]).await;
         }
         let acks = b.queue(r".\private$\acks").unwrap();
         let q = b.queue(r".\private$\q").unwrap();
@@ -2657,9 +2660,7 @@ mod tests {
         b.acks.set_broker(&b);
         create(&b, r".\private$\q").await;
         create(&b, r".\private$\acks").await;
-        let dests = b.destinations(r".\private$\q", false).unwrap();
-        let msgs = asking_acks(2, "m", 8);
-        assert!(b.send_batch(&dests, msgs, false).await.failures.is_empty());
+        store(&b, r".\private$\q", asking_acks(2, "m", 8)).await;
         let r = futures::FutureExt::now_or_never(b.delete_queue(r".\private$\q"));
         assert!(r.is_none(), "the deletion waited for nothing: {r:?}");
         let acks = b.queue(r".\private$\acks").unwrap();
@@ -2702,13 +2703,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let b = open(dir.path());
         create(&b, r".\private$\q").await;
-        let dests = b.destinations(r".\private$\q", false).unwrap();
-        let msgs = vec![v1::OutMessage {
-            body: Bytes::from_static(b"peeked"),
-            delivery: v1::Delivery::Recoverable as i32,
-            ..Default::default()
-        }];
-        assert!(b.send_batch(&dests, msgs, false).await.failures.is_empty());
+        store(&b, r".\private$\q", vec![recoverable("peeked")]).await;
         let q = b.queue(r".\private$\q").unwrap();
         let seen = q.peek(1).unwrap();
         assert_eq!(
@@ -2769,17 +2764,13 @@ mod tests {
         let open_paged = || open_with(dir.path(), |c| c.queue_header_window = 4);
         let b = open_paged();
         create(&b, r".\private$\q").await;
-        let dests = b.destinations(r".\private$\q", false).unwrap();
         let msgs = (0..N)
             .map(|i| v1::OutMessage {
-                body: Bytes::from(format!("m{i}")),
-                delivery: v1::Delivery::Recoverable as i32,
                 time_to_be_received_ms: 1,
-                ..Default::default()
+                ..recoverable(format!("m{i}"))
             })
             .collect();
-        let sent = b.send_batch(&dests, msgs, false).await;
-        assert!(sent.failures.is_empty(), "{:?}", sent.failures);
+        store(&b, r".\private$\q", msgs).await;
         let dlq = b.dead_letter_queue(false).clone();
         for _ in 0..1000 {
             if dlq.info().messages == N as u64 {

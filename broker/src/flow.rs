@@ -777,6 +777,18 @@ mod tests {
         assert_eq!(b.used(), 4);
     }
 
+    /// The next connection `incoming` accepts, in a task of its own (with `incoming` back).
+    fn accept_next<S, T>(mut incoming: S) -> tokio::task::JoinHandle<(Option<T>, S)>
+    where
+        S: Stream<Item = io::Result<T>> + Unpin + Send + 'static,
+        T: Send + 'static,
+    {
+        tokio::spawn(async move {
+            let s = futures::StreamExt::next(&mut incoming).await;
+            (s.and_then(|r| r.ok()), incoming)
+        })
+    }
+
     /// A listener accepting at most one connection, and one connection accepted: its
     /// address, the count, the accepting stream, the client's end and the server's.
     async fn one_connection_of_one() -> (
@@ -863,16 +875,13 @@ mod tests {
 
     #[tokio::test]
     async fn connections_past_the_limit_are_closed_and_counted_while_open() {
-        let (addr, conns, mut incoming, _first, served) = one_connection_of_one().await;
+        let (addr, conns, incoming, _first, served) = one_connection_of_one().await;
         assert_eq!(conns.live(), 1);
         // It made a request: it keeps its place.
         served.guard.life.prove();
         // The second is accepted and closed: its reads end at once.
         let mut second = TcpStream::connect(addr).await.unwrap();
-        let next = tokio::spawn(async move {
-            let s = futures::StreamExt::next(&mut incoming).await;
-            (s.and_then(|r| r.ok()), incoming)
-        });
+        let next = accept_next(incoming);
         closed_at_once(&mut second).await;
         assert_eq!(
             conns.closed_for_limits(),
@@ -898,12 +907,9 @@ mod tests {
     /// instead; once the call is over the connection gives its place again (helper-72).
     #[tokio::test]
     async fn a_connection_with_a_call_under_way_keeps_its_place() {
-        let (addr, conns, mut incoming, _first, served) = one_connection_of_one().await;
+        let (addr, conns, incoming, _first, served) = one_connection_of_one().await;
         let call = Proof(served.guard.life.clone()).call();
-        let next = tokio::spawn(async move {
-            let s = futures::StreamExt::next(&mut incoming).await;
-            (s.and_then(|r| r.ok()), incoming)
-        });
+        let next = accept_next(incoming);
         let mut second = TcpStream::connect(addr).await.unwrap();
         closed_at_once(&mut second).await;
         assert_eq!(

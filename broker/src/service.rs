@@ -249,7 +249,7 @@ impl MessageQueueService for Service {
             // (helper-76). A connection whose unread answers fill its budget waits here, its
             // message taken (a receive) or not (a peek).
             if hold.is_none() && !found.is_empty() {
-                let size = found_bytes(&found);
+                let size = found_bytes(&found, &queue);
                 hold = Some(crate::unsent::reserve_answer(budget.clone(), size).await);
             }
             if !peek {
@@ -376,8 +376,8 @@ impl MessageQueueService for Service {
         })
         .await?;
         // Counted once the page is found, before its bodies are read (not while it waits for
-        // messages: helper-76), then at its size once built.
-        let hold = crate::unsent::reserve_answer(budget, found_bytes(&found)).await;
+        // messages: helper-76).
+        let hold = crate::unsent::reserve_answer(budget, found_bytes(&found, &queue)).await;
         let dest = queue.info().format_name;
         let mut messages = Vec::with_capacity(found.len());
         for e in &found {
@@ -1769,23 +1769,25 @@ fn end_with(
     }
 }
 
-/// A unary answer holding `hold` (its connection's count) at the answer's encoded size until
-/// HTTP/2 has written it (`unsent::AnswerHold`, moved into the body by `large_bodies`).
-fn held<M: prost::Message>(answer: M, hold: Option<crate::unsent::Reserved>) -> Response<M> {
+/// A unary answer holding `hold` (its connection's count) until HTTP/2 has written it
+/// (`unsent::AnswerHold`, moved into the body by `large_bodies`).
+fn held<M>(answer: M, hold: Option<crate::unsent::Reserved>) -> Response<M> {
     let mut r = Response::new(answer);
-    if let Some(mut hold) = hold {
-        hold.resize_now(r.get_ref().encoded_len() + crate::unsent::DELIVERY_OVERHEAD_BYTES);
+    if let Some(hold) = hold {
         r.extensions_mut()
             .insert(crate::unsent::AnswerHold(Arc::new(hold)));
     }
     r
 }
 
-/// What the answer carrying `found` will hold, from their sizes (before their bodies are read).
-fn found_bytes(found: &[crate::queue::Entry]) -> usize {
+/// What the answer carrying `found` (from `queue`) holds, counted as a receive stream counts
+/// its deliveries (body and texts, the queue's name and 256 B a message), before their bodies
+/// are read.
+fn found_bytes(found: &[crate::queue::Entry], queue: &Queue) -> usize {
+    let each = crate::unsent::DELIVERY_OVERHEAD_BYTES + queue.info().format_name.len();
     found
         .iter()
-        .map(|e| e.msg.body_len as usize + crate::unsent::DELIVERY_OVERHEAD_BYTES)
+        .map(|e| e.msg.delivered_bytes() as usize + each)
         .sum()
 }
 

@@ -55,6 +55,16 @@ async fn as_user(url: &str, user: &str, password: &str) -> Client {
         .expect("connect")
 }
 
+/// `admin`, logged in, once it has created the queue `Q`.
+async fn admin_with_queue(url: &str) -> Client {
+    let admin = as_user(url, "admin", "admin-pw").await;
+    admin
+        .create_queue(Q, QueueOptions::default())
+        .await
+        .unwrap();
+    admin
+}
+
 fn denied<T: std::fmt::Debug>(r: mq_client::Result<T>, needles: &[&str]) {
     match r {
         Err(Error::PermissionDenied(m)) => {
@@ -1097,11 +1107,7 @@ async fn guessing(url: &str, user: &'static str) -> GuessClient {
 async fn password_guessing_does_not_stall_the_broker_or_evict_logins() {
     let (_pki, _users, _dir, mqd) = mqd_with_users();
     let url = mqd.url().to_string();
-    let admin = as_user(&url, "admin", "admin-pw").await;
-    admin
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    let admin = admin_with_queue(&url).await;
 
     // 300 wrong-password calls in flight at once, on three connections.
     let mut attack = tokio::task::JoinSet::new();
@@ -1372,11 +1378,7 @@ async fn a_queues_kind_is_told_only_to_who_may_send_there() {
 async fn a_removed_user_loses_its_open_streams_when_the_users_file_is_reread() {
     let (_pki, users, _dir, mqd) = mqd_with_users();
     let url = mqd.url().to_string();
-    let admin = as_user(&url, "admin", "admin-pw").await;
-    admin
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    let admin = admin_with_queue(&url).await;
     admin.grant(Q, "alice", &["send", "receive"]).await.unwrap();
     let alice = as_user(&url, "alice", "alice-pw").await;
     let q = alice.queue(Q).unwrap();
@@ -1810,11 +1812,7 @@ async fn only_callers_who_are_someone_keep_their_connections_at_the_limit() {
 async fn an_anonymous_consumer_with_its_stream_open_keeps_its_connection_at_the_limit() {
     let (_pki, _users, _dir, mqd) = mqd_with_users_and(&["--max-connections", "3"]);
     let url = mqd.url().to_string();
-    let admin = as_user(&url, "admin", "admin-pw").await;
-    admin
-        .create_queue(Q, QueueOptions::default())
-        .await
-        .unwrap();
+    let admin = admin_with_queue(&url).await;
     admin
         .grant(Q, "anonymous", &["send", "receive"])
         .await
