@@ -468,6 +468,12 @@ impl MqdProcess {
         String::from_utf8_lossy(&self.stderr.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
     }
 
+    /// Whether its logs come to contain `needle` within `timeout`: they arrive through a pipe
+    /// a thread reads, so a line the broker wrote just now may not be here yet.
+    pub fn logs_within(&self, timeout: Duration, needle: &str) -> bool {
+        wait_until(timeout, || self.stderr().contains(needle))
+    }
+
     /// What it wrote to stdout after the first line (complete once it has exited).
     pub fn stdout_rest(&self) -> String {
         String::from_utf8_lossy(&self.stdout.lock().unwrap_or_else(|p| p.into_inner())).into_owned()

@@ -159,8 +159,7 @@ async fn silent_connections_give_their_places_to_new_ones() {
         c.list_queues().await.unwrap();
     }
     assert!(
-        mqd.stderr()
-            .contains("closed connections that had made no request to make room"),
+        mqd.logs_within(WAIT, "closed connections that had made no request to make room"),
         "{}",
         mqd.stderr()
     );
@@ -217,7 +216,7 @@ fn connections_past_the_limit_per_address_are_closed() {
         }
     }
     assert!(
-        mqd.stderr().contains("--max-connections-per-address"),
+        mqd.logs_within(WAIT, "--max-connections-per-address"),
         "{}",
         mqd.stderr()
     );

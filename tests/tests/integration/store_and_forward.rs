@@ -1304,7 +1304,11 @@ async fn a_link_too_slow_for_a_whole_batch_is_sent_smaller_batches() {
         a.stderr()
     );
     // The operator is told why batches got smaller.
-    assert!(a.stderr().contains("batches are cut at"), "{}", a.stderr());
+    assert!(
+        a.logs_within(Duration::from_secs(10), "batches are cut at"),
+        "{}",
+        a.stderr()
+    );
     server.abort();
 }
 
