@@ -351,6 +351,8 @@ pub struct MqdProcess {
     first_line: String,
     stdout: Arc<Mutex<Vec<u8>>>,
     stderr: Arc<Mutex<Vec<u8>>>,
+    /// The threads that read its stdout and stderr: done at the pipes' end, soon after exit.
+    readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl MqdProcess {
@@ -387,7 +389,7 @@ impl MqdProcess {
         let stdout_pipe = child.stdout.take().expect("piped stdout");
         let stdout = Arc::new(Mutex::new(Vec::new()));
         let (line_tx, line_rx) = std::sync::mpsc::channel::<std::io::Result<String>>();
-        {
+        let stdout_thread = {
             let stdout = stdout.clone();
             std::thread::spawn(move || {
                 let mut r = BufReader::new(stdout_pipe);
@@ -400,8 +402,8 @@ impl MqdProcess {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .extend_from_slice(&rest);
-            });
-        }
+            })
+        };
         let mut proc = MqdProcess {
             child,
             addr: "127.0.0.1:0".parse().expect("address"),
@@ -409,14 +411,16 @@ impl MqdProcess {
             first_line: String::new(),
             stdout,
             stderr,
+            readers: vec![stdout_thread, stderr_thread],
         };
         let start_timeout = start_timeout();
         let line = match line_rx.recv_timeout(start_timeout) {
             // End of stdout before any line: mqd exited (bad flags, port in use, ...). Let it
             // finish writing its reason to stderr, so the error below carries it.
             Ok(Ok(l)) if l.is_empty() => {
-                let _ = wait_timeout(&mut proc.child, STOP_TIMEOUT);
-                let _ = stderr_thread.join();
+                if let Ok(Some(_)) = wait_timeout(&mut proc.child, STOP_TIMEOUT) {
+                    proc.output_read();
+                }
                 l
             }
             Ok(Ok(l)) => l,
@@ -481,22 +485,38 @@ impl MqdProcess {
 
     /// Whether it still runs.
     pub fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        if matches!(self.child.try_wait(), Ok(None)) {
+            return true;
+        }
+        self.output_read();
+        false
     }
 
     /// SIGKILL by PID, and reap it.
     pub fn kill9(&mut self) -> anyhow::Result<ExitStatus> {
         if let Some(s) = self.child.try_wait()? {
+            self.output_read();
             return Ok(s);
         }
         self.child.kill().context("SIGKILL mqd")?;
-        Ok(self.child.wait()?)
+        let s = self.child.wait()?;
+        self.output_read();
+        Ok(s)
+    }
+
+    /// Once it has exited: waits (at most 10 s) until what it wrote to stdout and stderr has
+    /// been read, so [`MqdProcess::stderr`] and [`MqdProcess::stdout_rest`] are whole.
+    fn output_read(&self) {
+        wait_until(Duration::from_secs(10), || {
+            self.readers.iter().all(|r| r.is_finished())
+        });
     }
 
     /// SIGTERM by PID, then waits at most `timeout` for it to exit. An error if it does not
     /// (it is then left running for `Drop` to kill).
     pub fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
         if let Some(s) = self.child.try_wait()? {
+            self.output_read();
             return Ok(s);
         }
         let status = Command::new("kill")
@@ -507,7 +527,10 @@ impl MqdProcess {
             bail!("`kill -TERM {}` failed: {status}", self.child.id());
         }
         match wait_timeout(&mut self.child, timeout)? {
-            Some(s) => Ok(s),
+            Some(s) => {
+                self.output_read();
+                Ok(s)
+            }
             None => bail!(
                 "mqd (pid {}) still runs {timeout:?} after SIGTERM; stderr: {}",
                 self.child.id(),
@@ -530,7 +553,11 @@ impl MqdProcess {
 
     /// Waits at most `timeout` for it to exit on its own.
     pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<Option<ExitStatus>> {
-        Ok(wait_timeout(&mut self.child, timeout)?)
+        let s = wait_timeout(&mut self.child, timeout)?;
+        if s.is_some() {
+            self.output_read();
+        }
+        Ok(s)
     }
 }
 

@@ -159,7 +159,10 @@ async fn silent_connections_give_their_places_to_new_ones() {
         c.list_queues().await.unwrap();
     }
     assert!(
-        mqd.logs_within(WAIT, "closed connections that had made no request to make room"),
+        mqd.logs_within(
+            WAIT,
+            "closed connections that had made no request to make room"
+        ),
         "{}",
         mqd.stderr()
     );
