@@ -194,7 +194,15 @@ async fn act(
     let here = queue.position(e);
     let message = if receive {
         *pos = Position::Past(here);
-        crate::service::hand_out(broker, queue, found).await?
+        let taken = crate::taken::Taken::new(broker, queue, found);
+        match crate::service::hand_out(taken).await? {
+            // On the stream's way out now; one the client does not read is its own.
+            (m, Some(taken)) => {
+                taken.keep();
+                m
+            }
+            (m, None) => m,
+        }
     } else {
         *pos = Position::At(here);
         let dest = queue.info().format_name;

@@ -697,9 +697,13 @@ pub(crate) async fn receive(
     if found.is_empty() {
         return Err(crate::cursor::not_found(&q, &Select::Id(id)).into());
     }
-    crate::service::hand_out(&broker, &q, found)
-        .await?
-        .ok_or_else(|| crate::cursor::not_found(&q, &Select::Id(id)).into())
+    let (message, taken) =
+        crate::service::hand_out(crate::taken::Taken::new(&broker, &q, found)).await?;
+    // The answer is built from here on without waiting: received.
+    if let Some(taken) = taken {
+        taken.keep();
+    }
+    message.ok_or_else(|| crate::cursor::not_found(&q, &Select::Id(id)).into())
 }
 
 /// Moves one message to `destination` (a subqueue, or out of a dead-letter queue: its original

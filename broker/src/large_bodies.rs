@@ -414,18 +414,17 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let path = req.uri().path();
         if path == PEEK_PATH || path == RECEIVE_ONE_PATH {
-            // Their answers hold their connection's budget until written (`unsent::AnswerHold`).
+            // Their answers hold their connection's budget until written (`unsent::AnswerHold`),
+            // and a ReceiveOne's message stays taken until then (`taken::AnswerTaken`).
             let answer = self.inner.call(req);
             return Box::pin(async move {
                 let mut resp = answer.await?;
-                Ok(
-                    match resp.extensions_mut().remove::<crate::unsent::AnswerHold>() {
-                        Some(hold) => {
-                            resp.map(|body| tonic::body::Body::new(HeldBody { body, hold }))
-                        }
-                        None => resp,
-                    },
-                )
+                let hold = resp.extensions_mut().remove::<crate::unsent::AnswerHold>();
+                let taken = resp.extensions_mut().remove::<crate::taken::AnswerTaken>();
+                if hold.is_none() && taken.is_none() {
+                    return Ok(resp);
+                }
+                Ok(resp.map(|body| tonic::body::Body::new(HeldBody { body, hold, taken })))
             });
         }
         let ours = (path == RECEIVE_PATH || path == SEND_PATH)
@@ -461,11 +460,14 @@ where
 }
 
 /// A unary answer's body with its count ([`crate::unsent::AnswerHold`]), given back when
-/// HTTP/2 drops the body.
+/// HTTP/2 drops the body, and the message a ReceiveOne took ([`crate::taken::AnswerTaken`]):
+/// received once HTTP/2 has taken the whole answer, back in its queue if the body is dropped
+/// before.
 struct HeldBody {
     body: tonic::body::Body,
     #[allow(dead_code)]
-    hold: crate::unsent::AnswerHold,
+    hold: Option<crate::unsent::AnswerHold>,
+    taken: Option<crate::taken::AnswerTaken>,
 }
 
 impl http_body::Body for HeldBody {
@@ -476,7 +478,20 @@ impl http_body::Body for HeldBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        // The trailers (or the end) come once hyper has handed every byte before them to
+        // HTTP/2 (it asks for the next frame only with room in the stream's window).
+        let whole = match &polled {
+            Poll::Ready(Some(Ok(frame))) => frame.is_trailers(),
+            Poll::Ready(None) => true,
+            _ => false,
+        };
+        if whole {
+            if let Some(taken) = self.taken.take() {
+                taken.keep();
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

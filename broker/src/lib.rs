@@ -92,6 +92,7 @@ mod server;
 mod service;
 mod stream_bounds;
 mod subqueue;
+mod taken;
 mod tls;
 mod transaction;
 mod tx_reuse;

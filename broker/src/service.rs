@@ -228,7 +228,7 @@ impl MessageQueueService for Service {
         // One wait in all, whatever the looks (helper-72: each look waited the whole timeout
         // again).
         let until = tokio::time::Instant::now() + Duration::from_millis(req.timeout_ms);
-        let message = loop {
+        let (message, taken) = loop {
             let left = until.saturating_duration_since(tokio::time::Instant::now());
             let found = wait_for(&self.broker, &queue, left.as_millis() as u64, |q| {
                 match (&select, peek) {
@@ -248,26 +248,35 @@ impl MessageQueueService for Service {
             // a batch of the budget, and 63 on one connection were all it could wait for
             // (helper-76). A connection whose unread answers fill its budget waits here, its
             // message taken (a receive) or not (a peek).
-            if hold.is_none() && !found.is_empty() {
-                let size = found_bytes(&found, &queue);
+            let size = (hold.is_none() && !found.is_empty()).then(|| found_bytes(&found, &queue));
+            if !peek {
+                // Taken until HTTP/2 has taken the whole answer; this call dropped before
+                // (its client reset it, or went) gives the message back (taken.rs).
+                let taken = crate::taken::Taken::new(&self.broker, &queue, found);
+                if let Some(size) = size {
+                    hold = Some(crate::unsent::reserve_answer(budget.clone(), size).await);
+                }
+                break hand_out(taken).await?;
+            }
+            if let Some(size) = size {
                 hold = Some(crate::unsent::reserve_answer(budget.clone(), size).await);
             }
-            if !peek {
-                break hand_out(&self.broker, &queue, found).await?;
-            }
-            let Some(e) = found.first() else { break None };
+            let Some(e) = found.first() else {
+                break (None, None);
+            };
             if let Some(body) = self.broker.peeked_body(&queue, e)? {
-                break Some(e.msg.to_wire(&queue.info().format_name, body, e.aborts));
+                let wire = e.msg.to_wire(&queue.info().format_name, body, e.aborts);
+                break (Some(wire), None);
             }
             looks += 1;
             if looks == 8 {
                 if select != Select::Head {
                     return Err(gone().into());
                 }
-                break None;
+                break (None, None);
             }
         };
-        Ok(held(v1::ReceiveOneResponse { message }, hold))
+        Ok(held(v1::ReceiveOneResponse { message }, hold, taken))
     }
 
     type TransactStream = BoxStream<v1::TransactResponse>;
@@ -392,6 +401,7 @@ impl MessageQueueService for Service {
                 next_cursor: next.map(|c| c.encode()).unwrap_or_default(),
             },
             Some(hold),
+            None,
         ))
     }
 
@@ -710,61 +720,62 @@ where
 /// ([`hand_out`]); larger ones are read on a blocking thread.
 const READ_HERE_MAX_BYTES: u64 = 64 << 10;
 
-/// Removes a message taken for a one-shot receive (at most one in `found`) and returns it:
-/// recoverable ones with their removal journaled; from a transactional queue as a committed
-/// single-message transaction, on disk before it is handed out.
+/// Hands out the message `taken` holds (at most one): its body read, and on a transactional
+/// queue its removal committed (on disk) first. Non-transactional ones come back still taken
+/// (in flight): the caller [keeps](crate::taken::Taken::keep) them once the answer is on its
+/// way, and a caller dropped before that gives them back. Nothing to hand out: `(None, None)`.
 pub(crate) async fn hand_out(
-    broker: &Arc<Broker>,
-    queue: &Arc<Queue>,
-    found: Vec<Entry>,
-) -> Result<Option<v1::Message>, BrokerError> {
-    let found = broker.removable(queue, found)?;
-    let Some(e) = found.first() else {
-        return Ok(None);
+    taken: crate::taken::Taken,
+) -> Result<(Option<v1::Message>, Option<crate::taken::Taken>), BrokerError> {
+    let queue = taken.queue().clone();
+    let broker = taken.broker().clone();
+    let Some(e) = taken.entries().first() else {
+        return Ok((None, None));
     };
+    if taken
+        .entries()
+        .iter()
+        .any(|e| e.msg.delivery == crate::message::Delivery::Recoverable)
+    {
+        // Dropped, `taken` gives them back.
+        broker.check_writable("receive recoverable messages")?;
+    }
     let dest = queue.info().format_name;
     // A small body not in memory is read right here (one pread, mostly from the page cache),
     // not on a blocking thread: the hand-off would cost more than the read.
-    let body = match broker.body_here(queue, e, READ_HERE_MAX_BYTES) {
+    let body = match broker.body_here(&queue, e, READ_HERE_MAX_BYTES) {
         Some(b) => b,
         None => broker
-            .bodies(queue, std::slice::from_ref(e))
+            .bodies(&queue, std::slice::from_ref(e))
             .await
             .map(|mut b| b.pop().unwrap_or_default()),
     };
-    let wire = match body {
-        Ok(body) => e.msg.to_wire(&dest, body, e.aborts),
-        Err(err) => {
-            let gone = queue.restore(found);
-            broker.forget(queue, &gone);
-            return Err(err);
-        }
-    };
-    if queue.def().transactional {
-        // A committed single-message transaction before the message is handed out: written on
-        // this thread if the journal's writer is idle. Otherwise its outcome is awaited in a
-        // task of its own, so a client that gives up meanwhile cannot leave the message taken
-        // but neither removed nor given back.
-        let mut removal = broker.start_durable_removal(queue, &found);
-        match removal.commit.try_outcome() {
-            Some(r) => {
-                broker.finish_durable_removal(queue, found, removal, r)?;
-            }
-            None => {
-                let (broker, q) = (broker.clone(), queue.clone());
-                tokio::spawn(async move {
-                    let r = (&mut removal.commit).await;
-                    broker.finish_durable_removal(&q, found, removal, r)
-                })
-                .await
-                .map_err(|e| BrokerError::Internal(format!("the removal task failed: {e}")))??;
-            }
-        }
-    } else {
-        queue.complete(&found);
-        broker.forget_received_acked(queue, &found);
+    // A failed read gives the message back (`taken` dropped).
+    let wire = e.msg.to_wire(&dest, body?, e.aborts);
+    if !queue.def().transactional {
+        return Ok((Some(wire), Some(taken)));
     }
-    Ok(Some(wire))
+    // A committed single-message transaction before the message is handed out: written on
+    // this thread if the journal's writer is idle. Otherwise its outcome is awaited in a task
+    // of its own, so a client that gives up meanwhile cannot leave the message taken but
+    // neither removed nor given back.
+    let found = taken.into_entries();
+    let mut removal = broker.start_durable_removal(&queue, &found);
+    match removal.commit.try_outcome() {
+        Some(r) => {
+            broker.finish_durable_removal(&queue, found, removal, r)?;
+        }
+        None => {
+            let q = queue.clone();
+            tokio::spawn(async move {
+                let r = (&mut removal.commit).await;
+                broker.finish_durable_removal(&q, found, removal, r)
+            })
+            .await
+            .map_err(|e| BrokerError::Internal(format!("the removal task failed: {e}")))??;
+        }
+    }
+    Ok((Some(wire), None))
 }
 
 /// Runs `attempt` until it finds something, the timeout passes, or the broker shuts down.
@@ -1688,8 +1699,18 @@ async fn transact(
                         return;
                     }
                 };
-                match tx.receive_selected(&r.queue, &select, wait).await {
-                    // Received and committed in one round trip (TxReceive.commit).
+                // The wait ends when the client goes (it reset the stream, or the connection
+                // broke): a receive that commits took the next message for nobody and
+                // committed it (stop 49: mqperf's consumers lost a message each time one
+                // dropped a waiting receive), and a plain one held it until the next read.
+                let received = tokio::select! {
+                    r = tx.receive_selected(&r.queue, &select, wait) => r,
+                    _ = out.closed() => return,
+                };
+                match received {
+                    // Received and committed in one round trip (TxReceive.commit), unless the
+                    // client has gone meanwhile: then it goes back (the drop aborts).
+                    Ok(Some(_)) if r.commit && out.is_closed() => return,
                     Ok(Some(m)) if r.commit => {
                         let tx = open.take().expect("opened above");
                         if !commit_and_answer(tx, Some(m), &out).await {
@@ -1771,11 +1792,19 @@ fn end_with(
 
 /// A unary answer holding `hold` (its connection's count) until HTTP/2 has written it
 /// (`unsent::AnswerHold`, moved into the body by `large_bodies`).
-fn held<M>(answer: M, hold: Option<crate::unsent::Reserved>) -> Response<M> {
+fn held<M>(
+    answer: M,
+    hold: Option<crate::unsent::Reserved>,
+    taken: Option<crate::taken::Taken>,
+) -> Response<M> {
     let mut r = Response::new(answer);
     if let Some(hold) = hold {
         r.extensions_mut()
             .insert(crate::unsent::AnswerHold(Arc::new(hold)));
+    }
+    if let Some(taken) = taken {
+        r.extensions_mut()
+            .insert(crate::taken::AnswerTaken::new(taken));
     }
     r
 }

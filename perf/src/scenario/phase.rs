@@ -660,15 +660,17 @@ impl ReceiveJob {
         for t in tasks {
             results.push(t.await.context("a consumer task panicked")??);
         }
-        // Timed until the last consumer is done; adding up their latencies is not.
-        let elapsed = start.elapsed();
+        // Timed until the last message was verified (the other consumers of its queue finish
+        // the receive they were waiting in after it); adding up their latencies is not.
+        let mut elapsed = Duration::ZERO;
         let mut service = Latency::new();
         let mut transit = Latency::new();
         let mut per_consumer = Vec::new();
-        for (n, s, tr) in results {
+        for (n, s, tr, last) in results {
             service.merge(&s);
             transit.merge(&tr);
             per_consumer.push(n);
+            elapsed = elapsed.max(last.map_or(Duration::ZERO, |t| t.duration_since(start)));
         }
         let verified: u64 = per_consumer.iter().sum();
         job.progress
@@ -682,21 +684,23 @@ impl ReceiveJob {
         })
     }
 
-    /// One consumer on queue `i`: receives until the queue's share is done.
+    /// One consumer on queue `i`: receives until the queue's share is done. Returns what it
+    /// verified and when it verified its last message.
     async fn consume(
         &self,
         queue: &Queue,
         share: Arc<Share>,
         alone: bool,
-    ) -> Result<(u64, Latency, Latency)> {
+    ) -> Result<(u64, Latency, Latency, Option<Instant>)> {
         let what = format!("receiving {} from {}", self.combo.name(), queue.name());
         let mut service = Latency::new();
         let mut transit = Latency::new();
-        let mut done = share.done.subscribe();
+        let done = share.done.subscribe();
         let total = share.left.load(Ordering::Acquire);
         let mut got = 0u64;
+        let mut last = None;
         if total == 0 {
-            return Ok((0, service, transit));
+            return Ok((0, service, transit, last));
         }
         // Alone on its queue it knows its count; sharing, any of them may get the rest.
         let mut consumer = Source::open(self, queue, alone.then_some(total))
@@ -708,10 +712,13 @@ impl ReceiveJob {
                 break;
             }
             let t0 = Instant::now();
-            let next = tokio::select! {
-                m = consumer.next(Duration::from_millis(200)) => m.with_context(|| what.clone())?,
-                _ = done.wait_for(|d| *d) => break,
-            };
+            // Not given up when another consumer takes the queue's last message: a receive
+            // dropped while it waits may still take a message (a later run's) for nobody, as the
+            // broker cannot tell until the client's reset reaches it. It ends within 200 ms.
+            let next = consumer
+                .next(Duration::from_millis(200))
+                .await
+                .with_context(|| what.clone())?;
             let Some(m) = next else {
                 let left = share.left.load(Ordering::Acquire);
                 if left != last_progress.0 {
@@ -731,6 +738,7 @@ impl ReceiveJob {
             if self.ack_each {
                 consumer.ack().await.with_context(|| what.clone())?;
             }
+            last = Some(Instant::now());
             if got.is_multiple_of(PROGRESS_STEP) {
                 self.progress.inc(PROGRESS_STEP);
             }
@@ -744,7 +752,7 @@ impl ReceiveJob {
             }
         }
         consumer.close().await.with_context(|| what.clone())?;
-        Ok((got, service, transit))
+        Ok((got, service, transit, last))
     }
 }
 

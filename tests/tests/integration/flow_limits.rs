@@ -1267,6 +1267,54 @@ async fn long_polls_on_one_connection_wait_together() {
     mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
 }
 
+/// A `ReceiveOne` whose answer HTTP/2 never took (the client's window stays 0) and whose
+/// client then resets it gives its message back, on an express and a recoverable message: the
+/// message stays in flight until the answer is written, and returns to its place when it cannot
+/// be. The broker removed it as soon as the answer was built, and it was lost (stop 49).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_whose_answer_was_never_written_gives_its_message_back() {
+    const Q: &str = r".\private$\unwritten";
+    let dir = temp_data_dir("mq-unwritten-receive-");
+    let (mut mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
+    let q = client.queue(Q).unwrap();
+    let in_flight = || async { q.info().await.unwrap().in_flight };
+    for recoverable in [false, true] {
+        let body = format!("recoverable {recoverable}");
+        q.send(Message::new(body.clone()).recoverable(recoverable))
+            .await
+            .unwrap();
+        let (mut h2c, conn) = unread_h2(mqd.addr()).await;
+        let receive = v1::ReceiveOneRequest {
+            queue: Q.into(),
+            timeout_ms: 5_000,
+            ..Default::default()
+        };
+        let (answer, request) = h2_call(&mut h2c, mqd.addr(), "ReceiveOne", &receive, true).await;
+        // The answer's headers come (they need no window); its message cannot.
+        let answer = tokio::time::timeout(WAIT, answer)
+            .await
+            .expect("the answer's headers")
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        assert_eq!(in_flight().await, 1, "taken, its answer unwritten");
+        // The client resets the call.
+        drop((answer, request));
+        assert!(
+            eventually(WAIT, || async { in_flight().await == 0 }).await,
+            "the message stayed in flight"
+        );
+        let got = q.receive(Duration::from_secs(5)).await.unwrap();
+        assert_eq!(
+            got.map(|m| m.body),
+            Some(Bytes::from(body)),
+            "the message whose answer was never written was lost"
+        );
+        drop(h2c);
+        conn.abort();
+    }
+    mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
+}
+
 /// A raw HTTP/2 connection to `addr` that never lets the broker send it a byte of data (its
 /// window is 0), and the task that runs it.
 async fn unread_h2(

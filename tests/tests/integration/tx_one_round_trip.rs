@@ -313,6 +313,52 @@ async fn a_failed_or_empty_receive_and_commit_changes_nothing() {
     drop(mqd);
 }
 
+/// A receive that commits, whose client goes away while it waits, takes nothing: the broker
+/// stops waiting once the stream is gone. It used to wait on, take the next message for
+/// nobody and commit it (stop 49: mqperf's two `--receive-one` consumers of a transactional
+/// queue lost one message whenever one of them dropped a waiting receive), and it held its
+/// transaction open meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_and_commit_whose_client_went_away_takes_nothing() {
+    let dir = temp_data_dir("mq-txone-gone-");
+    let (mqd, http, client) = mqd_with_queue(dir.path()).await;
+    let open = || metric(&http, "mq_transactions_open");
+    // A long poll on the empty queue, given up by its client once the broker has it.
+    let waiting = {
+        let tx = client.begin().await.unwrap();
+        tokio::spawn(async move { tx.receive_and_commit(Q, Duration::from_secs(60)).await })
+    };
+    assert!(
+        mq_tests::eventually(WAIT, || async { open().await == 1 }).await,
+        "the broker never began the waiting transaction"
+    );
+    waiting.abort();
+    let _ = waiting.await;
+    // The client's reset of the stream reaches the broker in its own time: once it has, the
+    // transaction is over (the old broker kept it open for the receive's whole minute).
+    assert!(
+        mq_tests::eventually(WAIT, || async { open().await == 0 }).await,
+        "the abandoned transaction stayed open"
+    );
+    client
+        .queue(Q)
+        .unwrap()
+        .send_tx(Message::new("m"))
+        .await
+        .unwrap();
+    let tx = client.begin().await.unwrap();
+    let got = tx
+        .receive_and_commit(Q, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(
+        got.map(|(m, _)| m.body),
+        Some(bytes::Bytes::from_static(b"m")),
+        "the message went to the receive whose client had gone"
+    );
+    drop(mqd);
+}
+
 /// `Queue::send_tx` of a body up to 64 KiB is a transaction of one send on the client's kept
 /// `Transact` stream (one batch of requests, one fdatasync), and `Queue::receive` from a
 /// transactional queue one removal on disk before the answer (inline when the journal's writer
