@@ -2518,6 +2518,42 @@ mod tests {
         b.close();
     }
 
+    /// A dead letter's replay whose caller goes away while its record is written still
+    /// completes: the message ends in its original queue, not in flight in the dead-letter queue
+    /// until a restart (stop 47's note; moves to a subqueue were mended by helper-72).
+    #[tokio::test]
+    async fn a_replay_whose_caller_goes_away_still_completes() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path());
+        create(&b, r".\private$\q").await;
+        let expiring = v1::OutMessage {
+            time_to_be_received_ms: 1,
+            ..recoverable("replayed")
+        };
+        let id = store(&b, r".\private$\q", vec![expiring]).await[0];
+        let dlq = b.dead_letter_queue(false).clone();
+        for _ in 0..1000 {
+            if dlq.info().messages == 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            b.sweep_expired().await;
+        }
+        assert_eq!(dlq.info().messages, 1, "the message is a dead letter");
+        // Polled until it waits for its record, then dropped.
+        let r = futures::FutureExt::now_or_never(b.move_message(&dlq, id, "", &|_| Ok(())));
+        assert!(r.is_none(), "the replay waited for nothing: {r:?}");
+        let q = b.queue(r".\private$\q").unwrap();
+        assert_eq!(
+            holds_soon(&q, 1).await,
+            1,
+            "the message is back in its queue"
+        );
+        let info = dlq.info();
+        assert_eq!((info.messages, info.in_flight), (0, 0), "{info:?}");
+        b.close();
+    }
+
     /// A send batch whose future is dropped before its record is on disk (an embedder's
     /// deadline) is still settled: its recoverable messages arrive, with their acks, and the
     /// queue, which hands out nothing past a position admitted and not yet inserted, does not

@@ -193,45 +193,48 @@ impl Broker {
                 return Err(e);
             }
         }
-        let placed = match within {
+        // (destination, the message as it goes there, its dead-letter info's charge to give
+        // back once there: a replay's).
+        let same_queue = within.is_some();
+        let (dest, moved, less) = match within {
             Some(dest) => {
                 let moved = StoredMessage {
                     move_count: entry.msg.move_count.saturating_add(1),
                     ..(*entry.msg).clone()
                 };
-                // In a task of its own, to the end: a caller that went away (a deadline) while
-                // the move's record was written left the message taken from `src`, in flight
-                // for good, until a restart (helper-72).
-                let (b, src, entry) = (self.clone(), src.clone(), entry);
-                let task = tokio::spawn(async move {
-                    let placed = b.place(&src, &entry, &dest, moved, true).await;
-                    match placed {
-                        Ok(wire) => {
-                            src.complete_moved(&entry, within_keeps_charge(&src));
-                            Ok(wire)
-                        }
-                        Err(e) => {
-                            b.give_back(&src, entry);
-                            Err(e)
-                        }
-                    }
-                });
-                return task
-                    .await
-                    .map_err(|e| BrokerError::Internal(format!("the move's task failed: {e}")))?;
+                (dest, moved, None)
             }
-            None => self.replay(src, &entry, destination, may_send).await,
+            None => match self.replay_to(&entry, destination, may_send) {
+                Ok((dest, moved, less)) => (dest, moved, Some(less)),
+                Err(e) => {
+                    self.give_back(src, entry);
+                    return Err(e);
+                }
+            },
         };
-        match placed {
-            Ok(wire) => {
-                src.complete_moved(&entry, within_keeps_charge(src));
-                Ok(wire)
+        // In a task of its own, to the end: a caller that went away (a deadline) while the
+        // move's record was written left the message taken from `src`, in flight for good,
+        // until a restart (helper-72; a replay's until stop 49).
+        let (b, src) = (self.clone(), src.clone());
+        let task = tokio::spawn(async move {
+            let placed = b.place(&src, &entry, &dest, moved, same_queue).await;
+            match placed {
+                Ok(wire) => {
+                    if let Some(less) = less {
+                        b.release(entry.msg.delivery, less);
+                        tracing::info!(id = %entry.msg.id, from = %src.def().name, to = %quote(&dest.def().name), "dead letter replayed");
+                    }
+                    src.complete_moved(&entry, within_keeps_charge(&src));
+                    Ok(wire)
+                }
+                Err(e) => {
+                    b.give_back(&src, entry);
+                    Err(e)
+                }
             }
-            Err(e) => {
-                self.give_back(src, entry);
-                Err(e)
-            }
-        }
+        });
+        task.await
+            .map_err(|e| BrokerError::Internal(format!("the move's task failed: {e}")))?
     }
 
     fn give_back(&self, src: &Queue, entry: Entry) {
@@ -258,13 +261,15 @@ impl Broker {
 
     /// A dead letter back to `destination` (or where it was going): its id and properties,
     /// without the dead-letter record and without timers that passed.
-    async fn replay(
+    /// Where a dead letter replayed to `destination` (its original destination for `""`) goes,
+    /// the message as it goes there, and the charge of its dead-letter info (given back once it
+    /// is there). Checks the caller's right to send there.
+    fn replay_to(
         self: &Arc<Self>,
-        src: &Arc<Queue>,
         entry: &Entry,
         destination: &str,
         may_send: &MaySend,
-    ) -> Result<v1::Message, BrokerError> {
+    ) -> Result<(Arc<Queue>, StoredMessage, u64), BrokerError> {
         let m = &entry.msg;
         let name = if destination.is_empty() {
             match &m.dead_letter {
@@ -310,10 +315,7 @@ impl Broker {
         // The broker-wide quota counted the dead letter with its info (`charged_bytes`); the
         // copy that goes on has none.
         let less = m.charged_bytes().saturating_sub(moved.charged_bytes());
-        let wire = self.place(src, entry, &target.queue, moved, false).await?;
-        self.release(m.delivery, less);
-        tracing::info!(id = %m.id, from = %src.def().name, to = %quote(&name), "dead letter replayed");
-        Ok(wire)
+        Ok((target.queue, moved, less))
     }
 
     /// Stores `moved` (the message of `entry`, taken from `src`) in `dest`: one journal record
