@@ -424,7 +424,14 @@ where
                 if hold.is_none() && taken.is_none() {
                     return Ok(resp);
                 }
-                Ok(resp.map(|body| tonic::body::Body::new(HeldBody { body, hold, taken })))
+                Ok(resp.map(|body| {
+                    tonic::body::Body::new(HeldBody {
+                        body,
+                        hold,
+                        taken,
+                        last_byte: None,
+                    })
+                }))
             });
         }
         let ours = (path == RECEIVE_PATH || path == SEND_PATH)
@@ -461,13 +468,22 @@ where
 
 /// A unary answer's body with its count ([`crate::unsent::AnswerHold`]), given back when
 /// HTTP/2 drops the body, and the message a ReceiveOne took ([`crate::taken::AnswerTaken`]):
-/// received once HTTP/2 has taken the whole answer, back in its queue if the body is dropped
-/// before.
+/// received once the client's window has had room for the whole answer and its trailers say
+/// OK, back in its queue if the body is dropped before.
+///
+/// hyper hands a DATA chunk to HTTP/2 as soon as the stream has room for one byte of it, and
+/// then asks for the next frame at once: it would ask for the trailers with the whole answer
+/// still buffered (a client with a 64 KiB window that reset a 1 MB answer lost its message,
+/// helper-78). So while a message rides, each chunk goes out without its last byte, and that
+/// byte as a chunk of its own: hyper hands it over only once the stream's window covers every
+/// byte buffered before it (h2's `capacity()`), and only then asks for the trailers.
 struct HeldBody {
     body: tonic::body::Body,
     #[allow(dead_code)]
     hold: Option<crate::unsent::AnswerHold>,
     taken: Option<crate::taken::AnswerTaken>,
+    /// The last byte of the chunk just given, to give next.
+    last_byte: Option<Bytes>,
 }
 
 impl http_body::Body for HeldBody {
@@ -478,24 +494,43 @@ impl http_body::Body for HeldBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        // The trailers (or the end) come once hyper has handed every byte before them to
-        // HTTP/2 (it asks for the next frame only with room in the stream's window).
-        let whole = match &polled {
-            Poll::Ready(Some(Ok(frame))) => frame.is_trailers(),
-            Poll::Ready(None) => true,
-            _ => false,
-        };
-        if whole {
-            if let Some(taken) = self.taken.take() {
-                taken.keep();
-            }
+        if let Some(b) = self.last_byte.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(b))));
         }
-        polled
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if self.taken.is_none() {
+            return polled;
+        }
+        match polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                let frame = match frame.into_data() {
+                    Ok(mut data) => {
+                        if data.len() > 1 {
+                            self.last_byte = Some(data.split_off(data.len() - 1));
+                        }
+                        return Poll::Ready(Some(Ok(http_body::Frame::data(data))));
+                    }
+                    Err(frame) => frame,
+                };
+                // The answer's trailers: received if they say OK (an answer tonic could not
+                // encode ends with an error status: the message goes back).
+                let ok = frame
+                    .trailers_ref()
+                    .and_then(|t| t.get("grpc-status"))
+                    .is_some_and(|v| v.as_bytes() == b"0");
+                if ok {
+                    if let Some(taken) = self.taken.take() {
+                        taken.keep();
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            other => other,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.last_byte.is_none() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {

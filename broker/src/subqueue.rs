@@ -259,11 +259,10 @@ impl Broker {
         self.subqueue_of(&main, name)
     }
 
-    /// A dead letter back to `destination` (or where it was going): its id and properties,
-    /// without the dead-letter record and without timers that passed.
     /// Where a dead letter replayed to `destination` (its original destination for `""`) goes,
     /// the message as it goes there, and the charge of its dead-letter info (given back once it
-    /// is there). Checks the caller's right to send there.
+    /// is there): its id and properties, without the dead-letter record and without timers
+    /// that passed. Checks the caller's right to send there.
     fn replay_to(
         self: &Arc<Self>,
         entry: &Entry,

@@ -1267,10 +1267,12 @@ async fn long_polls_on_one_connection_wait_together() {
     mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
 }
 
-/// A `ReceiveOne` whose answer HTTP/2 never took (the client's window stays 0) and whose
-/// client then resets it gives its message back, on an express and a recoverable message: the
-/// message stays in flight until the answer is written, and returns to its place when it cannot
-/// be. The broker removed it as soon as the answer was built, and it was lost (stop 49).
+/// A `ReceiveOne` whose answer HTTP/2 could not write in full (the client's window stays
+/// below the answer's size: 0, or 1,000 bytes of a 100 KB message) and whose client then
+/// resets it gives its message back, on express and recoverable messages: the message stays in
+/// flight until the client's window has had room for the whole answer, and returns to its
+/// place when it cannot. The broker removed it as soon as the answer was built, and it was lost
+/// (stop 49); then, for a window above 0, as soon as hyper had the answer (helper-78).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receive_whose_answer_was_never_written_gives_its_message_back() {
     const Q: &str = r".\private$\unwritten";
@@ -1278,12 +1280,23 @@ async fn a_receive_whose_answer_was_never_written_gives_its_message_back() {
     let (mut mqd, client) = MqdProcess::launch_with_queue(dir.path(), &[], Q).await;
     let q = client.queue(Q).unwrap();
     let in_flight = || async { q.info().await.unwrap().in_flight };
-    for recoverable in [false, true] {
-        let body = format!("recoverable {recoverable}");
+    for (recoverable, window, size) in [
+        (false, 0, 20),
+        (true, 0, 20),
+        (false, 1_000, 100_000),
+        (true, 1_000, 100_000),
+        (true, 1, 16),
+    ] {
+        let body = format!("recoverable {recoverable} window {window}")
+            .into_bytes()
+            .into_iter()
+            .chain(std::iter::repeat(b'.'))
+            .take(size)
+            .collect::<Vec<u8>>();
         q.send(Message::new(body.clone()).recoverable(recoverable))
             .await
             .unwrap();
-        let (mut h2c, conn) = unread_h2(mqd.addr()).await;
+        let (mut h2c, conn) = h2_with_window(mqd.addr(), window).await;
         let receive = v1::ReceiveOneRequest {
             queue: Q.into(),
             timeout_ms: 5_000,
@@ -1296,18 +1309,21 @@ async fn a_receive_whose_answer_was_never_written_gives_its_message_back() {
             .expect("the answer's headers")
             .unwrap();
         assert_eq!(answer.status(), 200);
-        assert_eq!(in_flight().await, 1, "taken, its answer unwritten");
+        assert_eq!(
+            in_flight().await,
+            1,
+            "window {window}: taken, its answer unwritten"
+        );
         // The client resets the call.
         drop((answer, request));
         assert!(
             eventually(WAIT, || async { in_flight().await == 0 }).await,
-            "the message stayed in flight"
+            "window {window}: the message stayed in flight"
         );
         let got = q.receive(Duration::from_secs(5)).await.unwrap();
-        assert_eq!(
-            got.map(|m| m.body),
-            Some(Bytes::from(body)),
-            "the message whose answer was never written was lost"
+        assert!(
+            got.is_some_and(|m| m.body == body),
+            "window {window}, recoverable {recoverable}: the message whose answer was never written in full was lost"
         );
         drop(h2c);
         conn.abort();
@@ -1315,14 +1331,53 @@ async fn a_receive_whose_answer_was_never_written_gives_its_message_back() {
     mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
 }
 
+/// A `ReceiveOne` whose answer the broker cannot encode (a message stored under a larger
+/// `--max-body-bytes` than the broker now runs with) fails, and the message stays in its queue:
+/// tonic ends such an answer with an error in its trailers, which counted as written, and the
+/// message was gone (helper-78).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_whose_answer_cannot_be_encoded_leaves_the_message() {
+    const Q: &str = r".\private$\too-big-now";
+    let dir = temp_data_dir("mq-unencodable-");
+    let (mut mqd, client) =
+        MqdProcess::launch_with_queue(dir.path(), &["--max-body-bytes", "16000000"], Q).await;
+    let q = client.queue(Q).unwrap();
+    q.send(Message::new(vec![7u8; 12_000_000]).recoverable(true))
+        .await
+        .unwrap();
+    drop((q, client));
+    mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
+    let mqd = MqdProcess::launch(dir.path(), &["--max-body-bytes", "1000000"]);
+    let client = mqd.connect().await;
+    let q = client.queue(Q).unwrap();
+    let r = q.receive(Duration::from_secs(5)).await;
+    assert!(r.is_err(), "a 12 MB message over a 1 MB limit: {r:?}");
+    let info = || async { q.info().await.unwrap() };
+    assert!(
+        eventually(WAIT, || async { info().await.in_flight == 0 }).await,
+        "{:?}",
+        info().await
+    );
+    assert_eq!(info().await.messages, 1, "the message was lost");
+}
+
 /// A raw HTTP/2 connection to `addr` that never lets the broker send it a byte of data (its
 /// window is 0), and the task that runs it.
 async fn unread_h2(
     addr: std::net::SocketAddr,
 ) -> (h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>) {
+    h2_with_window(addr, 0).await
+}
+
+/// A raw HTTP/2 connection to `addr` whose streams let the broker send `window` bytes of data
+/// each and no more (nothing read is acknowledged), and the task that runs it.
+async fn h2_with_window(
+    addr: std::net::SocketAddr,
+    window: u32,
+) -> (h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>) {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (h2c, conn) = h2::client::Builder::new()
-        .initial_window_size(0)
+        .initial_window_size(window)
         .handshake::<_, Bytes>(tcp)
         .await
         .unwrap();
