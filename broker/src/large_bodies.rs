@@ -474,9 +474,16 @@ where
 /// hyper hands a DATA chunk to HTTP/2 as soon as the stream has room for one byte of it, and
 /// then asks for the next frame at once: it would ask for the trailers with the whole answer
 /// still buffered (a client with a 64 KiB window that reset a 1 MB answer lost its message,
-/// helper-78). So while a message rides, each chunk goes out without its last byte, and that
-/// byte as a chunk of its own: hyper hands it over only once the stream's window covers every
-/// byte buffered before it (h2's `capacity()`), and only then asks for the trailers.
+/// helper-78). So while a message rides, a chunk larger than HTTP/2's default window
+/// ([`SPLIT_ABOVE`]) goes out without its last byte, and that byte as a chunk of its own: hyper
+/// hands it over only once the stream's window covers every byte buffered before it (h2's
+/// `capacity()`), and only then asks for the trailers. A smaller chunk fits any window a client
+/// has not shrunk below the default, and is not split: the split costs a wake-up of the
+/// answer's task and a second write (one-at-a-time recoverable receives of 1000 B: -8% to -23%).
+/// The largest answer chunk a ReceiveOne's [`HeldBody`] does not split: HTTP/2's default
+/// initial window (RFC 9113 §6.9.2).
+const SPLIT_ABOVE: usize = 65_535;
+
 struct HeldBody {
     body: tonic::body::Body,
     #[allow(dead_code)]
@@ -505,7 +512,7 @@ impl http_body::Body for HeldBody {
             Poll::Ready(Some(Ok(frame))) => {
                 let frame = match frame.into_data() {
                     Ok(mut data) => {
-                        if data.len() > 1 {
+                        if data.len() > SPLIT_ABOVE {
                             self.last_byte = Some(data.split_off(data.len() - 1));
                         }
                         return Poll::Ready(Some(Ok(http_body::Frame::data(data))));
