@@ -2505,17 +2505,30 @@ mod tests {
         create(&b, r".\private$\q").await;
         let id = store(&b, r".\private$\q", vec![recoverable("moved")]).await[0];
         let q = b.queue(r".\private$\q").unwrap();
-        let r = futures::FutureExt::now_or_never(b.move_message(&q, id, "poison", &|_| Ok(())));
-        assert!(r.is_none(), "the move waited for nothing: {r:?}");
-        let poison = b.queue(r".\private$\q;poison").unwrap();
-        assert_eq!(
-            holds_soon(&poison, 1).await,
-            1,
-            "the message reached the subqueue"
-        );
-        let info = q.info();
-        assert_eq!((info.messages, info.in_flight), (0, 0), "{info:?}");
+        move_dropped_arrives(&b, &q, id, "poison", r".\private$\q;poison").await;
         b.close();
+    }
+
+    /// Moves message `id` out of `src` to `destination`, dropping the move once it waits for
+    /// its record, and checks that it arrives in queue `lands_in` all the same, nothing of it
+    /// left in `src`.
+    async fn move_dropped_arrives(
+        b: &Arc<Broker>,
+        src: &Arc<crate::queue::Queue>,
+        id: uuid::Uuid,
+        destination: &str,
+        lands_in: &str,
+    ) {
+        let r = futures::FutureExt::now_or_never(b.move_message(src, id, destination, &|_| Ok(())));
+        assert!(r.is_none(), "the move waited for nothing: {r:?}");
+        let dest = b.queue(lands_in).unwrap();
+        assert_eq!(
+            holds_soon(&dest, 1).await,
+            1,
+            "the message reached {lands_in}"
+        );
+        let info = src.info();
+        assert_eq!((info.messages, info.in_flight), (0, 0), "{info:?}");
     }
 
     /// A dead letter's replay whose caller goes away while its record is written still
@@ -2540,17 +2553,7 @@ mod tests {
             b.sweep_expired().await;
         }
         assert_eq!(dlq.info().messages, 1, "the message is a dead letter");
-        // Polled until it waits for its record, then dropped.
-        let r = futures::FutureExt::now_or_never(b.move_message(&dlq, id, "", &|_| Ok(())));
-        assert!(r.is_none(), "the replay waited for nothing: {r:?}");
-        let q = b.queue(r".\private$\q").unwrap();
-        assert_eq!(
-            holds_soon(&q, 1).await,
-            1,
-            "the message is back in its queue"
-        );
-        let info = dlq.info();
-        assert_eq!((info.messages, info.in_flight), (0, 0), "{info:?}");
+        move_dropped_arrives(&b, &dlq, id, "", r".\private$\q").await;
         b.close();
     }
 
