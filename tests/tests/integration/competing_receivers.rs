@@ -132,11 +132,22 @@ async fn settle(q: &mq_client::Queue, messages: u64) {
     );
 }
 
+/// Every message waiting in `q` (settled: none in flight), in the order a consumer gets them.
 async fn drain(q: &mq_client::Queue) -> Vec<usize> {
-    let mut c = q.consumer(ConsumerOptions::default()).await.unwrap();
+    let n = q.info().await.unwrap().messages;
+    let mut c = q
+        .consumer(ConsumerOptions {
+            limit: Some(n),
+            ..ConsumerOptions::default()
+        })
+        .await
+        .unwrap();
     let mut got = Vec::new();
-    while let Some(m) = c.next(Duration::from_millis(300)).await.unwrap() {
-        got.push(body_number(&m.body));
+    for _ in 0..n {
+        match c.next(Duration::from_secs(10)).await.unwrap() {
+            Some(m) => got.push(body_number(&m.body)),
+            None => break,
+        }
     }
     c.close().await.unwrap();
     got
@@ -213,10 +224,13 @@ async fn a_consumer_with_a_limit_reserves_no_more_than_it_takes() {
     let q = queue_with(&broker, 10).await;
     let mut a = consumer(&q, 100, Some(3)).await;
     let mut got = Vec::new();
-    while let Some(m) = a.next(Duration::from_millis(300)).await.unwrap() {
-        got.push(body_number(&m.body));
+    for _ in 0..3 {
+        if let Some(m) = a.next(Duration::from_secs(10)).await.unwrap() {
+            got.push(body_number(&m.body));
+        }
     }
     assert_eq!(got, [0, 1, 2]);
+    assert!(a.next(Duration::from_millis(300)).await.unwrap().is_none());
     // While it is still open, the rest stays available to others.
     let other = q.receive(Duration::from_secs(5)).await.unwrap().unwrap();
     assert_eq!(body_number(&other.body), 3);

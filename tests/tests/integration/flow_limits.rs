@@ -736,7 +736,8 @@ async fn sender_close_fails_with_timeout_when_the_broker_does_not_acknowledge() 
         .sender(Default::default())
         .await
         .unwrap();
-    sender.set_ack_timeout(Some(Duration::from_millis(500)));
+    // Long enough that a close waiting for it again shows above a slow machine's noise.
+    sender.set_ack_timeout(Some(Duration::from_secs(3)));
     sender.send(Message::new("first")).await.unwrap();
     assert_eq!(sender.flush().await.unwrap().acknowledged, 1);
     signal(mqd.pid(), "-STOP");
@@ -750,13 +751,10 @@ async fn sender_close_fails_with_timeout_when_the_broker_does_not_acknowledge() 
     assert_eq!(sender.in_doubt(), 1);
     let started = std::time::Instant::now();
     let r = tokio::time::timeout(WAIT, sender.close()).await;
+    let took = started.elapsed();
     signal(mqd.pid(), "-CONT");
     assert!(matches!(r, Ok(Err(_))), "{r:?}");
-    assert!(
-        started.elapsed() < Duration::from_millis(400),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(took < Duration::from_secs(2), "{took:?}");
     mqd.terminate(mq_tests::STOP_TIMEOUT).unwrap();
 }
 

@@ -104,8 +104,8 @@ fn damaged_journal_refuses_to_start_until_told_to_truncate() {
     });
     mqd.terminate(WAIT).unwrap();
     let log = mqd.stderr();
-    // The 15 sends after the damage, and a snapshot of the counters if one was written
-    // between them (every second the broker is idle: a slow machine's sends leave gaps).
+    // The 15 sends after the damage, and the snapshots of the counters written between them
+    // (every 100 ms while sends are written, every second while idle: more on a slow machine).
     let dropped = log
         .split("records=")
         .nth(1)
@@ -113,7 +113,7 @@ fn damaged_journal_refuses_to_start_until_told_to_truncate() {
         .and_then(|n| n.parse::<u32>().ok());
     assert!(
         log.contains("--truncate-damaged-journal")
-            && dropped.is_some_and(|n| (15..=18).contains(&n))
+            && dropped.is_some_and(|n| (15..=60).contains(&n))
             && log.contains("put "),
         "logs what it dropped: {log}"
     );

@@ -143,10 +143,14 @@ async fn metrics_count_a_known_workload() {
         .is_err());
 
     let deadletter = r".\SYSTEM$;DEADLETTER";
+    // The dead letter shows in its queue a moment before the counters of where it came from.
     assert!(
-        wait_until(WAIT, || scrape(&http)
-            .value("mq_queue_messages", &[("queue", deadletter)])
-            == 1.0),
+        wait_until(WAIT, || {
+            let s = scrape(&http);
+            s.value("mq_queue_messages", &[("queue", deadletter)]) == 1.0
+                && s.value("mq_queue_dead_lettered_total", &[("queue", EXPIRING)]) == 1.0
+                && s.value("mq_dead_lettered_total", &[("class", "ReceiveTimeout")]) == 1.0
+        }),
         "the expired message never reached the dead-letter queue"
     );
     let s = scrape(&http);

@@ -62,8 +62,10 @@ async fn a_stopped_broker_fails_every_command_at_its_deadline() {
             last.contains("no answer") || last.contains("cannot reach"),
             "{last}"
         );
+        // Two deadlines (the bug) are 6 s; starting and stopping mq on a loaded machine is
+        // the rest.
         assert!(
-            took < Duration::from_secs(5),
+            took < Duration::from_millis(5_500),
             "mq --call-timeout 3s queue list took {took:?}"
         );
         // Sends: the last line says how much was acknowledged.

@@ -112,14 +112,17 @@ async fn the_inline_commits_option_reaches_the_journal() {
         }
         let n = metric(&http, "mq_journal_inline_commits_total").await;
         if inline {
-            // A commit finds the writer at work only after one that left it zeros to lay.
-            assert!(n >= N / 2, "{args:?}: {n} of {N} commits inline");
+            // A commit finds the writer at work only after one that left it zeros to lay, or
+            // while it writes a snapshot of the counters (every 100 ms while commits come).
+            assert!(n >= N / 4, "{args:?}: {n} of {N} commits inline");
         } else {
             assert_eq!(n, 0, "{args:?}");
         }
+        // One each, and the counters' snapshots (one per 100 ms while anything is written: more
+        // on a slow machine).
         let spent = fdatasyncs(&http).await - syncs;
         assert!(
-            (N..=N + 5).contains(&spent),
+            (N..=N + N / 4).contains(&spent),
             "{args:?}: {spent} fdatasyncs for {N} transactions"
         );
         mqd.kill9_checked();
@@ -491,7 +494,8 @@ async fn receives_from_a_known_transactional_queue_go_on_the_kept_stream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receive_waiting_past_the_transaction_timeout_is_not_aborted() {
     let broker = mq_tests::InProcessBroker::start_with(|c| {
-        c.tx_timeout = Duration::from_millis(300);
+        // Room for a commit's fdatasync on a loaded machine.
+        c.tx_timeout = Duration::from_secs(1);
     })
     .await;
     let client = broker.client().await;
@@ -503,12 +507,12 @@ async fn a_receive_waiting_past_the_transaction_timeout_is_not_aborted() {
         "m0: now known transactional"
     );
     let started = std::time::Instant::now();
-    let got = q.receive(Duration::from_secs(1)).await.unwrap();
+    let got = q.receive(Duration::from_secs(3)).await.unwrap();
     assert!(got.is_none());
-    // (Waits are sent in whole milliseconds, so the sum may fall short of 1 s by a little.)
+    // (Waits are sent in whole milliseconds, so the sum may fall short of 3 s by a little.)
     assert!(
-        started.elapsed() >= Duration::from_millis(900),
-        "it waited its timeout, not the 300 ms transaction timeout: {:?}",
+        started.elapsed() >= Duration::from_millis(2_900),
+        "it waited its timeout, not the 1 s transaction timeout: {:?}",
         started.elapsed()
     );
     let waiting = {
