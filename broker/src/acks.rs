@@ -515,6 +515,25 @@ impl Broker {
         self.finish_acks(ops, acks, copies);
     }
 
+    /// Entries that could not go back to `queue` because it was deleted meanwhile (delivered,
+    /// taken or received in a transaction when the deletion came, given back after it):
+    /// forgotten, with the `NACK_Q_DELETED`s they ask for in the same record as their release.
+    /// The deletion's own NACKs cover only the messages waiting then; these got none (the
+    /// stop 48 note: a sender never heard of a message in flight when its queue was deleted).
+    pub(crate) fn forget_deleted(&self, queue: &Queue, gone: &[Entry]) {
+        if gone.is_empty() {
+            return;
+        }
+        let mut acks = self.acks_for_entries(queue, gone, class::NACK_Q_DELETED);
+        if acks.is_empty() {
+            self.forget(queue, gone);
+            return;
+        }
+        let mut ops = std::mem::take(&mut acks.ops);
+        ops.extend(self.release_entries(queue, gone));
+        self.finish_acks(ops, acks, Copies::default());
+    }
+
     /// The `NACK_Q_DELETED`s of the messages waiting in the application queue `key` and its
     /// subqueues (not its journal: copies post nothing), for the deletion's record. A message
     /// received between this and the deletion gets both its `ACK_RECEIVE` and this NACK; one

@@ -1328,7 +1328,7 @@ async fn consume(
     // Whatever was delivered and not acknowledged goes back, in order.
     conn.release_unacked(in_flight.len() as u64);
     let gone = queue.restore(in_flight.into_iter().map(|(_, e, _)| e).collect());
-    broker.forget(&queue, &gone);
+    broker.forget_deleted(&queue, &gone);
     // Deliveries still queued for HTTP/2 go: their messages just went back (the client could
     // not acknowledge them), and they give back what they count against the budgets of
     // deliveries not yet written. What h2 holds of the stream stays counted until written.

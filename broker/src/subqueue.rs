@@ -239,7 +239,7 @@ impl Broker {
 
     fn give_back(&self, src: &Queue, entry: Entry) {
         let gone = src.restore(vec![entry]);
-        self.forget(src, &gone);
+        self.forget_deleted(src, &gone);
     }
 
     /// Where a move within `src`'s queue goes: subqueue `name` of its main queue, or the main
@@ -374,7 +374,7 @@ impl Broker {
     pub(crate) fn poison_later(self: &Arc<Self>, q: Arc<Queue>, entries: Vec<Entry>) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             let gone = q.restore(entries);
-            self.forget(&q, &gone);
+            self.forget_deleted(&q, &gone);
             return;
         };
         let broker = self.clone();

@@ -75,7 +75,7 @@ impl Drop for Taken {
             return;
         }
         let gone = self.queue.restore(std::mem::take(&mut self.entries));
-        self.broker.forget(&self.queue, &gone);
+        self.broker.forget_deleted(&self.queue, &gone);
     }
 }
 

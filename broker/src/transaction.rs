@@ -488,7 +488,7 @@ impl Transaction {
                 self.broker.poison_later(q.clone(), poison);
             }
             let gone = q.restore(back);
-            self.broker.forget(&q, &gone);
+            self.broker.forget_deleted(&q, &gone);
         }
     }
 }

@@ -899,3 +899,59 @@ async fn access_denied_nacks() {
     assert_eq!(count(&admin, AQ).await, 0, "a refused send posts nothing");
     assert_eq!(count(&admin, Q).await, 0);
 }
+
+/// Deleting a queue posts `NACK_Q_DELETED` also for the messages in flight then, once they
+/// come back: delivered to a consumer and not acknowledged, or received in a transaction that
+/// then aborts. The deletion's NACKs covered only the messages waiting in it, and these got
+/// none (stop 48's note): their senders never heard of them. (Without the body of a
+/// recoverable message: the journal no longer reads a deleted queue's messages.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_in_flight_when_their_queue_is_deleted_are_nacked() {
+    let (_broker, client) = with_queues().await;
+    let (plain, tx) = (r".\private$\doomed", r".\private$\doomed-tx");
+    client
+        .create_queue(plain, QueueOptions::default())
+        .await
+        .unwrap();
+    let tx_options = QueueOptions {
+        transactional: true,
+        ..QueueOptions::default()
+    };
+    client.create_queue(tx, tx_options).await.unwrap();
+    let delivered = send_acked(&client, plain, "delivered", ack::NEG_RECEIVE).await;
+    let mut t = client.begin().await.unwrap();
+    t.send(
+        tx,
+        Message::new("in a transaction")
+            .recoverable(true)
+            .admin_queue(AQ)
+            .acknowledge(ack::NEG_RECEIVE),
+    )
+    .unwrap();
+    let received = t.commit().await.unwrap()[0];
+    // One delivered to a consumer, not acknowledged; one received in an open transaction.
+    let mut consumer = client
+        .queue(plain)
+        .unwrap()
+        .consumer(Default::default())
+        .await
+        .unwrap();
+    assert_eq!(consumer.next(WAIT).await.unwrap().unwrap().id, delivered);
+    let mut t = client.begin().await.unwrap();
+    assert_eq!(t.receive(tx, WAIT).await.unwrap().unwrap().id, received);
+    client.delete_queue(plain).await.unwrap();
+    client.delete_queue(tx).await.unwrap();
+    let _ = t.abort().await;
+    drop(consumer);
+    let mut nacks = wait_acks(&client, AQ, 2).await;
+    nacks.sort_by_key(|a| a.body.is_empty());
+    check_ack(
+        &nacks[0],
+        delivered,
+        class::NACK_Q_DELETED,
+        "",
+        b"delivered",
+    );
+    // A recoverable message's body is not read once its queue is deleted: its NACK has none.
+    check_ack(&nacks[1], received, class::NACK_Q_DELETED, "", b"");
+}
