@@ -727,17 +727,24 @@ impl Broker {
         queue: &Queue,
         taken: Vec<Entry>,
     ) -> Result<Vec<Entry>, BrokerError> {
-        if taken
+        if let Err(e) = self.check_removable(&taken) {
+            let gone = queue.restore(taken);
+            self.forget(queue, &gone);
+            return Err(e);
+        }
+        Ok(taken)
+    }
+
+    /// Whether `entries` can be received for good: not if some are recoverable and the journal
+    /// refuses writes (their removal could not be stored).
+    pub(crate) fn check_removable(&self, entries: &[Entry]) -> Result<(), BrokerError> {
+        if entries
             .iter()
             .any(|e| e.msg.delivery == Delivery::Recoverable)
         {
-            if let Err(e) = self.check_writable("receive recoverable messages") {
-                let gone = queue.restore(taken);
-                self.forget(queue, &gone);
-                return Err(e);
-            }
+            self.check_writable("receive recoverable messages")?;
         }
-        Ok(taken)
+        Ok(())
     }
 
     /// Stops the journal after writing what is pending (and the last snapshot of the totals).

@@ -466,6 +466,10 @@ where
     }
 }
 
+/// The largest answer chunk a ReceiveOne's [`HeldBody`] does not split: HTTP/2's default
+/// initial window (RFC 9113 §6.9.2).
+const SPLIT_ABOVE: usize = 65_535;
+
 /// A unary answer's body with its count ([`crate::unsent::AnswerHold`]), given back when
 /// HTTP/2 drops the body, and the message a ReceiveOne took ([`crate::taken::AnswerTaken`]):
 /// received once the client's window has had room for the whole answer and its trailers say
@@ -480,10 +484,6 @@ where
 /// `capacity()`), and only then asks for the trailers. A smaller chunk fits any window a client
 /// has not shrunk below the default, and is not split: the split costs a wake-up of the
 /// answer's task and a second write (one-at-a-time recoverable receives of 1000 B: -8% to -23%).
-/// The largest answer chunk a ReceiveOne's [`HeldBody`] does not split: HTTP/2's default
-/// initial window (RFC 9113 §6.9.2).
-const SPLIT_ABOVE: usize = 65_535;
-
 struct HeldBody {
     body: tonic::body::Body,
     #[allow(dead_code)]

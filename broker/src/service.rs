@@ -732,14 +732,8 @@ pub(crate) async fn hand_out(
     let Some(e) = taken.entries().first() else {
         return Ok((None, None));
     };
-    if taken
-        .entries()
-        .iter()
-        .any(|e| e.msg.delivery == crate::message::Delivery::Recoverable)
-    {
-        // Dropped, `taken` gives them back.
-        broker.check_writable("receive recoverable messages")?;
-    }
+    // Refused, `taken` is dropped and gives them back.
+    broker.check_removable(taken.entries())?;
     let dest = queue.info().format_name;
     // A small body not in memory is read right here (one pread, mostly from the page cache),
     // not on a blocking thread: the hand-off would cost more than the read.
